@@ -1,0 +1,37 @@
+# Fresh-machine entry points. Each target creates .venv and installs what it needs.
+# CPU torch is pinned to an exact version; override with `make TORCH_VERSION=...`.
+PYTHON ?= python3
+TORCH_VERSION ?= 2.13.0
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+EXTRAS ?= dev,box2d,mujoco,tb,llm,bench
+
+.PHONY: setup train test test-slow lint bench clean
+
+$(VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "torch==$(TORCH_VERSION)"
+	$(PIP) install -q -e ".[$(EXTRAS)]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+train: setup  ## Train PPO on CartPole-v1 with the embedded defaults.
+	$(VENV)/bin/ppokit train
+
+test: setup  ## The default test suite (fast; slow learning runs excluded).
+	$(PY) -m pytest -q
+
+test-slow: setup  ## Learning runs that take minutes.
+	$(PY) -m pytest -q -m slow
+
+lint: setup
+	$(VENV)/bin/ruff check src tests bench
+
+bench: setup
+	$(PY) -m bench.token_gae
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,3 @@
+"""ppokit: policy-gradient reinforcement learning centred on PPO."""
+
+__version__ = "0.1.0"

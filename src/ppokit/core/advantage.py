@@ -1,0 +1,262 @@
+"""Generalised advantage estimation (seed 000 §3.3, §3.6, §09; seed 004 "GAE").
+
+Two layouts:
+
+* **Environment layout**, time-major ``[T]`` or ``[T, N]`` (T steps of N parallel envs):
+  :func:`gae`. Each transition carries its own ``next_value`` and two flags.
+* **Token layout**, ``[B, L]`` (B sequences of L positions) with an action mask:
+  :func:`token_gae`. Only positions with mask 1 are actions; the recursion steps from
+  one action to the next *action* in the same row, so masked spans inside a sequence
+  (tool output, a user turn) are skipped over, and padding never contributes.
+
+The two masks of the environment layout
+---------------------------------------
+``terminated[t]``  the episode really ended after step t: no bootstrap, ``V(s_{t+1}) := 0``.
+``episode_end[t]`` terminated *or* truncated: the GAE carry stops, so the recursion never
+                   reaches into the next episode after an auto-reset.
+
+On a time-limit truncation ``terminated = 0`` and ``episode_end = 1``: the TD target still
+bootstraps, from ``next_values[t]`` = V of the *real final observation* (before the reset),
+but the advantage does not accumulate residuals from the following episode. A rollout
+window that simply ends has both flags 0 and ``next_values[T-1]`` = V of the last
+next-state; beyond the window ``A_T = 0``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .validation import (
+    Tensor,
+    as_tensor,
+    check_binary,
+    check_finite,
+    check_mask,
+    check_ndim,
+    check_nonempty,
+    check_same_shape,
+    check_unit_interval,
+    float_inputs,
+)
+
+__all__ = [
+    "td_residuals",
+    "gae",
+    "token_gae",
+    "token_gae_reference",
+    "discounted_reverse_cumsum",
+]
+
+
+def _env_inputs(rewards, values, next_values, terminated, episode_end):
+    f = float_inputs({"rewards": rewards, "values": values, "next_values": next_values},
+                     finite=("rewards", "values", "next_values"))
+    r, v, nv = f["rewards"], f["values"], f["next_values"]
+    check_nonempty(r, "rewards")
+    check_ndim(r, "rewards", (1, 2), "[T] or [T, N]")
+    term = as_tensor(terminated, "terminated").to(r.device)
+    end = as_tensor(episode_end, "episode_end").to(r.device)
+    check_same_shape(r, "rewards", values=v, next_values=nv, terminated=term, episode_end=end)
+    term = check_binary(term, "terminated")
+    end = check_binary(end, "episode_end")
+    if bool((term & ~end).any()):
+        idx = torch.nonzero(term & ~end)[0].tolist()
+        raise ValueError(
+            f"terminated: set at index {idx} where episode_end is not; a termination always "
+            "ends the episode (episode_end = terminated OR truncated)")
+    return r, v, nv, term, end
+
+
+def td_residuals(rewards, values, next_values, terminated, gamma: float) -> Tensor:
+    """One-step TD residuals ``δ_t = r_t + γ (1 − terminated_t) V(s_{t+1}) − V(s_t)``.
+
+    Shapes: all inputs ``[T]`` or ``[T, N]``; returns the same shape. Seed 000 §3.3.
+    """
+    gamma = check_unit_interval(gamma, "gamma")
+    r, v, nv, term, _ = _env_inputs(rewards, values, next_values, terminated, terminated)
+    return r + gamma * (~term).to(r.dtype) * nv - v
+
+
+def gae(rewards, values, next_values, terminated, episode_end, gamma: float,
+        lam: float) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation with separate bootstrap and carry masks.
+
+    Seed 000 §3.3 (the double mask), §3.7 (two-step example), §09 (truncation example).
+
+    Args:
+        rewards:     ``[T]`` or ``[T, N]`` reward of each transition.
+        values:      same shape, ``V(s_t)`` recorded at collection time (frozen).
+        next_values: same shape, ``V(s_{t+1})`` of the transition's *real* next state —
+                     for a truncation, V of the final observation before auto-reset; for
+                     the last step of a window, the critic's value of the last next-state.
+                     Ignored where ``terminated`` is 1.
+        terminated:  same shape, 0/1 or bool: stop the bootstrap.
+        episode_end: same shape, 0/1 or bool: terminated or truncated; stop the carry.
+        gamma, lam:  discount and GAE λ in [0, 1].
+
+    Returns:
+        ``(advantages, returns)`` with ``returns = advantages + values`` (the value targets),
+        both of the input shape and dtype. No gradient flows into either.
+
+    ``A_t = δ_t + γ λ (1 − episode_end_t) A_{t+1}``, ``A_T = 0``.
+    """
+    gamma = check_unit_interval(gamma, "gamma")
+    lam = check_unit_interval(lam, "lam")
+    r, v, nv, term, end = _env_inputs(rewards, values, next_values, terminated, episode_end)
+    with torch.no_grad():
+        r, v, nv = r.detach(), v.detach(), nv.detach()
+        deltas = r + gamma * (~term).to(r.dtype) * nv - v
+        carry_coef = (gamma * lam) * (~end).to(r.dtype)
+        adv = torch.empty_like(deltas)
+        carry = torch.zeros_like(deltas[0])
+        for t in range(deltas.shape[0] - 1, -1, -1):
+            carry = deltas[t] + carry_coef[t] * carry
+            adv[t] = carry
+    return adv, adv + v
+
+
+# --------------------------------------------------------------------------- token layout
+
+
+def _power_matrix(c: float, n: int, dtype: torch.dtype, device) -> Tensor:
+    """``M[i, j] = c^(j − i)`` for ``j ≥ i`` else 0, shape ``[n, n]`` (computed in float64)."""
+    idx = torch.arange(n, device=device, dtype=torch.float64)
+    expo = idx[None, :] - idx[:, None]
+    m = torch.pow(torch.tensor(c, dtype=torch.float64, device=device), expo.clamp(min=0))
+    return torch.where(expo >= 0, m, torch.zeros_like(m)).to(dtype)
+
+
+def discounted_reverse_cumsum(x: Tensor, coef: float, chunk_size: int = 32) -> Tensor:
+    """``y_t = Σ_{k ≥ t} coef^(k−t) x_k`` along the last axis of ``x`` (``[..., L]``).
+
+    A two-level chunked scan: a ``[C, C]`` matrix of powers inside each chunk of C
+    positions, then the same over the chunk heads. No Python loop over L and no division
+    by ``coef^t`` (which would overflow for long sequences). ``coef`` in [0, 1].
+    """
+    coef = check_unit_interval(coef, "coef")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size: expected an integer >= 1, got {chunk_size}")
+    *lead, length = x.shape
+    if length == 0:
+        return x.clone()
+    c = min(chunk_size, length)
+    n_chunks = -(-length // c)
+    pad = n_chunks * c - length
+    xs = torch.nn.functional.pad(x.reshape(-1, length), (0, pad)).reshape(-1, n_chunks, c)
+    local = xs @ _power_matrix(coef, c, x.dtype, x.device).T  # [M, n, C]
+    if n_chunks > 1:
+        heads = local[..., 0] @ _power_matrix(coef**c, n_chunks, x.dtype, x.device).T  # [M, n]
+        nxt = torch.nn.functional.pad(heads[:, 1:], (0, 1))  # carry from the chunk after
+        i = torch.arange(c, device=x.device, dtype=torch.float64)
+        tail = torch.pow(torch.tensor(coef, dtype=torch.float64), c - i).to(x.dtype)  # c^(C−i)
+        local = local + nxt[..., None] * tail
+    return local.reshape(-1, n_chunks * c)[:, :length].reshape(*lead, length)
+
+
+def _zero_off_mask(t: Tensor, m: Tensor, name: str) -> Tensor:
+    """``t`` with masked positions set to 0; only action positions must be finite."""
+    if bool(torch.isfinite(t.sum())):  # fast path: a finite sum means every entry is finite
+        return t * m
+    t = torch.where(m, t, torch.zeros((), dtype=t.dtype, device=t.device))
+    if not bool(torch.isfinite(t.abs().amax())):
+        raise ValueError(f"{name}: expected finite values at action positions, found NaN or inf")
+    return t
+
+
+def _token_inputs(rewards, values, mask, bootstrap_values):
+    """Validate token-layout inputs; return rewards and values zeroed off the mask."""
+    f = float_inputs({"rewards": rewards, "values": values})
+    r, v = f["rewards"], f["values"]
+    check_nonempty(r, "rewards")
+    check_ndim(r, "rewards", (2,), "[B, L]")
+    check_same_shape(r, "rewards", values=v)
+    m = check_mask(mask, r, "rewards")
+    r = _zero_off_mask(r.detach(), m, "rewards")
+    v = _zero_off_mask(v.detach(), m, "values")
+    boot = None
+    if bootstrap_values is not None:
+        boot = as_tensor(bootstrap_values, "bootstrap_values", like=r)
+        if tuple(boot.shape) != (r.shape[0],):
+            raise ValueError(f"bootstrap_values: expected shape [B] = ({r.shape[0]},), got "
+                             f"{tuple(boot.shape)}")
+        check_finite(boot, "bootstrap_values")
+    return r, v, m, boot
+
+
+def token_gae(rewards, values, mask, gamma: float, lam: float, *,
+              bootstrap_values=None, chunk_size: int = 32) -> tuple[Tensor, Tensor]:
+    """GAE over token sequences ``[B, L]`` with an action mask (seed 000 §3.6, §5; design.md).
+
+    Args:
+        rewards: ``[B, L]`` per-position rewards. Only action positions (mask 1) are read;
+                 place the sequence score on the last action token and per-token KL
+                 rewards on action tokens. Rewards at masked positions are ignored.
+        values:  ``[B, L]`` critic values recorded at rollout time. Values at masked
+                 positions are never read.
+        mask:    ``[B, L]`` 0/1 or bool; 1 marks tokens sampled by the policy. May be
+                 non-contiguous (multi-turn): the recursion steps from each action to the
+                 next action of the same row, carrying across masked spans.
+        gamma, lam: discount and λ in [0, 1], counted per action token.
+        bootstrap_values: optional ``[B]``: value to bootstrap from after each row's last
+                 action (e.g. a response cut at the maximum length, when truncation is
+                 treated as "bootstrap"). Default: the last action is terminal.
+        chunk_size: scan chunk size (speed only).
+
+    Returns:
+        ``(advantages, returns)``, ``[B, L]``, ``returns = advantages + values`` on action
+        positions; both are exactly 0 at masked positions.
+
+    Vectorised: the actions of each row are packed to the left (a stable sort of the mask),
+    the residuals computed with the next action's value, and the discounted reverse sum
+    done by :func:`discounted_reverse_cumsum`. :func:`token_gae_reference` is the plain
+    position loop it is tested against.
+    """
+    gamma = check_unit_interval(gamma, "gamma")
+    lam = check_unit_interval(lam, "lam")
+    r, v, m, boot = _token_inputs(rewards, values, mask, bootstrap_values)
+    with torch.no_grad():
+        length = r.shape[1]
+        # Pack each row's actions to the left, in order, with a permutation built from a
+        # cumulative sum: action j of a row goes to slot j, the other positions follow.
+        # Beyond a row's last action the packed rewards and values are 0, hence so are the
+        # residuals and advantages there, and unpacking puts those zeros on masked positions.
+        cs = m.to(torch.int64).cumsum(1)
+        n_act = cs[:, -1:]
+        pos = torch.arange(length, device=r.device)
+        order = torch.where(m, cs - 1, n_act + pos - cs)
+        rp = torch.empty_like(r).scatter_(1, order, r)
+        vp = torch.empty_like(v).scatter_(1, order, v)
+        v_next = torch.nn.functional.pad(vp[:, 1:], (0, 1))  # next action's value; 0 at end
+        if boot is not None:
+            last = (n_act - 1).clamp(min=0)
+            add = torch.where(n_act[:, 0] > 0, boot, torch.zeros_like(boot))
+            v_next = v_next.scatter_add(1, last, add[:, None])
+        deltas = rp + gamma * v_next - vp
+        adv = discounted_reverse_cumsum(deltas, gamma * lam, chunk_size).gather(1, order)
+    return adv, adv + v
+
+
+def token_gae_reference(rewards, values, mask, gamma: float, lam: float, *,
+                        bootstrap_values=None) -> tuple[Tensor, Tensor]:
+    """The plain position loop (vectorised over B only) that :func:`token_gae` must equal.
+
+    Same contract as :func:`token_gae`. Walks positions ``L−1 … 0``; at an action
+    position ``δ = r + γ V(next action) − V``, ``A = δ + γ λ A(next action)``; masked
+    positions leave the carried value and advantage unchanged.
+    """
+    gamma = check_unit_interval(gamma, "gamma")
+    lam = check_unit_interval(lam, "lam")
+    r, v, m, boot = _token_inputs(rewards, values, mask, bootstrap_values)
+    with torch.no_grad():
+        length = r.shape[1]
+        adv = torch.zeros_like(r)
+        next_v = boot.clone() if boot is not None else torch.zeros_like(r[:, 0])
+        carry = torch.zeros_like(r[:, 0])
+        for t in range(length - 1, -1, -1):
+            mt = m[:, t]
+            delta = r[:, t] + gamma * next_v - v[:, t]
+            new = delta + gamma * lam * carry
+            carry = torch.where(mt, new, carry)
+            next_v = torch.where(mt, v[:, t], next_v)
+            adv[:, t] = torch.where(mt, new, torch.zeros_like(new))
+    return adv, adv + v

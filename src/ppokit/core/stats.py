@@ -1,0 +1,100 @@
+"""Masked statistics, whitening and explained variance (seed 000 §5 "advantage normalisation",
+§5.1 "explained variance").
+
+A ``mask`` is always optional and, when given, must have exactly the shape of the data
+(no broadcasting). Variances state their ``ddof``; a single valid element never yields
+NaN: its variance is reported as 0 and its whitened value as 0.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .validation import Tensor, as_tensor, check_finite, check_mask, check_nonempty
+
+__all__ = ["masked_sum", "masked_mean", "masked_var", "masked_whiten", "explained_variance"]
+
+
+def _prep(x, mask, name="x"):
+    x = as_tensor(x, name)
+    if not x.is_floating_point():
+        x = x.to(torch.float32)
+    check_nonempty(x, name)
+    m = None if mask is None else check_mask(mask, x, name)
+    return x, m
+
+
+def masked_sum(x, mask=None, dim=None) -> Tensor:
+    """Sum of ``x`` over positions where ``mask`` is 1. Shapes: ``x``, ``mask`` alike."""
+    x, m = _prep(x, mask)
+    if m is None:
+        return x.sum() if dim is None else x.sum(dim)
+    xm = torch.where(m, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    return xm.sum() if dim is None else xm.sum(dim)
+
+
+def masked_mean(x, mask=None, dim=None) -> Tensor:
+    """Mean over valid positions (all of them without a mask). ``dim=None``: a scalar.
+
+    An all-masked reduction returns 0 (not NaN), so a row with no action contributes
+    nothing rather than poisoning a loss.
+    """
+    x, m = _prep(x, mask)
+    if m is None:
+        return x.mean() if dim is None else x.mean(dim)
+    count = m.sum() if dim is None else m.sum(dim)
+    return masked_sum(x, m, dim) / count.clamp(min=1).to(x.dtype)
+
+
+def masked_var(x, mask=None, ddof: int = 1) -> Tensor:
+    """Variance over valid positions with ``ddof`` (1: unbiased, as ``torch.var``).
+
+    With ``n ≤ ddof`` valid elements the variance is 0 (one sample has no spread), never
+    NaN. Returns a scalar.
+    """
+    if ddof not in (0, 1):
+        raise ValueError(f"ddof: expected 0 or 1, got {ddof!r}")
+    x, m = _prep(x, mask)
+    n = x.new_tensor(float(x.numel())) if m is None else m.sum().to(x.dtype)
+    mean = masked_mean(x, m)
+    sq = masked_sum((x - mean) ** 2, m)
+    denom = n - ddof
+    return torch.where(denom > 0, sq / denom.clamp(min=1), torch.zeros_like(sq))
+
+
+def masked_whiten(x, mask=None, *, shift_mean: bool = True, ddof: int = 1,
+                  eps: float = 1e-8) -> Tensor:
+    """``(x − mean) / (std + eps)`` over valid positions; masked positions become 0.
+
+    Shapes: ``x`` any, ``mask`` the same shape or None. ``ddof`` as in :func:`masked_var`
+    (default 1, the unbiased std that Stable-Baselines3 and CleanRL use). With
+    ``shift_mean=False`` only the scale is changed (the mean is added back). A single valid
+    element whitens to 0 (centred) and never to NaN.
+    """
+    x, m = _prep(x, mask)
+    check_finite(x if m is None else x[m], "x")
+    mean = masked_mean(x, m)
+    std = masked_var(x, m, ddof=ddof).sqrt()
+    out = (x - mean) / (std + eps)
+    if not shift_mean:
+        out = out + mean
+    if m is not None:
+        out = torch.where(m, out, torch.zeros_like(out))
+    return out
+
+
+def explained_variance(y_pred, y_true, mask=None) -> float:
+    """``1 − Var[y − ŷ] / Var[y]`` over valid positions (seed 000 §5.1).
+
+    1: perfect prediction; 0: no better than predicting the mean; < 0: worse. Returns NaN
+    when ``Var[y] = 0`` (undefined), as Stable-Baselines3 does. Shapes alike.
+    """
+    y_pred, m = _prep(y_pred, mask, "y_pred")
+    y_true = as_tensor(y_true, "y_true", like=y_pred)
+    if tuple(y_true.shape) != tuple(y_pred.shape):
+        raise ValueError(f"y_true: expected shape {tuple(y_pred.shape)} (the shape of y_pred), "
+                         f"got {tuple(y_true.shape)}")
+    var_y = masked_var(y_true, m, ddof=0)
+    if float(var_y) == 0.0:
+        return float("nan")
+    return float(1.0 - masked_var(y_true - y_pred, m, ddof=0) / var_y)
