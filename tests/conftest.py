@@ -1,0 +1,16 @@
+"""Shared test setup: one torch thread (deterministic, and fastest for small nets on CI's
+2 cores) and a hypothesis profile sized for the default suite."""
+
+import os
+
+import torch
+from hypothesis import HealthCheck, settings
+
+torch.set_num_threads(1)
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+settings.register_profile(
+    "default", max_examples=60, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("thorough", max_examples=500, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
