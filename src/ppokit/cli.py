@@ -16,6 +16,7 @@ import sys
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("ppokit.demos.cli", "run the seeds' experiments and print their numbers"),
+    "report": ("ppokit.diagnose.cli", "read a run's metrics and name what looks wrong"),
 }
 
 

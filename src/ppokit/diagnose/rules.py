@@ -1,0 +1,388 @@
+"""The report's rules: each reads several metrics together and names one pattern.
+
+Every rule works on windows, never on single points: medians over thirds of the run or over
+its non-annealed part, and rank correlation with time. Iterations where the learning rate or
+the clip range has been annealed below a quarter of its peak are left out of the rules about
+how far the policy moves per update (a linear schedule legitimately ends with clip fractions
+and KL near zero).
+
+Codes are stable; thresholds live in :class:`Thresholds` so a user can tune them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .metrics import MetricsTable
+from .trend import rel_change, spearman, thirds
+
+__all__ = ["Finding", "Thresholds", "RULES", "CODES", "SEVERITIES", "diagnose"]
+
+SEVERITIES = ("error", "warning", "info")
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Tunable limits of the rules (fractions are in [0, 1], KL in nats)."""
+
+    min_iterations: int = 6
+    clipfrac_zero_median: float = 0.01
+    clipfrac_zero_q90: float = 0.03
+    clipfrac_high_median: float = 0.3
+    kl_high_median: float = 0.05
+    kl_rise_corr: float = 0.5
+    kl_rise_factor: float = 2.0
+    kl_floor: float = 1e-3
+    return_flat_corr: float = 0.3
+    return_flat_rel: float = 0.1
+    early_stop_frac: float = 0.5
+    ev_near_zero: float = 0.1
+    ev_q75_max: float = 0.2
+    value_fall_corr: float = -0.5
+    value_fall_factor: float = 0.5
+    entropy_collapse_frac: float = 0.1
+    entropy_collapse_within: float = 0.5
+    coupling_corr: float = 0.5
+    length_rise_rel: float = 0.2
+    truncation_median: float = 0.2
+
+
+@dataclass
+class Finding:
+    """One named problem: ``code`` (stable), ``severity``, ``message`` (what and what to look
+    at) and ``evidence`` (which metric, which iterations, which values)."""
+
+    code: str
+    severity: str
+    message: str
+    evidence: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+MAX_POINTS = 12
+
+
+def _evidence(table: MetricsTable, metric: str, pos: np.ndarray, values: np.ndarray,
+              **summary) -> dict:
+    """Evidence for one metric: at most ``MAX_POINTS`` evenly spaced (iteration, value) pairs
+    of the window the rule looked at, plus the summary figures it used."""
+    pos = np.asarray(pos)
+    values = np.asarray(values, dtype=np.float64)
+    if len(pos) > MAX_POINTS:
+        pick = np.unique(np.linspace(0, len(pos) - 1, MAX_POINTS).round().astype(int))
+        pos, values = pos[pick], values[pick]
+    return {
+        "metric": metric,
+        "iterations": [int(table.labels[p]) for p in pos],
+        "values": [_round(v) for v in values],
+        "summary": {k: _round(v) if isinstance(v, float) else v for k, v in summary.items()},
+    }
+
+
+def _round(v: float) -> float | None:
+    """6 significant digits; None for a value that is not finite (keeps the JSON strict)."""
+    v = float(v)
+    return float(f"{v:.6g}") if np.isfinite(v) else None
+
+
+def _iters(table: MetricsTable, pos: np.ndarray) -> str:
+    if len(pos) == 0:
+        return "-"
+    return f"{table.labels[pos[0]]}–{table.labels[pos[-1]]}"
+
+
+Rule = Callable[[MetricsTable, Thresholds], list[Finding]]
+
+
+def rule_nonfinite(table: MetricsTable, th: Thresholds) -> list[Finding]:
+    names = sorted({k for r in table.records for k in r})
+    bad = {n: table.nonfinite(n) for n in names}
+    bad = {n: idx for n, idx in bad.items() if len(idx)}
+    if not bad:
+        return []
+    ev = [{"metric": n, "iterations": [int(table.labels[i]) for i in idx[:MAX_POINTS]],
+           "values": [str(table.records[i][n]) for i in idx[:MAX_POINTS]],
+           "summary": {"count": len(idx)}} for n, idx in bad.items()]
+    first = min(int(idx[0]) for idx in bad.values())
+    return [Finding(
+        "metrics-nonfinite", "error",
+        f"{', '.join(bad)} became NaN or infinite (first at iteration {table.labels[first]}). "
+        "Training has diverged numerically: look for a learning rate far too large, rewards or "
+        "observations on a huge scale, a log of zero probability, or a division by a zero std.",
+        ev)]
+
+
+def rule_clipfrac_zero(table: MetricsTable, th: Thresholds) -> list[Finding]:
+    pos, cf = table.series("clipfrac", active_only=True)
+    if len(cf) < th.min_iterations:
+        return []
+    med, q90 = float(np.median(cf)), float(np.quantile(cf, 0.9))
+    if not (med < th.clipfrac_zero_median and q90 < th.clipfrac_zero_q90):
+        return []
+    ev = [_evidence(table, "clipfrac", pos, cf, median=med, q90=q90)]
+    kpos, kl = table.series("approx_kl", active_only=True)
+    if len(kl):
+        ev.append(_evidence(table, "approx_kl", kpos, kl, median=float(np.median(kl))))
+    return [Finding(
+        "clipfrac-zero", "warning",
+        f"The clip fraction stays near 0 (median {med:.4f} over iterations "
+        f"{_iters(table, pos)}, not counting an annealed tail): updates hardly move the policy "
+        "off its rollout version, so the clip never engages. Usual causes are a learning rate "
+        "that is too small, too few epochs or weak advantages; it can also mean the policy has "
+        "settled. Read it with approx_kl and the return curve before raising the learning rate "
+        "or the number of epochs.",
+        ev)]
+
+
+def rule_clipfrac_high(table: MetricsTable, th: Thresholds) -> list[Finding]:
+    pos, cf = table.series("clipfrac", active_only=True)
+    if len(cf) < th.min_iterations:
+        return []
+    med = float(np.median(cf))
+    if not med > th.clipfrac_high_median:
+        return []
+    ev = [_evidence(table, "clipfrac", pos, cf, median=med)]
+    apos, act = table.series("clip_active_frac", active_only=True)
+    if len(act):
+        ev.append(_evidence(table, "clip_active_frac", apos, act,
+                            median=float(np.median(act))))
+    return [Finding(
+        "clipfrac-high", "warning",
+        f"The clip fraction stays high (median {med:.3f} over iterations "
+        f"{_iters(table, pos)}): during each update most sampled ratios leave the clip range, "
+        "so the new policy is far from the one that collected the data. Compare "
+        "clip_active_frac (samples whose gradient really is cut) and approx_kl; lower the "
+        "learning rate or the number of epochs, or add a target KL.",
+        ev)]
+
+
+def rule_kl_high(table: MetricsTable, th: Thresholds) -> list[Finding]:
+    pos, kl = table.series("approx_kl", active_only=True)
+    if len(kl) < th.min_iterations:
+        return []
+    med = float(np.median(kl))
+    if not med > th.kl_high_median:
+        return []
+    return [Finding(
+        "kl-high", "warning",
+        f"approx_kl (old → new policy, per update) stays large (median {med:.3g} over "
+        f"iterations {_iters(table, pos)}): each update moves the policy a long way from the "
+        "data it was computed on, which the clip alone does not prevent. Lower the learning "
+        "rate or the number of epochs, or set a target KL.",
+        [_evidence(table, "approx_kl", pos, kl, median=med)])]
+
+
+def _return_metric(table: MetricsTable) -> str | None:
+    for name in ("episode_return_mean", "score_mean"):
+        if table.has(name):
+            return name
+    return None
+
+
+def rule_kl_rising_return_flat(table: MetricsTable, th: Thresholds) -> list[Finding]:
+    ret_name = _return_metric(table)
+    if ret_name is None:
+        return []
+    kpos, kl = table.series("approx_kl", active_only=True)
+    rpos, ret = table.series(ret_name, active_only=True)
+    if len(kl) < th.min_iterations or len(ret) < th.min_iterations:
+        return []
+    k_corr = spearman(kpos, kl)
+    k1, _, k3 = thirds(kl)
+    if not (k_corr >= th.kl_rise_corr and k3 >= th.kl_floor
+            and k3 >= th.kl_rise_factor * max(k1, 1e-12)):
+        return []
+    r_corr = spearman(rpos, ret)
+    r1, _, r3 = thirds(ret)
+    iqr = float(np.subtract(*np.quantile(ret, [0.75, 0.25])))
+    scale = max(abs(r1), abs(r3), iqr, 1e-8)
+    r_rel = (r3 - r1) / scale
+    if not (r_corr < th.return_flat_corr and r_rel < th.return_flat_rel):
+        return []
+    return [Finding(
+        "kl-rising-return-flat", "warning",
+        f"approx_kl rises over the run (median {k1:.3g} in the first third, {k3:.3g} in the "
+        f"last) while {ret_name} does not improve ({r1:.4g} → {r3:.4g}): the policy keeps "
+        "moving further per update without getting better. Check the learning rate, the number "
+        "of epochs, the advantage scale and the masks before anything else.",
+        [_evidence(table, "approx_kl", kpos, kl, first_third=k1, last_third=k3,
+                   spearman=k_corr),
+         _evidence(table, ret_name, rpos, ret, first_third=r1, last_third=r3,
+                   spearman=r_corr)])]
+
+
+def rule_early_stop_frequent(table: MetricsTable, th: Thresholds) -> list[Finding]:
+    logged = [i for i, r in enumerate(table.records) if "early_stop" in r]
+    if len(logged) < th.min_iterations:
+        return []
+    fired = [i for i in logged if table.records[i]["early_stop"] not in (None, False, {}, [])]
+    frac = len(fired) / len(logged)
+    if not frac > th.early_stop_frac:
+        return []
+    epochs = []
+    for i in fired:
+        es = table.records[i]["early_stop"]
+        ep = es.get("epoch") if isinstance(es, dict) else None
+        epochs.append(float(ep) if isinstance(ep, (int, float)) else np.nan)
+    ev = _evidence(table, "early_stop.epoch", np.asarray(fired), np.asarray(epochs),
+                   fired=len(fired), iterations_logged=len(logged), fraction=frac)
+    ep_ok = [e for e in epochs if np.isfinite(e)]
+    where = f", typically in epoch {np.median(ep_ok):.0f}" if ep_ok else ""
+    return [Finding(
+        "early-stop-frequent", "warning",
+        f"Target-KL early stopping fired in {len(fired)} of {len(logged)} iterations{where}: "
+        "the configured epochs are mostly not being run, and the KL check is doing the job "
+        "of the step size. Lower the learning rate or the number of epochs so that early stop "
+        "is a guard that rarely fires (it is not a hard trust region either).",
+        [ev])]
+
+
+def rule_critic_mean_only(table: MetricsTable, th: Thresholds) -> list[Finding]:
+    epos, ev = table.series("explained_variance")
+    vpos, vl = table.series("value_loss")
+    if len(ev) < th.min_iterations or len(vl) < th.min_iterations:
+        return []
+    ev_med = float(np.median(ev))
+    ev_q75 = float(np.quantile(ev, 0.75))
+    if not (abs(ev_med) < th.ev_near_zero and ev_q75 < th.ev_q75_max):
+        return []
+    v_corr = spearman(vpos, vl)
+    v1, _, v3 = thirds(vl)
+    if not (v_corr <= th.value_fall_corr and v3 <= th.value_fall_factor * v1):
+        return []
+    return [Finding(
+        "critic-mean-only", "warning",
+        f"The value loss falls ({v1:.4g} → {v3:.4g}) but explained variance stays near 0 "
+        f"(median {ev_med:.3f}): the critic seems to have learned only the average return, "
+        "not how it varies between states, so the advantage baseline is weak. Look at the "
+        "advantages' mean, spread and correlation with returns; consider tuning the critic "
+        "separately (its learning rate or epochs, or a separate network).",
+        [_evidence(table, "explained_variance", epos, ev, median=ev_med, q75=ev_q75),
+         _evidence(table, "value_loss", vpos, vl, first_third=v1, last_third=v3,
+                   spearman=v_corr)])]
+
+
+def rule_entropy_collapse(table: MetricsTable, th: Thresholds) -> list[Finding]:
+    pos, h = table.series("entropy")
+    n = len(h)
+    if n < th.min_iterations or float(h.min()) < -1e-6:
+        return []  # differential entropy (continuous actions) has no natural zero
+    h0 = float(np.median(h[:3]))
+    if not h0 > 1e-6:
+        return []
+    # smoothed (running median of 3) so one dip does not count
+    sm = np.asarray([np.median(h[max(0, i - 1):i + 2]) for i in range(n)])
+    low = np.flatnonzero(sm < th.entropy_collapse_frac * h0)
+    if len(low) == 0:
+        return []
+    k = int(low[0])
+    if k > th.entropy_collapse_within * (n - 1):
+        return []
+    after = float(np.median(h[k:]))
+    if not after < 1.5 * th.entropy_collapse_frac * h0:
+        return []
+    return [Finding(
+        "entropy-collapse", "warning",
+        f"Policy entropy collapses early: from {h0:.3g} to below "
+        f"{th.entropy_collapse_frac:.0%} of it by iteration {table.labels[pos[k]]} "
+        f"(of {n}), and stays there (median {after:.3g}). The policy has become nearly "
+        "deterministic before it has had time to explore; a small mean KL can hide a "
+        "distribution that has collapsed onto a few actions. Check the learning rate and "
+        "epochs, consider an entropy bonus, and look at the per-state (per-token) spread, "
+        "not just the mean.",
+        [_evidence(table, "entropy", pos, h, start=h0, collapsed_at=int(table.labels[pos[k]]),
+                   after_median=after)])]
+
+
+def rule_length_reward_coupling(table: MetricsTable, th: Thresholds) -> list[Finding]:
+    if not table.has("response_length_mean"):
+        return []
+    score = "score_mean" if table.has("score_mean") else None
+    if score is None:
+        return []
+    lpos, length = table.series("response_length_mean")
+    spos, sc = table.series(score)
+    if table.has("kl_ref"):
+        kname = "kl_ref"
+        kpos, kl = table.series("kl_ref")
+        sign = 1.0
+    elif table.has("non_score_reward"):
+        kname = "non_score_reward"
+        kpos, kl = table.series("non_score_reward")
+        sign = -1.0  # the penalty grows as the non-score reward becomes more negative
+    else:
+        return []
+    if min(len(length), len(sc), len(kl)) < th.min_iterations:
+        return []
+    l_corr, s_corr = spearman(lpos, length), spearman(spos, sc)
+    k_corr = sign * spearman(kpos, kl)
+    l1, _, l3 = thirds(length)
+    if not (l_corr >= th.coupling_corr and s_corr >= th.coupling_corr
+            and k_corr >= th.coupling_corr and rel_change(l1, l3, abs(l1) or 1.0)
+            >= th.length_rise_rel):
+        return []
+    s1, _, s3 = thirds(sc)
+    k1, _, k3 = thirds(kl)
+    return [Finding(
+        "length-reward-coupling", "warning",
+        f"Reward, KL to the reference and response length rise together (length {l1:.3g} → "
+        f"{l3:.3g}, {score} {s1:.3g} → {s3:.3g}, {kname} {k1:.3g} → {k3:.3g}): the policy may "
+        "be buying score with drift and longer answers, a sign that the reward prefers length "
+        "or a format. First evaluate the score sliced by response length and prompt type, "
+        "then check the end-of-sequence reward and how truncations are scored; only then tune "
+        "the KL coefficient, since raising it alone hides a biased reward rather than fixing it.",
+        [_evidence(table, "response_length_mean", lpos, length, first_third=l1,
+                   last_third=l3, spearman=l_corr),
+         _evidence(table, score, spos, sc, first_third=s1, last_third=s3, spearman=s_corr),
+         _evidence(table, kname, kpos, kl, first_third=k1, last_third=k3,
+                   spearman=sign * k_corr)])]
+
+
+def rule_truncation_high(table: MetricsTable, th: Thresholds) -> list[Finding]:
+    pos, tr = table.series("truncated_frac")
+    if len(tr) < th.min_iterations:
+        return []
+    k = max(1, len(tr) // 3)
+    last = float(np.median(tr[-k:]))
+    if not last > th.truncation_median:
+        return []
+    return [Finding(
+        "truncation-high", "warning",
+        f"{last:.0%} of responses hit the length limit (median over the last third, "
+        f"iterations {_iters(table, pos[-k:])}): many sequences end by truncation, not by an "
+        "end-of-sequence token, so their final score and the credit it assigns are "
+        "questionable. Check the maximum number of new tokens, whether the reward favours "
+        "length, and how truncated responses are treated (bootstrap, penalty or masking).",
+        [_evidence(table, "truncated_frac", pos, tr, last_third_median=last)])]
+
+
+RULES: dict[str, tuple[Rule, str]] = {
+    "metrics-nonfinite": (rule_nonfinite, "a logged metric is NaN or infinite"),
+    "clipfrac-zero": (rule_clipfrac_zero, "clip fraction stuck near 0"),
+    "clipfrac-high": (rule_clipfrac_high, "clip fraction stuck high"),
+    "kl-high": (rule_kl_high, "approx KL per update stays large"),
+    "kl-rising-return-flat": (rule_kl_rising_return_flat, "approx KL rises, return flat"),
+    "early-stop-frequent": (rule_early_stop_frequent, "target-KL early stop fires most "
+                            "iterations"),
+    "critic-mean-only": (rule_critic_mean_only, "value loss falls, explained variance ≈ 0"),
+    "entropy-collapse": (rule_entropy_collapse, "entropy collapses early"),
+    "length-reward-coupling": (rule_length_reward_coupling, "LM: reward, KL and length rise "
+                               "together"),
+    "truncation-high": (rule_truncation_high, "LM: many responses truncated"),
+}
+CODES = tuple(RULES)
+
+
+def diagnose(table: MetricsTable, thresholds: Thresholds | None = None) -> list[Finding]:
+    """Run every rule on ``table``; findings sorted by severity, then rule order."""
+    th = thresholds or Thresholds()
+    out: list[Finding] = []
+    for rule, _ in RULES.values():
+        out.extend(rule(table, th))
+    order = {s: i for i, s in enumerate(SEVERITIES)}
+    return sorted(out, key=lambda f: order[f.severity])
