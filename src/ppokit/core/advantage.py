@@ -153,26 +153,15 @@ def discounted_reverse_cumsum(x: Tensor, coef: float, chunk_size: int = 32) -> T
     return local.reshape(-1, n_chunks * c)[:, :length].reshape(*lead, length)
 
 
-def _zero_off_mask(t: Tensor, m: Tensor, name: str) -> Tensor:
-    """``t`` with masked positions set to 0; only action positions must be finite."""
-    if bool(torch.isfinite(t.sum())):  # fast path: a finite sum means every entry is finite
-        return t * m
-    t = torch.where(m, t, torch.zeros((), dtype=t.dtype, device=t.device))
-    if not bool(torch.isfinite(t.abs().amax())):
-        raise ValueError(f"{name}: expected finite values at action positions, found NaN or inf")
-    return t
-
-
 def _token_inputs(rewards, values, mask, bootstrap_values):
-    """Validate token-layout inputs; return rewards and values zeroed off the mask."""
+    """Validate token-layout shapes and flags (finiteness is checked on action positions
+    by the caller: padding may hold anything, NaN included)."""
     f = float_inputs({"rewards": rewards, "values": values})
     r, v = f["rewards"], f["values"]
     check_nonempty(r, "rewards")
     check_ndim(r, "rewards", (2,), "[B, L]")
     check_same_shape(r, "rewards", values=v)
     m = check_mask(mask, r, "rewards")
-    r = _zero_off_mask(r.detach(), m, "rewards")
-    v = _zero_off_mask(v.detach(), m, "values")
     boot = None
     if bootstrap_values is not None:
         boot = as_tensor(bootstrap_values, "bootstrap_values", like=r)
@@ -180,7 +169,13 @@ def _token_inputs(rewards, values, mask, bootstrap_values):
             raise ValueError(f"bootstrap_values: expected shape [B] = ({r.shape[0]},), got "
                              f"{tuple(boot.shape)}")
         check_finite(boot, "bootstrap_values")
-    return r, v, m, boot
+    return r.detach(), v.detach(), m, boot
+
+
+def _check_action_values(t: Tensor, name: str) -> None:
+    """``t`` holds only action-position values (and zeros): all must be finite."""
+    if not bool(torch.isfinite(t.sum())) and not bool(torch.isfinite(t).all()):
+        raise ValueError(f"{name}: expected finite values at action positions, found NaN or inf")
 
 
 def token_gae(rewards, values, mask, gamma: float, lam: float, *,
@@ -215,25 +210,33 @@ def token_gae(rewards, values, mask, gamma: float, lam: float, *,
     lam = check_unit_interval(lam, "lam")
     r, v, m, boot = _token_inputs(rewards, values, mask, bootstrap_values)
     with torch.no_grad():
-        length = r.shape[1]
-        # Pack each row's actions to the left, in order, with a permutation built from a
-        # cumulative sum: action j of a row goes to slot j, the other positions follow.
-        # Beyond a row's last action the packed rewards and values are 0, hence so are the
-        # residuals and advantages there, and unpacking puts those zeros on masked positions.
-        cs = m.to(torch.int64).cumsum(1)
-        n_act = cs[:, -1:]
-        pos = torch.arange(length, device=r.device)
-        order = torch.where(m, cs - 1, n_act + pos - cs)
-        rp = torch.empty_like(r).scatter_(1, order, r)
-        vp = torch.empty_like(v).scatter_(1, order, v)
-        v_next = torch.nn.functional.pad(vp[:, 1:], (0, 1))  # next action's value; 0 at end
+        bsz, length = r.shape
+        # Pack each row's actions to the left, in order: action j of a row goes to column
+        # j of a [B, L+1] buffer; every other position is sent to the spare column L, which
+        # is then zeroed. Beyond a row's last action the packed rewards and values are 0,
+        # hence so are the residuals and advantages, and gathering back with the same index
+        # puts exact zeros on masked positions. (Integer arithmetic rather than
+        # torch.where: several times faster on CPU.)
+        cs = m.cumsum(1)
+        mi = m.to(torch.int64)
+        idx = mi * (cs - (length + 1)) + length
+        rp = r.new_zeros(bsz, length + 1).scatter_(1, idx, r)
+        vp = v.new_zeros(bsz, length + 1).scatter_(1, idx, v)
+        rp[:, length] = 0
+        vp[:, length] = 0
+        _check_action_values(rp, "rewards")
+        _check_action_values(vp, "values")
+        v_next = vp[:, 1:]  # the next action's value; 0 after the last action
         if boot is not None:
-            last = (n_act - 1).clamp(min=0)
-            add = torch.where(n_act[:, 0] > 0, boot, torch.zeros_like(boot))
-            v_next = v_next.scatter_add(1, last, add[:, None])
-        deltas = rp + gamma * v_next - vp
-        adv = discounted_reverse_cumsum(deltas, gamma * lam, chunk_size).gather(1, order)
-    return adv, adv + v
+            n_act = cs[:, -1:]
+            v_next = v_next.scatter_add(1, (n_act - 1).clamp(min=0),
+                                        torch.where(n_act > 0, boot[:, None], 0.0))
+        deltas = torch.add(rp[:, :length], v_next, alpha=gamma).sub_(vp[:, :length])
+        adv_p = discounted_reverse_cumsum(deltas, gamma * lam, chunk_size)
+        adv_p = torch.nn.functional.pad(adv_p, (0, 1))
+        adv = adv_p.gather(1, idx)
+        ret = adv + vp.gather(1, idx)
+    return adv, ret
 
 
 def token_gae_reference(rewards, values, mask, gamma: float, lam: float, *,
@@ -247,6 +250,10 @@ def token_gae_reference(rewards, values, mask, gamma: float, lam: float, *,
     gamma = check_unit_interval(gamma, "gamma")
     lam = check_unit_interval(lam, "lam")
     r, v, m, boot = _token_inputs(rewards, values, mask, bootstrap_values)
+    zero = torch.zeros((), dtype=r.dtype, device=r.device)
+    r, v = torch.where(m, r, zero), torch.where(m, v, zero)
+    _check_action_values(r, "rewards")
+    _check_action_values(v, "values")
     with torch.no_grad():
         length = r.shape[1]
         adv = torch.zeros_like(r)

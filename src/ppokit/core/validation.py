@@ -109,7 +109,7 @@ def float_inputs(names_values: dict[str, Any], *, finite: Sequence[str] = ()) ->
     """Convert several float inputs to tensors of one dtype/device (the first tensor's)."""
     out: dict[str, Tensor] = {}
     like: Tensor | None = None
-    for name, value in names_values.items():
+    for value in names_values.values():
         if isinstance(value, Tensor) and value.is_floating_point():
             like = value
             break
