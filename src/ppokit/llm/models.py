@@ -1,0 +1,221 @@
+"""Models for token-level RLHF: the built-in tiny model and tokenizer, loading a local
+Hugging Face causal LM, the critic (a value head on a backbone) and reference copies.
+
+Nothing is downloaded. The built-in tokenizer is character level over a fixed alphabet
+(digits, a few separators, lower-case letters) plus four special tokens, built in code
+with the ``tokenizers`` library and wrapped in ``PreTrainedTokenizerFast``. It is saved and
+loaded with ``PreTrainedTokenizerFast`` directly: in transformers 5, ``AutoTokenizer`` on a
+saved custom tokenizer may return the architecture's stock class, which splits and decodes
+differently (design.md). Loading never runs remote code.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import torch
+from torch import nn
+
+from ppokit.errors import UsageError
+
+__all__ = [
+    "ALPHABET",
+    "SPECIAL_TOKENS",
+    "build_char_tokenizer",
+    "build_tiny_model",
+    "load_tokenizer",
+    "load_causal_lm",
+    "load_policy",
+    "save_policy",
+    "ValueModel",
+    "frozen_copy",
+    "count_parameters",
+    "quiet_transformers",
+]
+
+ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz:>=,+-|. "
+SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<bos>", "eos_token": "<eos>",
+                  "unk_token": "<unk>"}
+PPOKIT_MARKER = "ppokit_tokenizer.json"
+
+
+def quiet_transformers() -> None:
+    """Silence transformers' progress bars and advisory logs (ppokit prints its own)."""
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+    except Exception:  # noqa: BLE001 - cosmetic only
+        pass
+
+
+def build_char_tokenizer():
+    """A character-level ``PreTrainedTokenizerFast`` over :data:`ALPHABET`.
+
+    Ids: ``<pad>`` 0, ``<bos>`` 1, ``<eos>`` 2, ``<unk>`` 3, then one id per character.
+    ``encode`` adds no special tokens; ``decode(..., skip_special_tokens=True)`` returns the
+    exact string (characters are fused, never joined with spaces).
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS.values())}
+    for ch in ALPHABET:
+        vocab.setdefault(ch, len(vocab))
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token=SPECIAL_TOKENS["unk_token"]))
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, **SPECIAL_TOKENS)
+    tok.padding_side = "left"
+    return tok
+
+
+def load_tokenizer(path: str):
+    """Load the tokenizer of a model directory (no remote code).
+
+    A ppokit built-in tokenizer (marked by ``ppokit_tokenizer.json``) is loaded with
+    ``PreTrainedTokenizerFast`` directly; any other directory with ``AutoTokenizer``.
+    A pad token is set (to EOS) when the tokenizer has none; padding side is left.
+    """
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if os.path.exists(os.path.join(path, PPOKIT_MARKER)):
+        tok = PreTrainedTokenizerFast.from_pretrained(path)
+    else:
+        try:
+            tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+        except Exception as exc:  # noqa: BLE001 - report one line
+            raise UsageError(f"--model: cannot load a tokenizer from {path!r}: {exc}") from None
+    if tok.eos_token_id is None:
+        raise UsageError(f"--model: the tokenizer in {path!r} has no EOS token")
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
+def build_tiny_model(tokenizer, *, arch: str = "llama", hidden: int = 64, layers: int = 2,
+                     heads: int = 4, intermediate: int = 192, max_positions: int = 64,
+                     seed: int = 0):
+    """A tiny causal LM built from a config (Llama or GPT-2 architecture), untied from any
+    hub checkpoint. Default: about 0.1M parameters."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    quiet_transformers()
+    torch.manual_seed(seed)
+    common = {"vocab_size": len(tokenizer), "bos_token_id": tokenizer.bos_token_id,
+              "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
+    if arch == "llama":
+        cfg = LlamaConfig(hidden_size=hidden, num_hidden_layers=layers,
+                          num_attention_heads=heads, num_key_value_heads=heads,
+                          intermediate_size=intermediate, max_position_embeddings=max_positions,
+                          tie_word_embeddings=True, **common)
+        model = LlamaForCausalLM(cfg)
+    elif arch == "gpt2":
+        cfg = GPT2Config(n_embd=hidden, n_layer=layers, n_head=heads, n_positions=max_positions,
+                         n_inner=intermediate, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                         **common)
+        model = GPT2LMHeadModel(cfg)
+    else:
+        raise UsageError(f"arch: expected 'llama' or 'gpt2', got {arch!r}")
+    return model
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def load_causal_lm(path: str, dtype: torch.dtype = torch.float32):
+    """Load a local causal LM directory with ``AutoModelForCausalLM`` (never remote code)."""
+    from transformers import AutoModelForCausalLM
+
+    quiet_transformers()
+    if not os.path.isdir(path):
+        raise UsageError(f"--model: {path!r} is not a directory")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False, dtype=dtype)
+    except Exception as exc:  # noqa: BLE001
+        raise UsageError(f"--model: cannot load a causal LM from {path!r}: {exc}") from None
+    return model
+
+
+def load_policy(path: str):
+    """``(model, tokenizer)`` from a local directory."""
+    tok = load_tokenizer(path)
+    model = load_causal_lm(path)
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tok.pad_token_id
+    return model, tok
+
+
+def save_policy(model, tokenizer, path: str, extra: dict | None = None) -> None:
+    """Save a model (safetensors) and its tokenizer; mark ppokit's built-in tokenizer."""
+    os.makedirs(path, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    if getattr(tokenizer, "_ppokit_builtin", False) or _is_builtin(tokenizer):
+        with open(os.path.join(path, PPOKIT_MARKER), "w") as f:
+            json.dump({"alphabet": ALPHABET, **(extra or {})}, f)
+
+
+def _is_builtin(tokenizer) -> bool:
+    return (tokenizer.convert_ids_to_tokens(0) == SPECIAL_TOKENS["pad_token"]
+            and len(tokenizer) == len(SPECIAL_TOKENS) + len(ALPHABET))
+
+
+def frozen_copy(model: nn.Module) -> nn.Module:
+    """A deep copy with gradients off, in eval mode (the reference policy)."""
+    ref = copy.deepcopy(model)
+    ref.eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+def backbone_of(lm: nn.Module) -> nn.Module:
+    """The transformer body of a causal LM (``base_model``: ``model`` for Llama,
+    ``transformer`` for GPT-2), returning ``last_hidden_state``."""
+    body = getattr(lm, "base_model", None)
+    if body is None or body is lm:
+        raise UsageError(f"model: cannot find the backbone of {type(lm).__name__}")
+    return body
+
+
+def hidden_size_of(lm: nn.Module) -> int:
+    cfg = lm.config
+    for name in ("hidden_size", "n_embd", "d_model"):
+        if getattr(cfg, name, None):
+            return int(getattr(cfg, name))
+    raise UsageError(f"model: cannot find the hidden size of {type(lm).__name__}")
+
+
+class ValueModel(nn.Module):
+    """Critic: a scalar head on a transformer backbone.
+
+    ``separate=True`` (default): the backbone is a copy of the policy's, trained only by
+    the value loss. ``separate=False``: the head sits on the policy's own backbone (shared
+    parameters; the value loss then also moves the policy's body).
+    """
+
+    def __init__(self, policy_lm: nn.Module, separate: bool = True):
+        super().__init__()
+        self.separate = separate
+        if separate:
+            self.body = copy.deepcopy(backbone_of(policy_lm))
+            for p in self.body.parameters():
+                p.requires_grad_(True)
+        else:
+            self._shared = [policy_lm]  # not registered: parameters belong to the policy
+        self.head = nn.Linear(hidden_size_of(policy_lm), 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, input_ids, attention_mask, position_ids, hidden_states=None):
+        """Values ``[B, L]``: the value of the state *after* reading position t."""
+        if hidden_states is None:
+            body = self.body if self.separate else backbone_of(self._shared[0])
+            hidden_states = body(input_ids=input_ids, attention_mask=attention_mask,
+                                 position_ids=position_ids).last_hidden_state
+        return self.head(hidden_states).squeeze(-1)

@@ -1,0 +1,695 @@
+"""The token-level trainer: PPO, GRPO, Dr. GRPO, RLOO and REINFORCE++ as presets of one loop.
+
+One iteration (seed 000 §3.6, in this order):
+
+1. **Generate** ``prompts_per_iter × samples_per_prompt`` completions with the current
+   policy (plain sampling at ``temperature``; KV cache; left-padded prompts).
+2. **Score** (all frozen labels, no gradient): the sequence scores (reward function or
+   reward model); old log-probs from a separate forward pass of the policy; reference
+   log-probs from the frozen reference; the critic's values (``ppo``).
+3. **Advantages**, computed once: ``ppo`` places the score on the last action token (the
+   EOS when there is one), adds the per-token KL reward ``−β (log π_old − log π_ref)`` on
+   action tokens (k1, never clamped) and runs :func:`ppokit.core.token_gae`; value targets
+   are ``A + V_old``. ``grpo`` / ``dr-grpo`` / ``rloo`` normalise scores within each group
+   of samples of one prompt and broadcast the sequence advantage to its action tokens;
+   ``reinforce++`` whitens per-token returns over the batch.
+4. **Update**: ``epochs`` passes over the batch in ``minibatches`` shuffled minibatches,
+   each accumulated over ``grad_accum`` micro-batches whose losses divide by the
+   minibatch's *global* token / sequence counts (so accumulation changes nothing but
+   memory), PPO-Clip surrogate, optional value clipping, entropy bonus, KL loss term
+   (``kl_mode="loss"``, k3 of the current policy vs the reference), gradient clipping.
+
+``target_kl`` is checked **before each optimiser step** on the current minibatch's
+``approx_kl`` (k3 of old vs current policy, no 1.5 factor): above it, the step is skipped
+and the iteration's remaining updates are dropped. It is an early stop, not a trust region.
+
+Truncation (a response that reached ``max_new_tokens`` without EOS) is an explicit option:
+``bootstrap`` (``ppo`` only): the score is not placed; the return after the last token is
+the critic's value of the final state; ``penalty``: the score is placed, minus
+``truncation_penalty``; ``mask``: the row is left out of every loss.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field, fields, replace
+
+import torch
+
+from ppokit.core import (
+    AdaptiveKLController,
+    FixedKLController,
+    broadcast_to_tokens,
+    clipped_surrogate_loss,
+    entropy_bonus,
+    explained_variance,
+    grpo_advantages,
+    kl_k1,
+    kl_penalty_loss,
+    masked_mean,
+    masked_whiten,
+    reinforce_pp_advantages,
+    rloo_advantages,
+    token_gae,
+    value_loss,
+)
+from ppokit.core.losses import AGGREGATION_MODES
+from ppokit.errors import UsageError
+
+from .checkpoint import (
+    atomic_write_text,
+    flatten_optimizer,
+    latest_checkpoint,
+    load_tensors,
+    read_json,
+    restore_optimizer,
+    save_tensors,
+    write_checkpoint,
+)
+from .models import (
+    ValueModel,
+    build_char_tokenizer,
+    build_tiny_model,
+    frozen_copy,
+    load_policy,
+    save_policy,
+)
+from .rollout import Rollout, encode_prompts, generate, sequence_logprobs, shift_to_tokens
+from .task import ReverseTask
+
+__all__ = ["LLMConfig", "ALGOS", "TokenTrainer", "Labels", "compute_labels", "load_prompts"]
+
+ALGOS = ("ppo", "grpo", "dr-grpo", "rloo", "reinforce++")
+TRUNCATION = ("bootstrap", "penalty", "mask")
+
+# Preset defaults applied where a field is left at None.
+PRESETS = {
+    "ppo": {"samples_per_prompt": 1, "kl_mode": "reward", "kl_coef": 0.02,
+            "agg": "token-mean", "whiten_advantages": True},
+    "grpo": {"samples_per_prompt": 8, "kl_mode": "loss", "kl_coef": 0.02,
+             "agg": "seq-mean-token-mean", "whiten_advantages": False},
+    "dr-grpo": {"samples_per_prompt": 8, "kl_mode": "loss", "kl_coef": 0.02,
+                "agg": "seq-mean-token-sum-norm", "whiten_advantages": False},
+    "rloo": {"samples_per_prompt": 8, "kl_mode": "reward", "kl_coef": 0.02,
+             "agg": "token-mean", "whiten_advantages": False},
+    "reinforce++": {"samples_per_prompt": 1, "kl_mode": "reward", "kl_coef": 0.02,
+                    "agg": "token-mean", "whiten_advantages": False},
+}
+
+
+@dataclass(frozen=True)
+class LLMConfig:
+    """Token-level RLHF settings. ``None`` means "the algorithm preset's default"."""
+
+    algo: str = "ppo"  # ppo | grpo | dr-grpo | rloo | reinforce++
+    model: str | None = None  # local HF causal LM dir; None: built-in tiny model + warm start
+    prompts: str | None = None  # JSONL with {"prompt": ...}; None: the built-in task
+    eval_prompts: str | None = None  # JSONL of held-out prompts (with --prompts)
+    reward: str | None = None  # module:function; None: the built-in task's rule
+    reward_model: str | None = None  # dir saved by `ppokit llm rm`
+    iterations: int = 400  # training iterations (rollout + update)
+    time_limit: float | None = None  # stop after this many seconds of training
+    prompts_per_iter: int = 64  # distinct prompts per iteration
+    samples_per_prompt: int | None = None  # completions per prompt (group size G)
+    max_new_tokens: int | None = None  # generation cap (default: the task's)
+    temperature: float = 1.0  # sampling temperature (log-probs use the same scaling)
+    lr: float = 2e-4  # policy learning rate (AdamW)
+    critic_lr: float = 1e-3  # critic learning rate
+    epochs: int = 2  # passes over each rollout batch
+    minibatches: int = 2  # minibatches per epoch (one optimiser step each)
+    grad_accum: int = 1  # micro-batches per minibatch (gradient accumulation)
+    agg: str | None = None  # loss aggregation mode (ppokit.core.aggregate)
+    clip_eps: float = 0.2  # PPO-Clip epsilon
+    clip_range_vf: float | None = 0.2  # value clipping around V_old (None: off)
+    vf_coef: float = 0.5  # value-loss weight
+    ent_coef: float = 0.0  # entropy bonus weight
+    max_grad_norm: float = 1.0  # gradient clipping (per model)
+    target_kl: float | None = None  # early stop when a minibatch's approx_kl exceeds it
+    gamma: float = 1.0  # discount per action token
+    lam: float = 0.95  # GAE lambda (ppo)
+    kl_mode: str | None = None  # reward (k1 per token) | loss (k3 term) | none
+    kl_coef: float | None = None  # beta
+    kl_target: float | None = None  # adaptive beta (PPO paper rule) on the sequence KL
+    whiten_advantages: bool | None = None  # batch-scope whitening of token advantages
+    normalize_std: bool = True  # grpo: divide by the group std
+    score_norm: str = "none"  # none | batch: whiten scores over the batch first
+    score_clip: float | None = None  # clip scores to [-c, c] after normalisation
+    truncation: str = "penalty"  # bootstrap | penalty | mask
+    truncation_penalty: float = 0.5  # subtracted from a truncated response's score
+    critic: str = "separate"  # separate backbone copy | shared policy backbone
+    sft_steps: int = 150  # warm-start SFT steps for the built-in model
+    sft_lr: float = 3e-3  # warm-start SFT learning rate
+    seed: int = 0  # seed for everything
+    n_eval_prompts: int = 128  # held-out prompts for `ppokit llm eval`
+    checkpoint_every: int = 25  # iterations between checkpoints (and at the end)
+    samples_logged: int = 4  # completions written to samples.jsonl per iteration
+
+    def resolved(self) -> LLMConfig:
+        """Fill preset defaults and validate; errors name the field."""
+        if self.algo not in ALGOS:
+            raise UsageError(f"algo: unknown algorithm {self.algo!r}; known: {', '.join(ALGOS)}")
+        preset = PRESETS[self.algo]
+        upd = {k: v for k, v in preset.items() if getattr(self, k) is None}
+        cfg = replace(self, **upd)
+        if cfg.algo == "dr-grpo":
+            cfg = replace(cfg, normalize_std=False)
+        if cfg.agg not in AGGREGATION_MODES:
+            raise UsageError(f"agg: unknown mode {cfg.agg!r}; known: "
+                             f"{', '.join(AGGREGATION_MODES)}")
+        if cfg.kl_mode not in ("reward", "loss", "none"):
+            raise UsageError(f"kl_mode: expected reward, loss or none, got {cfg.kl_mode!r}")
+        if cfg.truncation not in TRUNCATION:
+            raise UsageError(f"truncation: expected one of {', '.join(TRUNCATION)}, got "
+                             f"{cfg.truncation!r}")
+        if cfg.truncation == "bootstrap" and cfg.algo != "ppo":
+            raise UsageError("truncation: 'bootstrap' needs a critic (algo ppo); use "
+                             "'penalty' or 'mask'")
+        if cfg.algo in ("grpo", "dr-grpo", "rloo") and cfg.samples_per_prompt < 2:
+            raise UsageError(f"samples_per_prompt: {cfg.algo} needs at least 2, got "
+                             f"{cfg.samples_per_prompt}")
+        if cfg.critic not in ("separate", "shared"):
+            raise UsageError(f"critic: expected separate or shared, got {cfg.critic!r}")
+        if cfg.score_norm not in ("none", "batch"):
+            raise UsageError(f"score_norm: expected none or batch, got {cfg.score_norm!r}")
+        if cfg.reward and cfg.reward_model:
+            raise UsageError("reward: give --reward or --reward-model, not both")
+        for name in ("iterations", "prompts_per_iter", "samples_per_prompt", "epochs",
+                     "minibatches", "grad_accum"):
+            if int(getattr(cfg, name)) < 1:
+                raise UsageError(f"{name}: expected an integer >= 1, got {getattr(cfg, name)}")
+        batch = cfg.prompts_per_iter * cfg.samples_per_prompt
+        if batch % cfg.minibatches or (batch // cfg.minibatches) % cfg.grad_accum:
+            raise UsageError(f"minibatches/grad_accum: the batch of {batch} sequences must split "
+                             f"into {cfg.minibatches} minibatches of {cfg.grad_accum} equal "
+                             "micro-batches")
+        if cfg.kl_coef < 0:
+            raise UsageError(f"kl_coef: expected a number >= 0, got {cfg.kl_coef}")
+        if cfg.kl_target is not None and cfg.kl_coef == 0:
+            raise UsageError("kl_target: an adaptive beta needs kl_coef > 0 to start from")
+        if cfg.temperature <= 0:
+            raise UsageError(f"temperature: expected a number > 0, got {cfg.temperature}")
+        return cfg
+
+
+def load_prompts(path: str) -> list[str]:
+    """Prompts from JSONL (one ``{"prompt": ...}`` object a line) or plain text lines."""
+    if not os.path.exists(path):
+        raise UsageError(f"prompts: no such file {path!r}")
+    out = []
+    with open(path) as f:
+        for i, line in enumerate(f, 1):
+            line = line.rstrip("\n")
+            if not line.strip():
+                continue
+            if line.lstrip().startswith("{"):
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise UsageError(f"prompts: {path}:{i}: bad JSON: {exc}") from None
+                if "prompt" not in obj:
+                    raise UsageError(f"prompts: {path}:{i}: no 'prompt' key")
+                out.append(str(obj["prompt"]))
+            else:
+                out.append(line)
+    if not out:
+        raise UsageError(f"prompts: {path!r} holds no prompts")
+    return out
+
+
+# --------------------------------------------------------------------------- labels
+
+
+@dataclass
+class Labels:
+    """Frozen per-rollout training labels (``[B, L]`` unless noted)."""
+
+    old_logp: torch.Tensor
+    ref_logp: torch.Tensor
+    loss_mask: torch.Tensor  # bool: action tokens that enter the losses
+    advantages: torch.Tensor
+    returns: torch.Tensor | None
+    values: torch.Tensor | None
+    scores: torch.Tensor  # [B] raw scores
+    token_rewards: torch.Tensor  # [B, L] what the advantage estimator saw (ppo/reinforce++)
+    kl_tokens: torch.Tensor  # [B, L] k1(old, ref) on action tokens
+    stats: dict = field(default_factory=dict)
+
+
+def compute_labels(cfg: LLMConfig, roll: Rollout, scores: torch.Tensor, old_logp, ref_logp,
+                   beta: float, values_after: torch.Tensor | None = None) -> Labels:
+    """Rewards, advantages and value targets for one rollout (pure tensor code).
+
+    ``values_after``: ``[B, L]`` critic output at each position (value of the state after
+    reading that token), ``ppo`` only. ``scores``: ``[B]`` raw sequence scores.
+    """
+    am = roll.action_mask
+    trunc = roll.truncated
+    bsz, length = am.shape
+    raw = scores.float()
+    s = raw.clone()
+    if cfg.score_norm == "batch":
+        s = masked_whiten(s)
+    if cfg.score_clip is not None:
+        s = s.clamp(-cfg.score_clip, cfg.score_clip)
+    loss_mask = am.clone()
+    place_score = torch.ones(bsz, dtype=torch.bool)
+    if cfg.truncation == "penalty":
+        s = s - cfg.truncation_penalty * trunc.float()
+    elif cfg.truncation == "mask":
+        loss_mask &= ~trunc[:, None]
+    elif cfg.truncation == "bootstrap":
+        place_score = ~trunc
+    zero = torch.zeros((), dtype=old_logp.dtype)
+    kl_tok = torch.where(am, kl_k1(old_logp, ref_logp), zero)
+    kl_seq = kl_tok.sum(1)
+    last = roll.last_action_index().clamp(min=0)
+    has_action = am.any(1)
+    score_tok = torch.zeros(bsz, length)
+    score_tok[torch.arange(bsz), last] = torch.where(place_score & has_action, s, 0.0)
+    use_kl_reward = cfg.kl_mode == "reward" and beta > 0
+    kl_reward = -beta * kl_tok if use_kl_reward else torch.zeros_like(kl_tok)
+    values = returns = None
+    algo = cfg.algo
+    if algo == "ppo":
+        token_rewards = score_tok + kl_reward
+        values = shift_to_tokens(values_after[:, :-1]).detach()
+        boot = None
+        if cfg.truncation == "bootstrap":
+            v_last = values_after.detach()[torch.arange(bsz), last]
+            boot = torch.where(trunc & has_action, v_last, torch.zeros_like(v_last))
+        adv, returns = token_gae(token_rewards, values, loss_mask, cfg.gamma, cfg.lam,
+                                 bootstrap_values=boot)
+        values = torch.where(loss_mask, values, zero)
+    elif algo == "reinforce++":
+        token_rewards = score_tok + kl_reward
+        adv = reinforce_pp_advantages(token_rewards, loss_mask, cfg.gamma)
+    else:
+        g = cfg.samples_per_prompt
+        seq = s - (beta * kl_seq if use_kl_reward else 0.0)
+        token_rewards = score_tok + kl_reward
+        if algo == "rloo":
+            seq_adv = rloo_advantages(seq, g)
+        else:
+            seq_adv = grpo_advantages(seq, g, normalize_std=cfg.normalize_std)
+        adv = broadcast_to_tokens(seq_adv, loss_mask)
+    if cfg.whiten_advantages:
+        adv = masked_whiten(adv, loss_mask)
+    adv = torch.where(loss_mask, adv, zero)
+    non_score = (kl_reward.sum(1) if use_kl_reward else torch.zeros(bsz))
+    stats = {
+        "score_mean": float(raw.mean()),
+        "score_std": float(raw.std()) if bsz > 1 else 0.0,
+        "non_score_reward": float(non_score.mean()),
+        "kl_ref": float(kl_seq.mean()),
+        "kl_ref_token": float(masked_mean(kl_tok, am)),
+        "response_length_mean": float(am.sum(1).float().mean()),
+        "truncated_frac": float(trunc.float().mean()),
+        "advantage_mean": float(masked_mean(adv, loss_mask)),
+    }
+    if returns is not None:
+        stats["explained_variance"] = explained_variance(values, returns, loss_mask)
+        stats["return_mean"] = float(masked_mean(returns, loss_mask))
+    return Labels(old_logp.detach(), ref_logp.detach(), loss_mask, adv.detach(),
+                  None if returns is None else returns.detach(), values, raw, token_rewards,
+                  kl_tok, stats)
+
+
+# --------------------------------------------------------------------------- trainer
+
+
+class TokenTrainer:
+    """Owns the policy, reference, critic, optimiser and run directory."""
+
+    def __init__(self, cfg: LLMConfig, run_dir: str, *, policy=None, tokenizer=None,
+                 reference=None, log=print, resume: bool = False):
+        self.cfg = cfg = cfg.resolved()
+        self.run_dir = run_dir
+        self.log = log
+        os.makedirs(run_dir, exist_ok=True)
+        torch.manual_seed(cfg.seed)
+        self.py_rng = random.Random(cfg.seed)
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+        self.task = ReverseTask() if cfg.prompts is None else None
+        ref_dir = os.path.join(run_dir, "reference")
+        if policy is None:
+            if resume or os.path.isdir(ref_dir):
+                policy, tokenizer = load_policy(ref_dir)
+            elif cfg.model is not None:
+                policy, tokenizer = load_policy(cfg.model)
+            else:
+                policy, tokenizer = self._warm_start()
+            if not os.path.isdir(ref_dir):
+                save_policy(policy, tokenizer, ref_dir)
+        elif not os.path.isdir(ref_dir):
+            save_policy(policy, tokenizer, ref_dir)
+        self.policy, self.tok = policy, tokenizer
+        self.policy.eval()  # no dropout anywhere: old and new log-probs must agree
+        self.reference = reference if reference is not None else frozen_copy(policy)
+        self.critic = None
+        if cfg.algo == "ppo":
+            self.critic = ValueModel(self.policy, separate=cfg.critic == "separate")
+            self.critic.eval()
+        groups = [{"params": [p for p in self.policy.parameters() if p.requires_grad],
+                   "lr": cfg.lr}]
+        if self.critic is not None:
+            groups.append({"params": list(self.critic.parameters()), "lr": cfg.critic_lr})
+        self.opt = torch.optim.AdamW(groups, weight_decay=0.0, eps=1e-6)
+        self.kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.kl_target) if cfg.kl_target
+                       else FixedKLController(cfg.kl_coef))
+        self.reward_fn = self._reward_fn()
+        if cfg.prompts is not None:
+            self.train_prompts = load_prompts(cfg.prompts)
+            self.eval_prompt_list = (load_prompts(cfg.eval_prompts) if cfg.eval_prompts
+                                     else self.train_prompts[-cfg.n_eval_prompts:])
+        else:
+            self.eval_prompt_list = self.task.heldout_prompts(cfg.n_eval_prompts)
+        self.max_new_tokens = cfg.max_new_tokens or (self.task.max_new_tokens if self.task
+                                                     else 64)
+        self.iteration = 0
+        self.elapsed = 0.0
+        if resume:
+            self._load_checkpoint()
+        else:
+            atomic_write_text(os.path.join(run_dir, "config.json"),
+                              json.dumps(asdict(cfg), indent=2) + "\n")
+
+    # ------------------------------------------------------------------ setup
+    def _warm_start(self):
+        from .sft import builtin_sft
+
+        tok = build_char_tokenizer()
+        model = build_tiny_model(tok, seed=self.cfg.seed)
+        self.log(f"warm start: SFT of the built-in tiny model ({self.cfg.sft_steps} steps on "
+                 "noisy demonstrations)")
+        info = builtin_sft(self.task, model, tok, steps=self.cfg.sft_steps, lr=self.cfg.sft_lr,
+                           seed=self.cfg.seed)
+        atomic_write_text(os.path.join(self.run_dir, "warm_start.json"),
+                          json.dumps(info, indent=2) + "\n")
+        return model, tok
+
+    def _reward_fn(self):
+        from .rewards import RewardModelScorer, load_reward_callable
+        from .task import reverse_score
+
+        cfg = self.cfg
+        if cfg.reward_model:
+            return RewardModelScorer(cfg.reward_model)
+        if cfg.reward:
+            return load_reward_callable(cfg.reward)
+        if cfg.prompts is not None:
+            raise UsageError("reward: with --prompts give --reward module:function or "
+                             "--reward-model PATH")
+        return reverse_score
+
+    # ------------------------------------------------------------------ phases
+    def sample_prompts(self) -> list[str]:
+        n = self.cfg.prompts_per_iter
+        if self.task is not None:
+            return self.task.train_prompts(n, self.py_rng)
+        return [self.py_rng.choice(self.train_prompts) for _ in range(n)]
+
+    def decode(self, roll: Rollout) -> list[str]:
+        return [self.tok.decode(r, skip_special_tokens=True) for r in roll.response_ids]
+
+    def score(self, prompts, completions) -> torch.Tensor:
+        from .rewards import check_scores
+
+        return check_scores(self.reward_fn(prompts, completions), len(prompts))
+
+    def rollout(self, prompts: list[str], temperature: float | None = None,
+                model=None) -> Rollout:
+        ids, mask = encode_prompts(self.tok, prompts)
+        return generate(model or self.policy, ids, mask, max_new_tokens=self.max_new_tokens,
+                        eos_token_id=self.tok.eos_token_id, pad_token_id=self.tok.pad_token_id,
+                        temperature=self.cfg.temperature if temperature is None else temperature,
+                        generator=self.gen)
+
+    @torch.no_grad()
+    def frozen_forward(self, roll: Rollout):
+        """Old log-probs (policy), reference log-probs, critic values — no gradient."""
+        t = self.cfg.temperature
+        old = sequence_logprobs(self.policy, roll.input_ids, roll.attention_mask,
+                                temperature=t, with_hidden=self._shared_critic)
+        ref = sequence_logprobs(self.reference, roll.input_ids, roll.attention_mask,
+                                temperature=t)["logp"]
+        values_after = None
+        if self.critic is not None:
+            values_after = self.critic(roll.input_ids, roll.attention_mask, roll.position_ids,
+                                       hidden_states=old.get("hidden"))
+        return old["logp"], ref, values_after
+
+    @property
+    def _shared_critic(self) -> bool:
+        return self.critic is not None and not self.critic.separate
+
+    def micro_loss(self, roll: Rollout, lab: Labels, idx: torch.Tensor, counts: dict):
+        """Loss of one micro-batch, normalised by the minibatch's global counts."""
+        cfg = self.cfg
+        sub = roll.select(idx)
+        m = lab.loss_mask[idx]
+        out = sequence_logprobs(self.policy, sub.input_ids, sub.attention_mask,
+                                temperature=cfg.temperature, with_entropy=True,
+                                with_hidden=self._shared_critic)
+        agg_kw = {"agg": cfg.agg, "num_tokens": counts["tokens"], "num_seqs": counts["seqs"],
+                  "norm_length": counts["norm_length"]}
+        pl = clipped_surrogate_loss(out["logp"], lab.old_logp[idx], lab.advantages[idx], m,
+                                    clip_eps=cfg.clip_eps, **agg_kw)
+        total = pl.loss
+        terms = {"policy_loss": pl.loss.detach()}
+        ent = entropy_bonus(out["entropy"], m, **agg_kw)
+        terms["entropy"] = ent.detach()
+        if cfg.ent_coef:
+            total = total - cfg.ent_coef * ent
+        beta = self.kl_ctl.value
+        if cfg.kl_mode == "loss" and beta > 0:
+            kl = kl_penalty_loss(out["logp"], lab.ref_logp[idx], m, estimator="k3", **agg_kw)
+            total = total + beta * kl
+            terms["kl_loss"] = kl.detach()
+        if self.critic is not None:
+            v_after = self.critic(sub.input_ids, sub.attention_mask, sub.position_ids,
+                                  hidden_states=out.get("hidden"))
+            v = shift_to_tokens(v_after[:, :-1])
+            vl = value_loss(v, lab.returns[idx], m, values_old=lab.values[idx],
+                            clip_range_vf=cfg.clip_range_vf, agg="token-mean",
+                            num_tokens=counts["tokens"])
+            total = total + cfg.vf_coef * vl
+            terms["value_loss"] = vl.detach()
+        return total, terms, pl.stats
+
+    def update(self, roll: Rollout, lab: Labels) -> dict:
+        cfg = self.cfg
+        bsz = roll.input_ids.shape[0]
+        mb = bsz // cfg.minibatches
+        micro = mb // cfg.grad_accum
+        sums: dict[str, float] = {}
+        n_steps = 0
+        stopped = False
+        pol_params = [p for p in self.policy.parameters() if p.requires_grad]
+        crit_params = (list(self.critic.head.parameters()) + (
+            list(self.critic.body.parameters()) if self.critic.separate else [])
+                       if self.critic is not None else [])
+        for _epoch in range(cfg.epochs):
+            perm = torch.randperm(bsz, generator=self.gen)
+            for k in range(cfg.minibatches):
+                mb_idx = perm[k * mb:(k + 1) * mb]
+                counts = {"tokens": float(lab.loss_mask[mb_idx].sum().clamp(min=1)),
+                          "seqs": float(mb), "norm_length": float(self.max_new_tokens)}
+                self.opt.zero_grad(set_to_none=True)
+                acc: dict[str, float] = {}
+                for j in range(cfg.grad_accum):
+                    idx = mb_idx[j * micro:(j + 1) * micro]
+                    loss, terms, stats = self.micro_loss(roll, lab, idx, counts)
+                    loss.backward()
+                    w = float(lab.loss_mask[idx].sum()) / counts["tokens"]
+                    for key in ("approx_kl", "clipfrac", "clip_active_frac"):
+                        acc[key] = acc.get(key, 0.0) + w * float(stats[key])
+                    for key, val in terms.items():  # already globally normalised: sum
+                        acc[key] = acc.get(key, 0.0) + float(val)
+                if cfg.target_kl is not None and acc["approx_kl"] > cfg.target_kl:
+                    stopped = True
+                    self.opt.zero_grad(set_to_none=True)
+                    sums["approx_kl_at_stop"] = acc["approx_kl"]
+                    break
+                acc["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(pol_params,
+                                                                        cfg.max_grad_norm))
+                if crit_params and self.critic.separate:
+                    torch.nn.utils.clip_grad_norm_(crit_params, cfg.max_grad_norm)
+                self.opt.step()
+                n_steps += 1
+                for key, val in acc.items():
+                    sums[key] = sums.get(key, 0.0) + val
+            if stopped:
+                break
+        out = {k: v / max(n_steps, 1) for k, v in sums.items() if k != "approx_kl_at_stop"}
+        out["optimizer_steps"] = n_steps
+        out["early_stopped"] = stopped
+        return out
+
+    # ------------------------------------------------------------------ loop
+    def train_iteration(self) -> dict:
+        cfg = self.cfg
+        prompts = self.sample_prompts()
+        prompts = [p for p in prompts for _ in range(cfg.samples_per_prompt)]
+        t0 = time.perf_counter()
+        roll = self.rollout(prompts)
+        t1 = time.perf_counter()
+        comps = self.decode(roll)
+        scores = self.score(prompts, comps)
+        old, ref, values_after = self.frozen_forward(roll)
+        beta = self.kl_ctl.value
+        lab = compute_labels(cfg, roll, scores, old, ref, beta, values_after)
+        t2 = time.perf_counter()
+        upd = self.update(roll, lab)
+        t3 = time.perf_counter()
+        if isinstance(self.kl_ctl, AdaptiveKLController):
+            self.kl_ctl.update(lab.stats["kl_ref"], len(prompts))
+        ntok = float(roll.action_mask.sum())
+        self.iteration += 1
+        self.elapsed += t3 - t0
+        rec = {"iteration": self.iteration, **lab.stats, **upd, "beta": beta,
+               "tokens_per_s_generation": ntok / max(t1 - t0, 1e-9),
+               "tokens_per_s_scoring": ntok / max(t2 - t1, 1e-9),
+               "tokens_per_s_training": ntok / max(t3 - t2, 1e-9),
+               "time_generation": t1 - t0, "time_scoring": t2 - t1, "time_training": t3 - t2,
+               "response_tokens": ntok, "wall_time": self.elapsed}
+        rec = {k: (float(v) if isinstance(v, float) else v) for k, v in rec.items()}
+        with open(os.path.join(self.run_dir, "metrics.jsonl"), "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        with open(os.path.join(self.run_dir, "samples.jsonl"), "a") as f:
+            for i in range(min(cfg.samples_logged, len(prompts))):
+                f.write(json.dumps({"iteration": self.iteration, "prompt": prompts[i],
+                                    "completion": comps[i], "score": float(scores[i]),
+                                    "truncated": bool(roll.truncated[i])}) + "\n")
+        return rec
+
+    def train(self, progress: bool = True) -> list[dict]:
+        cfg = self.cfg
+        recs = []
+        bar = _Progress(cfg.iterations, self.iteration, enabled=progress)
+        with bar:
+            while self.iteration < cfg.iterations:
+                if cfg.time_limit is not None and self.elapsed >= cfg.time_limit:
+                    self.log(f"time limit of {cfg.time_limit:.0f} s reached at iteration "
+                             f"{self.iteration}")
+                    break
+                rec = self.train_iteration()
+                recs.append(rec)
+                bar.advance(rec)
+                if self.iteration % cfg.checkpoint_every == 0:
+                    self.save_checkpoint()
+        self.save_checkpoint()
+        save_policy(self.policy, self.tok, os.path.join(self.run_dir, "policy"))
+        return recs
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self) -> str:
+        def write(d):
+            save_policy(self.policy, self.tok, os.path.join(d, "policy"))
+            tensors, meta = flatten_optimizer(self.opt)
+            save_tensors(tensors, os.path.join(d, "optimizer.safetensors"))
+            rng = {"torch": torch.get_rng_state(), "generator": self.gen.get_state()}
+            if self.critic is not None:
+                save_tensors(self.critic.state_dict(), os.path.join(d, "critic.safetensors"))
+            save_tensors(rng, os.path.join(d, "rng.safetensors"))
+            state = {"iteration": self.iteration, "elapsed": self.elapsed,
+                     "kl_controller": self.kl_ctl.state_dict(), "optimizer": meta,
+                     "python_rng": _py_state_to_json(self.py_rng.getstate())}
+            atomic_write_text(os.path.join(d, "state.json"), json.dumps(state) + "\n")
+
+        return write_checkpoint(self.run_dir, self.iteration, write)
+
+    def _load_checkpoint(self) -> None:
+        from .models import load_causal_lm
+
+        ck = latest_checkpoint(self.run_dir)
+        if ck is None:
+            raise UsageError(f"--resume: no checkpoint in {self.run_dir!r}")
+        state = read_json(os.path.join(ck, "state.json"))
+        pol = load_causal_lm(os.path.join(ck, "policy"))
+        self.policy.load_state_dict(pol.state_dict())
+        if self.critic is not None:
+            self.critic.load_state_dict(load_tensors(os.path.join(ck, "critic.safetensors")))
+        restore_optimizer(self.opt, load_tensors(os.path.join(ck, "optimizer.safetensors")),
+                          state["optimizer"])
+        rng = load_tensors(os.path.join(ck, "rng.safetensors"))
+        torch.set_rng_state(rng["torch"])
+        self.gen.set_state(rng["generator"])
+        self.py_rng.setstate(_py_state_from_json(state["python_rng"]))
+        self.kl_ctl.load_state_dict(state["kl_controller"])
+        self.iteration = int(state["iteration"])
+        self.elapsed = float(state["elapsed"])
+        _truncate_jsonl(os.path.join(self.run_dir, "metrics.jsonl"), self.iteration)
+        _truncate_jsonl(os.path.join(self.run_dir, "samples.jsonl"), self.iteration)
+        self.log(f"resumed from {ck} at iteration {self.iteration}")
+
+
+def config_from_run(run_dir: str, **overrides) -> LLMConfig:
+    p = os.path.join(run_dir, "config.json")
+    if not os.path.exists(p):
+        raise UsageError(f"run dir: {run_dir!r} has no config.json")
+    data = read_json(p)
+    known = {f.name for f in fields(LLMConfig)}
+    data = {k: v for k, v in data.items() if k in known}
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    return LLMConfig(**data)
+
+
+def _truncate_jsonl(path: str, max_iteration: int) -> None:
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        keep = [ln for ln in f if ln.strip() and json.loads(ln)["iteration"] <= max_iteration]
+    atomic_write_text(path, "".join(keep))
+
+
+def _py_state_to_json(state):
+    return [state[0], list(state[1]), state[2]]
+
+
+def _py_state_from_json(obj):
+    return (obj[0], tuple(obj[1]), obj[2])
+
+
+class _Progress:
+    """A rich progress bar with the figures people watch (quiet when disabled)."""
+
+    def __init__(self, total: int, start: int, enabled: bool = True):
+        self.enabled = enabled
+        self.total, self.start = total, start
+        self._p = None
+
+    def __enter__(self):
+        if self.enabled:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
+            self._p = Progress(TextColumn("[bold]llm train"), BarColumn(), MofNCompleteColumn(),
+                               TimeElapsedColumn(), TextColumn("{task.description}"))
+            self._p.__enter__()
+            self._task = self._p.add_task("", total=self.total, completed=self.start)
+        return self
+
+    def advance(self, rec: dict) -> None:
+        if self._p is None:
+            return
+        desc = (f"score {rec['score_mean']:.3f}  kl_ref {rec['kl_ref']:.3f}  "
+                f"len {rec['response_length_mean']:.1f}  clip {rec.get('clipfrac', 0):.3f}")
+        self._p.update(self._task, advance=1, description=desc)
+
+    def __exit__(self, *exc):
+        if self._p is not None:
+            self._p.__exit__(*exc)
+        return False
+
+
+def isfinite(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
