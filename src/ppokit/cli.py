@@ -16,6 +16,10 @@ import sys
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("ppokit.demos.cli", "run the seeds' experiments and print their numbers"),
+    "llm": ("ppokit.llm.cli", "token-level RLHF on language models (train, eval, sft, rm, dpo)"),
+    "train": ("ppokit.commands.train", "train an agent on a Gymnasium environment"),
+    "eval": ("ppokit.commands.eval", "evaluate a trained run's policy, write eval.json"),
+    "plot": ("ppokit.commands.plot", "overlay learning curves of runs"),
     "report": ("ppokit.diagnose.cli", "read a run's metrics and name what looks wrong"),
 }
 

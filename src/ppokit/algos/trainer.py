@@ -1,0 +1,391 @@
+"""The one learner loop for environment RL: PPO, A2C, REINFORCE and PPO-KL are presets.
+
+One iteration = collect a rollout (:class:`ppokit.rollout.Collector`) → compute advantages
+and value targets once (frozen) → ``n_epochs`` passes of shuffled minibatches, each handled
+by :meth:`Trainer.update_minibatch` (loss, backward, gradient clipping, optimiser step) →
+one line of metrics → a checkpoint every ``checkpoint_every`` iterations.
+
+The three choices of the engine (design.md):
+
+* advantage: ``advantage_estimator`` (``gae`` / ``reward_to_go``), ``use_critic``;
+* ratio / surrogate: ``policy_loss`` — ``clip`` (PPO-Clip), ``vanilla`` (``−log π · Â``;
+  A2C, REINFORCE), ``kl_penalty`` (``ρ Â − β KL_k3(π ‖ π_old)``, β adapted after each
+  iteration by :class:`ppokit.core.AdaptiveKLController`);
+* step control: ``clip_range`` (+ schedule), ``learning_rate`` (+ schedule), ``n_epochs``,
+  ``max_grad_norm``, ``target_kl``.
+
+``target_kl`` never makes the update a hard trust region; it only stops it early:
+``target_kl_check = "minibatch"`` compares each minibatch's k3 approx-KL, computed before the
+step, with ``1.5 · target_kl`` and stops *before* stepping (Stable-Baselines3's rule);
+``"epoch"`` compares the mean approx-KL of a finished epoch with ``target_kl``. The metrics
+record where it fired (``early_stop_epoch``, ``early_stop_minibatch``).
+
+Schedules use the progress *before* the iteration's rollout,
+``1 − global_step / total_timesteps``, so the last iteration still has a positive
+learning rate and clip range.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ppokit.core import (
+    AdaptiveKLController,
+    LossTerms,
+    clipped_surrogate_loss,
+    entropy_bonus,
+    explained_variance,
+    kl_penalty_loss,
+    masked_whiten,
+    value_loss,
+    vanilla_pg_loss,
+)
+from ppokit.envs import (
+    ObsNormalizer,
+    RewardScaler,
+    env_state,
+    load_env_state,
+    make_vec,
+)
+from ppokit.errors import UsageError
+from ppokit.io.atomic import atomic_write_text
+from ppokit.io.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    optimizer_from_flat,
+    optimizer_to_flat,
+    save_checkpoint,
+)
+from ppokit.io.metrics import MetricsWriter, truncate_metrics
+from ppokit.policies import make_policy
+from ppokit.rollout import Collector, Rollout
+
+from .config import TrainConfig, config_from_dict
+
+__all__ = ["Trainer", "load_run_config"]
+
+_NO_CLIP = 1e9  # kl_penalty: a clip range no ratio reaches (the plain ratio surrogate)
+
+
+def load_run_config(run_dir: str | Path) -> TrainConfig:
+    path = Path(run_dir) / "config.json"
+    try:
+        d = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"{run_dir}: no config.json (not a ppokit run directory)") from None
+    except ValueError as exc:
+        raise UsageError(f"{path}: unreadable ({exc})") from None
+    return config_from_dict(d)
+
+
+class Trainer:
+    """Trains ``config`` into ``run_dir``; ``resume=True`` continues from its checkpoint.
+
+    ``log`` receives one-line human messages (resume notices); the per-iteration
+    ``on_iteration(metrics)`` callback drives progress displays.
+    """
+
+    def __init__(self, config: TrainConfig, run_dir: str | Path, *, resume: bool = False,
+                 log: Callable[[str], None] = print):
+        self.cfg = c = config
+        self.run_dir = Path(run_dir)
+        self.log = log
+        if c.torch_threads:
+            torch.set_num_threads(c.torch_threads)
+        random.seed(c.seed)
+        np.random.seed(c.seed % 2**32)  # noqa: NPY002 (legacy global state, saved too)
+        torch.manual_seed(c.seed)
+        self.env = make_vec(c.env_id, c.n_envs, vectorization=c.vectorization,
+                            autoreset=c.autoreset_mode)
+        obs_space = self.env.single_observation_space
+        self.policy = make_policy(obs_space, self.env.single_action_space,
+                                  hidden=c.net_arch, activation=c.activation,
+                                  ortho_init=c.ortho_init, log_std_init=c.log_std_init)
+        params = list(self.policy.parameters())
+        if c.optimizer == "adam":
+            self.opt = torch.optim.Adam(params, lr=c.learning_rate, eps=c.optimizer_eps)
+        else:
+            self.opt = torch.optim.RMSprop(params, lr=c.learning_rate, alpha=0.99,
+                                           eps=c.optimizer_eps)
+        self.sample_gen = torch.Generator().manual_seed(c.seed * 2 + 1)
+        self.shuffle_gen = torch.Generator().manual_seed(c.seed * 2 + 2)
+        self.obs_norm = (ObsNormalizer(obs_space.shape, c.clip_obs) if c.normalize_obs
+                         else None)
+        self.reward_scaler = (RewardScaler(c.n_envs, c.gamma, c.clip_reward)
+                              if c.normalize_reward else None)
+        self.collector = Collector(self.env, self.policy, generator=self.sample_gen,
+                                   obs_normalizer=self.obs_norm,
+                                   reward_scaler=self.reward_scaler, use_critic=c.use_critic)
+        self.kl_ctl = (AdaptiveKLController(c.kl_coef, c.kl_target)
+                       if c.policy_loss == "kl_penalty" else None)
+        self.iteration = 0
+        self.global_step = 0
+        self.elapsed = 0.0
+        self.last_return: float | None = None
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if resume:
+            self._resume()
+        else:
+            atomic_write_text(self.run_dir / "config.json",
+                              json.dumps(c.to_dict(), indent=2) + "\n")
+            truncate_metrics(self.run_dir / "metrics.jsonl", 0)
+            self.collector.reset(seed=c.seed)
+        self.metrics = MetricsWriter(self.run_dir, tensorboard=c.tensorboard)
+
+    # ------------------------------------------------------------------ schedules
+    def progress_remaining(self) -> float:
+        return max(0.0, 1.0 - self.global_step / self.cfg.total_timesteps)
+
+    def current_lr(self) -> float:
+        c = self.cfg
+        return c.learning_rate * (self.progress_remaining() if c.lr_schedule == "linear" else 1.0)
+
+    def current_clip(self) -> float:
+        c = self.cfg
+        return c.clip_range * (self.progress_remaining() if c.clip_schedule == "linear" else 1.0)
+
+    # ------------------------------------------------------------------ update
+    def update_minibatch(self, mb: dict[str, torch.Tensor], clip: float,
+                         kl_limit: float | None = None) -> dict[str, torch.Tensor] | None:
+        """Loss, backward, gradient clipping and optimiser step for one minibatch.
+
+        Returns detached diagnostics, or ``None`` when ``kl_limit`` is given and the
+        minibatch's approx-KL (k3, measured before the step) exceeds it: then no step is
+        taken.
+        """
+        c = self.cfg
+        logp, ent, v = self.policy.evaluate(mb["obs"], mb["actions"])
+        adv = mb["advantages"]
+        if c.normalize_advantage and c.advantage_norm_scope == "minibatch":
+            adv = masked_whiten(adv)
+        if c.policy_loss == "clip":
+            pl = clipped_surrogate_loss(logp, mb["logp"], adv, clip_eps=clip)
+        elif c.policy_loss == "vanilla":
+            pl = vanilla_pg_loss(logp, mb["logp"], adv)
+        else:
+            pl = clipped_surrogate_loss(logp, mb["logp"], adv, clip_eps=_NO_CLIP)
+        if kl_limit is not None and float(pl.stats["approx_kl"]) > kl_limit:
+            return None
+        vl = None
+        if c.use_critic:
+            vl = value_loss(v, mb["returns"], values_old=mb["values"],
+                            clip_range_vf=c.clip_range_vf, clip_mode=c.value_clip_mode)
+        terms = LossTerms(policy=pl.loss, value=vl, entropy=entropy_bonus(ent))
+        kl_coef = 0.0
+        if self.kl_ctl is not None:
+            terms.kl = kl_penalty_loss(logp, mb["logp"])
+            kl_coef = self.kl_ctl.value
+        total = terms.total(vf_coef=c.vf_coef, ent_coef=c.ent_coef, kl_coef=kl_coef)
+        self.opt.zero_grad(set_to_none=True)
+        total.backward()
+        max_norm = c.max_grad_norm if c.max_grad_norm is not None else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), max_norm)
+        self.opt.step()
+        s = pl.stats
+        return {
+            "policy_loss": pl.loss.detach(),
+            "value_loss": vl.detach() if vl is not None else torch.tensor(float("nan")),
+            "entropy": terms.entropy.detach(),
+            "approx_kl": s["approx_kl"], "approx_kl_k1": s["approx_kl_k1"],
+            "clipfrac": s["clipfrac"], "clip_active_frac": s["clip_active_frac"],
+            "ratio_min": s["ratio_min"], "ratio_max": s["ratio_max"],
+            "grad_norm": grad_norm.detach(),
+        }
+
+    def update(self, rollout: Rollout, clip: float) -> dict[str, Any]:
+        c = self.cfg
+        data = rollout.flat()
+        n = data["obs"].shape[0]
+        if c.normalize_advantage and c.advantage_norm_scope == "batch":
+            data["advantages"] = masked_whiten(data["advantages"])
+        mb_size = min(c.minibatch_size, n)
+        kl_limit = (1.5 * c.target_kl if c.target_kl is not None
+                    and c.target_kl_check == "minibatch" else None)
+        stats: list[dict[str, torch.Tensor]] = []
+        stop_epoch = stop_mb = None
+        for epoch in range(c.n_epochs):
+            perm = torch.randperm(n, generator=self.shuffle_gen)
+            epoch_kls = []
+            for k, start in enumerate(range(0, n, mb_size)):
+                idx = perm[start:start + mb_size]
+                mb = {key: t[idx] for key, t in data.items()}
+                out = self.update_minibatch(mb, clip, kl_limit)
+                if out is None:
+                    stop_epoch, stop_mb = epoch, k
+                    break
+                stats.append(out)
+                epoch_kls.append(out["approx_kl"])
+            if stop_epoch is not None:
+                break
+            if (c.target_kl is not None and c.target_kl_check == "epoch"
+                    and float(torch.stack(epoch_kls).mean()) > c.target_kl):
+                stop_epoch, stop_mb = epoch, len(epoch_kls) - 1
+                break
+        out: dict[str, Any] = {}
+        if stats:
+            keys = stats[0].keys()
+            stacked = {k: torch.stack([s[k] for s in stats]) for k in keys}
+            for k, v in stacked.items():
+                if k == "ratio_min":
+                    out[k] = float(v.min())
+                elif k == "ratio_max":
+                    out[k] = float(v.max())
+                else:
+                    out[k] = float(v.mean())
+        else:
+            out = {k: None for k in ("policy_loss", "value_loss", "entropy", "approx_kl",
+                                     "approx_kl_k1", "clipfrac", "clip_active_frac",
+                                     "ratio_min", "ratio_max", "grad_norm")}
+        out["n_updates"] = len(stats)
+        out["early_stop_epoch"] = stop_epoch
+        out["early_stop_minibatch"] = stop_mb
+        out["explained_variance"] = (explained_variance(data["values"], data["returns"])
+                                     if c.use_critic else None)
+        return out
+
+    # ------------------------------------------------------------------ loop
+    def iterate(self) -> dict[str, Any]:
+        c = self.cfg
+        t0 = time.perf_counter()
+        lr = self.current_lr()
+        clip = self.current_clip()
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        self.policy.train()
+        rollout = self.collector.collect(c.n_steps)
+        rollout.compute_advantages(c.gamma, c.gae_lambda, c.advantage_estimator)
+        self.global_step += c.rollout_size
+        upd = self.update(rollout, clip)
+        kl_coef = None
+        if self.kl_ctl is not None:
+            kl_coef = self.kl_ctl.value
+            if upd["approx_kl"] is not None:
+                self.kl_ctl.update(upd["approx_kl"])
+        self.iteration += 1
+        dt = time.perf_counter() - t0
+        self.elapsed += dt
+        eps = self.collector.pop_finished()
+        ret = float(np.mean([e[0] for e in eps])) if eps else None
+        length = float(np.mean([e[1] for e in eps])) if eps else None
+        if ret is not None:
+            self.last_return = ret
+        rec = {
+            "iteration": self.iteration,
+            "global_step": self.global_step,
+            "episode_return_mean": ret,
+            "episode_length_mean": length,
+            "episodes": len(eps),
+            "sps": c.rollout_size / dt if dt > 0 else None,
+            "time": self.elapsed,
+            **{k: upd[k] for k in ("policy_loss", "value_loss", "entropy", "approx_kl",
+                                   "approx_kl_k1", "clipfrac", "clip_active_frac",
+                                   "ratio_min", "ratio_max", "explained_variance",
+                                   "grad_norm")},
+            "learning_rate": lr,
+            "clip_range": clip if c.policy_loss == "clip" else None,
+            "kl_coef": kl_coef,
+            "target_kl_check": c.target_kl_check if c.target_kl is not None else None,
+            "early_stop_epoch": upd["early_stop_epoch"],
+            "early_stop_minibatch": upd["early_stop_minibatch"],
+            "n_updates": upd["n_updates"],
+        }
+        self.metrics.write(rec)
+        if (self.iteration % c.checkpoint_every == 0
+                or self.iteration == c.num_iterations):
+            self.save()
+        return rec
+
+    def train(self, on_iteration: Callable[[dict], None] | None = None) -> None:
+        try:
+            while self.iteration < self.cfg.num_iterations:
+                rec = self.iterate()
+                if on_iteration is not None:
+                    on_iteration(rec)
+        finally:
+            self.metrics.close()
+
+    def close(self) -> None:
+        self.env.close()
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self) -> Path:
+        opt_t, opt_meta = optimizer_to_flat(self.opt.state_dict())
+        tensors = {
+            "model": dict(self.policy.state_dict()),
+            "optimizer": opt_t,
+            "rng": {"torch": torch.get_rng_state(), "sample": self.sample_gen.get_state(),
+                    "shuffle": self.shuffle_gen.get_state()},
+        }
+        np_state = np.random.get_state()  # noqa: NPY002
+        arrays = {"collector": self.collector.state_dict(),
+                  "numpy_rng": {"keys": np_state[1]}}
+        if self.obs_norm is not None:
+            arrays["obs_norm"] = self.obs_norm.state_dict()
+        if self.reward_scaler is not None:
+            arrays["reward_scaler"] = self.reward_scaler.state_dict()
+        py = random.getstate()
+        state = {
+            "global_step": self.global_step,
+            "elapsed": self.elapsed,
+            "last_return": self.last_return,
+            "progress_remaining": self.progress_remaining(),
+            "learning_rate": self.current_lr(),
+            "clip_range": self.current_clip(),
+            "optimizer": opt_meta,
+            "python_rng": [py[0], list(py[1]), py[2]],
+            "numpy_rng": [np_state[0], int(np_state[2]), int(np_state[3]), float(np_state[4])],
+            "kl_controller": self.kl_ctl.state_dict() if self.kl_ctl is not None else None,
+            "env_state": env_state(self.env),
+            "config": self.cfg.to_dict(),
+        }
+        return save_checkpoint(self.run_dir / "checkpoints", self.iteration, tensors=tensors,
+                               arrays=arrays, state=state, keep=self.cfg.keep_checkpoints)
+
+    def _resume(self) -> None:
+        ckpt = latest_checkpoint(self.run_dir / "checkpoints", cleanup=True)
+        metrics = self.run_dir / "metrics.jsonl"
+        if ckpt is None:
+            self.log(f"no complete checkpoint in {self.run_dir}; starting from the beginning")
+            truncate_metrics(metrics, 0)
+            self.collector.reset(seed=self.cfg.seed)
+            return
+        tensors, arrays, st = load_checkpoint(ckpt)
+        self.policy.load_state_dict(tensors["model"])
+        self.opt.load_state_dict(optimizer_from_flat(tensors["optimizer"], st["optimizer"]))
+        torch.set_rng_state(tensors["rng"]["torch"])
+        self.sample_gen.set_state(tensors["rng"]["sample"])
+        self.shuffle_gen.set_state(tensors["rng"]["shuffle"])
+        py = st["python_rng"]
+        random.setstate((py[0], tuple(py[1]), py[2]))
+        nr = st["numpy_rng"]
+        np.random.set_state(  # noqa: NPY002
+            (nr[0], arrays["numpy_rng"]["keys"], nr[1], nr[2], nr[3]))
+        if self.obs_norm is not None:
+            self.obs_norm.load_state_dict(arrays["obs_norm"])
+        if self.reward_scaler is not None:
+            self.reward_scaler.load_state_dict(arrays["reward_scaler"])
+        if self.kl_ctl is not None and st["kl_controller"] is not None:
+            self.kl_ctl.load_state_dict(st["kl_controller"])
+        self.iteration = int(st["iteration"])
+        self.global_step = int(st["global_step"])
+        self.elapsed = float(st["elapsed"])
+        self.last_return = st["last_return"]
+        truncate_metrics(metrics, self.iteration)
+        self.collector.reset(seed=self.cfg.seed + 7919 * self.iteration)
+        if st["env_state"] is not None:
+            load_env_state(self.env, st["env_state"])
+            self.collector.load_state_dict(arrays["collector"])
+            self.log(f"resumed from {ckpt.name} (iteration {self.iteration}, "
+                     f"step {self.global_step}); environment state restored")
+        else:
+            self.log(f"resumed from {ckpt.name} (iteration {self.iteration}, "
+                     f"step {self.global_step}); {self.cfg.env_id}'s state cannot be saved, "
+                     "so the environments were reset and the episodes in progress are lost")

@@ -1,0 +1,1 @@
+"""Command modules of the ``ppokit`` CLI for environment RL (train, eval, plot)."""

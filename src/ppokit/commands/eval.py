@@ -1,0 +1,38 @@
+"""``ppokit eval RUN_DIR``: play the saved policy and write RUN_DIR/eval.json."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ppokit.errors import UsageError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--episodes", type=int, default=10, help="episodes to play (default 10)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="first episode seed (default: the run's seed + 1000000)")
+    p.add_argument("--stochastic", action="store_true",
+                   help="sample actions instead of taking the most likely / mean action")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ppokit.algos.evaluate import evaluate_run
+    from ppokit.io.atomic import atomic_write_text
+
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        raise UsageError(f"no such run directory {str(run_dir)!r}")
+    if args.episodes < 1:
+        raise UsageError(f"--episodes: expected an integer >= 1, got {args.episodes}")
+    if args.seed is not None and args.seed < 0:
+        raise UsageError(f"--seed: expected an integer >= 0, got {args.seed}")
+    res = evaluate_run(run_dir, episodes=args.episodes, seed=args.seed,
+                       deterministic=not args.stochastic)
+    atomic_write_text(run_dir / "eval.json", json.dumps(res, indent=2) + "\n")
+    kind = "stochastic" if args.stochastic else "deterministic"
+    print(f"{res['env_id']}: mean return {res['mean_return']:.2f} ± {res['std_return']:.2f} "
+          f"over {res['episodes']} {kind} episodes (seed {res['seed']})")
+    return 0

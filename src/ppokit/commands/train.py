@@ -1,0 +1,159 @@
+"""``ppokit train``: train an agent on a Gymnasium environment into a run directory."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from ppokit.errors import UsageError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ppokit.algos.config import ALGORITHMS, ENV_PRESETS, config_help
+
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = (f"algorithms: {', '.join(ALGORITHMS)}\n"
+                f"tuned environment presets (ppo): {', '.join(ENV_PRESETS)}\n\n"
+                + config_help())
+    p.add_argument("--env", dest="env_id", help="Gymnasium id (default: CartPole-v1)")
+    p.add_argument("--algo", help="ppo (default), a2c, reinforce or ppo-kl")
+    p.add_argument("--total-steps", dest="total_timesteps", type=_int, metavar="N",
+                   help="environment steps to train for (default: the preset's)")
+    p.add_argument("--seed", type=_int, help="random seed (default 0)")
+    p.add_argument("--num-envs", dest="n_envs", type=_int, metavar="N",
+                   help="parallel environments (default: the preset's)")
+    p.add_argument("--run-dir", help="run directory (default: runs/ENV-ALGO-sSEED-TIME)")
+    p.add_argument("--config", metavar="FILE.toml", help="TOML file of configuration keys")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one configuration key (repeatable; see the list below)")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue the run in RUN_DIR from its latest good checkpoint")
+    p.add_argument("--eval-episodes", type=_int, default=10, metavar="N",
+                   help="deterministic evaluation episodes at the end (0: none; default 10)")
+    p.add_argument("--no-progress", action="store_true", help="no live progress bar")
+
+
+def _int(text: str) -> int:
+    try:
+        v = float(text)
+        if not v.is_integer():
+            raise ValueError
+        return int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def _read_toml(path: str) -> dict:
+    import tomllib
+
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise UsageError(f"--config: no such file {path!r}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"--config: {path}: {exc}") from None
+    # allow an optional [train] table
+    return dict(data.get("train", data))
+
+
+def _parse_sets(items: list[str]) -> dict:
+    from ppokit.algos.config import parse_value
+
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise UsageError(f"--set: expected KEY=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        k = k.strip()
+        out[k] = parse_value(k, v)
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from ppokit.algos import Trainer, load_run_config, resolve_config
+
+    flags = {"env_id": args.env_id, "algo": args.algo, "total_timesteps": args.total_timesteps,
+             "seed": args.seed, "n_envs": args.n_envs}
+    if args.resume:
+        if any(v is not None for v in flags.values()) or args.sets or args.config \
+                or args.run_dir:
+            raise UsageError("--resume continues a run with its saved configuration; it "
+                             "cannot be combined with --env/--algo/--total-steps/--seed/"
+                             "--num-envs/--run-dir/--config/--set")
+        run_dir = Path(args.resume)
+        if not run_dir.is_dir():
+            raise UsageError(f"--resume: no such run directory {str(run_dir)!r}")
+        cfg = load_run_config(run_dir)
+    else:
+        toml_values = _read_toml(args.config) if args.config else {}
+        cfg = resolve_config(toml_values=toml_values, overrides=_parse_sets(args.sets),
+                             flags=flags)
+        if args.run_dir:
+            run_dir = Path(args.run_dir)
+            if (run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists():
+                raise UsageError(f"--run-dir: {run_dir} already holds a run; use --resume "
+                                 "to continue it or choose another directory")
+        else:
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            run_dir = Path("runs") / f"{cfg.env_id}-{cfg.algo}-s{cfg.seed}-{stamp}"
+    if args.eval_episodes < 0:
+        raise UsageError(f"--eval-episodes: expected an integer >= 0, got {args.eval_episodes}")
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    trainer = Trainer(cfg, run_dir, resume=bool(args.resume), log=log)
+    show = not args.no_progress and sys.stderr.isatty()
+    try:
+        if show:
+            _train_with_progress(trainer)
+        else:
+            trainer.train()
+    finally:
+        trainer.close()
+    from ppokit.io.plots import plot_learning_curve
+
+    png = plot_learning_curve(run_dir)
+    summary = (f"{cfg.algo} on {cfg.env_id}: {trainer.global_step} steps, "
+               f"{trainer.iteration} iterations in {trainer.elapsed:.1f} s "
+               f"({trainer.global_step / max(trainer.elapsed, 1e-9):.0f} steps/s)")
+    if trainer.last_return is not None:
+        summary += f", last training return {trainer.last_return:.1f}"
+    if args.eval_episodes:
+        import json
+
+        from ppokit.algos.evaluate import evaluate_run
+        from ppokit.io.atomic import atomic_write_text
+
+        res = evaluate_run(run_dir, episodes=args.eval_episodes)
+        atomic_write_text(run_dir / "eval.json", json.dumps(res, indent=2) + "\n")
+        summary += (f", eval {res['mean_return']:.1f} ± {res['std_return']:.1f} "
+                    f"({res['episodes']} deterministic episodes)")
+    print(f"{summary}; run dir {run_dir} (curve: {png.name})", flush=True)
+    return 0
+
+
+def _fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _train_with_progress(trainer) -> None:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    total = trainer.cfg.num_iterations * trainer.cfg.rollout_size
+    cols = [TextColumn("[bold]{task.description}"), BarColumn(),
+            TextColumn("{task.completed:>9,.0f}/{task.total:,.0f} steps"),
+            TextColumn("{task.fields[info]}"), TimeRemainingColumn()]
+    with Progress(*cols, transient=False) as prog:
+        task = prog.add_task(f"{trainer.cfg.algo} {trainer.cfg.env_id}", total=total,
+                             completed=trainer.global_step, info="")
+
+        def on_iter(r: dict) -> None:
+            info = (f"{_fmt(r['sps'], '.0f')} sps  return {_fmt(trainer.last_return, '.1f')}"
+                    f"  kl {_fmt(r['approx_kl'], '.4f')}  clip {_fmt(r['clipfrac'], '.3f')}")
+            prog.update(task, completed=r["global_step"], info=info)
+
+        trainer.train(on_iter)

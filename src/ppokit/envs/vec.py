@@ -1,0 +1,155 @@
+"""Building vector environments and snapshotting their state for exact resume.
+
+:func:`make_vec` wraps :func:`gymnasium.make_vec`. ``vectorization="auto"`` uses the
+environment's own vectorised implementation when it registers one (CartPole-v1 does: one
+numpy array step for all N envs) and ``SyncVectorEnv`` otherwise. ``autoreset="auto"``
+asks sync/async vector envs for ``SAME_STEP`` (the final observation arrives in
+``info["final_obs"]``) and keeps whatever a vectorised implementation supports (CartPole's
+is ``NEXT_STEP`` only). The collector handles both modes; see :mod:`ppokit.rollout`.
+
+Environment state (:func:`env_state` / :func:`load_env_state`) can be saved for the
+classic-control environments, whose whole state is numpy arrays, scalars and a numpy
+generator: the vectorised CartPole and sync vector envs of classic-control envs. For any
+other environment ``env_state`` returns ``None`` and a resumed run resets its envs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
+
+from ppokit.errors import UsageError
+
+__all__ = ["make_vec", "autoreset_mode_of", "env_state", "load_env_state", "check_env_id"]
+
+VECTORIZATIONS = ("auto", "vector_entry_point", "sync", "async")
+AUTORESET_MODES = ("auto", "same_step", "next_step")
+
+
+def check_env_id(env_id: str) -> gym.envs.registration.EnvSpec:
+    """The registered spec of ``env_id``, or a :class:`UsageError` naming the problem."""
+    try:
+        return gym.spec(env_id)
+    except (gym.error.Error, ModuleNotFoundError, ImportError) as exc:
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UsageError(f"env: unknown or unavailable environment {env_id!r} ({msg})") from None
+
+
+def autoreset_mode_of(env: VectorEnv) -> AutoresetMode:
+    mode = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
+    return AutoresetMode(mode) if not isinstance(mode, AutoresetMode) else mode
+
+
+def make_vec(env_id: str, num_envs: int, *, vectorization: str = "auto",
+             autoreset: str = "auto", env_kwargs: dict | None = None) -> VectorEnv:
+    """A vector env of ``num_envs`` copies of ``env_id`` (see the module documentation)."""
+    if vectorization not in VECTORIZATIONS:
+        raise UsageError(f"vectorization: expected one of {', '.join(VECTORIZATIONS)}, "
+                         f"got {vectorization!r}")
+    if autoreset not in AUTORESET_MODES:
+        raise UsageError(f"autoreset_mode: expected one of {', '.join(AUTORESET_MODES)}, "
+                         f"got {autoreset!r}")
+    spec = check_env_id(env_id)
+    mode = vectorization
+    if mode == "auto":
+        mode = "vector_entry_point" if spec.vector_entry_point is not None else "sync"
+    if mode == "vector_entry_point" and spec.vector_entry_point is None:
+        raise UsageError(f"vectorization: {env_id} has no vectorised entry point; use sync")
+    kwargs: dict[str, Any] = dict(env_kwargs or {})
+    try:
+        if mode == "vector_entry_point":
+            env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode, **kwargs)
+            if autoreset != "auto" and autoreset_mode_of(env).value != autoreset:
+                env.close()
+                raise UsageError(
+                    f"autoreset_mode: {env_id}'s vectorised implementation supports only "
+                    f"{autoreset_mode_of(env).value}; set vectorization=sync for {autoreset}")
+        else:
+            want = AutoresetMode.NEXT_STEP if autoreset == "next_step" else AutoresetMode.SAME_STEP
+            env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode,
+                               vector_kwargs={"autoreset_mode": want}, **kwargs)
+    except UsageError:
+        raise
+    except (gym.error.Error, ModuleNotFoundError, ImportError) as exc:
+        raise UsageError(f"env: cannot build {env_id!r}: {str(exc).splitlines()[0]}") from None
+    return env
+
+
+# --------------------------------------------------------------------------- env state
+
+def _enc(v):
+    if isinstance(v, np.ndarray):
+        return {"__nd__": str(v.dtype), "shape": list(v.shape), "data": v.ravel().tolist()}
+    if isinstance(v, np.random.Generator):
+        return {"__rng__": v.bit_generator.state}
+    if isinstance(v, np.generic):
+        return {"__np__": str(v.dtype), "v": v.item()}
+    return v
+
+
+def _dec(v):
+    if isinstance(v, dict) and "__nd__" in v:
+        return np.asarray(v["data"], dtype=v["__nd__"]).reshape(v["shape"])
+    if isinstance(v, dict) and "__np__" in v:
+        return np.dtype(v["__np__"]).type(v["v"])
+    return v
+
+
+_SCALARS = (bool, int, float, type(None), np.generic)
+
+
+def _plain_state(obj) -> dict:
+    out = {}
+    for k, v in vars(obj).items():
+        if isinstance(v, (np.ndarray, np.random.Generator)) or isinstance(v, _SCALARS):
+            out[k] = _enc(v)
+    return out
+
+
+def _load_plain(obj, state: dict) -> None:
+    for k, v in state.items():
+        if isinstance(v, dict) and "__rng__" in v:
+            getattr(obj, k).bit_generator.state = v["__rng__"]
+        else:
+            setattr(obj, k, _dec(v))
+
+
+def _is_classic(env) -> bool:
+    return type(env).__module__.startswith("gymnasium.envs.classic_control")
+
+
+def env_state(env: VectorEnv) -> dict | None:
+    """A JSON-able snapshot of the envs' full state, or ``None`` when it cannot be taken."""
+    if isinstance(env, SyncVectorEnv):
+        subs = []
+        for e in env.envs:
+            if not _is_classic(e.unwrapped):
+                return None
+            chain = []
+            w = e
+            while hasattr(w, "env"):
+                chain.append({k: _enc(getattr(w, k)) for k in ("_elapsed_steps", "_has_reset")
+                              if hasattr(w, k)})
+                w = w.env
+            subs.append({"wrappers": chain, "env": _plain_state(e.unwrapped)})
+        return {"kind": "sync", "autoreset_envs": _enc(env._autoreset_envs), "envs": subs}
+    if _is_classic(env):
+        return {"kind": "vector", "env": _plain_state(env)}
+    return None
+
+
+def load_env_state(env: VectorEnv, state: dict) -> None:
+    if state["kind"] == "sync":
+        env._autoreset_envs = _dec(state["autoreset_envs"])
+        for e, s in zip(env.envs, state["envs"], strict=True):
+            w = e
+            for d in s["wrappers"]:
+                for k, v in d.items():
+                    setattr(w, k, _dec(v))
+                w = w.env
+            _load_plain(e.unwrapped, s["env"])
+    else:
+        _load_plain(env, state["env"])

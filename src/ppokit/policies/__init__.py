@@ -1,0 +1,6 @@
+"""Policies: torch modules implementing the :class:`Policy` interface (see ``base``)."""
+
+from .base import Policy
+from .mlp import ACTIVATIONS, MLPActorCritic, make_policy
+
+__all__ = ["ACTIVATIONS", "MLPActorCritic", "Policy", "make_policy"]

@@ -1,0 +1,98 @@
+"""The rollout container: ``[T, N]`` tensors of one collection window (T steps × N envs).
+
+Fields (all ``[T, N, ...]``, time-major; row ``t`` is the transition taken from ``obs[t]``):
+
+=================  =====================================================================
+``obs``            observation the action was chosen from (normalised if enabled)
+``actions``        action sampled (Box: the unclipped Gaussian sample)
+``logp``           log π_old(a|s) at collection time
+``values``         V_old(s) at collection time (0 when the critic is not used)
+``rewards``        reward of the transition (scaled if reward scaling is enabled)
+``terminated``     the episode really ended: no bootstrap
+``episode_end``    terminated or truncated: the advantage does not carry across it
+``next_values``    V_old of the transition's real next state: of ``info["final_obs"]`` on a
+                   SAME_STEP truncation, of the last next-state for ``t = T − 1``
+``valid``          False for the dummy step that follows an episode end in NEXT_STEP mode
+                   (ignored action, reward 0); such rows are never trained on
+=================  =====================================================================
+
+:meth:`Rollout.compute_advantages` fills ``advantages`` and ``returns`` (value targets
+``Â + V_old``) exactly once; they are frozen for all epochs of the update.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ppokit.core import gae, reward_to_go
+
+Tensor = torch.Tensor
+
+__all__ = ["Rollout", "ADVANTAGE_ESTIMATORS"]
+
+ADVANTAGE_ESTIMATORS = ("gae", "reward_to_go")
+
+
+@dataclass
+class Rollout:
+    obs: Tensor
+    actions: Tensor
+    logp: Tensor
+    values: Tensor
+    rewards: Tensor
+    terminated: Tensor
+    episode_end: Tensor
+    next_values: Tensor
+    valid: Tensor
+    advantages: Tensor | None = None
+    returns: Tensor | None = None
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.rewards.shape[0])
+
+    @property
+    def num_envs(self) -> int:
+        return int(self.rewards.shape[1])
+
+    def compute_advantages(self, gamma: float, gae_lambda: float,
+                           estimator: str = "gae") -> None:
+        """Fill ``advantages`` and ``returns`` once (a second call is an error).
+
+        ``gae``: :func:`ppokit.core.gae` with the two masks. ``reward_to_go``: the
+        discounted return within the episode (:func:`ppokit.core.reward_to_go`) minus
+        ``values`` (zero without a critic); a truncation adds ``γ V(final state)`` to its
+        reward and a window that ends mid-episode bootstraps from ``next_values[T-1]`` —
+        both zero when no critic is used, giving the plain Monte-Carlo return.
+        """
+        if self.advantages is not None:
+            raise RuntimeError("advantages are computed once per rollout and then frozen")
+        with torch.no_grad():
+            if estimator == "gae":
+                adv, ret = gae(self.rewards, self.values, self.next_values, self.terminated,
+                               self.episode_end, gamma, gae_lambda)
+            elif estimator == "reward_to_go":
+                trunc = (self.episode_end & ~self.terminated).to(self.rewards.dtype)
+                r = self.rewards + gamma * trunc * self.next_values
+                boot = self.next_values[-1] * (~self.episode_end[-1]).to(r.dtype)
+                ret = reward_to_go(r, gamma, self.episode_end, bootstrap=boot)
+                adv = ret - self.values
+            else:
+                raise ValueError(f"advantage_estimator: expected one of "
+                                 f"{', '.join(ADVANTAGE_ESTIMATORS)}, got {estimator!r}")
+        self.advantages, self.returns = adv, ret
+
+    def flat(self) -> dict[str, Tensor]:
+        """``[T·N, ...]`` views of the valid rows only (row order: time-major)."""
+        if self.advantages is None:
+            raise RuntimeError("compute_advantages() first")
+        keep = self.valid.reshape(-1)
+        everything = keep.all()
+        out = {}
+        for name in ("obs", "actions", "logp", "values", "advantages", "returns"):
+            t = getattr(self, name)
+            t = t.reshape(-1, *t.shape[2:])
+            out[name] = t if everything else t[keep]
+        return out
