@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+
 import torch
 from torch import nn
 

@@ -88,15 +88,15 @@ TRUNCATION = ("bootstrap", "penalty", "mask")
 
 # Preset defaults applied where a field is left at None.
 PRESETS = {
-    "ppo": {"samples_per_prompt": 1, "kl_mode": "reward", "kl_coef": 0.02,
+    "ppo": {"prompts_per_iter": 64, "samples_per_prompt": 1, "kl_mode": "reward", "kl_coef": 0.02,
             "agg": "token-mean", "whiten_advantages": True},
-    "grpo": {"samples_per_prompt": 8, "kl_mode": "loss", "kl_coef": 0.02,
+    "grpo": {"prompts_per_iter": 16, "samples_per_prompt": 4, "kl_mode": "loss", "kl_coef": 0.02,
              "agg": "seq-mean-token-mean", "whiten_advantages": False},
-    "dr-grpo": {"samples_per_prompt": 8, "kl_mode": "loss", "kl_coef": 0.02,
+    "dr-grpo": {"prompts_per_iter": 16, "samples_per_prompt": 4, "kl_mode": "loss", "kl_coef": 0.02,
                 "agg": "seq-mean-token-sum-norm", "whiten_advantages": False},
-    "rloo": {"samples_per_prompt": 8, "kl_mode": "reward", "kl_coef": 0.02,
+    "rloo": {"prompts_per_iter": 16, "samples_per_prompt": 4, "kl_mode": "reward", "kl_coef": 0.02,
              "agg": "token-mean", "whiten_advantages": False},
-    "reinforce++": {"samples_per_prompt": 1, "kl_mode": "reward", "kl_coef": 0.02,
+    "reinforce++": {"prompts_per_iter": 64, "samples_per_prompt": 1, "kl_mode": "reward", "kl_coef": 0.02,
                     "agg": "token-mean", "whiten_advantages": False},
 }
 
@@ -113,7 +113,7 @@ class LLMConfig:
     reward_model: str | None = None  # dir saved by `ppokit llm rm`
     iterations: int = 400  # training iterations (rollout + update)
     time_limit: float | None = None  # stop after this many seconds of training
-    prompts_per_iter: int = 64  # distinct prompts per iteration
+    prompts_per_iter: int | None = None  # distinct prompts per iteration
     samples_per_prompt: int | None = None  # completions per prompt (group size G)
     max_new_tokens: int | None = None  # generation cap (default: the task's)
     temperature: float = 1.0  # sampling temperature (log-probs use the same scaling)

@@ -1,0 +1,277 @@
+"""``ppokit llm``: token-level RLHF from the command line.
+
+Subcommands: ``train`` (PPO / GRPO / Dr. GRPO / RLOO / REINFORCE++), ``eval`` (trained vs
+reference on held-out prompts), ``sft`` (supervised warm start), ``rm`` (Bradley–Terry
+reward model), ``dpo`` (direct preference optimisation), ``bench`` (throughput).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import re
+import time
+from dataclasses import MISSING, fields
+
+from ppokit.errors import UsageError
+
+__all__ = ["add_arguments", "run"]
+
+
+def _field_help() -> dict[str, str]:
+    from .trainer import LLMConfig
+
+    src = inspect.getsource(LLMConfig)
+    out = {}
+    for m in re.finditer(r"^\s+(\w+): [^=\n]+=[^#\n]*#\s*(.+)$", src, re.M):
+        out[m.group(1)] = m.group(2).strip()
+    return out
+
+
+def _add_config_arguments(p: argparse.ArgumentParser) -> None:
+    from .trainer import LLMConfig
+
+    helps = _field_help()
+    for f in fields(LLMConfig):
+        ann = str(f.type)
+        flag = "--" + f.name.replace("_", "-")
+        default = None if f.default is MISSING else f.default
+        h = helps.get(f.name, "")
+        if ann.startswith("bool"):
+            p.add_argument(flag, dest=f.name, default=None, action=argparse.BooleanOptionalAction,
+                           help=f"{h} (default: {default})")
+            continue
+        base = ann.split("|")[0].strip()
+        typ = {"int": int, "float": float, "str": str}[base]
+        p.add_argument(flag, dest=f.name, type=typ, default=None,
+                       help=f"{h} (default: {default})")
+
+
+def _config_from_args(args):
+    from .trainer import LLMConfig
+
+    kw = {f.name: getattr(args, f.name) for f in fields(LLMConfig)
+          if getattr(args, f.name, None) is not None}
+    return LLMConfig(**kw)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="llm_command", metavar="SUBCOMMAND")
+    sub.required = True
+
+    p = sub.add_parser("train", help="token-level RLHF training (ppo, grpo, dr-grpo, rloo, "
+                       "reinforce++)")
+    _add_config_arguments(p)
+    p.add_argument("--run-dir", help="run directory (default: runs/llm-<algo>-<time>)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation at the end")
+
+    p = sub.add_parser("eval", help="score the trained and the reference policy on held-out "
+                       "prompts; writes RUN_DIR/eval.json")
+    p.add_argument("run_dir")
+    p.add_argument("--n-prompts", type=int, help="number of held-out prompts (default: config)")
+    p.add_argument("--temperature", type=float, help="sampling temperature (default: training's)")
+    p.add_argument("--seed", type=int, default=1234)
+
+    p = sub.add_parser("sft", help="supervised fine-tuning on demonstrations")
+    p.add_argument("--model", help="local causal LM dir (default: the built-in tiny model)")
+    p.add_argument("--data", help="JSONL {prompt, completion} (default: the built-in task's "
+                   "noisy demonstrations)")
+    p.add_argument("--out", required=True, help="output model directory")
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--seed", type=int, default=0)
+
+    p = sub.add_parser("rm", help="train a Bradley–Terry reward model on preference JSONL")
+    p.add_argument("--data", help="JSONL {prompt, chosen, rejected} (default: built-in pairs)")
+    p.add_argument("--model", help="local causal LM dir for the body (default: built-in tiny)")
+    p.add_argument("--out", required=True, help="output reward-model directory")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--eval-frac", type=float, default=0.1)
+    p.add_argument("--n-pairs", type=int, default=2000, help="built-in pairs to generate")
+    p.add_argument("--prefer-longer", type=float, default=0.0,
+                   help="built-in pairs: share of pairs a length-biased labeller decides")
+    p.add_argument("--seed", type=int, default=0)
+
+    p = sub.add_parser("dpo", help="direct preference optimisation against the reference")
+    p.add_argument("--model", help="starting policy dir (default: built-in warm start)")
+    p.add_argument("--data", help="JSONL {prompt, chosen, rejected} (default: built-in pairs)")
+    p.add_argument("--out", required=True, help="output model directory")
+    p.add_argument("--beta", type=float, default=0.1)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--eval-frac", type=float, default=0.1)
+    p.add_argument("--n-pairs", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=0)
+
+    p = sub.add_parser("bench", help="token_gae vs a position loop, and trainer tokens/s per phase")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--length", type=int, default=4096)
+    p.add_argument("--iterations", type=int, default=5)
+    p.add_argument("--algo", default="grpo")
+
+
+def run(args) -> int:
+    import torch
+
+    from .models import quiet_transformers
+
+    quiet_transformers()
+    if os.environ.get("PPOKIT_THREADS"):
+        torch.set_num_threads(int(os.environ["PPOKIT_THREADS"]))
+    cmd = args.llm_command
+    return {"train": _train, "eval": _eval, "sft": _sft, "rm": _rm, "dpo": _dpo,
+            "bench": _bench}[cmd](args)
+
+
+def _print_eval(ev: dict) -> None:
+    print(f"held-out prompts: {ev['n_prompts']}  (temperature {ev['temperature']})")
+    print(f"  trained   score_mean {ev['score_mean']:.4f}   length "
+          f"{ev['response_length_mean']:.2f}")
+    print(f"  reference score_mean {ev['reference_score_mean']:.4f}   length "
+          f"{ev['reference_response_length_mean']:.2f}")
+    if "greedy_score_mean" in ev:
+        print(f"  greedy: trained {ev['greedy_score_mean']:.4f}  reference "
+              f"{ev['reference_greedy_score_mean']:.4f}")
+
+
+def _train(args) -> int:
+    from .evaluate import evaluate_run
+    from .trainer import TokenTrainer, config_from_run
+
+    if args.resume:
+        cfg_over = {"iterations": args.iterations, "time_limit": args.time_limit}
+        cfg = config_from_run(args.resume, **cfg_over)
+        run_dir = args.resume
+        tr = TokenTrainer(cfg, run_dir, resume=True)
+    else:
+        cfg = _config_from_args(args)
+        cfg.resolved()
+        run_dir = args.run_dir or os.path.join(
+            "runs", f"llm-{cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
+        if os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
+            raise UsageError(f"--run-dir: {run_dir!r} already holds a run; use --resume")
+        tr = TokenTrainer(cfg, run_dir)
+    print(f"run dir: {run_dir}")
+    t0 = time.perf_counter()
+    recs = tr.train(progress=not args.no_progress)
+    if recs:
+        last = recs[-1]
+        print(f"iteration {last['iteration']}: score_mean {last['score_mean']:.4f}  kl_ref "
+              f"{last['kl_ref']:.4f}  non_score_reward {last['non_score_reward']:.4f}  "
+              f"length {last['response_length_mean']:.2f}  "
+              f"({time.perf_counter() - t0:.1f} s)")
+    if not args.no_eval:
+        _print_eval(evaluate_run(run_dir))
+    return 0
+
+
+def _eval(args) -> int:
+    from .evaluate import evaluate_run
+
+    if not os.path.isdir(args.run_dir):
+        raise UsageError(f"RUN_DIR: no such directory {args.run_dir!r}")
+    ev = evaluate_run(args.run_dir, n_prompts=args.n_prompts, temperature=args.temperature,
+                      seed=args.seed)
+    _print_eval(ev)
+    print(f"wrote {os.path.join(args.run_dir, 'eval.json')}")
+    return 0
+
+
+def _sft(args) -> int:
+    from .models import build_char_tokenizer, build_tiny_model, load_policy, save_policy
+    from .sft import builtin_sft, sft_train
+    from .task import ReverseTask
+
+    if args.model:
+        model, tok = load_policy(args.model)
+    else:
+        tok = build_char_tokenizer()
+        model = build_tiny_model(tok, seed=args.seed)
+    log = lambda step, loss: print(f"step {step}: loss {loss:.4f}")  # noqa: E731
+    if args.data:
+        rows = []
+        with open(args.data) as f:
+            for i, line in enumerate(f, 1):
+                if line.strip():
+                    obj = json.loads(line)
+                    if "prompt" not in obj or "completion" not in obj:
+                        raise UsageError(f"--data: {args.data}:{i}: needs prompt and completion")
+                    rows.append((str(obj["prompt"]), str(obj["completion"])))
+        if not rows:
+            raise UsageError(f"--data: {args.data!r} is empty")
+
+        def sample(n, rng):
+            batch = [rng.choice(rows) for _ in range(n)]
+            return [b[0] for b in batch], [b[1] for b in batch]
+
+        info = sft_train(model, tok, sample, steps=args.steps, batch_size=args.batch_size,
+                         lr=args.lr, seed=args.seed, log=log)
+    else:
+        info = builtin_sft(ReverseTask(), model, tok, steps=args.steps,
+                           batch_size=args.batch_size, lr=args.lr, seed=args.seed, log=log)
+    save_policy(model, tok, args.out)
+    print(f"saved {args.out} ({info['sft_seconds']:.1f} s, final loss {info['sft_loss']:.4f})")
+    return 0
+
+
+def _pairs(args):
+    from .prefs import builtin_pairs, load_pairs, split_pairs
+
+    if args.data:
+        pairs = load_pairs(args.data)
+    else:
+        pairs = builtin_pairs(args.n_pairs, seed=args.seed,
+                              prefer_longer=getattr(args, "prefer_longer", 0.0))
+    if not 0 < args.eval_frac < 1:
+        raise UsageError(f"--eval-frac: expected a number in (0, 1), got {args.eval_frac}")
+    return split_pairs(pairs, args.eval_frac, args.seed)
+
+
+def _rm(args) -> int:
+    from .rm import build_reward_model, save_reward_model, train_reward_model
+
+    train_pairs, eval_pairs = _pairs(args)
+    model, tok = build_reward_model(args.model, seed=args.seed)
+    info = train_reward_model(model, tok, train_pairs, eval_pairs, epochs=args.epochs,
+                              batch_size=args.batch_size, lr=args.lr, seed=args.seed, log=print)
+    save_reward_model(model, tok, args.out, info)
+    print(f"held-out pair accuracy {info['eval_accuracy']:.3f} on {info['n_eval']} pairs; "
+          f"saved {args.out}")
+    return 0
+
+
+def _dpo(args) -> int:
+    from .dpo import dpo_train
+    from .models import build_char_tokenizer, build_tiny_model, load_policy, save_policy
+    from .sft import builtin_sft
+    from .task import ReverseTask
+
+    train_pairs, eval_pairs = _pairs(args)
+    if args.model:
+        model, tok = load_policy(args.model)
+    else:
+        tok = build_char_tokenizer()
+        model = build_tiny_model(tok, seed=args.seed)
+        print("warm start: SFT of the built-in tiny model (150 steps)")
+        builtin_sft(ReverseTask(), model, tok, steps=150, seed=args.seed)
+    info = dpo_train(model, tok, train_pairs, eval_pairs, beta=args.beta, epochs=args.epochs,
+                     batch_size=args.batch_size, lr=args.lr, seed=args.seed, log=print)
+    save_policy(model, tok, args.out)
+    print(f"held-out preference accuracy {info['eval_accuracy_before']:.3f} -> "
+          f"{info['eval_accuracy']:.3f}; saved {args.out}")
+    return 0
+
+
+def _bench(args) -> int:
+    from .bench import run_bench
+
+    run_bench(batch=args.batch, length=args.length, iterations=args.iterations, algo=args.algo)
+    return 0
