@@ -40,7 +40,8 @@ def bernoulli_scores(p_good: float) -> np.ndarray:
     theta = torch.logit(torch.tensor(p_good, dtype=torch.float64)).requires_grad_(True)
     logp = torch.stack([torch.nn.functional.logsigmoid(theta),
                         torch.nn.functional.logsigmoid(-theta)])
-    return np.array([float(torch.autograd.grad(logp[i], theta, retain_graph=True)[0]) for i in range(2)])
+    return np.array([float(torch.autograd.grad(logp[i], theta, retain_graph=True)[0])
+                     for i in range(2)])
 
 
 def optimal_baseline(probs, rewards, scores) -> float:
@@ -102,6 +103,8 @@ class OffsetJitter:
     final_pi_good_seed1: float
     jitter_baseline: float
     jitter_no_baseline: float
+    wrong_arm_baseline: int  # seeds whose final π(good) < 0.5
+    wrong_arm_no_baseline: int
 
     @property
     def ratio(self) -> float:
@@ -143,12 +146,13 @@ def offset_jitter(n_seeds: int = 50, *, offset: float = 5.0, eta: float = 0.1,
     """Mean over seeds ``0..n_seeds−1`` of ``var(diff(π(good)[steps/2:]))``, both variants."""
     seeds = list(range(n_seeds))
     half = steps // 2
-    jit = {}
+    jit, wrong = {}, {}
     for use_b in (True, False):
         tr = offset_trajectories(seeds, use_b, offset=offset, eta=eta, steps=steps)
         jit[use_b] = float(np.mean([np.diff(row[half:]).var() for row in tr]))
+        wrong[use_b] = int((tr[:, -1] < 0.5).sum())
     final = float(offset_trajectories([1], True, offset=offset, eta=eta, steps=steps)[0, -1])
-    return OffsetJitter(n_seeds, final, jit[True], jit[False])
+    return OffsetJitter(n_seeds, final, jit[True], jit[False], wrong[True], wrong[False])
 
 
 # ------------------------------------------------------------------ report
@@ -192,7 +196,10 @@ def format_baseline(*, seed: int = 0, draws: int = 2000, n_seeds: int = 50) -> s
         f"   with baseline    {oj.jitter_baseline:.6e}",
         f"   without baseline {oj.jitter_no_baseline:.6e}",
         f"   ratio            {oj.ratio:.6f}",
-        "   Without a baseline every action's reward is about +5, so each sampled action is",
-        "   pushed up hard and the policy jitters; subtracting V keeps only the +-1 signal.",
+        f"   seeds ending on the bad arm (pi(good) < 0.5): with baseline "
+        f"{oj.wrong_arm_baseline}/{oj.seeds}, without {oj.wrong_arm_no_baseline}/{oj.seeds}",
+        "   Without a baseline every reward is about +5, so whichever action is sampled is",
+        "   pushed up hard: the policy jitters and can lock onto the bad arm. Subtracting V",
+        "   leaves only the +-1 signal.",
     ]
     return "\n".join(lines)

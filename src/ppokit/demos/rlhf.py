@@ -4,8 +4,8 @@ Maximise ``J(π) = Σ_a π(a) R(a) − β KL(π‖π_ref)`` over the probability
 maximiser has the closed form ``π*(a) ∝ π_ref(a) exp(R(a)/β)`` (and
 ``J(π*) = β log Σ_a π_ref(a) exp(R(a)/β)``); :func:`gradient_ascent` reaches it without the
 formula, by exponentiated-gradient ascent with ``KL`` from
-:func:`ppokit.core.categorical_kl`, all β at once. As ``β → 0``, ``π*`` collapses onto the highest-reward action; as ``β`` grows it
-stays at ``π_ref``.
+:func:`ppokit.core.categorical_kl`, all β at once. As ``β → 0``, ``π*`` collapses onto the
+highest-reward action; as ``β`` grows it stays at ``π_ref``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,13 @@
+"""ppokit.demos: the tutorial experiments, computed with ppokit's own functions.
+
+Each module computes its numbers with :mod:`ppokit.core` (GAE, the clipped surrogate, KL
+estimators) and returns plain dataclasses; ``format_*`` functions render them as the
+aligned tables that ``ppokit demo NAME`` prints. :mod:`ppokit.demos.figures` writes PNGs.
+
+Modules: ``gae`` (fixed trajectory, λ bias–variance, analytic moments), ``clip``,
+``bandit``, ``baseline``, ``kl``, ``kl_vs_clip``, ``rlhf``, ``figures``, ``cli``.
+"""
+
+from .cli import DEMOS, render
+
+__all__ = ["DEMOS", "render"]

@@ -1,0 +1,163 @@
+"""``ppokit demo NAME``: the tutorial experiments, printed with ppokit's own code.
+
+Each demo is a subcommand with its own options (``ppokit demo NAME --help``). Bad option
+values raise :class:`ppokit.errors.UsageError` (exit status 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from ppokit.errors import UsageError
+
+# name -> one-line description (the order of `ppokit demo` and `ppokit demo all`)
+DEMOS: dict[str, str] = {
+    "gae": "GAE on a fixed four-step trajectory for lambda in {0, 0.5, 0.95, 1}",
+    "bias-variance": "bias and variance of the GAE value target over lambda (empirical and "
+                     "analytic)",
+    "clip": "the single-sample PPO-Clip table and a ratio sweep for A = +1 and -1",
+    "bandit": "unclipped vs PPO-Clip on a two-arm bandit, 40 epochs on one batch",
+    "baseline": "baselines: exact Bernoulli example, sampled variance ratio, +5 reward offset",
+    "kl": "an unobserved action's KL, and signed per-token KL terms against a reference",
+    "kl-vs-clip": "the KL penalty (spring) vs the clip (guard rail), swept over beta",
+    "rlhf-objective": "max E[R] - beta KL(pi||pi_ref) on five actions, swept over beta",
+    "figures": "write the demos' figures as PNG files (--out DIR)",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = "Run one of the tutorial experiments and print its numbers."
+    sub = parser.add_subparsers(dest="name", metavar="NAME")
+    for name, help_text in DEMOS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == "bias-variance":
+            p.add_argument("--critic-scale", type=float, default=1.0,
+                           help="scale of the critic's fixed errors (0: exact critic; "
+                                "default 1)")
+            p.add_argument("--sigma", type=float, default=0.8,
+                           help="standard deviation of the reward noise (default 0.8)")
+            p.add_argument("--episodes", type=int, default=20000,
+                           help="number of sampled episodes (default 20000)")
+            p.add_argument("--seed", type=int, default=7, help="numpy seed (default 7)")
+        elif name == "bandit":
+            p.add_argument("--lr", type=float, default=0.3, help="step size (default 0.3)")
+            p.add_argument("--target-kl", type=float, default=None,
+                           help="stop after the first epoch whose KL(old||new) exceeds this")
+            p.add_argument("--epochs", type=int, default=40, help="epochs (default 40)")
+            p.add_argument("--eps", type=float, default=0.2, help="clip range (default 0.2)")
+        elif name in ("clip", "kl-vs-clip"):
+            p.add_argument("--eps", type=float, default=0.2, help="clip range (default 0.2)")
+        elif name == "baseline":
+            p.add_argument("--seed", type=int, default=0,
+                           help="numpy seed of the sampled-variance experiment (default 0)")
+            p.add_argument("--draws", type=int, default=2000,
+                           help="draws in the sampled-variance experiment (default 2000)")
+            p.add_argument("--seeds", type=int, default=50,
+                           help="seeds 0..N-1 of the offset experiment (default 50)")
+        elif name == "figures":
+            p.add_argument("--out", required=True, metavar="DIR",
+                           help="directory to write the PNG files into (created if needed)")
+
+
+def _finite(value: float, option: str) -> float:
+    if not math.isfinite(value):
+        raise UsageError(f"{option}: expected a finite number, got {value}")
+    return value
+
+
+def _positive(value: float, option: str) -> float:
+    if not (_finite(value, option) > 0):
+        raise UsageError(f"{option}: expected a number > 0, got {value}")
+    return value
+
+
+def _nonnegative(value: float, option: str) -> float:
+    if not (_finite(value, option) >= 0):
+        raise UsageError(f"{option}: expected a number >= 0, got {value}")
+    return value
+
+
+def _at_least(value: int, low: int, option: str) -> int:
+    if value < low:
+        raise UsageError(f"{option}: expected an integer >= {low}, got {value}")
+    return value
+
+
+def _eps(value: float) -> float:
+    if not (0 < _finite(value, "--eps") < 1):
+        raise UsageError(f"--eps: expected a number in (0, 1), got {value}")
+    return value
+
+
+def render(name: str, args: argparse.Namespace | None = None) -> str:
+    """The printed output of demo ``name`` (``args`` holds its options; defaults if None)."""
+    a = args if args is not None else argparse.Namespace()
+
+    def opt(key, default):
+        return getattr(a, key, default)
+
+    if name == "gae":
+        from .gae import fixed_trajectory, format_fixed_trajectory
+
+        return format_fixed_trajectory(fixed_trajectory())
+    if name == "bias-variance":
+        from .gae import bias_variance, format_bias_variance
+
+        return format_bias_variance(bias_variance(
+            seed=_at_least(opt("seed", 7), 0, "--seed"),
+            episodes=_at_least(opt("episodes", 20000), 2, "--episodes"),
+            sigma=_nonnegative(opt("sigma", 0.8), "--sigma"),
+            critic_scale=_finite(opt("critic_scale", 1.0), "--critic-scale")))
+    if name == "clip":
+        from .clip import format_clip
+
+        return format_clip(_eps(opt("eps", 0.2)))
+    if name == "bandit":
+        from .bandit import format_bandit
+
+        tkl = opt("target_kl", None)
+        return format_bandit(epochs=_at_least(opt("epochs", 40), 1, "--epochs"),
+                             lr=_positive(opt("lr", 0.3), "--lr"), eps=_eps(opt("eps", 0.2)),
+                             target_kl=None if tkl is None else _positive(tkl, "--target-kl"))
+    if name == "baseline":
+        from .baseline import format_baseline
+
+        return format_baseline(seed=_at_least(opt("seed", 0), 0, "--seed"),
+                               draws=_at_least(opt("draws", 2000), 2, "--draws"),
+                               n_seeds=_at_least(opt("seeds", 50), 2, "--seeds"))
+    if name == "kl":
+        from .kl import format_kl
+
+        return format_kl()
+    if name == "kl-vs-clip":
+        from .kl_vs_clip import format_kl_vs_clip
+
+        return format_kl_vs_clip(_eps(opt("eps", 0.2)))
+    if name == "rlhf-objective":
+        from .rlhf import format_rlhf
+
+        return format_rlhf()
+    if name == "figures":
+        from .figures import write_figures
+
+        out = opt("out", None)
+        if not out:
+            raise UsageError("--out: a directory is required")
+        try:
+            paths = write_figures(out)
+        except OSError as exc:
+            raise UsageError(f"--out: cannot write figures into {out!r}: {exc}") from exc
+        return "\n".join(f"wrote {p} ({p.stat().st_size / 1024:.0f} KiB)" for p in paths)
+    raise UsageError(f"unknown demo {name!r}; known: {', '.join(DEMOS)}")
+
+
+def run(args: argparse.Namespace) -> int:
+    if getattr(args, "name", None) is None:
+        print("usage: ppokit demo NAME [options]   (ppokit demo NAME --help)\n")
+        width = max(map(len, DEMOS))
+        for name, text in DEMOS.items():
+            print(f"  {name:<{width}}  {text}")
+        return 0
+    print(render(args.name, args))
+    return 0
