@@ -1,0 +1,191 @@
+"""ppokit.llm: the token-level trainer's update, checkpoints and commands (tiny model)."""
+
+import copy
+import json
+import os
+
+import pytest
+import torch
+
+from ppokit.cli import main
+from ppokit.errors import UsageError
+from ppokit.llm.models import build_char_tokenizer, build_tiny_model
+from ppokit.llm.rewards import load_reward_callable
+from ppokit.llm.rollout import sequence_logprobs
+from ppokit.llm.trainer import LLMConfig, TokenTrainer, compute_labels
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_char_tokenizer()
+
+
+def _trainer(tmp_path, tok, name="run", **kw):
+    model = build_tiny_model(tok, seed=0)
+    base = {"prompts_per_iter": 8, "iterations": 2, "checkpoint_every": 1000}
+    base.update(kw)
+    return TokenTrainer(LLMConfig(**base), str(tmp_path / name), policy=model, tokenizer=tok,
+                        log=lambda *a: None)
+
+
+def _rollout_and_labels(tr):
+    prompts = tr.sample_prompts()
+    prompts = [p for p in prompts for _ in range(tr.cfg.samples_per_prompt)]
+    roll = tr.rollout(prompts)
+    scores = tr.score(prompts, tr.decode(roll))
+    old, ref, va = tr.frozen_forward(roll)
+    lab = compute_labels(tr.cfg, roll, scores, old, ref, tr.kl_ctl.value, va)
+    return roll, lab
+
+
+@pytest.mark.parametrize("critic", ["separate", "shared"])
+def test_old_logprobs_equal_a_fresh_forward_at_update_start(tmp_path, tok, critic):
+    tr = _trainer(tmp_path, tok, critic=critic)
+    roll, lab = _rollout_and_labels(tr)
+    idx = torch.arange(roll.input_ids.shape[0])
+    counts = {"tokens": float(lab.loss_mask.sum()), "seqs": float(len(idx)),
+              "norm_length": 9.0}
+    _, _, stats = tr.micro_loss(roll, lab, idx, counts)
+    assert stats["ratio_min"] == 1.0 and stats["ratio_max"] == 1.0
+    assert stats["approx_kl"] == 0.0 and stats["clipfrac"] == 0.0
+
+
+def test_reference_kl_is_exactly_zero_when_policy_equals_reference(tmp_path, tok):
+    tr = _trainer(tmp_path, tok, kl_coef=0.1)
+    roll, lab = _rollout_and_labels(tr)
+    assert (lab.kl_tokens == 0).all()
+    assert lab.stats["kl_ref"] == 0.0 and lab.stats["non_score_reward"] == 0.0
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                                 "seq-mean-token-sum-norm"])
+def test_gradient_accumulation_matches_the_full_minibatch(tmp_path, tok, agg):
+    tr = _trainer(tmp_path, tok, agg=agg, kl_mode="loss", kl_coef=0.1, ent_coef=0.01)
+    roll, lab = _rollout_and_labels(tr)
+    # move the policy off the old one so ratios, clipping and the KL term are all live
+    with torch.no_grad():
+        for p in tr.policy.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    n = roll.input_ids.shape[0]
+    counts = {"tokens": float(lab.loss_mask.sum()), "seqs": float(n), "norm_length": 9.0}
+
+    def grads(k):
+        tr.opt.zero_grad(set_to_none=True)
+        for idx in torch.arange(n).chunk(k):
+            loss, _, _ = tr.micro_loss(roll, lab, idx, counts)
+            loss.backward()
+        return [p.grad.clone() for p in tr.policy.parameters()]
+
+    full, acc = grads(1), grads(4)
+    for a, b in zip(full, acc):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_resume_continues_exactly(tmp_path, tok):
+    cfg = {"iterations": 4, "checkpoint_every": 2}
+    a = _trainer(tmp_path, tok, "straight", **cfg)
+    a.train(progress=False)
+    b = _trainer(tmp_path, tok, "resumed", iterations=2, checkpoint_every=2)
+    b.train(progress=False)
+    c = TokenTrainer(LLMConfig(prompts_per_iter=8, **cfg), str(tmp_path / "resumed"),
+                     resume=True, log=lambda *a: None)
+    assert c.iteration == 2
+    c.train(progress=False)
+
+    def rows(name):
+        with open(tmp_path / name / "metrics.jsonl") as f:
+            return [json.loads(x) for x in f]
+
+    ra, rb = rows("straight"), rows("resumed")
+    assert [r["iteration"] for r in rb] == [1, 2, 3, 4]
+    for x, y in zip(ra, rb):
+        for key in ("score_mean", "kl_ref", "approx_kl", "value_loss", "response_length_mean"):
+            assert x[key] == pytest.approx(y[key], rel=1e-6, abs=1e-9), key
+    pa = dict(a.policy.named_parameters())
+    for name, p in c.policy.named_parameters():
+        assert torch.allclose(p, pa[name], atol=1e-6)
+
+
+def test_run_dir_holds_metrics_samples_and_checkpoint(tmp_path, tok):
+    tr = _trainer(tmp_path, tok, algo="grpo", prompts_per_iter=4, samples_per_prompt=2)
+    tr.train(progress=False)
+    d = tmp_path / "run"
+    rec = json.loads((d / "metrics.jsonl").read_text().splitlines()[-1])
+    for key in ("score_mean", "non_score_reward", "kl_ref", "approx_kl", "clipfrac",
+                "clip_active_frac", "entropy", "response_length_mean", "truncated_frac",
+                "tokens_per_s_generation", "tokens_per_s_scoring", "tokens_per_s_training"):
+        assert key in rec, key
+    assert (d / "samples.jsonl").exists() and (d / "reference").is_dir()
+    ck = (d / "latest").read_text().strip()
+    assert os.path.exists(d / ck / "optimizer.safetensors")
+    assert not list(d.glob("*.tmp"))
+    assert not list(d.rglob("*.bin")) and not list(d.rglob("*.pt"))  # no pickle
+
+
+def test_target_kl_stops_the_update(tmp_path, tok):
+    tr = _trainer(tmp_path, tok, target_kl=1e-12, lr=0.05, epochs=4, minibatches=2)
+    roll, lab = _rollout_and_labels(tr)
+    out = tr.update(roll, lab)
+    # the first step sees ratio 1 (approx_kl 0) and is taken; a later one trips the check
+    assert out["early_stopped"] and 1 <= out["optimizer_steps"] < 8
+
+
+def test_reward_callable_loading():
+    fn = load_reward_callable("ppokit.llm.task:reverse_score")
+    assert fn(["12>"], ["21"]) == [1.0]
+    with pytest.raises(UsageError, match="module:function"):
+        load_reward_callable("nocolon")
+    with pytest.raises(UsageError, match="cannot import"):
+        load_reward_callable("no_such_module_xyz:f")
+    with pytest.raises(UsageError):
+        LLMConfig(algo="nope").resolved()
+
+
+def test_cli_train_eval_end_to_end(tmp_path, capsys):
+    rd = str(tmp_path / "cli")
+    rc = main(["llm", "train", "--iterations", "2", "--sft-steps", "5", "--prompts-per-iter",
+               "8", "--n-eval-prompts", "8", "--run-dir", rd, "--no-progress", "--no-eval"])
+    assert rc == 0
+    assert main(["llm", "eval", rd, "--n-prompts", "8"]) == 0
+    ev = json.loads(open(os.path.join(rd, "eval.json")).read())
+    assert 0 <= ev["score_mean"] <= 1 and 0 <= ev["reference_score_mean"] <= 1
+    assert main(["llm", "train", "--algo", "bogus", "--run-dir", rd]) == 2
+    capsys.readouterr()
+
+
+def test_cli_loads_a_local_model_dir(tmp_path, tok):
+    from ppokit.llm.models import save_policy
+
+    mdir = str(tmp_path / "m")
+    save_policy(build_tiny_model(tok, arch="gpt2"), tok, mdir)
+    rd = str(tmp_path / "r")
+    assert main(["llm", "train", "--model", mdir, "--algo", "rloo", "--iterations", "1",
+                 "--prompts-per-iter", "4", "--samples-per-prompt", "2", "--run-dir", rd,
+                 "--no-progress", "--no-eval"]) == 0
+
+
+def test_reward_model_and_dpo_commands(tmp_path):
+    from ppokit.llm.rewards import RewardModelScorer
+
+    rm = str(tmp_path / "rm")
+    assert main(["llm", "rm", "--out", rm, "--n-pairs", "64", "--epochs", "1"]) == 0
+    summary = json.loads(open(os.path.join(rm, "rm_summary.json")).read())
+    assert 0 <= summary["eval_accuracy"] <= 1
+    scorer = RewardModelScorer(rm)
+    s = scorer(["12>", "12>"], ["21", "2"])
+    assert len(s) == 2 and all(isinstance(x, float) for x in s)
+    dpo = str(tmp_path / "dpo")
+    assert main(["llm", "dpo", "--out", dpo, "--n-pairs", "64", "--epochs", "1"]) == 0
+    assert os.path.isdir(dpo)
+
+
+def test_reference_is_a_frozen_copy(tmp_path, tok):
+    tr = _trainer(tmp_path, tok)
+    before = copy.deepcopy(tr.reference.state_dict())
+    tr.train(progress=False)
+    for k, v in tr.reference.state_dict().items():
+        assert torch.equal(v, before[k])
+    assert not any(p.requires_grad for p in tr.reference.parameters())
+    ids = torch.tensor([[1, 5, 6]])
+    lp = sequence_logprobs(tr.reference, ids, torch.ones_like(ids))["logp"]
+    assert torch.isfinite(lp).all()
