@@ -96,8 +96,8 @@ PRESETS = {
                 "agg": "seq-mean-token-sum-norm", "whiten_advantages": False},
     "rloo": {"prompts_per_iter": 16, "samples_per_prompt": 4, "kl_mode": "reward", "kl_coef": 0.02,
              "agg": "token-mean", "whiten_advantages": False},
-    "reinforce++": {"prompts_per_iter": 64, "samples_per_prompt": 1, "kl_mode": "reward", "kl_coef": 0.02,
-                    "agg": "token-mean", "whiten_advantages": False},
+    "reinforce++": {"prompts_per_iter": 64, "samples_per_prompt": 1, "kl_mode": "reward",
+                    "kl_coef": 0.02, "agg": "token-mean", "whiten_advantages": False},
 }
 
 
