@@ -84,6 +84,12 @@ def _at_least(value: int, low: int, option: str) -> int:
     return value
 
 
+def _at_most(value: int, high: int, option: str) -> int:
+    if value > high:
+        raise UsageError(f"{option}: expected an integer <= {high}, got {value}")
+    return value
+
+
 def _eps(value: float) -> float:
     if not (0 < _finite(value, "--eps") < 1):
         raise UsageError(f"--eps: expected a number in (0, 1), got {value}")
@@ -106,7 +112,8 @@ def render(name: str, args: argparse.Namespace | None = None) -> str:
 
         return format_bias_variance(bias_variance(
             seed=_at_least(opt("seed", 7), 0, "--seed"),
-            episodes=_at_least(opt("episodes", 20000), 2, "--episodes"),
+            episodes=_at_most(_at_least(opt("episodes", 20000), 2, "--episodes"), 2_000_000,
+                              "--episodes"),
             sigma=_nonnegative(opt("sigma", 0.8), "--sigma"),
             critic_scale=_finite(opt("critic_scale", 1.0), "--critic-scale")))
     if name == "clip":

@@ -86,7 +86,7 @@ def format_kl() -> str:
              fmt(u.k1_terms[i]), fmt(u.old[i] * u.k1_terms[i]), fmt(u.k3_terms[i])]
             for i in range(len(u.old))]
     t1 = table(["action", "old", "new", "ratio", "log old/new", "old*log old/new",
-                "k3 term"], rows, align="rrrrrrr", indent=3)
+                "k3 = (r-1) - log r"], rows, align="rrrrrrr", indent=3)
     r = reference_terms()
     rrows = [[str(i), f"{r.old[i]:.2f}", f"{r.ref[i]:.2f}", fmt(r.terms[i], sign=True),
               fmt(max(r.terms[i], 0.0), sign=True)] for i in range(len(r.old))]
