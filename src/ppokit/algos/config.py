@@ -53,7 +53,7 @@ class TrainConfig:
                           "kl_penalty (ratio*A - beta*KL)")
     clip_range: float = _f(0.2, "PPO clip epsilon (initial value if scheduled)")
     clip_schedule: str = _f("constant", "clip-range schedule: constant or linear (to 0)")
-    clip_range_vf: float | None = _f(None, "value clipping range around the old values (none = off)")
+    clip_range_vf: float | None = _f(None, "value clipping range around old values (none = off)")
     value_clip_mode: str = _f("max", "with clip_range_vf: max (pessimistic) or clipped (SB3)")
     ent_coef: float = _f(0.0, "entropy bonus coefficient")
     vf_coef: float = _f(0.5, "value-loss coefficient (the value loss is (V-R)^2, no 1/2)")

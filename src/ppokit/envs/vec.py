@@ -27,6 +27,8 @@ __all__ = ["make_vec", "autoreset_mode_of", "env_state", "load_env_state", "chec
 
 VECTORIZATIONS = ("auto", "vector_entry_point", "sync", "async")
 AUTORESET_MODES = ("auto", "same_step", "next_step")
+_MODE_NAMES = {AutoresetMode.SAME_STEP: "same_step", AutoresetMode.NEXT_STEP: "next_step",
+               AutoresetMode.DISABLED: "disabled"}
 
 
 def check_env_id(env_id: str) -> gym.envs.registration.EnvSpec:
@@ -62,13 +64,15 @@ def make_vec(env_id: str, num_envs: int, *, vectorization: str = "auto",
     try:
         if mode == "vector_entry_point":
             env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode, **kwargs)
-            if autoreset != "auto" and autoreset_mode_of(env).value != autoreset:
+            have = _MODE_NAMES[autoreset_mode_of(env)]
+            if autoreset != "auto" and have != autoreset:
                 env.close()
                 raise UsageError(
                     f"autoreset_mode: {env_id}'s vectorised implementation supports only "
-                    f"{autoreset_mode_of(env).value}; set vectorization=sync for {autoreset}")
+                    f"{have}; set vectorization=sync for {autoreset}")
         else:
-            want = AutoresetMode.NEXT_STEP if autoreset == "next_step" else AutoresetMode.SAME_STEP
+            want = (AutoresetMode.NEXT_STEP if autoreset == "next_step"
+                    else AutoresetMode.SAME_STEP)
             env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode,
                                vector_kwargs={"autoreset_mode": want}, **kwargs)
     except UsageError:
