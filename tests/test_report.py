@@ -184,8 +184,21 @@ def test_early_stop_frequent():
             r["early_stop"] = {"epoch": 3, "minibatch": 0}
     found = diagnose(MetricsTable(recs))
     assert [f.code for f in found] == ["early-stop-frequent"]
-    assert "epoch 3" in found[0].message
+    assert "during epoch 4" in found[0].message     # epoch index 3 counted from 0
     assert found[0].evidence[0]["summary"]["fired"] == 96
+
+
+def test_early_stop_frequent_trainer_fields():
+    # the trainer logs early_stop_epoch / early_stop_minibatch (null when it did not fire)
+    recs = healthy_env_run(seed=5)
+    for i, r in enumerate(recs):
+        del r["early_stop"]
+        r["early_stop_epoch"] = 2 if i % 4 else None
+        r["early_stop_minibatch"] = 0 if i % 4 else None
+    assert codes(recs) == ["early-stop-frequent"]
+    for r in recs:
+        r["early_stop_epoch"] = r["early_stop_minibatch"] = None
+    assert codes(recs) == []
 
 
 def test_early_stop_occasional_is_fine():

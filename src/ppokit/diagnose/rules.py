@@ -32,7 +32,7 @@ class Thresholds:
     clipfrac_zero_median: float = 0.01
     clipfrac_zero_q90: float = 0.03
     clipfrac_high_median: float = 0.3
-    kl_high_median: float = 0.05
+    kl_high_median: float = 0.015
     kl_rise_corr: float = 0.5
     kl_rise_factor: float = 2.0
     kl_floor: float = 1e-3
@@ -40,7 +40,7 @@ class Thresholds:
     return_flat_rel: float = 0.1
     early_stop_frac: float = 0.5
     ev_near_zero: float = 0.1
-    ev_q75_max: float = 0.2
+    ev_q90_max: float = 0.2
     value_fall_corr: float = -0.5
     value_fall_factor: float = 0.5
     entropy_collapse_frac: float = 0.1
@@ -171,9 +171,11 @@ def rule_kl_high(table: MetricsTable, th: Thresholds) -> list[Finding]:
     return [Finding(
         "kl-high", "warning",
         f"approx_kl (old → new policy, per update) stays large (median {med:.3g} over "
-        f"iterations {_iters(table, pos)}): each update moves the policy a long way from the "
-        "data it was computed on, which the clip alone does not prevent. Lower the learning "
-        "rate or the number of epochs, or set a target KL.",
+        f"iterations {_iters(table, pos)}, above {th.kl_high_median:g}, the level at which a "
+        "typical target KL of 0.01 would stop the update): each update moves the policy far "
+        "from the data it was computed on, and the clip alone does not prevent that. Lower "
+        "the learning rate or the number of epochs, or set a target KL; read it with "
+        "clipfrac and the return curve.",
         [_evidence(table, "approx_kl", pos, kl, median=med)])]
 
 
@@ -216,23 +218,37 @@ def rule_kl_rising_return_flat(table: MetricsTable, th: Thresholds) -> list[Find
                    spearman=r_corr)])]
 
 
+def _early_stop(rec: dict) -> tuple[bool, bool, float | None]:
+    """``(logged, fired, epoch)`` of one record: either an ``early_stop`` object
+    (``{"epoch": .., "minibatch": ..}`` or null) or ``early_stop_epoch`` (null when not)."""
+    if "early_stop" in rec:
+        es = rec["early_stop"]
+        fired = es not in (None, False, {}, [])
+        ep = es.get("epoch") if isinstance(es, dict) else None
+    elif "early_stop_epoch" in rec:
+        ep = rec["early_stop_epoch"]
+        fired = ep is not None
+    else:
+        return False, False, None
+    ok = isinstance(ep, (int, float)) and not isinstance(ep, bool)
+    return True, fired, float(ep) if ok else None
+
+
 def rule_early_stop_frequent(table: MetricsTable, th: Thresholds) -> list[Finding]:
-    logged = [i for i, r in enumerate(table.records) if "early_stop" in r]
+    info = [_early_stop(r) for r in table.records]
+    logged = [i for i, (lg, _, _) in enumerate(info) if lg]
     if len(logged) < th.min_iterations:
         return []
-    fired = [i for i in logged if table.records[i]["early_stop"] not in (None, False, {}, [])]
+    fired = [i for i in logged if info[i][1]]
     frac = len(fired) / len(logged)
     if not frac > th.early_stop_frac:
         return []
-    epochs = []
-    for i in fired:
-        es = table.records[i]["early_stop"]
-        ep = es.get("epoch") if isinstance(es, dict) else None
-        epochs.append(float(ep) if isinstance(ep, (int, float)) else np.nan)
+    epochs = [np.nan if info[i][2] is None else info[i][2] for i in fired]
     ev = _evidence(table, "early_stop.epoch", np.asarray(fired), np.asarray(epochs),
                    fired=len(fired), iterations_logged=len(logged), fraction=frac)
     ep_ok = [e for e in epochs if np.isfinite(e)]
-    where = f", typically in epoch {np.median(ep_ok):.0f}" if ep_ok else ""
+    # epochs are counted from 0 in the metrics; say it the human way
+    where = f", typically during epoch {np.median(ep_ok) + 1:.0f}" if ep_ok else ""
     return [Finding(
         "early-stop-frequent", "warning",
         f"Target-KL early stopping fired in {len(fired)} of {len(logged)} iterations{where}: "
@@ -248,8 +264,10 @@ def rule_critic_mean_only(table: MetricsTable, th: Thresholds) -> list[Finding]:
     if len(ev) < th.min_iterations or len(vl) < th.min_iterations:
         return []
     ev_med = float(np.median(ev))
-    ev_q75 = float(np.quantile(ev, 0.75))
-    if not (abs(ev_med) < th.ev_near_zero and ev_q75 < th.ev_q75_max):
+    # q90: a critic that explained the returns well for a while (then saw near-constant
+    # returns, where explained variance is noise) is not "mean only"
+    ev_q90 = float(np.quantile(ev, 0.9))
+    if not (abs(ev_med) < th.ev_near_zero and ev_q90 < th.ev_q90_max):
         return []
     v_corr = spearman(vpos, vl)
     v1, _, v3 = thirds(vl)
@@ -262,7 +280,7 @@ def rule_critic_mean_only(table: MetricsTable, th: Thresholds) -> list[Finding]:
         "not how it varies between states, so the advantage baseline is weak. Look at the "
         "advantages' mean, spread and correlation with returns; consider tuning the critic "
         "separately (its learning rate or epochs, or a separate network).",
-        [_evidence(table, "explained_variance", epos, ev, median=ev_med, q75=ev_q75),
+        [_evidence(table, "explained_variance", epos, ev, median=ev_med, q90=ev_q90),
          _evidence(table, "value_loss", vpos, vl, first_third=v1, last_third=v3,
                    spearman=v_corr)])]
 
