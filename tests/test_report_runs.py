@@ -1,0 +1,60 @@
+"""ppokit report on real CartPole runs trained by ``ppokit train``.
+
+The CartPole-v1 preset is the RL-zoo's (lr 1e-3 and clip 0.2 both annealed linearly to 0,
+20 epochs). A learning rate 30x too high must give a KL or clip-fraction finding, 100x too
+low must give ``clipfrac-zero``, and the preset must give no warning at all.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ppokit.cli import main
+from ppokit.diagnose import report
+
+STEP_FINDINGS = {"kl-high", "clipfrac-high", "kl-rising-return-flat", "early-stop-frequent"}
+
+
+def train(tmp_path, name: str, steps: int, seed: int = 0, **overrides) -> str:
+    run = tmp_path / name
+    argv = ["train", "--env", "CartPole-v1", "--total-steps", str(steps), "--seed", str(seed),
+            "--run-dir", str(run), "--no-progress", "--eval-episodes", "0",
+            "--set", "tensorboard=false"]
+    for k, v in overrides.items():
+        argv += ["--set", f"{k}={v}"]
+    assert main(argv) == 0
+    return str(run)
+
+
+def warnings(run: str) -> list[str]:
+    return [f.code for f in report(run) if f.severity in ("warning", "error")]
+
+
+def test_short_real_runs(tmp_path):
+    """Fast version (15k steps each, ~60 iterations): preset clean, lr/100 clipfrac-zero."""
+    assert warnings(train(tmp_path, "preset", 15_000)) == []
+    assert "clipfrac-zero" in warnings(train(tmp_path, "lr-low", 15_000, learning_rate=1e-5))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_preset_run_has_no_warning(tmp_path, seed):
+    assert warnings(train(tmp_path, "preset", 100_000, seed=seed)) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_learning_rate_30x_too_high(tmp_path, seed):
+    found = set(warnings(train(tmp_path, "lr30x", 100_000, seed=seed, learning_rate=3e-2)))
+    assert found & (STEP_FINDINGS | {"clipfrac-high"}), found
+
+
+@pytest.mark.slow
+def test_learning_rate_100x_too_low(tmp_path):
+    assert "clipfrac-zero" in warnings(train(tmp_path, "lr-low", 100_000, learning_rate=1e-5))
+
+
+@pytest.mark.slow
+def test_short_learning_rate_30x_too_high(tmp_path):
+    found = set(warnings(train(tmp_path, "lr30x", 30_000, learning_rate=3e-2)))
+    assert found & STEP_FINDINGS, found
