@@ -325,8 +325,11 @@ class TokenTrainer:
     """Owns the policy, reference, critic, optimiser and run directory."""
 
     def __init__(self, cfg: LLMConfig, run_dir: str, *, policy=None, tokenizer=None,
-                 reference=None, log=print, resume: bool = False):
+                 reference=None, log=print, resume: bool = False, monitors=None):
         self.cfg = cfg = cfg.resolved()
+        # monitors: callables (prompts, completions) -> {name: float}, logged each iteration
+        # (e.g. a true task score while training against a learned reward model)
+        self.monitors = list(monitors or [])
         self.run_dir = run_dir
         self.log = log
         os.makedirs(run_dir, exist_ok=True)
@@ -556,6 +559,8 @@ class TokenTrainer:
                "tokens_per_s_training": ntok / max(t3 - t2, 1e-9),
                "time_generation": t1 - t0, "time_scoring": t2 - t1, "time_training": t3 - t2,
                "response_tokens": ntok, "wall_time": self.elapsed}
+        for mon in self.monitors:
+            rec.update({k: float(v) for k, v in mon(prompts, comps).items()})
         rec = {k: (float(v) if isinstance(v, float) else v) for k, v in rec.items()}
         with open(os.path.join(self.run_dir, "metrics.jsonl"), "a") as f:
             f.write(json.dumps(rec) + "\n")

@@ -1,0 +1,25 @@
+"""ppokit.llm: the reward-hacking demo and the benchmark run end to end (tiny budgets)."""
+
+import json
+import os
+
+from ppokit.llm.bench import bench_token_gae
+from ppokit.llm.demo import run_reward_hacking_demo
+
+
+def test_reward_hacking_demo_runs_and_writes_its_figure(tmp_path):
+    out = str(tmp_path / "rh")
+    s = run_reward_hacking_demo(out, iterations=2, n_pairs=64, sft_steps=10,
+                                log=lambda *a: None)
+    assert set(s["runs"]) == {"beta0", "beta0.5"}
+    for run in s["runs"].values():
+        assert {"score_mean", "true_score_mean", "response_length_mean", "kl_ref"} <= set(run)
+    assert os.path.exists(s["figure"])
+    assert json.load(open(os.path.join(out, "summary.json")))["rm"]["n_eval"] > 0
+    rec = json.loads(open(os.path.join(out, "beta0", "metrics.jsonl")).readline())
+    assert "true_score_mean" in rec and rec["beta"] == 0.0
+
+
+def test_token_gae_benchmark_agrees_with_the_loop():
+    g = bench_token_gae(batch=4, length=256, repeats=1)
+    assert g["max_abs_diff"] < 1e-4
