@@ -1,0 +1,104 @@
+"""``ppokit check [RUN_DIR] [--env ENV] [--model PATH | --lm] [--json]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ppokit.errors import UsageError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", metavar="RUN_DIR", nargs="?",
+                        help="check the policy trained in this run directory (default: a "
+                             "freshly initialised policy for --env)")
+    parser.add_argument("--env", default="CartPole-v1",
+                        help="Gymnasium id for the default policy (default: CartPole-v1)")
+    parser.add_argument("--model", metavar="PATH",
+                        help="check a local Hugging Face causal LM directory (token layout)")
+    parser.add_argument("--lm", action="store_true",
+                        help="check ppokit's built-in tiny language model (token layout)")
+    parser.add_argument("--samples", type=int, default=256,
+                        help="environment transitions to check on (default 256)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--no-labels", action="store_true",
+                        help="skip the label-freezing check (it runs the trainer briefly)")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+
+
+def _env_report(args):
+    import torch
+
+    from . import run_checks
+    from .labels import check_labels_frozen
+    from .policy_checks import collect_batch
+
+    if args.samples < 2:
+        raise UsageError(f"--samples: expected an integer >= 2, got {args.samples}")
+    if args.run_dir is not None:
+        from ppokit.algos.evaluate import load_policy
+
+        if not Path(args.run_dir).is_dir():
+            raise UsageError(f"{args.run_dir}: no such run directory")
+        cfg, policy, norm = load_policy(args.run_dir)
+        env_id, target = cfg.env_id, f"{args.run_dir} ({cfg.env_id})"
+        base = cfg.to_dict()
+        transform = None if norm is None else (lambda o: norm(o))
+    else:
+        from ppokit.algos.config import resolve_config
+        from ppokit.envs import make_vec
+        from ppokit.policies import make_policy
+
+        cfg = resolve_config(env_id=args.env)
+        env = make_vec(cfg.env_id, 1, vectorization="sync")
+        torch.manual_seed(args.seed)
+        policy = make_policy(env.single_observation_space, env.single_action_space,
+                             hidden=cfg.net_arch, activation=cfg.activation,
+                             ortho_init=cfg.ortho_init, log_std_init=cfg.log_std_init)
+        env.close()
+        env_id, target, base, transform = cfg.env_id, f"default policy ({cfg.env_id})", \
+            None, None
+    batch = collect_batch(policy, env_id, n=args.samples, seed=args.seed,
+                          obs_transform=transform)
+    extra = []
+    if not args.no_labels:
+        extra.append(lambda: check_labels_frozen(policy, env=env_id, base_config=base,
+                                                 seed=args.seed))
+    clip = getattr(cfg, "clip_range", 0.2) or 0.2
+    return run_checks(policy, batch, clip_eps=clip, seed=args.seed, extra=extra,
+                      target=target)
+
+
+def _lm_report(args):
+    from .token_checks import run_token_checks
+
+    if args.model is not None:
+        from ppokit.llm.models import load_policy
+
+        model, tok = load_policy(args.model)
+        target = args.model
+    else:
+        from ppokit.llm.models import build_char_tokenizer, build_tiny_model
+
+        tok = build_char_tokenizer()
+        model = build_tiny_model(tok, seed=args.seed)
+        target = "built-in tiny language model"
+    return run_token_checks(model, tok, seed=args.seed, target=target)
+
+
+def run(args: argparse.Namespace) -> int:
+    if (args.model or args.lm) and args.run_dir:
+        raise UsageError("give either RUN_DIR or --model/--lm, not both")
+    if args.model and args.lm:
+        raise UsageError("give either --model PATH or --lm, not both")
+    report = _lm_report(args) if (args.model or args.lm) else _env_report(args)
+    if args.json:
+        json.dump({"target": report.target, "ok": report.ok,
+                   "results": [r.to_dict() for r in report.results]}, sys.stdout, indent=2,
+                  default=float)
+        sys.stdout.write("\n")
+    else:
+        report.print()
+    return 0 if report.ok else 1

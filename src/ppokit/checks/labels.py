@@ -1,0 +1,206 @@
+"""``labels-frozen``: run the trainer's own rollout and update machinery for two epochs on a
+tiny rollout and watch the labels.
+
+Advantages, value targets and old log-probs are computed once per rollout; every epoch must
+see exactly the same values, and none of them may carry a gradient (design.md "Frozen
+labels"). The check records what reaches the loss functions themselves (not only what the
+minibatch carries), so a label recomputed or re-derived anywhere in between is caught.
+
+The update is run with one minibatch per epoch, so even per-minibatch advantage
+normalisation must give the same advantages in both epochs (up to float rounding from the
+reshuffled summation order, ``ADV_ROUNDING_TOL``; everything else must be bit-identical).
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+from contextlib import contextmanager
+
+import torch
+
+from .result import CheckResult
+
+__all__ = ["check_labels_frozen", "LABEL_CHECK_CONFIG"]
+
+# a tiny rollout: 2 envs x 16 steps, one minibatch of 32, two epochs
+LABEL_CHECK_CONFIG = {"n_envs": 2, "n_steps": 16, "batch_size": 32, "n_epochs": 2,
+                      "total_timesteps": 32, "target_kl": None, "tensorboard": False,
+                      "checkpoint_every": 1000}
+
+
+ADV_ROUNDING_TOL = 1e-5
+
+
+class _Recorder:
+    """Collects, per loss call, the labels the loss received, keyed by rollout row."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.ids: torch.Tensor | None = None
+        self.seen = 0
+        self.epoch = 0
+        self.loss_inputs: list[tuple[int, torch.Tensor, str, torch.Tensor]] = []
+        self.mb_inputs: list[tuple[int, torch.Tensor, str, torch.Tensor]] = []
+
+    def start_minibatch(self, mb: dict) -> None:
+        self.ids = mb.get("_id")
+        self.epoch = self.seen // self.n
+        self.seen += 0 if self.ids is None else len(self.ids)
+        for key in ("logp", "advantages", "returns", "values"):
+            if key in mb and self.ids is not None:
+                self.mb_inputs.append((self.epoch, self.ids, key, mb[key]))
+
+    def loss_input(self, name: str, t) -> None:
+        if self.ids is not None and isinstance(t, torch.Tensor):
+            self.loss_inputs.append((self.epoch, self.ids, name, t))
+
+
+@contextmanager
+def _patched(module, rec: _Recorder):
+    """Wrap the loss functions the trainer module calls, recording their label inputs."""
+    saved = {}
+
+    def wrap(fname, labels):
+        fn = getattr(module, fname, None)
+        if fn is None:
+            return
+        saved[fname] = fn
+
+        def wrapper(*args, **kwargs):
+            for pos, label in labels:
+                val = args[pos] if len(args) > pos else kwargs.get(label)
+                rec.loss_input(label, val)
+            if "values_old" in kwargs:
+                rec.loss_input("values_old", kwargs["values_old"])
+            return fn(*args, **kwargs)
+
+        setattr(module, fname, wrapper)
+
+    wrap("clipped_surrogate_loss", [(1, "logp_old"), (2, "advantages")])
+    wrap("vanilla_pg_loss", [(1, "logp_old"), (2, "advantages")])
+    wrap("value_loss", [(1, "returns")])
+    try:
+        yield
+    finally:
+        for fname, fn in saved.items():
+            setattr(module, fname, fn)
+
+
+def _by_epoch(records, n: int) -> dict[tuple[str, int], torch.Tensor]:
+    """``{(label, epoch): [n] values}`` (NaN where a row was not seen)."""
+    out: dict[tuple[str, int], torch.Tensor] = {}
+    for epoch, ids, name, t in records:
+        key = (name, epoch)
+        if key not in out:
+            out[key] = torch.full((n,), float("nan"), dtype=torch.float64)
+        out[key][ids] = t.detach().double().reshape(len(ids), -1)[:, 0] if t.ndim > 1 \
+            else t.detach().double()
+    return out
+
+
+def _maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
+    both = ~torch.isnan(a) & ~torch.isnan(b)
+    if not bool(both.any()):
+        return float("nan")
+    return float((a[both] - b[both]).abs().max())
+
+
+def check_labels_frozen(policy=None, *, env: str = "CartPole-v1", trainer_cls=None,
+                        base_config: dict | None = None, seed: int = 0) -> CheckResult:
+    """Run ``trainer_cls`` (default :class:`ppokit.algos.Trainer`) for one tiny rollout and a
+    two-epoch update; ``policy`` (copied) replaces the trainer's own when given."""
+    from ppokit.algos import trainer as trainer_mod
+    from ppokit.algos.config import config_from_dict, resolve_config
+
+    trainer_cls = trainer_cls or trainer_mod.Trainer
+    name = "labels-frozen"
+    criterion = f"Δ 0 (advantages ≤ {ADV_ROUNDING_TOL:g}), no gradient"
+    if base_config is not None:
+        cfg = config_from_dict({**base_config, **LABEL_CHECK_CONFIG, "seed": seed})
+    else:
+        cfg = resolve_config(env_id=env, overrides={**LABEL_CHECK_CONFIG, "seed": seed})
+    with tempfile.TemporaryDirectory(prefix="ppokit-check-") as tmp:
+        tr = trainer_cls(cfg, tmp, log=lambda _msg: None)
+        try:
+            if policy is not None:
+                p = copy.deepcopy(policy)
+                tr.policy = p
+                tr.collector.policy = p
+                tr.opt = torch.optim.Adam(p.parameters(), lr=cfg.learning_rate)
+            tr.policy.train()
+            rollout = tr.collector.collect(cfg.n_steps)
+            rollout.compute_advantages(cfg.gamma, cfg.gae_lambda, cfg.advantage_estimator)
+            stored = {k: getattr(rollout, k).detach().clone()
+                      for k in ("advantages", "returns", "logp", "values")}
+            flat0 = rollout.flat()
+            n = int(flat0["obs"].shape[0])
+            snapshot = {k: flat0[k].detach().double().clone()
+                        for k in ("advantages", "returns", "logp", "values")}
+            orig_flat = rollout.flat
+
+            def flat_with_ids():
+                d = orig_flat()
+                d["_id"] = torch.arange(n)
+                return d
+
+            rollout.flat = flat_with_ids
+            rec = _Recorder(n)
+            orig_update_mb = tr.update_minibatch
+
+            def update_minibatch(mb, *args, **kwargs):
+                rec.start_minibatch(mb)
+                return orig_update_mb(mb, *args, **kwargs)
+
+            tr.update_minibatch = update_minibatch
+            with _patched(trainer_mod, rec):
+                tr.update(rollout, tr.current_clip())
+        finally:
+            tr.close()
+            metrics = getattr(tr, "metrics", None)
+            if metrics is not None:
+                metrics.close()
+
+    if not rec.loss_inputs or rec.epoch < 1:
+        return CheckResult(name, None, "-", criterion,
+                           "could not observe two epochs of loss inputs in this trainer "
+                           "(it does not call ppokit's loss functions, or ran one epoch)")
+    loss_in = _by_epoch(rec.loss_inputs, n)
+    mb_in = _by_epoch(rec.mb_inputs, n)
+    diffs: dict[str, float] = {}
+    for label in ("logp_old", "advantages", "returns", "values_old"):
+        if (label, 0) in loss_in and (label, 1) in loss_in:
+            diffs[label] = _maxdiff(loss_in[(label, 0)], loss_in[(label, 1)])
+    # what the minibatches carry must be what the rollout computed
+    for key in ("logp", "advantages", "returns"):
+        for ep in (0, 1):
+            if (key, ep) in mb_in:
+                d = _maxdiff(mb_in[(key, ep)], snapshot[key])
+                diffs[f"minibatch {key} vs rollout"] = max(
+                    diffs.get(f"minibatch {key} vs rollout", 0.0), d)
+    for k, t in stored.items():
+        diffs[f"rollout {k} after update"] = float(
+            (getattr(rollout, k).detach().double() - t.double()).abs().max())
+    with_grad = sorted({nm for _, _, nm, t in rec.loss_inputs if t.requires_grad}
+                       | {k for k in stored if getattr(rollout, k).requires_grad})
+    # Everything is copied or indexed, so must be bit-identical, except the advantages as the
+    # loss receives them: per-minibatch normalisation of a reshuffled minibatch sums in a
+    # different order, which moves them by float rounding (~1e-7), never by a real change.
+    tol = {"advantages": ADV_ROUNDING_TOL}
+    changed = {k: v for k, v in diffs.items() if not v <= tol.get(k, 0.0)}
+    ok = not changed and not with_grad
+    across = ", ".join(f"{k} {diffs[k]:.2g}" for k in ("logp_old", "advantages", "returns")
+                       if k in diffs)
+    rest = max((v for k, v in diffs.items() if " " in k and v == v), default=0.0)
+    measured = (f"Δ epoch 1→2: {across}; Δ vs rollout {rest:.2g}; "
+                f"with gradient: {', '.join(with_grad) if with_grad else 'none'}")
+    detail = ""
+    if not ok:
+        parts = [f"{k} changed by {v:.3g}" for k, v in changed.items()]
+        if with_grad:
+            parts.append(f"{', '.join(with_grad)} carry a gradient")
+        detail = ("labels are not frozen: " + "; ".join(parts) + ". Old log-probs, advantages "
+                  "and value targets must be computed once per rollout, detached, and reused "
+                  "unchanged by every epoch.")
+    return CheckResult(name, ok, measured, criterion, detail,
+                       {"diffs": diffs, "with_grad": with_grad})
