@@ -189,3 +189,16 @@ def test_reference_is_a_frozen_copy(tmp_path, tok):
     ids = torch.tensor([[1, 5, 6]])
     lp = sequence_logprobs(tr.reference, ids, torch.ones_like(ids))["logp"]
     assert torch.isfinite(lp).all()
+
+
+def test_prompts_file_with_a_reward_callable_and_adaptive_beta(tmp_path, tok):
+    pf = tmp_path / "prompts.jsonl"
+    pf.write_text("".join(json.dumps({"prompt": f"{i}{i + 1}>"}) + "\n" for i in range(8)))
+    tr = _trainer(tmp_path, tok, prompts=str(pf), reward="ppokit.llm.task:reverse_score",
+                  kl_target=0.01, kl_coef=0.1, prompts_per_iter=4, iterations=2)
+    recs = tr.train(progress=False)
+    assert recs[0]["beta"] == 0.1 and recs[0]["kl_ref"] == 0.0
+    assert recs[1]["beta"] == pytest.approx(0.05)  # KL 0 < target / 1.5: beta halved
+    assert len(tr.eval_prompt_list) == 8
+    with pytest.raises(UsageError, match="reward"):
+        _trainer(tmp_path, tok, "r2", prompts=str(pf))

@@ -124,8 +124,12 @@ def run(args) -> int:
     from .models import quiet_transformers
 
     quiet_transformers()
+    # The built-in tiny model runs fastest on one thread (and shares a busy CPU better);
+    # PPOKIT_THREADS overrides, and a user model keeps torch's default.
     if os.environ.get("PPOKIT_THREADS"):
         torch.set_num_threads(int(os.environ["PPOKIT_THREADS"]))
+    elif getattr(args, "model", None) is None:
+        torch.set_num_threads(1)
     cmd = args.llm_command
     return {"train": _train, "eval": _eval, "sft": _sft, "rm": _rm, "dpo": _dpo,
             "bench": _bench}[cmd](args)

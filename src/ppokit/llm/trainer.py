@@ -112,7 +112,7 @@ class LLMConfig:
     reward: str | None = None  # module:function; None: the built-in task's rule
     reward_model: str | None = None  # dir saved by `ppokit llm rm`
     iterations: int = 400  # training iterations (rollout + update)
-    time_limit: float | None = None  # stop after this many seconds of training
+    time_limit: float | None = 480.0  # stop training after this many seconds (<= 0: no limit)
     prompts_per_iter: int | None = None  # distinct prompts per iteration
     samples_per_prompt: int | None = None  # completions per prompt (group size G)
     max_new_tokens: int | None = None  # generation cap (default: the task's)
@@ -157,6 +157,8 @@ class LLMConfig:
         cfg = replace(self, **upd)
         if cfg.algo == "dr-grpo":
             cfg = replace(cfg, normalize_std=False)
+        if cfg.time_limit is not None and cfg.time_limit <= 0:
+            cfg = replace(cfg, time_limit=None)
         if cfg.agg not in AGGREGATION_MODES:
             raise UsageError(f"agg: unknown mode {cfg.agg!r}; known: "
                              f"{', '.join(AGGREGATION_MODES)}")

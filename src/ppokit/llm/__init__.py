@@ -1,0 +1,33 @@
+"""ppokit.llm: token-level RLHF on causal language models, end to end on a CPU.
+
+Where to start:
+
+* :class:`LLMConfig` + :class:`TokenTrainer` (``trainer.py``): one token-level loop whose
+  presets are ``ppo`` (critic + :func:`ppokit.core.token_gae`, per-token k1 KL reward),
+  ``grpo``, ``dr-grpo``, ``rloo`` and ``reinforce++``; :func:`compute_labels` is the pure
+  tensor step from a rollout to rewards, advantages and value targets.
+* ``rollout.py``: left-padded batched sampling with a KV cache, completion masks, the
+  forward pass that gives old / reference log-probs (``[B, L]`` token layout).
+* ``models.py``: the built-in tiny Llama/GPT-2 model and character tokenizer, loading a
+  local Hugging Face causal LM directory (never remote code), the critic.
+* ``task.py``: the built-in task (reverse a digit string; partial-credit score in [0, 1]).
+* ``sft.py``, ``rm.py``, ``dpo.py``: warm start, Bradley–Terry reward model, DPO.
+* ``evaluate.py``: trained vs reference on held-out prompts (``eval.json``).
+* ``demo.py``: :func:`run_reward_hacking_demo`; ``bench.py``: throughput.
+
+Command line: ``ppokit llm train|eval|sft|rm|dpo|bench``.
+"""
+
+from .demo import run_reward_hacking_demo
+from .evaluate import evaluate_run, score_policy
+from .models import build_char_tokenizer, build_tiny_model, load_policy, save_policy
+from .rollout import Rollout, encode_prompts, generate, sequence_logprobs
+from .task import ReverseTask, reverse_score
+from .trainer import ALGOS, LLMConfig, TokenTrainer, compute_labels
+
+__all__ = [
+    "ALGOS", "LLMConfig", "ReverseTask", "Rollout", "TokenTrainer", "build_char_tokenizer",
+    "build_tiny_model", "compute_labels", "encode_prompts", "evaluate_run", "generate",
+    "load_policy", "reverse_score", "run_reward_hacking_demo", "save_policy", "score_policy",
+    "sequence_logprobs",
+]
