@@ -97,7 +97,8 @@ class TrainConfig:
 
     @property
     def num_iterations(self) -> int:
-        return max(1, self.total_timesteps // self.rollout_size)
+        """Rollouts to collect: enough to reach ``total_timesteps`` (as SB3 counts)."""
+        return max(1, -(-self.total_timesteps // self.rollout_size))
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
