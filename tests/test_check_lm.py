@@ -4,6 +4,7 @@ ignores the attention mask."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -12,13 +13,16 @@ from torch import nn
 
 pytest.importorskip("transformers")
 
+from ppokit.checks.labels import check_token_labels_frozen  # noqa: E402
 from ppokit.checks.token_checks import make_token_batch, run_token_checks  # noqa: E402
 from ppokit.cli import main  # noqa: E402
 from ppokit.llm.models import build_char_tokenizer, build_tiny_model, save_policy  # noqa: E402
+from ppokit.llm.rollout import sequence_logprobs, shift_to_tokens  # noqa: E402
+from ppokit.llm.trainer import TokenTrainer  # noqa: E402
 
 TOKEN_CHECKS = ["token-action-mask", "token-ratio-identity", "padding-invariance",
                 "zero-advantage-gradient", "flipped-advantage-direction",
-                "surrogate-finite-difference"]
+                "surrogate-finite-difference", "token-labels-frozen"]
 
 
 @pytest.fixture(scope="module")
@@ -67,20 +71,20 @@ def test_tiny_lm_passes(lm):
 
 def test_gpt2_architecture_passes():
     tok = build_char_tokenizer()
-    rep = run_token_checks(build_tiny_model(tok, arch="gpt2", seed=1), tok)
+    rep = run_token_checks(build_tiny_model(tok, arch="gpt2", seed=1), tok, labels=False)
     assert rep.ok, [(r.name, r.measured) for r in rep.results]
 
 
 def test_model_ignoring_attention_mask(lm):
     model, tok = lm
-    rep = run_token_checks(IgnoresAttentionMask(model), tok)
+    rep = run_token_checks(IgnoresAttentionMask(model), tok, labels=False)
     assert rep.failed == ["padding-invariance"]
     assert rep["padding-invariance"].values["max_logp_change"] > 1e-3
 
 
 def test_mask_counting_padding_as_actions(lm):
     model, tok = lm
-    rep = run_token_checks(model, tok, mask_fn=padding_as_actions)
+    rep = run_token_checks(model, tok, mask_fn=padding_as_actions, labels=False)
     assert set(rep.failed) == {"token-action-mask", "padding-invariance"}
     assert rep["token-action-mask"].values["on_padding"] > 0
 
@@ -89,7 +93,7 @@ def test_sign_error_in_token_surrogate(lm):
     from ppokit.checks.token_checks import token_surrogate
 
     good = token_surrogate()
-    rep = run_token_checks(lm[0], lm[1],
+    rep = run_token_checks(lm[0], lm[1], labels=False,
                            surrogate=lambda lp, lpo, a, mask=None: -good(lp, lpo, a, mask))
     assert rep.failed == ["flipped-advantage-direction"]
 
@@ -106,3 +110,32 @@ def test_cli_model_dir(lm, tmp_path, capsys):
     assert main(["check", "--model", str(tmp_path / "m")]) == 0
     assert "all checks passed" in capsys.readouterr().out
     assert main(["check", "--model", str(tmp_path / "missing")]) == 2
+
+
+class RecomputedOldLogp(TokenTrainer):
+    """Bug: old log-probs recomputed from the current policy in every micro-batch."""
+
+    def micro_loss(self, roll, lab, idx, counts):
+        with torch.no_grad():
+            fresh = sequence_logprobs(self.policy, roll.input_ids, roll.attention_mask)["logp"]
+        return super().micro_loss(roll, dataclasses.replace(lab, old_logp=fresh), idx, counts)
+
+
+class AdvantagesFromLiveCritic(TokenTrainer):
+    """Bug: advantages re-derived from the critic being trained (gradient flows into them)."""
+
+    def micro_loss(self, roll, lab, idx, counts):
+        v = self.critic(roll.input_ids, roll.attention_mask, roll.position_ids)
+        adv = lab.returns - shift_to_tokens(v[:, :-1])
+        return super().micro_loss(roll, dataclasses.replace(lab, advantages=adv), idx, counts)
+
+
+def test_token_labels_frozen_catches_recomputed_old_logp(lm):
+    r = check_token_labels_frozen(*lm, trainer_cls=RecomputedOldLogp)
+    assert r.passed is False and r.values["diffs"]["logp_old"] > 1e-4
+    assert r.values["diffs"]["returns"] == 0.0
+
+
+def test_token_labels_frozen_catches_gradient_through_advantages(lm):
+    r = check_token_labels_frozen(*lm, trainer_cls=AdvantagesFromLiveCritic)
+    assert r.passed is False and r.values["with_grad"] == ["advantages"]

@@ -85,7 +85,8 @@ def _lm_report(args):
         tok = build_char_tokenizer()
         model = build_tiny_model(tok, seed=args.seed)
         target = "built-in tiny language model"
-    return run_token_checks(model, tok, seed=args.seed, target=target)
+    return run_token_checks(model, tok, seed=args.seed, labels=not args.no_labels,
+                            target=target)
 
 
 def run(args: argparse.Namespace) -> int:

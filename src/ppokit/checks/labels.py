@@ -6,6 +6,8 @@ see exactly the same values, and none of them may carry a gradient (design.md "F
 labels"). The check records what reaches the loss functions themselves (not only what the
 minibatch carries), so a label recomputed or re-derived anywhere in between is caught.
 
+:func:`check_token_labels_frozen` does the same for the token-level trainer.
+
 The update is run with one minibatch per epoch, so even per-minibatch advantage
 normalisation must give the same advantages in both epochs (up to float rounding from the
 reshuffled summation order, ``ADV_ROUNDING_TOL``; everything else must be bit-identical).
@@ -21,7 +23,7 @@ import torch
 
 from .result import CheckResult
 
-__all__ = ["check_labels_frozen", "LABEL_CHECK_CONFIG"]
+__all__ = ["check_labels_frozen", "check_token_labels_frozen", "LABEL_CHECK_CONFIG"]
 
 # a tiny rollout: 2 envs x 16 steps, one minibatch of 32, two epochs
 LABEL_CHECK_CONFIG = {"n_envs": 2, "n_steps": 16, "batch_size": 32, "n_epochs": 2,
@@ -88,14 +90,14 @@ def _patched(module, rec: _Recorder):
 
 
 def _by_epoch(records, n: int) -> dict[tuple[str, int], torch.Tensor]:
-    """``{(label, epoch): [n] values}`` (NaN where a row was not seen)."""
+    """``{(label, epoch): [n, ...] values}`` (NaN where a row was not seen)."""
     out: dict[tuple[str, int], torch.Tensor] = {}
     for epoch, ids, name, t in records:
         key = (name, epoch)
+        t = t.detach().double()
         if key not in out:
-            out[key] = torch.full((n,), float("nan"), dtype=torch.float64)
-        out[key][ids] = t.detach().double().reshape(len(ids), -1)[:, 0] if t.ndim > 1 \
-            else t.detach().double()
+            out[key] = torch.full((n, *t.shape[1:]), float("nan"), dtype=torch.float64)
+        out[key][ids] = t
     return out
 
 
@@ -104,6 +106,62 @@ def _maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
     if not bool(both.any()):
         return float("nan")
     return float((a[both] - b[both]).abs().max())
+
+
+def _verdict(name: str, rec: _Recorder, n: int, snapshot: dict, stored_now: dict,
+             stored_before: dict, stored_grad: list[str]) -> CheckResult:
+    """Compare what the loss saw in epochs 1 and 2, what the minibatches carried, and the
+    rollout's own label tensors before and after the update."""
+    criterion = f"Δ 0 (advantages ≤ {ADV_ROUNDING_TOL:g}), no gradient"
+    if not rec.loss_inputs or rec.epoch < 1:
+        return CheckResult(name, None, "-", criterion,
+                           "could not observe two epochs of loss inputs in this trainer "
+                           "(it does not call ppokit's loss functions, or ran one epoch)")
+    loss_in = _by_epoch(rec.loss_inputs, n)
+    mb_in = _by_epoch(rec.mb_inputs, n)
+    diffs: dict[str, float] = {}
+    for label in ("logp_old", "advantages", "returns", "values_old"):
+        if (label, 0) in loss_in and (label, 1) in loss_in:
+            diffs[label] = _maxdiff(loss_in[(label, 0)], loss_in[(label, 1)])
+    # what the loss received equals what the rollout computed (advantages may be
+    # normalised on the way, so they are compared across epochs only)
+    for label, key in (("logp_old", "logp"), ("returns", "returns")):
+        if key in snapshot and any((label, ep) in loss_in for ep in (0, 1)):
+            diffs[f"loss {label} vs rollout"] = max(
+                _maxdiff(loss_in[(label, ep)], snapshot[key])
+                for ep in (0, 1) if (label, ep) in loss_in)
+    for key in ("logp", "advantages", "returns"):
+        for ep in (0, 1):
+            if (key, ep) in mb_in and key in snapshot:
+                d = _maxdiff(mb_in[(key, ep)], snapshot[key])
+                diffs[f"minibatch {key} vs rollout"] = max(
+                    diffs.get(f"minibatch {key} vs rollout", 0.0), d)
+    for k, t in stored_before.items():
+        diffs[f"rollout {k} after update"] = float(
+            (stored_now[k].detach().double() - t.double()).abs().max())
+    with_grad = sorted({nm for _, _, nm, t in rec.loss_inputs if t.requires_grad}
+                       | set(stored_grad))
+    # Everything is copied or indexed, so must be bit-identical, except the advantages as the
+    # loss receives them: per-minibatch normalisation of a reshuffled minibatch sums in a
+    # different order, which moves them by float rounding (~1e-7), never by a real change.
+    tol = {"advantages": ADV_ROUNDING_TOL}
+    changed = {k: v for k, v in diffs.items() if v == v and not v <= tol.get(k, 0.0)}
+    ok = not changed and not with_grad
+    across = ", ".join(f"{k} {diffs[k]:.2g}" for k in ("logp_old", "advantages", "returns")
+                       if k in diffs)
+    rest = max((v for k, v in diffs.items() if " " in k and v == v), default=0.0)
+    measured = (f"Δ epoch 1→2: {across}; Δ vs rollout {rest:.2g}; "
+                f"with gradient: {', '.join(with_grad) if with_grad else 'none'}")
+    detail = ""
+    if not ok:
+        parts = [f"{k} changed by {v:.3g}" for k, v in changed.items()]
+        if with_grad:
+            parts.append(f"{', '.join(with_grad)} carry a gradient")
+        detail = ("labels are not frozen: " + "; ".join(parts) + ". Old log-probs, advantages "
+                  "and value targets must be computed once per rollout, detached, and reused "
+                  "unchanged by every epoch.")
+    return CheckResult(name, ok, measured, criterion, detail,
+                       {"diffs": diffs, "with_grad": with_grad})
 
 
 def check_labels_frozen(policy=None, *, env: str = "CartPole-v1", trainer_cls=None,
@@ -115,7 +173,6 @@ def check_labels_frozen(policy=None, *, env: str = "CartPole-v1", trainer_cls=No
 
     trainer_cls = trainer_cls or trainer_mod.Trainer
     name = "labels-frozen"
-    criterion = f"Δ 0 (advantages ≤ {ADV_ROUNDING_TOL:g}), no gradient"
     if base_config is not None:
         cfg = config_from_dict({**base_config, **LABEL_CHECK_CONFIG, "seed": seed})
     else:
@@ -161,46 +218,55 @@ def check_labels_frozen(policy=None, *, env: str = "CartPole-v1", trainer_cls=No
             if metrics is not None:
                 metrics.close()
 
-    if not rec.loss_inputs or rec.epoch < 1:
-        return CheckResult(name, None, "-", criterion,
-                           "could not observe two epochs of loss inputs in this trainer "
-                           "(it does not call ppokit's loss functions, or ran one epoch)")
-    loss_in = _by_epoch(rec.loss_inputs, n)
-    mb_in = _by_epoch(rec.mb_inputs, n)
-    diffs: dict[str, float] = {}
-    for label in ("logp_old", "advantages", "returns", "values_old"):
-        if (label, 0) in loss_in and (label, 1) in loss_in:
-            diffs[label] = _maxdiff(loss_in[(label, 0)], loss_in[(label, 1)])
-    # what the minibatches carry must be what the rollout computed
-    for key in ("logp", "advantages", "returns"):
-        for ep in (0, 1):
-            if (key, ep) in mb_in:
-                d = _maxdiff(mb_in[(key, ep)], snapshot[key])
-                diffs[f"minibatch {key} vs rollout"] = max(
-                    diffs.get(f"minibatch {key} vs rollout", 0.0), d)
-    for k, t in stored.items():
-        diffs[f"rollout {k} after update"] = float(
-            (getattr(rollout, k).detach().double() - t.double()).abs().max())
-    with_grad = sorted({nm for _, _, nm, t in rec.loss_inputs if t.requires_grad}
-                       | {k for k in stored if getattr(rollout, k).requires_grad})
-    # Everything is copied or indexed, so must be bit-identical, except the advantages as the
-    # loss receives them: per-minibatch normalisation of a reshuffled minibatch sums in a
-    # different order, which moves them by float rounding (~1e-7), never by a real change.
-    tol = {"advantages": ADV_ROUNDING_TOL}
-    changed = {k: v for k, v in diffs.items() if not v <= tol.get(k, 0.0)}
-    ok = not changed and not with_grad
-    across = ", ".join(f"{k} {diffs[k]:.2g}" for k in ("logp_old", "advantages", "returns")
-                       if k in diffs)
-    rest = max((v for k, v in diffs.items() if " " in k and v == v), default=0.0)
-    measured = (f"Δ epoch 1→2: {across}; Δ vs rollout {rest:.2g}; "
-                f"with gradient: {', '.join(with_grad) if with_grad else 'none'}")
-    detail = ""
-    if not ok:
-        parts = [f"{k} changed by {v:.3g}" for k, v in changed.items()]
-        if with_grad:
-            parts.append(f"{', '.join(with_grad)} carry a gradient")
-        detail = ("labels are not frozen: " + "; ".join(parts) + ". Old log-probs, advantages "
-                  "and value targets must be computed once per rollout, detached, and reused "
-                  "unchanged by every epoch.")
-    return CheckResult(name, ok, measured, criterion, detail,
-                       {"diffs": diffs, "with_grad": with_grad})
+    return _verdict(name, rec, n, snapshot, {k: getattr(rollout, k) for k in stored}, stored,
+                    [k for k in stored if getattr(rollout, k).requires_grad])
+
+
+def check_token_labels_frozen(model, tokenizer, *, trainer_cls=None, seed: int = 0
+                              ) -> CheckResult:
+    """The same check on ppokit's token-level trainer (PPO with a critic): one iteration of
+    the built-in task with ``model`` (copied) as the policy, two epochs, one minibatch."""
+    from ppokit.llm import trainer as trainer_mod
+
+    trainer_cls = trainer_cls or trainer_mod.TokenTrainer
+    cfg = trainer_mod.LLMConfig(algo="ppo", iterations=1, epochs=2, minibatches=1,
+                                grad_accum=1, prompts_per_iter=4, samples_per_prompt=2,
+                                max_new_tokens=8, checkpoint_every=10**9, time_limit=None,
+                                samples_logged=0, seed=seed)
+    n = 8
+    seen: dict = {}
+    rec = _Recorder(n)
+    with tempfile.TemporaryDirectory(prefix="ppokit-check-") as tmp:
+        tr = trainer_cls(cfg, tmp, policy=copy.deepcopy(model), tokenizer=tokenizer,
+                         log=lambda _msg: None)
+        orig_update, orig_micro = tr.update, tr.micro_loss
+
+        def update(roll, lab):
+            seen["lab"] = lab
+            seen["before"] = {k: getattr(lab, k).detach().clone()
+                              for k in ("old_logp", "advantages", "returns")
+                              if getattr(lab, k) is not None}
+            return orig_update(roll, lab)
+
+        def micro_loss(roll, lab, idx, counts):
+            rec.ids = idx
+            rec.epoch = rec.seen // n
+            rec.seen += len(idx)
+            for key, attr in (("logp", "old_logp"), ("advantages", "advantages"),
+                              ("returns", "returns")):
+                t = getattr(lab, attr)
+                if t is not None:
+                    rec.mb_inputs.append((rec.epoch, idx, key, t[idx]))
+            return orig_micro(roll, lab, idx, counts)
+
+        tr.update, tr.micro_loss = update, micro_loss
+        with _patched(trainer_mod, rec):
+            tr.train_iteration()
+    if "lab" not in seen:
+        return CheckResult("token-labels-frozen", None, "-", "-",
+                           "the trainer's update was not reached")
+    lab, before = seen["lab"], seen["before"]
+    snapshot = {{"old_logp": "logp"}.get(k, k): t.double() for k, t in before.items()}
+    return _verdict("token-labels-frozen", rec, n, snapshot,
+                    {k: getattr(lab, k) for k in before}, before,
+                    [k for k in before if getattr(lab, k).requires_grad])

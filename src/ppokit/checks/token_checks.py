@@ -216,6 +216,7 @@ def run_token_checks(model, tokenizer, *, prompts: list[str] | None = None,
                      logprob_fn: Callable | None = None,
                      mask_fn: Callable[[TokenBatch], Tensor] | None = None,
                      batch: TokenBatch | None = None, seed: int = 0,
+                     labels: bool = True, trainer_cls=None,
                      target: str | None = None) -> CheckReport:
     """Run the token-layout checks on a causal LM (``transformers`` model or any module with
     the same ``forward(input_ids, attention_mask, position_ids)``).
@@ -226,6 +227,9 @@ def run_token_checks(model, tokenizer, *, prompts: list[str] | None = None,
         mask_fn: ``TokenBatch -> [B, L]`` bool action mask; default the rollout's own.
         surrogate: ``(logp, logp_old, adv, mask=None) -> loss``, called with ``[B, L]`` and
             a mask, or with ``[M]`` action tokens; default PPO-Clip, token-mean.
+        labels: also run ``token-labels-frozen``: one iteration of ppokit's token trainer
+            (``trainer_cls``, default :class:`ppokit.llm.trainer.TokenTrainer`) on the
+            built-in task with a copy of ``model``.
     """
     logprob_fn = logprob_fn or _default_logprobs
     surrogate = surrogate or token_surrogate(clip_eps)
@@ -257,6 +261,11 @@ def run_token_checks(model, tokenizer, *, prompts: list[str] | None = None,
             check_finite_difference(fd_adapter, tb, surrogate, seed=seed, samples=4,
                                     directions=0),
         ]
+        if labels:
+            from .labels import check_token_labels_frozen
+
+            results.append(check_token_labels_frozen(model, tokenizer, trainer_cls=trainer_cls,
+                                                     seed=seed))
     finally:
         model.train(was_training)
     return CheckReport(target or type(model).__name__, results)
