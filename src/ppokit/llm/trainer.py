@@ -521,7 +521,7 @@ class TokenTrainer:
                     break
                 acc["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(pol_params,
                                                                         cfg.max_grad_norm))
-                if crit_params and self.critic.separate:
+                if crit_params:
                     torch.nn.utils.clip_grad_norm_(crit_params, cfg.max_grad_norm)
                 self.opt.step()
                 n_steps += 1
