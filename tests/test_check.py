@@ -173,3 +173,27 @@ def test_cli_bad_run_dir(tmp_path, capsys):
     assert main(["check", str(tmp_path)]) == 2           # not a run directory
     err = capsys.readouterr().err
     assert err.count("ppokit check: error:") == 2
+
+
+class FusedStepTrainer(Trainer):
+    """A trainer whose minibatches go through the fused, autograd-free step."""
+
+    def update_minibatch(self, mb, clip, kl_limit=None):
+        from ppokit.algos.fast import FusedMinibatchStep
+
+        if not hasattr(self, "_fused"):
+            self._fused = FusedMinibatchStep(self.policy, self.opt, self.cfg)
+        return self._fused(mb, clip, kl_limit)
+
+
+class FusedStepRecomputedOldLogp(FusedStepTrainer):
+    def update_minibatch(self, mb, clip, kl_limit=None):
+        mb = dict(mb)
+        mb["logp"] = self.policy.log_prob(mb["obs"], mb["actions"]).detach()
+        return super().update_minibatch(mb, clip, kl_limit)
+
+
+def test_labels_frozen_sees_through_the_fused_step():
+    assert check_labels_frozen(trainer_cls=FusedStepTrainer).passed is True
+    r = check_labels_frozen(trainer_cls=FusedStepRecomputedOldLogp)
+    assert r.passed is False and r.values["diffs"]["logp_old"] > 1e-4

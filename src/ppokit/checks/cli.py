@@ -12,8 +12,9 @@ from ppokit.errors import UsageError
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", metavar="RUN_DIR", nargs="?",
-                        help="check the policy trained in this run directory (default: a "
-                             "freshly initialised policy for --env)")
+                        help="check the policy trained in this run directory, environment "
+                             "or language-model run (default: a freshly initialised policy "
+                             "for --env)")
     parser.add_argument("--env", default="CartPole-v1",
                         help="Gymnasium id for the default policy (default: CartPole-v1)")
     parser.add_argument("--model", metavar="PATH",
@@ -94,6 +95,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("give either RUN_DIR or --model/--lm, not both")
     if args.model and args.lm:
         raise UsageError("give either --model PATH or --lm, not both")
+    if args.run_dir and (Path(args.run_dir) / "reference").is_dir():
+        # a language-model run directory: check the policy it saved
+        policy_dir = Path(args.run_dir) / "policy"
+        if not policy_dir.is_dir():
+            raise UsageError(f"{args.run_dir}: no saved policy/ yet (the run has not finished)")
+        args.model, args.run_dir = str(policy_dir), None
     report = _lm_report(args) if (args.model or args.lm) else _env_report(args)
     if args.json:
         json.dump({"target": report.target, "ok": report.ok,

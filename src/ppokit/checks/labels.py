@@ -46,6 +46,8 @@ class _Recorder:
         self.mb_inputs: list[tuple[int, torch.Tensor, str, torch.Tensor]] = []
 
     def start_minibatch(self, mb: dict) -> None:
+        if self.ids is not None and mb.get("_id") is self.ids:
+            return  # the same minibatch seen again further down the call chain
         self.ids = mb.get("_id")
         self.epoch = self.seen // self.n
         self.seen += 0 if self.ids is None else len(self.ids)
@@ -82,11 +84,31 @@ def _patched(module, rec: _Recorder):
     wrap("clipped_surrogate_loss", [(1, "logp_old"), (2, "advantages")])
     wrap("vanilla_pg_loss", [(1, "logp_old"), (2, "advantages")])
     wrap("value_loss", [(1, "returns")])
+    # the environment trainer's fused minibatch step (hand-written backward, no autograd)
+    # takes the labels straight from the minibatch
+    fused_cls, fused_call = None, None
+    try:
+        from ppokit.algos.fast import FusedMinibatchStep as fused_cls
+    except ImportError:
+        pass
+    if fused_cls is not None and module.__name__ == "ppokit.algos.trainer":
+        fused_call = fused_cls.__call__
+
+        def fused_wrapper(self, mb, *args, **kwargs):
+            rec.start_minibatch(mb)
+            for key, label in (("logp", "logp_old"), ("advantages", "advantages"),
+                               ("returns", "returns")):
+                rec.loss_input(label, mb.get(key))
+            return fused_call(self, mb, *args, **kwargs)
+
+        fused_cls.__call__ = fused_wrapper
     try:
         yield
     finally:
         for fname, fn in saved.items():
             setattr(module, fname, fn)
+        if fused_call is not None:
+            fused_cls.__call__ = fused_call
 
 
 def _by_epoch(records, n: int) -> dict[tuple[str, int], torch.Tensor]:
