@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.run_dir}: metrics.jsonl has no complete line")
     findings = diagnose(table)
     if args.json:
-        json.dump([f.to_dict() for f in findings], sys.stdout, indent=2, allow_nan=False)
+        json.dump([f.to_dict() for f in findings], sys.stdout, indent=2, allow_nan=False,
+                  ensure_ascii=False)
         sys.stdout.write("\n")
     else:
         _print_table(findings, table.source, len(table))

@@ -168,6 +168,10 @@ def rule_kl_high(table: MetricsTable, th: Thresholds) -> list[Finding]:
     med = float(np.median(kl))
     if not med > th.kl_high_median:
         return []
+    ev = [_evidence(table, "approx_kl", pos, kl, median=med)]
+    cpos, cf = table.series("clipfrac", active_only=True)
+    if len(cf):
+        ev.append(_evidence(table, "clipfrac", cpos, cf, median=float(np.median(cf))))
     return [Finding(
         "kl-high", "warning",
         f"approx_kl (old → new policy, per update) stays large (median {med:.3g} over "
@@ -176,7 +180,7 @@ def rule_kl_high(table: MetricsTable, th: Thresholds) -> list[Finding]:
         "from the data it was computed on, and the clip alone does not prevent that. Lower "
         "the learning rate or the number of epochs, or set a target KL; read it with "
         "clipfrac and the return curve.",
-        [_evidence(table, "approx_kl", pos, kl, median=med)])]
+        ev)]
 
 
 def _return_metric(table: MetricsTable) -> str | None:
