@@ -1,0 +1,66 @@
+"""One ppokit training run (the same settings as ``bench._sb3_worker``), timed from inside.
+
+Run by ``bench.vs_sb3`` in a fresh process; prints one JSON line: training time and its
+rollout/update split, peak memory and a deterministic evaluation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import tempfile
+import time
+
+T_START = time.perf_counter()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--env", required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--eval-episodes", type=int, default=10)
+    p.add_argument("--set", dest="sets", action="append", default=[])
+    a = p.parse_args()
+    from ppokit.algos import Trainer, resolve_config
+    from ppokit.algos.config import parse_value
+    from ppokit.algos.evaluate import evaluate_run
+
+    overrides = {"tensorboard": False}
+    for item in a.sets:
+        k, v = item.split("=", 1)
+        overrides[k] = parse_value(k, v)
+    flags = {"env_id": a.env, "seed": a.seed, "total_timesteps": a.steps}
+    cfg = resolve_config(overrides=overrides, flags=flags)
+    with tempfile.TemporaryDirectory() as run_dir:
+        tr = Trainer(cfg, run_dir, log=lambda s: None)
+        collect = tr.collector.collect
+        spent = [0.0]
+
+        def timed_collect(n):
+            t = time.perf_counter()
+            out = collect(n)
+            spent[0] += time.perf_counter() - t
+            return out
+
+        tr.collector.collect = timed_collect
+        t0 = time.perf_counter()
+        tr.train()
+        train_s = time.perf_counter() - t0
+        tr.close()
+        res = evaluate_run(run_dir, episodes=a.eval_episodes, seed=10_000 + a.seed)
+    import torch
+
+    print(json.dumps({
+        "lib": "ppokit", "env": a.env, "seed": a.seed, "steps": tr.global_step,
+        "train_s": train_s, "rollout_s": spent[0], "update_s": train_s - spent[0],
+        "eval_mean": res["mean_return"], "eval_std": res["std_return"],
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "in_process_s": time.perf_counter() - T_START,
+        "threads": torch.get_num_threads(),
+    }))
+
+
+if __name__ == "__main__":
+    main()
