@@ -201,6 +201,14 @@ def test_early_stop_frequent_trainer_fields():
     assert codes(recs) == []
 
 
+def test_early_stop_frequent_lm_flag():
+    recs = healthy_lm_run(seed=5)
+    for i, r in enumerate(recs):
+        del r["early_stop"]
+        r["early_stopped"] = bool(i % 3)
+    assert codes(recs) == ["early-stop-frequent"]
+
+
 def test_early_stop_occasional_is_fine():
     recs = healthy_env_run(seed=5)
     for i, r in enumerate(recs):

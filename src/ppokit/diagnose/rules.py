@@ -223,8 +223,9 @@ def rule_kl_rising_return_flat(table: MetricsTable, th: Thresholds) -> list[Find
 
 
 def _early_stop(rec: dict) -> tuple[bool, bool, float | None]:
-    """``(logged, fired, epoch)`` of one record: either an ``early_stop`` object
-    (``{"epoch": .., "minibatch": ..}`` or null) or ``early_stop_epoch`` (null when not)."""
+    """``(logged, fired, epoch)`` of one record: an ``early_stop`` object
+    (``{"epoch": .., "minibatch": ..}`` or null), ``early_stop_epoch`` (null when it did not
+    fire) or an ``early_stopped`` flag."""
     if "early_stop" in rec:
         es = rec["early_stop"]
         fired = es not in (None, False, {}, [])
@@ -232,6 +233,8 @@ def _early_stop(rec: dict) -> tuple[bool, bool, float | None]:
     elif "early_stop_epoch" in rec:
         ep = rec["early_stop_epoch"]
         fired = ep is not None
+    elif "early_stopped" in rec:  # the token-level trainer logs a flag
+        ep, fired = None, bool(rec["early_stopped"])
     else:
         return False, False, None
     ok = isinstance(ep, (int, float)) and not isinstance(ep, bool)
