@@ -139,3 +139,17 @@ def test_token_labels_frozen_catches_recomputed_old_logp(lm):
 def test_token_labels_frozen_catches_gradient_through_advantages(lm):
     r = check_token_labels_frozen(*lm, trainer_cls=AdvantagesFromLiveCritic)
     assert r.passed is False and r.values["with_grad"] == ["advantages"]
+
+
+def test_cli_language_model_run_dir(lm, tmp_path, capsys):
+    # a token-level run directory: reference/ and, once finished, policy/
+    model, tok = lm
+    run = tmp_path / "run"
+    save_policy(model, tok, str(run / "reference"))
+    assert main(["check", str(run), "--no-labels"]) == 2      # not finished: no policy/
+    save_policy(model, tok, str(run / "policy"))
+    capsys.readouterr()
+    assert main(["check", str(run), "--no-labels", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["target"].endswith("policy") and out["ok"]
+    assert [r["name"] for r in out["results"]] == TOKEN_CHECKS[:-1]
