@@ -42,7 +42,7 @@ def only_failure(report, name):
 # -- environment policies ---------------------------------------------------------------
 
 def test_default_policy_passes(policy, batch):
-    rep = run_checks(policy, batch, extra=[lambda: check_labels_frozen(policy)])
+    rep = run_checks(policy, batch, labels=True)
     assert rep.ok, [(r.name, r.measured) for r in rep.results]
     assert rep.names() == [*POLICY_CHECKS, "labels-frozen"]
     assert all(r.passed for r in rep.results)
@@ -124,8 +124,7 @@ class AdvantagesWithGradient(Trainer):
 
 
 def test_labels_frozen_catches_recomputed_old_logp(policy, batch):
-    rep = run_checks(policy, batch,
-                     extra=[lambda: check_labels_frozen(policy, trainer_cls=RecomputedOldLogp)])
+    rep = run_checks(policy, batch, labels=True, trainer_cls=RecomputedOldLogp)
     only_failure(rep, "labels-frozen")
     diffs = rep["labels-frozen"].values["diffs"]
     assert diffs["logp_old"] > 1e-4 and diffs["returns"] == 0.0
