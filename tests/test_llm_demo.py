@@ -23,3 +23,12 @@ def test_reward_hacking_demo_runs_and_writes_its_figure(tmp_path):
 def test_token_gae_benchmark_agrees_with_the_loop():
     g = bench_token_gae(batch=4, length=256, repeats=1)
     assert g["max_abs_diff"] < 1e-4
+
+
+def test_trainer_benchmark_reports_each_phase():
+    from ppokit.llm.bench import bench_trainer
+
+    t = bench_trainer("grpo", iterations=1, prompts_per_iter=2)
+    assert t["sequences_per_iter"] == 8
+    for phase in ("generation", "scoring", "training"):
+        assert t[f"tokens_per_s_{phase}"] > 0

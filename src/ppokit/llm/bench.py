@@ -52,7 +52,7 @@ def bench_trainer(algo: str = "grpo", iterations: int = 5, **overrides) -> dict:
         recs = [tr.train_iteration() for _ in range(iterations)]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    out = {"algo": algo, "sequences_per_iter": cfg.prompts_per_iter * tr.cfg.samples_per_prompt}
+    out = {"algo": algo, "sequences_per_iter": tr.cfg.prompts_per_iter * tr.cfg.samples_per_prompt}
     for phase in ("generation", "scoring", "training"):
         out[f"tokens_per_s_{phase}"] = statistics.median(r[f"tokens_per_s_{phase}"]
                                                          for r in recs)

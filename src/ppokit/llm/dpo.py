@@ -48,7 +48,7 @@ def dpo_train(policy, tok, train_pairs, eval_pairs, *, beta: float = 0.1, epochs
         with torch.no_grad():
             m = torch.cat([dpo_margins(policy, reference, tok, pairs[i:i + 128], beta)
                            for i in range(0, len(pairs), 128)])
-        return float((m > 0).float().mean())
+        return float(((m > 0).float() + 0.5 * (m == 0).float()).mean())  # ties count half
 
     acc0 = accuracy(eval_pairs)
     loss_val = float("nan")
