@@ -202,3 +202,30 @@ def test_prompts_file_with_a_reward_callable_and_adaptive_beta(tmp_path, tok):
     assert len(tr.eval_prompt_list) == 8
     with pytest.raises(UsageError, match="reward"):
         _trainer(tmp_path, tok, "r2", prompts=str(pf))
+
+
+@pytest.mark.parametrize("critic", ["separate", "shared"])
+def test_lora_policy_trains_adapters_only_and_exports_a_plain_model(tmp_path, tok, critic):
+    pytest.importorskip("peft")
+    from ppokit.llm.models import load_policy
+
+    tr = _trainer(tmp_path, tok, critic, lora_r=4, critic=critic, iterations=2,
+                  checkpoint_every=1)
+    base = {k: v.clone() for k, v in tr.reference.state_dict().items()}
+    roll, lab = _rollout_and_labels(tr)
+    idx = torch.arange(roll.input_ids.shape[0])
+    counts = {"tokens": float(lab.loss_mask.sum()), "seqs": float(len(idx)), "norm_length": 9.0}
+    _, _, stats = tr.micro_loss(roll, lab, idx, counts)
+    assert stats["approx_kl"] == 0.0  # adapters start at zero: policy == reference
+    tr.train(progress=False)
+    trainable = [n for n, p in tr.policy.named_parameters() if p.requires_grad]
+    assert trainable and all("lora" in n for n in trainable)
+    model, _ = load_policy(str(tmp_path / critic / "policy"))
+    assert not any("lora" in k for k in model.state_dict())
+    assert any(not torch.equal(v, base[k]) for k, v in model.state_dict().items() if k in base)
+    c = TokenTrainer(LLMConfig(prompts_per_iter=8, lora_r=4, critic=critic, iterations=3,
+                               checkpoint_every=1), str(tmp_path / critic), resume=True,
+                     log=lambda *a: None)
+    assert c.iteration == 2
+    for (n1, p1), (n2, p2) in zip(tr.policy.named_parameters(), c.policy.named_parameters()):
+        assert n1 == n2 and torch.equal(p1, p2)

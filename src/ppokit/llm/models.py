@@ -178,6 +178,8 @@ def frozen_copy(model: nn.Module) -> nn.Module:
 def backbone_of(lm: nn.Module) -> nn.Module:
     """The transformer body of a causal LM (``base_model``: ``model`` for Llama,
     ``transformer`` for GPT-2), returning ``last_hidden_state``."""
+    if hasattr(lm, "get_base_model"):  # a peft wrapper: the model with adapters injected
+        lm = lm.get_base_model()
     body = getattr(lm, "base_model", None)
     if body is None or body is lm:
         raise UsageError(f"model: cannot find the backbone of {type(lm).__name__}")
@@ -185,7 +187,7 @@ def backbone_of(lm: nn.Module) -> nn.Module:
 
 
 def hidden_size_of(lm: nn.Module) -> int:
-    cfg = lm.config
+    cfg = lm.get_base_model().config if hasattr(lm, "get_base_model") else lm.config
     for name in ("hidden_size", "n_embd", "d_model"):
         if getattr(cfg, name, None):
             return int(getattr(cfg, name))

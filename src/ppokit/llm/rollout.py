@@ -156,7 +156,8 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
 
 def _cache_keyword(model) -> str:
     """transformers 5 names the KV-cache argument ``cache`` (older: ``past_key_values``)."""
-    params = inspect.signature(model.forward).parameters
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
+    params = inspect.signature(inner.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 

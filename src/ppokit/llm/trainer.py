@@ -141,6 +141,8 @@ class LLMConfig:
     truncation: str = "penalty"  # bootstrap | penalty | mask
     truncation_penalty: float = 0.5  # subtracted from a truncated response's score
     critic: str = "separate"  # separate backbone copy | shared policy backbone
+    lora_r: int = 0  # LoRA rank for the policy (0: full fine-tuning; needs peft)
+    lora_alpha: float = 16.0  # LoRA scaling alpha
     sft_steps: int = 150  # warm-start SFT steps for the built-in model
     sft_lr: float = 3e-3  # warm-start SFT learning rate
     seed: int = 0  # seed for everything
@@ -173,6 +175,13 @@ class LLMConfig:
         if cfg.algo in ("grpo", "dr-grpo", "rloo") and cfg.samples_per_prompt < 2:
             raise UsageError(f"samples_per_prompt: {cfg.algo} needs at least 2, got "
                              f"{cfg.samples_per_prompt}")
+        if cfg.lora_r < 0:
+            raise UsageError(f"lora_r: expected an integer >= 0, got {cfg.lora_r}")
+        if cfg.lora_r > 0:
+            import importlib.util
+
+            if importlib.util.find_spec("peft") is None:
+                raise UsageError("lora_r: LoRA needs peft (pip install peft)")
         if cfg.critic not in ("separate", "shared"):
             raise UsageError(f"critic: expected separate or shared, got {cfg.critic!r}")
         if cfg.score_norm not in ("none", "batch"):
@@ -355,8 +364,14 @@ class TokenTrainer:
         self.policy.eval()  # no dropout anywhere: old and new log-probs must agree
         self.reference = reference if reference is not None else frozen_copy(policy)
         self.critic = None
-        if cfg.algo == "ppo":
-            self.critic = ValueModel(self.policy, separate=cfg.critic == "separate")
+        if cfg.algo == "ppo" and cfg.critic == "separate":
+            self.critic = ValueModel(self.policy, separate=True)  # full copy, no adapters
+        if cfg.lora_r > 0:
+            self.policy = wrap_lora(self.policy, cfg.lora_r, cfg.lora_alpha)
+            self.policy.eval()
+        if cfg.algo == "ppo" and cfg.critic == "shared":
+            self.critic = ValueModel(self.policy, separate=False)
+        if self.critic is not None:
             self.critic.eval()
         groups = [{"params": [p for p in self.policy.parameters() if p.requires_grad],
                    "lr": cfg.lr}]
@@ -589,13 +604,24 @@ class TokenTrainer:
                 if self.iteration % cfg.checkpoint_every == 0:
                     self.save_checkpoint()
         self.save_checkpoint()
-        save_policy(self.policy, self.tok, os.path.join(self.run_dir, "policy"))
+        self.export_policy(os.path.join(self.run_dir, "policy"))
         return recs
 
     # ------------------------------------------------------------------ checkpoints
+    def export_policy(self, path: str) -> None:
+        """Save the policy as a plain local HF directory (LoRA adapters merged in a copy)."""
+        import copy
+
+        model = self.policy
+        if self.cfg.lora_r > 0:
+            model = copy.deepcopy(self.policy).merge_and_unload()
+        save_policy(model, self.tok, path)
+
     def save_checkpoint(self) -> str:
         def write(d):
-            save_policy(self.policy, self.tok, os.path.join(d, "policy"))
+            self.export_policy(os.path.join(d, "policy"))
+            if self.cfg.lora_r > 0:
+                save_tensors(self.policy.state_dict(), os.path.join(d, "policy_state.safetensors"))
             tensors, meta = flatten_optimizer(self.opt)
             save_tensors(tensors, os.path.join(d, "optimizer.safetensors"))
             rng = {"torch": torch.get_rng_state(), "generator": self.gen.get_state()}
@@ -616,8 +642,11 @@ class TokenTrainer:
         if ck is None:
             raise UsageError(f"--resume: no checkpoint in {self.run_dir!r}")
         state = read_json(os.path.join(ck, "state.json"))
-        pol = load_causal_lm(os.path.join(ck, "policy"))
-        self.policy.load_state_dict(pol.state_dict())
+        if self.cfg.lora_r > 0:
+            self.policy.load_state_dict(load_tensors(os.path.join(ck, "policy_state.safetensors")))
+        else:
+            pol = load_causal_lm(os.path.join(ck, "policy"))
+            self.policy.load_state_dict(pol.state_dict())
         if self.critic is not None:
             self.critic.load_state_dict(load_tensors(os.path.join(ck, "critic.safetensors")))
         restore_optimizer(self.opt, load_tensors(os.path.join(ck, "optimizer.safetensors")),
@@ -632,6 +661,15 @@ class TokenTrainer:
         _truncate_jsonl(os.path.join(self.run_dir, "metrics.jsonl"), self.iteration)
         _truncate_jsonl(os.path.join(self.run_dir, "samples.jsonl"), self.iteration)
         self.log(f"resumed from {ck} at iteration {self.iteration}")
+
+
+def wrap_lora(model, r: int, alpha: float):
+    """The policy with LoRA adapters on all linear layers (peft); the base stays frozen."""
+    from peft import LoraConfig, get_peft_model
+
+    cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules="all-linear",
+                     task_type="CAUSAL_LM")
+    return get_peft_model(model, cfg)
 
 
 def config_from_run(run_dir: str, **overrides) -> LLMConfig:
