@@ -32,3 +32,13 @@ def test_trainer_benchmark_reports_each_phase():
     assert t["sequences_per_iter"] == 8
     for phase in ("generation", "scoring", "training"):
         assert t[f"tokens_per_s_{phase}"] > 0
+
+
+def test_trl_grpo_comparison_runs_when_trl_is_installed():
+    import pytest
+
+    pytest.importorskip("trl")
+    from ppokit.llm.bench import bench_trl_grpo
+
+    r = bench_trl_grpo(iterations=1, prompts_per_iter=4, samples_per_prompt=2)
+    assert r["sequences_per_iter"] == 8 and r["tokens_per_s_total"] > 0

@@ -8,11 +8,12 @@ import shutil
 import statistics
 import tempfile
 import time
+import warnings
 from dataclasses import replace
 
 import torch
 
-__all__ = ["bench_token_gae", "bench_trainer", "run_bench"]
+__all__ = ["bench_token_gae", "bench_trainer", "bench_trl_grpo", "run_bench"]
 
 
 def bench_token_gae(batch: int = 64, length: int = 4096, repeats: int = 3) -> dict:
@@ -63,6 +64,79 @@ def bench_trainer(algo: str = "grpo", iterations: int = 5, **overrides) -> dict:
     return out
 
 
+def bench_trl_grpo(iterations: int = 5, prompts_per_iter: int = 16,
+                   samples_per_prompt: int = 4, max_new_tokens: int | None = None) -> dict:
+    """TRL's GRPO trainer on the same tiny model, task and batch geometry as ppokit's
+    ``grpo`` preset: 64 completions per generation, 4 optimiser steps of 32 completions each
+    (``steps_per_generation`` 2 x ``num_iterations`` 2), k3 KL loss with beta 0.02, plain
+    sampling at temperature 1. Returns seconds and completion tokens per generation cycle."""
+    from .models import build_char_tokenizer
+    from .task import ReverseTask
+
+    task = ReverseTask()
+    tok = build_char_tokenizer()
+    tmp = tempfile.mkdtemp(prefix="ppokit-trl-")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # deprecations inside TRL's stack
+        return _trl_run(tmp, task, tok, iterations, prompts_per_iter, samples_per_prompt,
+                        max_new_tokens)
+
+
+def _trl_run(tmp, task, tok, iterations, prompts_per_iter, samples_per_prompt, max_new_tokens):
+    import random
+
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from .models import build_tiny_model, save_policy
+    from .task import reverse_score
+
+    try:
+        model_dir = f"{tmp}/model"
+        save_policy(build_tiny_model(tok), tok, model_dir)  # TRL builds its reference from a path
+        ds = Dataset.from_dict({"prompt": task.train_prompts(4096, random.Random(0))})
+
+        def reward(prompts, completions, **_):
+            return reverse_score(prompts, completions)
+
+        class Clock(TrainerCallback):
+            def __init__(self):
+                self.t = []
+
+            def on_step_end(self, args, state, control, **kw):  # noqa: ARG002
+                self.t.append(time.perf_counter())
+
+        clock = Clock()
+        n = prompts_per_iter * samples_per_prompt
+        steps_per_cycle = 4
+        cfg = GRPOConfig(output_dir=f"{tmp}/out", per_device_train_batch_size=n // 2,
+                         steps_per_generation=2, num_iterations=2,
+                         num_generations=samples_per_prompt,
+                         max_completion_length=max_new_tokens or task.max_new_tokens,
+                         max_steps=steps_per_cycle * (iterations + 1), learning_rate=2e-4,
+                         beta=0.02, temperature=1.0, top_p=1.0, top_k=0, logging_steps=1,
+                         report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True)
+        trainer = GRPOTrainer(model=model_dir, reward_funcs=reward, args=cfg, train_dataset=ds,
+                              processing_class=tok, callbacks=[clock])
+        from transformers.trainer_callback import PrinterCallback
+
+        trainer.remove_callback(PrinterCallback)  # keep the log dicts off stdout
+        t_start = time.perf_counter()
+        trainer.train()
+        ends = [t_start] + clock.t
+        cycles = [ends[i + steps_per_cycle] - ends[i]
+                  for i in range(0, len(ends) - steps_per_cycle, steps_per_cycle)][1:]
+        lengths = [h["completions/mean_length"] for h in trainer.state.log_history
+                   if "completions/mean_length" in h][1:]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    sec = statistics.median(cycles)
+    toks = statistics.mean(lengths) * n
+    return {"seconds_per_iteration": sec, "completion_tokens_per_iteration": toks,
+            "tokens_per_s_total": toks / sec, "sequences_per_iter": n}
+
+
 def run_bench(batch: int = 64, length: int = 4096, iterations: int = 5,
               algo: str = "grpo") -> dict:
     g = bench_token_gae(batch, length)
@@ -77,9 +151,18 @@ def run_bench(batch: int = 64, length: int = 4096, iterations: int = 5,
               f"{t[f'time_{phase}'] * 1e3:7.1f} ms/iteration")
     print(f"  total      {t['tokens_per_s_total']:>10.0f} tokens/s   "
           f"{t['seconds_per_iteration'] * 1e3:7.1f} ms/iteration")
+    res = {"token_gae": g, "trainer": t}
     if importlib.util.find_spec("trl") is None:
         print("trl is not installed: the TRL GRPO comparison is skipped")
+    elif algo != "grpo":
+        print("the TRL comparison runs with --algo grpo only")
     else:
-        print("trl is installed, but the side-by-side TRL run is not implemented in this "
-              "version")
-    return {"token_gae": g, "trainer": t}
+        trl_res = bench_trl_grpo(iterations)
+        ratio = t["tokens_per_s_total"] / trl_res["tokens_per_s_total"]
+        print(f"TRL GRPOTrainer, same model, task and batch geometry: "
+              f"{trl_res['tokens_per_s_total']:.0f} tokens/s "
+              f"({trl_res['seconds_per_iteration'] * 1e3:.1f} ms/iteration)")
+        print(f"ppokit / TRL throughput ratio: {ratio:.2f}")
+        res["trl"] = trl_res
+        res["ratio"] = ratio
+    return res
