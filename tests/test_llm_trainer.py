@@ -199,7 +199,7 @@ def test_prompts_file_with_a_reward_callable_and_adaptive_beta(tmp_path, tok):
     recs = tr.train(progress=False)
     assert recs[0]["beta"] == 0.1 and recs[0]["kl_ref"] == 0.0
     assert recs[1]["beta"] == pytest.approx(0.05)  # KL 0 < target / 1.5: beta halved
-    assert len(tr.eval_prompt_list) == 8
+    assert tr.eval_prompt_list == ["78>"] and "78>" not in tr.train_prompts  # held out
     with pytest.raises(UsageError, match="reward"):
         _trainer(tmp_path, tok, "r2", prompts=str(pf))
 

@@ -91,7 +91,7 @@ class _EvalSetup:
     def __init__(self, cfg):
         from .rewards import RewardModelScorer, load_reward_callable
         from .task import ReverseTask, reverse_score
-        from .trainer import load_prompts
+        from .trainer import prompt_sets
 
         task = ReverseTask() if cfg.prompts is None else None
         if cfg.reward_model:
@@ -100,10 +100,5 @@ class _EvalSetup:
             self.reward_fn = load_reward_callable(cfg.reward)
         else:
             self.reward_fn = reverse_score
-        if task is not None:
-            self.prompts = task.heldout_prompts(cfg.n_eval_prompts)
-        elif cfg.eval_prompts:
-            self.prompts = load_prompts(cfg.eval_prompts)
-        else:
-            self.prompts = load_prompts(cfg.prompts)[-cfg.n_eval_prompts:]
+        self.prompts = prompt_sets(cfg)[1]
         self.max_new_tokens = cfg.max_new_tokens or (task.max_new_tokens if task else 64)

@@ -206,6 +206,22 @@ class LLMConfig:
         return cfg
 
 
+def prompt_sets(cfg: LLMConfig) -> tuple[list[str] | None, list[str]]:
+    """``(train_prompts, held_out_prompts)``. Built-in task: train prompts are drawn on the
+    fly (``None``) and the held-out set is fixed. A prompts file without ``eval_prompts``
+    keeps its last ``min(n_eval_prompts, 10 %)`` lines (at least one) out of training."""
+    if cfg.prompts is None:
+        return None, ReverseTask().heldout_prompts(cfg.n_eval_prompts)
+    prompts = load_prompts(cfg.prompts)
+    if cfg.eval_prompts:
+        return prompts, load_prompts(cfg.eval_prompts)
+    if len(prompts) < 2:
+        raise UsageError("prompts: need at least 2 prompts to hold one out (or give "
+                         "--eval-prompts)")
+    n = max(1, min(cfg.n_eval_prompts, len(prompts) // 10))
+    return prompts[:-n], prompts[-n:]
+
+
 def load_prompts(path: str) -> list[str]:
     """Prompts from JSONL (one ``{"prompt": ...}`` object a line) or plain text lines."""
     if not os.path.exists(path):
@@ -381,12 +397,7 @@ class TokenTrainer:
         self.kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.kl_target) if cfg.kl_target
                        else FixedKLController(cfg.kl_coef))
         self.reward_fn = self._reward_fn()
-        if cfg.prompts is not None:
-            self.train_prompts = load_prompts(cfg.prompts)
-            self.eval_prompt_list = (load_prompts(cfg.eval_prompts) if cfg.eval_prompts
-                                     else self.train_prompts[-cfg.n_eval_prompts:])
-        else:
-            self.eval_prompt_list = self.task.heldout_prompts(cfg.n_eval_prompts)
+        self.train_prompts, self.eval_prompt_list = prompt_sets(cfg)
         self.max_new_tokens = cfg.max_new_tokens or (self.task.max_new_tokens if self.task
                                                      else 64)
         self.iteration = 0
