@@ -85,3 +85,15 @@ def test_env_gets_clipped_actions_while_logp_is_of_the_unclipped_sample():
     assert np.allclose(sent, np.clip(stored, -0.1, 0.1))
     lp, _, _ = pol.evaluate(ro.obs[:, 0], ro.actions[:, 0])
     assert torch.allclose(lp, ro.logp[:, 0], atol=1e-5)
+
+
+def test_categorical_sampling_frequencies_and_zero_probability_actions():
+    from ppokit.policies.mlp import _sample_categorical
+
+    lp = torch.log(torch.tensor([[0.1, 0.6, 0.3, 0.0]])).expand(100_000, 4)
+    a = _sample_categorical(lp, torch.Generator().manual_seed(0)).flatten()
+    freq = torch.bincount(a, minlength=4) / a.numel()
+    assert torch.allclose(freq, torch.tensor([0.1, 0.6, 0.3, 0.0]), atol=0.01)
+    assert freq[3] == 0
+    edge = torch.tensor([[0.0, -1e9, -1e9]]).log_softmax(-1).expand(10_000, 3)
+    assert _sample_categorical(edge, None).unique().tolist() == [0]

@@ -22,6 +22,14 @@ ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
+def _sample_categorical(logp_all: Tensor, generator: torch.Generator | None) -> Tensor:
+    """Inverse-CDF sample ``[B, 1]`` from log-probs ``[B, K]`` (cheaper than multinomial)."""
+    u = torch.rand(logp_all.shape[:-1] + (1,), generator=generator, dtype=logp_all.dtype)
+    cdf = logp_all.exp().cumsum(-1)
+    # u scaled by the cdf's own total: never past the last action, never on a zero-prob one
+    return (cdf < u * cdf[..., -1:]).sum(-1, keepdim=True)
+
+
 def _mlp(n_in: int, hidden: tuple[int, ...], n_out: int, act: type[nn.Module],
          ortho: bool, out_gain: float) -> nn.Sequential:
     layers: list[nn.Module] = []
@@ -85,7 +93,7 @@ class MLPActorCritic(nn.Module):
         value = self.critic(x).squeeze(-1)
         if self.kind == "categorical":
             logp_all = out.log_softmax(-1)
-            a = torch.multinomial(logp_all.exp(), 1, generator=generator)
+            a = _sample_categorical(logp_all, generator)
             return a.squeeze(-1), logp_all.gather(-1, a).squeeze(-1), value
         if self.kind == "gaussian":
             std = self.log_std.exp()
@@ -96,7 +104,7 @@ class MLPActorCritic(nn.Module):
         acts, logps = [], []
         for lg in self._split(out):
             lp = lg.log_softmax(-1)
-            a = torch.multinomial(lp.exp(), 1, generator=generator)
+            a = _sample_categorical(lp, generator)
             acts.append(a)
             logps.append(lp.gather(-1, a))
         return torch.cat(acts, -1), torch.cat(logps, -1).sum(-1), value
