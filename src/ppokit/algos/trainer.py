@@ -379,13 +379,16 @@ class Trainer:
         self.elapsed = float(st["elapsed"])
         self.last_return = st["last_return"]
         truncate_metrics(metrics, self.iteration)
-        self.collector.reset(seed=self.cfg.seed + 7919 * self.iteration)
         if st["env_state"] is not None:
+            self.env.reset(seed=self.cfg.seed)  # then overwritten by the saved state
             load_env_state(self.env, st["env_state"])
             self.collector.load_state_dict(arrays["collector"])
             self.log(f"resumed from {ckpt.name} (iteration {self.iteration}, "
                      f"step {self.global_step}); environment state restored")
-        else:
+        else:  # fresh episodes: a reset, as at the start of a run
+            self.collector.reset(seed=self.cfg.seed + 7919 * self.iteration)
+            if self.reward_scaler is not None:
+                self.reward_scaler.ret[:] = 0.0
             self.log(f"resumed from {ckpt.name} (iteration {self.iteration}, "
                      f"step {self.global_step}); {self.cfg.env_id}'s state cannot be saved, "
                      "so the environments were reset and the episodes in progress are lost")
