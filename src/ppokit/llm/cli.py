@@ -90,9 +90,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="JSONL {prompt, chosen, rejected} (default: built-in pairs)")
     p.add_argument("--model", help="local causal LM dir for the body (default: built-in tiny)")
     p.add_argument("--out", required=True, help="output reward-model directory")
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--eval-frac", type=float, default=0.1)
     p.add_argument("--n-pairs", type=int, default=2000, help="built-in pairs to generate")
     p.add_argument("--prefer-longer", type=float, default=0.0,
