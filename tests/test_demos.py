@@ -342,7 +342,9 @@ def test_cli_bandit_options(capsys):
     assert "last moving step is epoch 28 (ratio 1.2043" in out
 
 
-@pytest.mark.parametrize("name", [n for n in DEMOS if n != "figures"])
+# reward-hacking trains language models for minutes; tests/test_llm_demo.py runs it on a
+# tiny budget, and its bad options are checked below.
+@pytest.mark.parametrize("name", [n for n in DEMOS if n not in ("figures", "reward-hacking")])
 def test_cli_every_demo_runs(name, capsys):
     assert main(["demo", name]) == 0
     out = capsys.readouterr().out
@@ -360,6 +362,12 @@ def test_cli_key_figures_in_output(capsys):
         out = capsys.readouterr().out
         for n in needles:
             assert n in out, (name, n)
+
+
+def test_cli_reward_hacking_rejects_bad_options(capsys):
+    assert main(["demo", "reward-hacking", "--beta", "0"]) == 2
+    assert "--beta" in capsys.readouterr().err
+    assert main(["demo", "reward-hacking", "--iterations", "0"]) == 2
 
 
 def test_cli_without_a_name_lists_the_demos(capsys):

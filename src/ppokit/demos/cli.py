@@ -22,6 +22,8 @@ DEMOS: dict[str, str] = {
     "kl": "an unobserved action's KL, and signed per-token KL terms against a reference",
     "kl-vs-clip": "the KL penalty (spring) vs the clip (guard rail), swept over beta",
     "rlhf-objective": "max E[R] - beta KL(pi||pi_ref) on five actions, swept over beta",
+    "reward-hacking": "PPO against a length-biased reward model, with and without the KL "
+                      "anchor (about 2 minutes; writes plots)",
     "figures": "write the demos' figures as PNG files (--out DIR)",
 }
 
@@ -55,6 +57,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            help="draws in the sampled-variance experiment (default 2000)")
             p.add_argument("--seeds", type=int, default=50,
                            help="seeds 0..N-1 of the offset experiment (default 50)")
+        elif name == "reward-hacking":
+            p.add_argument("--out", default="runs/demo-reward-hacking", metavar="DIR",
+                           help="output directory (default runs/demo-reward-hacking)")
+            p.add_argument("--iterations", type=int, default=100,
+                           help="PPO iterations per run (default 100)")
+            p.add_argument("--beta", type=float, default=0.5,
+                           help="KL coefficient of the anchored run (default 0.5)")
+            p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
         elif name == "figures":
             p.add_argument("--out", required=True, metavar="DIR",
                            help="directory to write the PNG files into (created if needed)")
@@ -145,6 +155,24 @@ def render(name: str, args: argparse.Namespace | None = None) -> str:
         from .rlhf import format_rlhf
 
         return format_rlhf()
+    if name == "reward-hacking":
+        import sys
+
+        iterations = _at_least(opt("iterations", 100), 1, "--iterations")
+        beta = _positive(opt("beta", 0.5), "--beta")
+        from ppokit.llm import run_reward_hacking_demo
+
+        summary = run_reward_hacking_demo(
+            opt("out", "runs/demo-reward-hacking"), iterations=iterations, beta=beta,
+            seed=opt("seed", 0), log=lambda m: print(m, file=sys.stderr, flush=True))
+        lines = [f"{'run':<10}{'RM reward':>22}{'true score':>22}{'length':>22}{'kl_ref':>22}"]
+        for run_name, row in summary["runs"].items():
+            cells = "".join(f"{row[k]['start']:>10.3f} -> {row[k]['end']:<8.3f}" for k in
+                            ("score_mean", "true_score_mean", "response_length_mean", "kl_ref"))
+            lines.append(f"{run_name:<10}{cells}")
+        lines.append(f"reward model held-out pair accuracy {summary['rm']['eval_accuracy']:.3f}; "
+                     f"figure {summary.get('figure')}")
+        return "\n".join(lines)
     if name == "figures":
         from .figures import write_figures
 
