@@ -5,7 +5,7 @@ TORCH_VERSION ?= 2.13.0
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-EXTRAS ?= dev,box2d,mujoco,tb,llm,bench
+EXTRAS ?= dev,box2d,mujoco,tb,llm,lora
 
 .PHONY: setup train test test-slow lint bench clean
 
@@ -30,8 +30,10 @@ test-slow: setup  ## Learning runs that take minutes.
 lint: setup
 	$(VENV)/bin/ruff check src tests bench
 
-bench: setup
+bench: setup  ## Benchmarks (side-by-side ratios; SB3 and TRL from the bench extra).
+	$(PIP) install -q -e ".[bench]"
 	$(PY) -m bench.token_gae
+	$(PY) -m bench.vs_sb3
 
 clean:
 	rm -rf $(VENV) build *.egg-info
