@@ -26,7 +26,14 @@ SEVERITIES = ("error", "warning", "info")
 
 @dataclass(frozen=True)
 class Thresholds:
-    """Tunable limits of the rules (fractions are in [0, 1], KL in nats)."""
+    """Tunable limits of the rules (fractions are in [0, 1], KL in nats).
+
+    Calibration (CartPole-v1, the RL-zoo preset, 100k steps, seeds 0–2): the preset's
+    non-annealed median approx_kl is about 0.0016 and its clip fraction about 0.06; with the
+    learning rate 30× higher the KL median is 0.028–0.042 (``kl_high_median`` = 0.015, the
+    level where a common target KL of 0.01 stops an update with SB3's 1.5× rule); 100× lower
+    gives a clip fraction of exactly 0 and approx_kl around 2e-7.
+    """
 
     min_iterations: int = 6
     clipfrac_zero_median: float = 0.01
