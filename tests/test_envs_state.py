@@ -86,8 +86,9 @@ def test_env_state_snapshot_restores_the_future(env_id, mode):
         assert np.array_equal(x, y)
 
 
-def test_env_state_is_none_where_it_cannot_be_saved():
+def test_env_state_is_none_where_it_cannot_be_saved(tmp_path, monkeypatch):
     pytest.importorskip("mujoco")
+    monkeypatch.chdir(tmp_path)  # MuJoCo writes MUJOCO_LOG.TXT into the working directory
     env = make_vec("HalfCheetah-v5", 1)
     env.reset(seed=0)
     assert env_state(env) is None
