@@ -58,3 +58,17 @@ def test_learning_rate_100x_too_low(tmp_path):
 def test_short_learning_rate_30x_too_high(tmp_path):
     found = set(warnings(train(tmp_path, "lr30x", 30_000, learning_rate=3e-2)))
     assert found & STEP_FINDINGS, found
+
+
+@pytest.mark.slow
+def test_reward_hacking_run_flags_length_reward_coupling(tmp_path):
+    """Token-level PPO against a length-biased reward model without a KL anchor (the
+    reward-hacking demo, shortened): reward, KL to the reference and length rise together."""
+    pytest.importorskip("transformers")
+    from ppokit.llm.demo import run_reward_hacking_demo
+
+    out = tmp_path / "rh"
+    run_reward_hacking_demo(str(out), iterations=40, plot=False, log=lambda *a: None)
+    found = warnings(str(out / "beta0"))
+    assert "length-reward-coupling" in found
+    assert "truncation-high" in found
