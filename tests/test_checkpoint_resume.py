@@ -8,10 +8,12 @@ import subprocess
 import sys
 import time
 
+import pytest
 import safetensors.torch
 import torch
 
 from ppokit.algos import Trainer, resolve_config
+from ppokit.errors import UsageError
 from ppokit.io import (
     WALL_CLOCK_FIELDS,
     latest_checkpoint,
@@ -182,3 +184,5 @@ def test_in_process_resume_is_exact_with_normalisers_on_a_sync_env(tmp_path):
     resumed.train()
     resumed.close()
     assert _strip(read_metrics(tmp_path / "part")) == _strip(read_metrics(tmp_path / "full"))
+    with pytest.raises(UsageError, match="already holds checkpoints"):
+        Trainer(cfg, tmp_path / "part", log=lambda m: None)  # a fresh start would mix runs

@@ -59,6 +59,7 @@ from ppokit.errors import UsageError
 from ppokit.io.atomic import atomic_write_text
 from ppokit.io.checkpoint import (
     latest_checkpoint,
+    list_checkpoints,
     load_checkpoint,
     optimizer_from_flat,
     optimizer_to_flat,
@@ -137,6 +138,9 @@ class Trainer:
         if resume:
             self._resume()
         else:
+            if list_checkpoints(self.run_dir / "checkpoints"):
+                raise UsageError(f"{self.run_dir} already holds checkpoints; resume it or "
+                                 "choose another run directory")
             atomic_write_text(self.run_dir / "config.json",
                               json.dumps(c.to_dict(), indent=2) + "\n")
             truncate_metrics(self.run_dir / "metrics.jsonl", 0)
