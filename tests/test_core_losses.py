@@ -258,10 +258,10 @@ def test_kl_estimators():
 
 def test_kl_penalty_loss_is_zero_at_reference_and_has_gradient_away():
     lp = torch.randn(8, dtype=f64, requires_grad=True)
-    assert float(core.kl_penalty_loss(lp, lp.detach())) == 0.0
+    assert core.kl_penalty_loss(lp, lp.detach()).item() == 0.0
     loss = core.kl_penalty_loss(lp, lp.detach() + 0.5)
     (g,) = torch.autograd.grad(loss, lp)
-    assert float(loss) > 0 and bool((g != 0).all())
+    assert loss.item() > 0 and bool((g != 0).all())
 
 
 def test_adaptive_kl_controller_follows_the_ppo_paper():
