@@ -133,9 +133,29 @@ def test_clipfrac_zero():
     assert f.severity == "warning"
     ev = {e["metric"]: e for e in f.evidence}
     assert ev["clipfrac"]["summary"]["median"] < 0.01
+    assert ev["clipfrac"]["summary"]["cause"] == "small-steps"
+    assert "too small" in f.message
     # evidence only from the non-annealed part (lr >= 25% of its peak): iterations 1..91
     assert max(ev["clipfrac"]["iterations"]) == 91
     assert len(ev["clipfrac"]["iterations"]) == len(ev["clipfrac"]["values"]) <= 12
+
+
+def test_clipfrac_zero_after_collapse_blames_large_steps():
+    # a huge update at iteration 5 makes the policy deterministic; afterwards no ratio
+    # moves, so the clip fraction is 0 — the cause is the collapse, not small steps
+    recs = healthy_env_run(seed=1)
+    for i, r in enumerate(recs):
+        if i == 4:
+            r["approx_kl"], r["clipfrac"] = 2.6, 0.45
+        elif i >= 5:
+            r["approx_kl"], r["clipfrac"], r["entropy"] = 0.0, 0.0, 1e-4
+            r["episode_return_mean"] = 9.3
+    found = {f.code: f for f in diagnose(MetricsTable(recs))}
+    assert set(found) == {"clipfrac-zero", "entropy-collapse"}
+    cz = found["clipfrac-zero"]
+    assert cz.evidence[0]["summary"]["cause"] == "collapsed-policy"
+    assert "too large" in cz.message and "2.6" in cz.message
+    assert "2.6" in found["entropy-collapse"].message
 
 
 def test_clipfrac_zero_without_schedule_fields():

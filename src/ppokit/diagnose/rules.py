@@ -131,19 +131,35 @@ def rule_clipfrac_zero(table: MetricsTable, th: Thresholds) -> list[Finding]:
     med, q90 = float(np.median(cf)), float(np.quantile(cf, 0.9))
     if not (med < th.clipfrac_zero_median and q90 < th.clipfrac_zero_q90):
         return []
-    ev = [_evidence(table, "clipfrac", pos, cf, median=med, q90=q90)]
+    collapse = _entropy_collapse(table, th)
+    cause = "collapsed-policy" if collapse is not None else "small-steps"
+    ev = [_evidence(table, "clipfrac", pos, cf, median=med, q90=q90, cause=cause)]
     kpos, kl = table.series("approx_kl", active_only=True)
     if len(kl):
         ev.append(_evidence(table, "approx_kl", kpos, kl, median=float(np.median(kl))))
-    return [Finding(
-        "clipfrac-zero", "warning",
-        f"The clip fraction stays near 0 (median {med:.4f} over iterations "
-        f"{_iters(table, pos)}, not counting an annealed tail): updates hardly move the policy "
-        "off its rollout version, so the clip never engages. Usual causes are a learning rate "
-        "that is too small, too few epochs or weak advantages; it can also mean the policy has "
-        "settled. Read it with approx_kl and the return curve before raising the learning rate "
-        "or the number of epochs.",
-        ev)]
+    head = (f"The clip fraction stays near 0 (median {med:.4f} over iterations "
+            f"{_iters(table, pos)}, not counting an annealed tail)")
+    if collapse is not None:
+        at = int(collapse.pos[collapse.k])
+        ev.append(_evidence(table, "entropy", collapse.pos, collapse.values,
+                            start=collapse.start, after_median=collapse.after))
+        peak = _kl_peak_before(table, at)
+        peak_txt = "" if peak is None else (
+            f" approx_kl peaked at {peak[1]:.3g} at iteration {table.labels[peak[0]]}, just "
+            "before.")
+        msg = (head + f", but because the policy has collapsed: its entropy fell from "
+               f"{collapse.start:.3g} to {collapse.after:.3g} by iteration "
+               f"{table.labels[at]}, so the chosen actions already have probability ≈ 1 and "
+               "no ratio can move. This is the aftermath of steps that were too large, not "
+               f"too small.{peak_txt} Lower the learning rate or the number of epochs, or "
+               "set a target KL, and restart from before the collapse.")
+    else:
+        msg = (head + ": updates hardly move the policy off its rollout version, so the "
+               "clip never engages. Usual causes are a learning rate that is too small, too "
+               "few epochs or weak advantages; it can also mean the policy has settled. Read "
+               "it with approx_kl and the return curve before raising the learning rate or "
+               "the number of epochs.")
+    return [Finding("clipfrac-zero", "warning", msg, ev)]
 
 
 def rule_clipfrac_high(table: MetricsTable, th: Thresholds) -> list[Finding]:
@@ -299,36 +315,75 @@ def rule_critic_mean_only(table: MetricsTable, th: Thresholds) -> list[Finding]:
                    spearman=v_corr)])]
 
 
-def rule_entropy_collapse(table: MetricsTable, th: Thresholds) -> list[Finding]:
+@dataclass
+class _Collapse:
+    pos: np.ndarray       # record positions of the entropy series
+    values: np.ndarray
+    start: float          # entropy at the start (median of the first 3)
+    k: int                # index into pos/values where it fell below the floor
+    after: float          # median entropy from there on
+
+
+def _entropy_collapse(table: MetricsTable, th: Thresholds) -> _Collapse | None:
+    """Where entropy fell below ``entropy_collapse_frac`` of its start within the first
+    ``entropy_collapse_within`` of the run and stayed there (None when it did not)."""
     pos, h = table.series("entropy")
     n = len(h)
     if n < th.min_iterations or float(h.min()) < -1e-6:
-        return []  # differential entropy (continuous actions) has no natural zero
+        return None  # differential entropy (continuous actions) has no natural zero
     h0 = float(np.median(h[:3]))
     if not h0 > 1e-6:
-        return []
+        return None
     # smoothed (running median of 3) so one dip does not count
     sm = np.asarray([np.median(h[max(0, i - 1):i + 2]) for i in range(n)])
     low = np.flatnonzero(sm < th.entropy_collapse_frac * h0)
     if len(low) == 0:
-        return []
+        return None
     k = int(low[0])
     if k > th.entropy_collapse_within * (n - 1):
-        return []
+        return None
     after = float(np.median(h[k:]))
     if not after < 1.5 * th.entropy_collapse_frac * h0:
+        return None
+    return _Collapse(pos, h, h0, k, after)
+
+
+def _kl_peak_before(table: MetricsTable, last_pos: int) -> tuple[int, float] | None:
+    """(position, value) of the largest approx_kl up to record ``last_pos`` (supporting
+    evidence only: a rule never fires on it)."""
+    kpos, kl = table.series("approx_kl")
+    keep = kpos <= last_pos
+    if not keep.any():
+        return None
+    i = int(np.argmax(kl[keep]))
+    return int(kpos[keep][i]), float(kl[keep][i])
+
+
+def rule_entropy_collapse(table: MetricsTable, th: Thresholds) -> list[Finding]:
+    c = _entropy_collapse(table, th)
+    if c is None:
         return []
+    at = int(c.pos[c.k])
+    peak = _kl_peak_before(table, at)
+    ev = [_evidence(table, "entropy", c.pos, c.values, start=c.start,
+                    collapsed_at=int(table.labels[at]), after_median=c.after)]
+    peak_txt = ""
+    if peak is not None:
+        ev.append({"metric": "approx_kl", "iterations": [int(table.labels[peak[0]])],
+                   "values": [_round(peak[1])], "summary": {"peak_before_collapse": True}})
+        peak_txt = (f" Before it, approx_kl peaked at {peak[1]:.3g} (iteration "
+                    f"{table.labels[peak[0]]}); a large value there points to updates that "
+                    "were too big.")
     return [Finding(
         "entropy-collapse", "warning",
-        f"Policy entropy collapses early: from {h0:.3g} to below "
-        f"{th.entropy_collapse_frac:.0%} of it by iteration {table.labels[pos[k]]} "
-        f"(of {n}), and stays there (median {after:.3g}). The policy has become nearly "
-        "deterministic before it has had time to explore; a small mean KL can hide a "
-        "distribution that has collapsed onto a few actions. Check the learning rate and "
-        "epochs, consider an entropy bonus, and look at the per-state (per-token) spread, "
-        "not just the mean.",
-        [_evidence(table, "entropy", pos, h, start=h0, collapsed_at=int(table.labels[pos[k]]),
-                   after_median=after)])]
+        f"Policy entropy collapses early: from {c.start:.3g} to below "
+        f"{th.entropy_collapse_frac:.0%} of it by iteration {table.labels[at]} "
+        f"(of {len(c.values)}), and stays there (median {c.after:.3g}). The policy has become "
+        "nearly deterministic before it has had time to explore; a small mean KL can hide a "
+        "distribution that has collapsed onto a few actions." + peak_txt + " Check the "
+        "learning rate and epochs, consider an entropy bonus, and look at the per-state "
+        "(per-token) spread, not just the mean.",
+        ev)]
 
 
 def rule_length_reward_coupling(table: MetricsTable, th: Thresholds) -> list[Finding]:
