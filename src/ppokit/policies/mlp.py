@@ -74,6 +74,17 @@ class MLPActorCritic(nn.Module):
         self.nvec = tuple(int(n) for n in nvec) if nvec is not None else None
 
     # -- helpers --------------------------------------------------------------------------
+    @staticmethod
+    def _run(net: nn.Sequential, x: Tensor) -> Tensor:
+        """``net(x)`` without the per-module call machinery (hooks), which costs more than
+        the arithmetic for these small layers; used on the rollout path."""
+        for m in net:
+            if isinstance(m, nn.Linear):
+                x = torch.nn.functional.linear(x, m.weight, m.bias)
+            else:
+                x = m(x)
+        return x
+
     def _features(self, obs: Tensor) -> Tensor:
         if self.obs_onehot is not None:
             return nn.functional.one_hot(obs.long().reshape(-1), self.obs_onehot).float()
@@ -84,13 +95,13 @@ class MLPActorCritic(nn.Module):
 
     # -- Policy interface -----------------------------------------------------------------
     def value(self, obs: Tensor) -> Tensor:
-        return self.critic(self._features(obs)).squeeze(-1)
+        return self._run(self.critic, self._features(obs)).squeeze(-1)
 
     def act(self, obs: Tensor, generator: torch.Generator | None = None
             ) -> tuple[Tensor, Tensor, Tensor]:
         x = self._features(obs)
-        out = self.actor(x)
-        value = self.critic(x).squeeze(-1)
+        out = self._run(self.actor, x)
+        value = self._run(self.critic, x).squeeze(-1)
         if self.kind == "categorical":
             logp_all = out.log_softmax(-1)
             a = _sample_categorical(logp_all, generator)
