@@ -101,3 +101,25 @@ def test_supports_names_what_it_cannot_do():
     with pytest.raises(ValueError, match="does not support"):
         FusedMinibatchStep(pol, torch.optim.Adam(pol.parameters()),
                            TrainConfig(policy_loss="kl_penalty", tensorboard=False))
+
+
+def test_fast_and_eager_training_runs_agree(tmp_path):
+    """A few CartPole iterations with the fused step and with the eager step: the same
+    trajectory of losses and returns (to float tolerance)."""
+    from ppokit.algos import resolve_config
+
+    recs = {}
+    for fast in (True, False):
+        cfg = resolve_config(overrides=dict(total_timesteps=256 * 6, tensorboard=False,
+                                            fast=fast))
+        tr = Trainer(cfg, tmp_path / f"fast{fast}", log=lambda m: None)
+        assert (type(tr._minibatch_step()).__name__ == "FusedMinibatchStep") is fast
+        recs[fast] = [tr.iterate() for _ in range(6)]
+        tr.close()
+    for a, b in zip(recs[True], recs[False]):
+        for key in ("policy_loss", "value_loss", "approx_kl", "clipfrac", "grad_norm",
+                    "explained_variance", "episode_return_mean"):
+            if a[key] is None:
+                assert b[key] is None
+                continue
+            assert abs(a[key] - b[key]) <= 1e-3 * max(1.0, abs(b[key])), key

@@ -95,23 +95,41 @@ class _MLP:
 
 def _adam_settings(opt: torch.optim.Optimizer) -> dict | None:
     """The hyper-parameters of ``opt`` when it is a single-group ``torch.optim.Adam`` without
-    weight decay, AMSGrad or maximize (which :meth:`FusedMinibatchStep._adam` reproduces);
-    ``None`` otherwise (then ``opt.step()`` is called)."""
+    weight decay, AMSGrad or maximize (which :meth:`FusedMinibatchStep._adam` reproduces;
+    ``fused=True`` only changes how torch would compute the same rule); ``None`` otherwise
+    (then ``opt.step()`` is called)."""
     if type(opt) is not torch.optim.Adam or len(opt.param_groups) != 1:
         return None
     g = opt.param_groups[0]
-    if g.get("weight_decay", 0) or g.get("amsgrad") or g.get("maximize") or g.get("fused") \
+    if g.get("weight_decay", 0) or g.get("amsgrad") or g.get("maximize") \
             or g.get("capturable") or g.get("differentiable"):
         return None
     return g
 
 
-def _flat_views(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
-    out, o = [], 0
+_ALIGN = 16  # elements: every view starts on a 64-byte boundary, like a fresh tensor
+
+
+def _offsets(like: list[torch.Tensor]) -> tuple[list[int], int]:
+    offs, o = [], 0
     for t in like:
-        out.append(flat[o:o + t.numel()].view_as(t))
-        o += t.numel()
-    return out
+        offs.append(o)
+        o += -(-t.numel() // _ALIGN) * _ALIGN
+    return offs, o
+
+
+def _flat_buffer(like: list[torch.Tensor]) -> torch.Tensor:
+    """A zeroed buffer holding every tensor of ``like`` at an aligned offset (the padding
+    stays 0: it gets no gradient, so Adam never moves it)."""
+    return torch.zeros(_offsets(like)[1], dtype=like[0].dtype)
+
+
+def _flat_views(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Views of ``flat`` shaped like ``like``, each starting at an aligned offset. (Alignment
+    matters for bit-exact results: BLAS kernels may sum in a different order on a
+    misaligned operand, and a resumed run must compute exactly what the original did.)"""
+    offs, _ = _offsets(like)
+    return [flat[o:o + t.numel()].view_as(t) for o, t in zip(offs, like)]
 
 
 class FusedMinibatchStep:
@@ -139,8 +157,9 @@ class FusedMinibatchStep:
         self.critic = _MLP(policy.critic)
         self.params = [p for p in policy.parameters() if p.requires_grad]
         with torch.no_grad():
-            self.flat = torch.cat([p.detach().reshape(-1) for p in self.params])
+            self.flat = _flat_buffer(self.params)
             for p, view in zip(self.params, _flat_views(self.flat, self.params)):
+                view.copy_(p.detach())
                 p.data = view
             self.flat_grad = torch.zeros_like(self.flat)
             for p, view in zip(self.params, _flat_views(self.flat_grad, self.params)):
@@ -156,14 +175,15 @@ class FusedMinibatchStep:
         self.exp_avg = torch.zeros_like(self.flat)
         self.exp_avg_sq = torch.zeros_like(self.flat)
         step = 0.0
+        views_m = _flat_views(self.exp_avg, self.params)
+        views_v = _flat_views(self.exp_avg_sq, self.params)
         if have:
             step = float(state[self.params[0]]["step"])
-            torch.cat([state[p]["exp_avg"].reshape(-1) for p in self.params], out=self.exp_avg)
-            torch.cat([state[p]["exp_avg_sq"].reshape(-1) for p in self.params],
-                      out=self.exp_avg_sq)
+            for p, m, v in zip(self.params, views_m, views_v):
+                m.copy_(state[p]["exp_avg"])
+                v.copy_(state[p]["exp_avg_sq"])
         self.step_t = torch.tensor(step)
-        for p, m, v in zip(self.params, _flat_views(self.exp_avg, self.params),
-                           _flat_views(self.exp_avg_sq, self.params)):
+        for p, m, v in zip(self.params, views_m, views_v):
             state[p] = {"step": self.step_t, "exp_avg": m, "exp_avg_sq": v}
 
     @torch.no_grad()

@@ -207,6 +207,23 @@ class Trainer:
             "grad_norm": grad_norm.detach(),
         }
 
+    def _minibatch_step(self) -> Callable:
+        """The fused minibatch step (:mod:`ppokit.algos.fast`) when ``fast`` is on and it
+        supports this policy and loss, else :meth:`update_minibatch` (the eager reference).
+        Built lazily (after any checkpoint was loaded) and rebuilt if the policy or the
+        optimiser object was replaced."""
+        if not self.cfg.fast or type(self).update_minibatch is not Trainer.update_minibatch:
+            return self.update_minibatch  # off, or a subclass customises the eager step
+        from .fast import FusedMinibatchStep, supports
+
+        f = getattr(self, "_fused", None)
+        if f is not None and f.policy is self.policy and f.opt is self.opt:
+            return f
+        if supports(self.policy, self.cfg) is not None:
+            return self.update_minibatch
+        self._fused = FusedMinibatchStep(self.policy, self.opt, self.cfg)
+        return self._fused
+
     def update(self, rollout: Rollout, clip: float) -> dict[str, Any]:
         c = self.cfg
         data = rollout.flat()
@@ -214,6 +231,7 @@ class Trainer:
         if c.normalize_advantage and c.advantage_norm_scope == "batch":
             data["advantages"] = masked_whiten(data["advantages"])
         mb_size = min(c.minibatch_size, n)
+        step = self._minibatch_step()
         kl_limit = (1.5 * c.target_kl if c.target_kl is not None
                     and c.target_kl_check == "minibatch" else None)
         stats: list[dict[str, torch.Tensor]] = []
@@ -224,7 +242,7 @@ class Trainer:
             for k, start in enumerate(range(0, n, mb_size)):
                 idx = perm[start:start + mb_size]
                 mb = {key: t[idx] for key, t in data.items()}
-                out = self.update_minibatch(mb, clip, kl_limit)
+                out = step(mb, clip, kl_limit)
                 if out is None:
                     stop_epoch, stop_mb = epoch, k
                     break

@@ -64,7 +64,9 @@ def save_checkpoint(root: str | Path, iteration: int, *,
     manifest = {}
     for group, tdict in tensors.items():
         name = f"{group}.safetensors"
-        tdict = {k: v.detach().contiguous() for k, v in tdict.items()}
+        # clone: tensors may be views of one buffer (the fused step's flat parameters and
+        # optimiser moments), which safetensors refuses to save as separate entries
+        tdict = {k: v.detach().clone() for k, v in tdict.items()}
         manifest[name] = _write(tmp / name, t_save(tdict))
     for group, adict in arrays.items():
         name = f"{group}.npz.safetensors"
