@@ -55,6 +55,13 @@ def supports(policy: nn.Module, cfg) -> str | None:
     return None
 
 
+def _tanh(x: torch.Tensor) -> torch.Tensor:
+    """``tanh(x) = 2 σ(2x) − 1`` in place of ``x``: several times faster than ``torch.tanh``
+    on the CPU builds measured here (torch's vectorised sigmoid is much cheaper than its
+    tanh), equal to it within float32 rounding (absolute error < 1e-7)."""
+    return torch.sigmoid_(x.mul_(2.0)).mul_(2.0).sub_(1.0)
+
+
 def _layers(seq: nn.Sequential) -> tuple[list[nn.Linear], str]:
     lins = [m for m in seq if isinstance(m, nn.Linear)]
     act = "tanh" if any(isinstance(m, nn.Tanh) for m in seq) else "relu"
@@ -74,7 +81,7 @@ class _MLP:
         for i, lin in enumerate(self.lins):
             h = torch.addmm(lin.bias, h, lin.weight.t())
             if i < last:
-                h = torch.tanh(h) if self.act == "tanh" else torch.relu(h)
+                h = _tanh(h) if self.act == "tanh" else torch.relu(h)
                 hs.append(h)
         return h, hs
 
@@ -87,8 +94,8 @@ class _MLP:
             torch.sum(g, 0, out=lin.bias.grad)
             if i > 0:
                 g = g.mm(lin.weight)
-                if self.act == "tanh":
-                    g = g * (1.0 - h_in * h_in)
+                if self.act == "tanh":  # g · (1 − h²) = g − (g·h)·h
+                    g = torch.addcmul(g, g * h_in, h_in, value=-1.0)
                 else:
                     g = g * (h_in > 0)
 
