@@ -22,6 +22,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--total-steps", dest="total_timesteps", type=_int, metavar="N",
                    help="environment steps to train for (default: the preset's)")
     p.add_argument("--seed", type=_int, help="random seed (default 0)")
+    p.add_argument("--seeds", metavar="SPEC",
+                   help="train several independent seeds, e.g. 0-4 or 0,3,7: one run directory "
+                        "each under --run-dir, plus summary.json and a mean/spread plot")
+    p.add_argument("--parallel", type=_int, metavar="N",
+                   help="with --seeds: runs at a time, each in its own process "
+                        "(default: the number of CPU cores; 1 = one after another)")
     p.add_argument("--num-envs", dest="n_envs", type=_int, metavar="N",
                    help="parallel environments (default: the preset's)")
     p.add_argument("--run-dir", help="run directory (default: runs/ENV-ALGO-sSEED-TIME)")
@@ -72,8 +78,34 @@ def _parse_sets(items: list[str]) -> dict:
     return out
 
 
+def parse_seeds(spec: str) -> list[int]:
+    """``"0-4"`` → [0, 1, 2, 3, 4]; ``"0,3,7"`` → [0, 3, 7] (ranges may be mixed in)."""
+    seeds: list[int] = []
+    try:
+        for part in spec.split(","):
+            part = part.strip()
+            if "-" in part:
+                lo, hi = part.split("-", 1)
+                lo_i, hi_i = int(lo), int(hi)
+                if hi_i < lo_i:
+                    raise ValueError
+                seeds.extend(range(lo_i, hi_i + 1))
+            else:
+                seeds.append(int(part))
+    except ValueError:
+        raise UsageError(f"--seeds: expected a list like 0-4 or 0,3,7, got {spec!r}") from None
+    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise UsageError(f"--seeds: expected distinct seeds >= 0, got {spec!r}")
+    return seeds
+
+
 def run(args: argparse.Namespace) -> int:
     from ppokit.algos import Trainer, load_run_config, resolve_config
+
+    if args.seeds is not None:
+        return _run_seeds(args)
+    if args.parallel is not None:
+        raise UsageError("--parallel only applies with --seeds")
 
     flags = {"env_id": args.env_id, "algo": args.algo, "total_timesteps": args.total_timesteps,
              "seed": args.seed, "n_envs": args.n_envs}
@@ -157,3 +189,130 @@ def _train_with_progress(trainer) -> None:
             prog.update(task, completed=r["global_step"], info=info)
 
         trainer.train(on_iter)
+
+
+def _run_seeds(args: argparse.Namespace) -> int:
+    """Train each seed in its own ``ppokit train`` process, ``--parallel`` at a time."""
+    import json
+    import os
+    import subprocess
+
+    from ppokit.algos import resolve_config
+
+    if args.seed is not None or args.resume:
+        raise UsageError("--seeds cannot be combined with --seed or --resume (resume each "
+                         "seed's run directory on its own)")
+    seeds = parse_seeds(args.seeds)
+    parallel = args.parallel if args.parallel is not None else (os.cpu_count() or 1)
+    if parallel < 1:
+        raise UsageError(f"--parallel: expected an integer >= 1, got {parallel}")
+    flags = {"env_id": args.env_id, "algo": args.algo, "total_timesteps": args.total_timesteps,
+             "n_envs": args.n_envs}
+    toml_values = _read_toml(args.config) if args.config else {}
+    cfg = resolve_config(toml_values=toml_values, overrides=_parse_sets(args.sets),
+                         flags=flags)  # validates everything once, before any process starts
+    root = Path(args.run_dir) if args.run_dir else Path("runs") / (
+        f"{cfg.env_id}-{cfg.algo}-seeds-{time.strftime('%Y%m%d-%H%M%S')}")
+    for s in seeds:
+        d = root / f"s{s}"
+        if (d / "metrics.jsonl").exists() or (d / "checkpoints").exists():
+            raise UsageError(f"--run-dir: {d} already holds a run; choose another directory")
+    root.mkdir(parents=True, exist_ok=True)
+    base = [sys.executable, "-m", "ppokit.cli", "train", "--no-progress",
+            "--eval-episodes", str(args.eval_episodes)]
+    for flag, val in (("--env", args.env_id), ("--algo", args.algo),
+                      ("--total-steps", args.total_timesteps), ("--num-envs", args.n_envs),
+                      ("--config", args.config)):
+        if val is not None:
+            base += [flag, str(val)]
+    for item in args.sets:
+        base += ["--set", item]
+    pending = list(seeds)
+    running: dict[int, tuple[subprocess.Popen, object]] = {}
+    failed: list[int] = []
+    total_steps = cfg.num_iterations * cfg.rollout_size
+    t0 = time.perf_counter()
+    print(f"training {len(seeds)} seeds of {cfg.algo} on {cfg.env_id}, {parallel} at a time, "
+          f"into {root}", flush=True)
+
+    def progress_line() -> str:
+        parts = []
+        for s in seeds:
+            m = root / f"s{s}" / "metrics.jsonl"
+            step = 0
+            if m.exists():
+                from ppokit.io.metrics import read_metrics
+
+                recs = read_metrics(m)
+                step = recs[-1]["global_step"] if recs else 0
+            parts.append(f"s{s} {100 * step / total_steps:3.0f}%")
+        return "  ".join(parts)
+
+    try:
+        last_print = 0.0
+        while pending or running:
+            while pending and len(running) < parallel:
+                s = pending.pop(0)
+                log = open(root / f"s{s}.log", "w")  # noqa: SIM115 (closed below)
+                cmd = base + ["--seed", str(s), "--run-dir", str(root / f"s{s}")]
+                running[s] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log)
+            time.sleep(0.2)
+            for s, (proc, log) in list(running.items()):
+                if proc.poll() is not None:
+                    log.close()
+                    del running[s]
+                    if proc.returncode != 0:
+                        failed.append(s)
+                        print(f"seed {s} failed (exit {proc.returncode}); see "
+                              f"{root / f's{s}.log'}", file=sys.stderr, flush=True)
+            if time.perf_counter() - last_print > 10 or not (pending or running):
+                last_print = time.perf_counter()
+                print(f"[{time.perf_counter() - t0:6.0f} s] {progress_line()}", flush=True)
+    except KeyboardInterrupt:
+        for proc, _ in running.values():
+            proc.terminate()
+        raise
+    wall = time.perf_counter() - t0
+    done = [s for s in seeds if s not in failed]
+    summary = _seed_summary(root, done, wall, parallel)
+    summary["failed"] = failed
+    from ppokit.io.atomic import atomic_write_text
+    from ppokit.io.plots import plot_runs
+
+    atomic_write_text(root / "summary.json", json.dumps(summary, indent=2) + "\n")
+    png = None
+    if done:
+        png = plot_runs([root / f"s{s}" for s in done], root / "summary.png",
+                        title=f"{cfg.algo} on {cfg.env_id}: {len(done)} seeds")
+    evals = summary["eval_mean_returns"]
+    line = (f"{len(done)}/{len(seeds)} seeds in {wall:.1f} s wall "
+            f"({summary['steps_per_second']:.0f} steps/s in all; the runs' own training "
+            f"times add up to {summary['sum_of_run_times']:.1f} s)")
+    if evals:
+        import numpy as np
+
+        line += (f"; eval {np.mean(evals):.1f} ± {np.std(evals):.1f} over seeds "
+                 f"(min {min(evals):.1f}, max {max(evals):.1f})")
+    print(f"{line}; summary {root / 'summary.json'}" + (f", plot {png}" if png else ""))
+    return 1 if failed else 0
+
+
+def _seed_summary(root: Path, seeds: list[int], wall: float, parallel: int) -> dict:
+    import json
+
+    from ppokit.io.metrics import read_metrics
+
+    steps = 0
+    run_time = 0.0
+    evals = []
+    for s in seeds:
+        recs = read_metrics(root / f"s{s}" / "metrics.jsonl")
+        if recs:
+            steps += recs[-1]["global_step"]
+            run_time += recs[-1].get("time") or 0.0
+        ev = root / f"s{s}" / "eval.json"
+        if ev.exists():
+            evals.append(json.loads(ev.read_text())["mean_return"])
+    return {"seeds": seeds, "parallel": parallel, "wall_seconds": wall,
+            "total_steps": steps, "steps_per_second": steps / wall if wall > 0 else None,
+            "sum_of_run_times": run_time, "eval_mean_returns": evals}
