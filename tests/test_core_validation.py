@@ -114,3 +114,14 @@ def test_dual_clip_must_exceed_one():
 def test_bad_types():
     with pytest.raises(ValueError, match="rewards: expected a tensor or array of numbers"):
         core.gae("abc", V, NV, Z, Z, 0.9, 0.9)
+
+
+def test_every_public_core_function_documents_its_shapes():
+    import inspect
+
+    for name in core.__all__:
+        obj = getattr(core, name)
+        if inspect.isfunction(obj) or inspect.isclass(obj):
+            doc = inspect.getdoc(obj) or ""
+            assert doc, f"{name} has no docstring"
+            assert "[" in doc or "shape" in doc.lower(), f"{name}'s docstring gives no shapes"

@@ -243,9 +243,11 @@ def token_gae_reference(rewards, values, mask, gamma: float, lam: float, *,
                         bootstrap_values=None) -> tuple[Tensor, Tensor]:
     """The plain position loop (vectorised over B only) that :func:`token_gae` must equal.
 
-    Same contract as :func:`token_gae`. Walks positions ``L−1 … 0``; at an action
-    position ``δ = r + γ V(next action) − V``, ``A = δ + γ λ A(next action)``; masked
-    positions leave the carried value and advantage unchanged.
+    Same contract as :func:`token_gae` (``[B, L]`` rewards, values and mask; optional
+    ``[B]`` bootstrap values; returns two ``[B, L]`` tensors). Walks positions
+    ``L−1 … 0``; at an action position ``δ = r + γ V(next action) − V`` and
+    ``A = δ + γ λ A(next action)``; masked positions leave the carried value and advantage
+    unchanged.
     """
     gamma = check_unit_interval(gamma, "gamma")
     lam = check_unit_interval(lam, "lam")

@@ -92,7 +92,8 @@ def dr_grpo_advantages(scores, group_size: int | None = None) -> Tensor:
 
 
 def rloo_advantages(scores, group_size: int | None = None) -> Tensor:
-    """RLOO leave-one-out: ``r_i − (Σ_g r − r_i)/(G − 1)``. Needs ``G ≥ 2``."""
+    """RLOO leave-one-out: ``r_i − (Σ_g r − r_i)/(G − 1)``. Needs ``G ≥ 2``. ``scores``:
+    ``[P, G]`` or flat ``[P·G]`` with ``group_size``; the result has the input's shape."""
     s, grouped, flat = _groups(scores, group_size)
     g = grouped.shape[1]
     if g < 2:

@@ -51,13 +51,14 @@ def kl_k1(logp, logq) -> Tensor:
 
 
 def kl_k2(logp, logq) -> Tensor:
-    """k2 ``= ½ (logq − logp)²`` per sample. Non-negative."""
+    """k2 ``= ½ (logq − logp)²`` per sample (any shape ``[...]``, same for both). Non-negative."""
     logp, logq = _pair(logp, logq)
     return 0.5 * (logq - logp) ** 2
 
 
 def kl_k3(logp, logq) -> Tensor:
-    """k3 ``= exp(logq − logp) − 1 − (logq − logp)`` per sample. Non-negative.
+    """k3 ``= exp(logq − logp) − 1 − (logq − logp)`` per sample (any shape ``[...]``, same for
+    both). Non-negative.
 
     Computed as ``expm1(d) − d`` for accuracy near ``d = 0``."""
     logp, logq = _pair(logp, logq)
@@ -69,7 +70,8 @@ KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
 
 
 def kl_estimate(logp, logq, kind: str = "k3") -> Tensor:
-    """Dispatch to ``k1``/``k2``/``k3`` by name; an unknown name lists the known ones."""
+    """Dispatch to ``k1``/``k2``/``k3`` by name (inputs any shape ``[...]``, identical; output
+    the same shape); an unknown name lists the known ones."""
     try:
         fn = KL_ESTIMATORS[kind]
     except KeyError:
@@ -106,7 +108,8 @@ def categorical_kl(p_logits_or_probs, q_logits_or_probs, *, from_logits: bool = 
 
 @dataclass
 class FixedKLController:
-    """A constant KL coefficient β."""
+    """A constant KL coefficient β (a scalar; ``update(kl)`` takes the measured KL, shape
+    ``[]``, and ignores it)."""
 
     value: float
 
@@ -163,7 +166,8 @@ class AdaptiveKLController:
 
 @dataclass
 class ProportionalKLController:
-    """The proportional controller of Ziegler et al. 2019 used for RLHF:
+    """The proportional controller of Ziegler et al. 2019 used for RLHF (scalars; ``kl`` is the
+    batch-mean KL per sequence, shape ``[]``):
     ``e = clip(KL/target − 1, −0.2, 0.2)``, ``β ← β (1 + e · n_steps / horizon)``."""
 
     value: float

@@ -118,7 +118,8 @@ def aggregate(x: Tensor, mask: Tensor | None = None, mode: str = "token-mean", *
 
 @dataclass
 class PolicyLoss:
-    """A policy-loss result: ``loss`` to minimise plus detached diagnostics."""
+    """A policy-loss result: ``loss`` (scalar ``[]``) to minimise, ``per_sample`` and
+    ``ratio`` (the input shape, ``[M]`` or ``[B, L]``), and detached scalar diagnostics."""
 
     loss: Tensor
     per_sample: Tensor
@@ -170,7 +171,8 @@ def _mean(x: Tensor, m: Tensor | None) -> Tensor:
 
 
 def ratio_stats(ratio: Tensor, mask: Tensor | None = None) -> dict[str, Tensor]:
-    """``ratio_min``, ``ratio_max``, ``ratio_mean`` over valid samples (detached)."""
+    """``ratio_min``, ``ratio_max``, ``ratio_mean`` over valid samples (detached scalars);
+    ``ratio`` and ``mask`` share a shape, ``[M]`` or ``[B, L]``."""
     with torch.no_grad():
         r = ratio.detach()
         if mask is None:
@@ -260,7 +262,8 @@ def vanilla_pg_loss(logp, logp_old, advantages, mask=None, *, agg: str = "token-
                     num_tokens=None, num_seqs=None, norm_length=None) -> PolicyLoss:
     """Vanilla policy gradient ``loss = −log π(a|s) · Â`` (REINFORCE / A2C; seed 000 §3.1).
 
-    Same inputs as :func:`clipped_surrogate_loss`; ``logp_old`` is used only for the
+    Same inputs as :func:`clipped_surrogate_loss` (``[M]`` or ``[B, L]``, all one shape,
+    with an optional same-shape mask); ``logp_old`` is used only for the
     diagnostics (ratio, approx KL). Its gradient equals that of ``−ρ Â`` at ``ρ = 1``.
     """
     lp, lpo, adv, m = _policy_inputs(logp, logp_old, advantages, mask)
@@ -347,8 +350,8 @@ def kl_penalty_loss(logp, logp_ref, mask=None, *, estimator: str = "k3",
 
 @dataclass
 class LossTerms:
-    """The named terms of one minibatch loss. ``total`` combines them; each stays
-    inspectable (and testable for where its gradient goes)."""
+    """The named terms of one minibatch loss, each a scalar ``[]``. ``total`` combines them;
+    each stays inspectable (and testable for where its gradient goes)."""
 
     policy: Tensor
     value: Tensor | None = None

@@ -19,7 +19,8 @@ __all__ = ["Registry", "POLICY_LOSSES", "GROUP_ADVANTAGES", "ENV_ADVANTAGES"]
 
 
 class Registry(Generic[F]):
-    """A name → function map for functions of one documented signature."""
+    """A name → function map for functions of one documented signature (its ``signature``
+    string gives the argument names and shapes, e.g. ``[T, N]`` or ``[B, L]`` tensors)."""
 
     def __init__(self, kind: str, signature: str):
         self.kind = kind

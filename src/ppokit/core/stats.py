@@ -34,7 +34,8 @@ def masked_sum(x, mask=None, dim=None) -> Tensor:
 
 
 def masked_mean(x, mask=None, dim=None) -> Tensor:
-    """Mean over valid positions (all of them without a mask). ``dim=None``: a scalar.
+    """Mean over valid positions (all of them without a mask). Shapes: ``x``, ``mask``
+    alike, any ``[...]``; ``dim=None``: a scalar ``[]``, else ``x`` reduced along ``dim``.
 
     An all-masked reduction returns 0 (not NaN), so a row with no action contributes
     nothing rather than poisoning a loss.
@@ -47,7 +48,8 @@ def masked_mean(x, mask=None, dim=None) -> Tensor:
 
 
 def masked_var(x, mask=None, ddof: int = 1) -> Tensor:
-    """Variance over valid positions with ``ddof`` (1: unbiased, as ``torch.var``).
+    """Variance over valid positions with ``ddof`` (1: unbiased, as ``torch.var``). Shapes:
+    ``x``, ``mask`` alike, any ``[...]``; returns a scalar ``[]``.
 
     With ``n ≤ ddof`` valid elements the variance is 0 (one sample has no spread), never
     NaN. Returns a scalar.
