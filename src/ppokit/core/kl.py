@@ -106,15 +106,10 @@ def categorical_kl(p_logits_or_probs, q_logits_or_probs, *, from_logits: bool = 
     return terms.sum(dim)
 
 
-@dataclass
-class FixedKLController:
-    """A constant KL coefficient β (a scalar; ``update(kl)`` takes the measured KL, shape
-    ``[]``, and ignores it)."""
+class _ValueState:
+    """``state_dict``/``load_state_dict`` of a controller whose only state is ``value``."""
 
     value: float
-
-    def update(self, kl: float, n_steps: int = 1) -> float:  # noqa: ARG002 - same interface
-        return self.value
 
     def state_dict(self) -> dict:
         return {"value": self.value}
@@ -124,7 +119,18 @@ class FixedKLController:
 
 
 @dataclass
-class AdaptiveKLController:
+class FixedKLController(_ValueState):
+    """A constant KL coefficient β (a scalar; ``update(kl)`` takes the measured KL, shape
+    ``[]``, and ignores it)."""
+
+    value: float
+
+    def update(self, kl: float, n_steps: int = 1) -> float:  # noqa: ARG002 - same interface
+        return self.value
+
+
+@dataclass
+class AdaptiveKLController(_ValueState):
     """The adaptive KL penalty of the PPO paper (Schulman et al. 2017, §4).
 
     After each policy update with measured ``d = KL``: if ``d > target · tolerance`` then
@@ -157,15 +163,9 @@ class AdaptiveKLController:
         self.value = min(max(self.value, self.beta_min), self.beta_max)
         return self.value
 
-    def state_dict(self) -> dict:
-        return {"value": self.value}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.value = float(state["value"])
-
 
 @dataclass
-class ProportionalKLController:
+class ProportionalKLController(_ValueState):
     """The proportional controller of Ziegler et al. 2019 used for RLHF (scalars; ``kl`` is the
     batch-mean KL per sequence, shape ``[]``):
     ``e = clip(KL/target − 1, −0.2, 0.2)``, ``β ← β (1 + e · n_steps / horizon)``."""
@@ -185,9 +185,3 @@ class ProportionalKLController:
         err = min(max(kl / self.target - 1.0, -0.2), 0.2)
         self.value *= 1.0 + err * n_steps / self.horizon
         return self.value
-
-    def state_dict(self) -> dict:
-        return {"value": self.value}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.value = float(state["value"])

@@ -14,6 +14,8 @@ import shutil
 import torch
 from safetensors.torch import load_file, save_file
 
+from ppokit.io.checkpoint import optimizer_from_flat, optimizer_to_flat
+
 __all__ = ["flatten_optimizer", "restore_optimizer", "write_checkpoint", "latest_checkpoint",
            "save_tensors", "load_tensors", "atomic_write_text"]
 
@@ -36,35 +38,14 @@ def load_tensors(path: str) -> dict[str, torch.Tensor]:
 
 
 def flatten_optimizer(opt: torch.optim.Optimizer) -> tuple[dict, dict]:
-    """``(tensors, meta)``: the optimizer state as named tensors plus JSON metadata."""
-    sd = opt.state_dict()
-    tensors, scalars = {}, {}
-    for pid, st in sd["state"].items():
-        for name, val in st.items():
-            if torch.is_tensor(val):
-                tensors[f"{pid}.{name}"] = val
-            else:
-                scalars[f"{pid}.{name}"] = val
-    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()}
-              for g in sd["param_groups"]]
-    return tensors, {"param_groups": groups, "scalars": scalars}
+    """``(tensors, meta)``: the optimizer state as named tensors plus JSON metadata (the same
+    layout as environment-training checkpoints, :func:`ppokit.io.checkpoint.optimizer_to_flat`)."""
+    return optimizer_to_flat(opt.state_dict())
 
 
 def restore_optimizer(opt: torch.optim.Optimizer, tensors: dict, meta: dict) -> None:
-    state: dict = {}
-    for key, val in tensors.items():
-        pid, name = key.split(".", 1)
-        state.setdefault(int(pid), {})[name] = val
-    for key, val in meta["scalars"].items():
-        pid, name = key.split(".", 1)
-        state.setdefault(int(pid), {})[name] = val
-    groups = []
-    for g in meta["param_groups"]:
-        g = dict(g)
-        if "betas" in g:
-            g["betas"] = tuple(g["betas"])
-        groups.append(g)
-    opt.load_state_dict({"state": state, "param_groups": groups})
+    """Load what :func:`flatten_optimizer` produced into ``opt``."""
+    opt.load_state_dict(optimizer_from_flat(tensors, meta))
 
 
 def write_checkpoint(run_dir: str, iteration: int, write_fn, keep: int = 2) -> str:
