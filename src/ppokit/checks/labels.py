@@ -86,12 +86,10 @@ def _patched(module, rec: _Recorder):
     wrap("value_loss", [(1, "returns")])
     # the environment trainer's fused minibatch step (hand-written backward, no autograd)
     # takes the labels straight from the minibatch
-    fused_cls, fused_call = None, None
-    try:
-        from ppokit.algos.fast import FusedMinibatchStep as fused_cls
-    except ImportError:
-        pass
-    if fused_cls is not None and module.__name__ == "ppokit.algos.trainer":
+    from ppokit.algos.fast import FusedMinibatchStep as fused_cls
+
+    fused_call = None
+    if module.__name__ == "ppokit.algos.trainer":
         fused_call = fused_cls.__call__
 
         def fused_wrapper(self, mb, *args, **kwargs):

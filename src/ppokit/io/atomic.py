@@ -9,14 +9,17 @@ __all__ = ["atomic_write_bytes", "atomic_write_text", "fsync_dir"]
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
+    """Flush a directory's entries (the rename) to disk. Some filesystems refuse to open
+    or fsync a directory; there the rename's durability is the filesystem's own, and the
+    write stays atomic either way."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
         return
     try:
         os.fsync(fd)
-    except OSError:
-        pass
+    except OSError:  # not supported for directories here: see the docstring
+        return
     finally:
         os.close(fd)
 
