@@ -83,8 +83,10 @@ class TrainConfig:
     keep_checkpoints: int = _f(2, "number of most recent checkpoints kept")
     tensorboard: bool = _f(True, "also write TensorBoard scalars when tensorboard is installed")
     torch_threads: int = _f(1, "torch intra-op threads (0 = leave torch's default)")
-    fast: bool = _f(True, "fused minibatch step (hand-written backward, flat Adam) where the "
-                    "policy and loss allow it; false: the eager autograd step")
+    fast: bool = _f(True, "fast paths where the policy and loss allow them: the fused "
+                    "minibatch step (compiled, hand-written backward, flat fused Adam) and "
+                    "NumPy action sampling in rollouts; false: the eager autograd step and "
+                    "policy.act per rollout step (the reference)")
 
     def __post_init__(self):
         _validate(self)

@@ -127,7 +127,8 @@ class Trainer:
                               if c.normalize_reward else None)
         self.collector = Collector(self.env, self.policy, generator=self.sample_gen,
                                    obs_normalizer=self.obs_norm,
-                                   reward_scaler=self.reward_scaler, use_critic=c.use_critic)
+                                   reward_scaler=self.reward_scaler, use_critic=c.use_critic,
+                                   fast=c.fast)
         self.kl_ctl = (AdaptiveKLController(c.kl_coef, c.kl_target)
                        if c.policy_loss == "kl_penalty" else None)
         self.iteration = 0

@@ -16,7 +16,7 @@ from torch import nn
 
 Tensor = torch.Tensor
 
-__all__ = ["MLPActorCritic", "make_policy", "ACTIVATIONS"]
+__all__ = ["MLPActorCritic", "NumpySampler", "make_policy", "ACTIVATIONS"]
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
@@ -28,6 +28,67 @@ def _sample_categorical(logp_all: Tensor, generator: torch.Generator | None) -> 
     cdf = logp_all.exp().cumsum(-1)
     # u scaled by the cdf's own total: never past the last action, never on a zero-prob one
     return (cdf < u * cdf[..., -1:]).sum(-1, keepdim=True)
+
+
+def sample_categorical_np(logits: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """NumPy twin of the categorical sampler: action ``[B]`` from logits ``[B, K]`` and
+    uniforms ``u`` ``[B, 1]`` in ``[0, 1)``, by the same scaled inverse-CDF rule."""
+    cdf = np.exp(logits - logits.max(-1, keepdims=True)).cumsum(-1)
+    return (cdf < u * cdf[:, -1:]).sum(-1)
+
+
+class NumpySampler:
+    """The actor's forward pass and action sampling in NumPy, for the rollout's per-step
+    batches (a few rows): there NumPy's per-call cost (~1 µs) is a fraction of torch's,
+    and the policy's arithmetic is a handful of tiny matrix products.
+
+    It reads the policy's parameters through views that share their memory, so it always
+    samples from the current weights (:meth:`bind` re-takes the views, e.g. after a
+    parameter's storage was replaced). Only actions are produced: their log-probabilities
+    and the values are computed afterwards for the whole rollout in one batched torch pass
+    (:meth:`MLPActorCritic.evaluate`), the same computation the update uses.
+    """
+
+    def __init__(self, policy: MLPActorCritic):
+        if not self.supports(policy):
+            raise ValueError("NumpySampler needs an MLPActorCritic with a categorical or "
+                             "Gaussian head over flat observations")
+        self.policy = policy
+        self.kind = policy.kind
+        self.relu = any(isinstance(m, nn.ReLU) for m in policy.actor)
+        self.bind()
+
+    @staticmethod
+    def supports(policy) -> bool:
+        return (isinstance(policy, MLPActorCritic) and policy.kind in ("categorical", "gaussian")
+                and policy.obs_onehot is None
+                and all(isinstance(m, (nn.Linear, nn.Tanh, nn.ReLU)) for m in policy.actor)
+                and next(policy.parameters()).dtype == torch.float32)
+
+    def bind(self) -> None:
+        lins = [m for m in self.policy.actor if isinstance(m, nn.Linear)]
+        self.layers = [(m.weight.detach().numpy().T, m.bias.detach().numpy()) for m in lins]
+        if self.kind == "gaussian":
+            self.log_std = self.policy.log_std.detach().numpy()
+
+    def __call__(self, obs: np.ndarray, noise: np.ndarray) -> np.ndarray:
+        """Actions for ``obs`` ``[B, obs_dim]`` (float32). ``noise``: uniforms ``[B, 1]``
+        (categorical) or standard normals ``[B, action_dim]`` (Gaussian: the unclipped
+        sample ``mean + exp(log_std) · noise`` is returned)."""
+        h = obs
+        last = len(self.layers) - 1
+        for i, (wt, b) in enumerate(self.layers):
+            h = h @ wt
+            h += b
+            if i < last:
+                if self.relu:
+                    np.maximum(h, 0.0, out=h)
+                else:
+                    np.tanh(h, out=h)
+        if self.kind == "categorical":
+            return sample_categorical_np(h, noise)
+        h += np.exp(self.log_std) * noise
+        return h
 
 
 def _mlp(n_in: int, hidden: tuple[int, ...], n_out: int, act: type[nn.Module],

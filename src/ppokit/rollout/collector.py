@@ -16,6 +16,16 @@ next state:
   ``terminated = episode_end = True`` and reward 0, so it neither carries into GAE nor is
   ever trained on, and it counts toward no episode.
 
+Two ways to choose actions
+--------------------------
+With ``fast=True`` and ppokit's MLP actor-critic (categorical or Gaussian head) the actor
+runs in NumPy on each step's few rows (:class:`ppokit.policies.NumpySampler`), from noise
+drawn for the whole window at once from ``generator``; the log-probabilities of the taken
+actions and all values (including those of truncated episodes' final observations) are
+then computed in one batched torch pass over the window, with the parameters that chose
+the actions. Otherwise each step calls ``policy.act`` (any :class:`ppokit.policies.Policy`),
+the reference path. Both record the same quantities.
+
 ``ppokit.core.gae`` then bootstraps truncations from ``next_values`` and stops the carry at
 ``episode_end`` (two masks). Episode returns and lengths are measured on raw rewards.
 """
@@ -29,6 +39,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 
 from ppokit.envs.normalize import ObsNormalizer, RewardScaler
 from ppokit.envs.vec import autoreset_mode_of
+from ppokit.policies.mlp import NumpySampler
 
 from .buffer import Rollout
 
@@ -45,17 +56,22 @@ class Collector:
         obs_normalizer / reward_scaler: optional running normalisers (updated while
             collecting).
         use_critic: when False the recorded values are 0 (REINFORCE without baseline).
+        fast: choose actions with the NumPy actor where the policy allows it (see the
+            module documentation); ``False`` always calls ``policy.act``.
     """
 
     def __init__(self, env: VectorEnv, policy, *, generator: torch.Generator | None = None,
                  obs_normalizer: ObsNormalizer | None = None,
-                 reward_scaler: RewardScaler | None = None, use_critic: bool = True):
+                 reward_scaler: RewardScaler | None = None, use_critic: bool = True,
+                 fast: bool = False):
         self.env = env
         self.policy = policy
         self.generator = generator
         self.obs_norm = obs_normalizer
         self.reward_scaler = reward_scaler
         self.use_critic = use_critic
+        self.fast = fast
+        self._sampler: NumpySampler | None = None
         self.num_envs = env.num_envs
         self.mode = autoreset_mode_of(env)
         if self.mode not in (AutoresetMode.SAME_STEP, AutoresetMode.NEXT_STEP):
@@ -77,25 +93,27 @@ class Collector:
         raw = np.asarray(raw)
         if self.obs_norm is not None:
             return self.obs_norm(raw, update=update)
-        return raw.astype(np.float32, copy=False)
+        return raw.astype(np.float32)  # always a copy: the env may reuse its buffer
 
     def reset(self, seed: int | None = None) -> None:
         raw, _ = self.env.reset(seed=seed)
-        self.obs = torch.from_numpy(np.array(self._prep_obs(raw, update=True)))
+        self.obs = torch.from_numpy(self._prep_obs(raw, update=True))
         self.pending[:] = False
         self.ep_return[:] = 0.0
         self.ep_length[:] = 0
-
-    def _to_env(self, action: torch.Tensor) -> np.ndarray:
-        a = action.numpy()
-        if self.box:
-            a = np.clip(a.reshape(self.num_envs, *self.space.shape), self.low, self.high)
-        return a
 
     def _values(self, obs: torch.Tensor) -> torch.Tensor:
         if not self.use_critic:
             return torch.zeros(obs.shape[0])
         return self.policy.value(obs)
+
+    def _numpy_sampler(self) -> NumpySampler | None:
+        if not self.fast or not NumpySampler.supports(self.policy):
+            return None
+        if self._sampler is None or self._sampler.policy is not self.policy:
+            self._sampler = NumpySampler(self.policy)
+        self._sampler.bind()  # the parameters' storage may have been replaced
+        return self._sampler
 
     # ------------------------------------------------------------------ collection
     def collect(self, n_steps: int) -> Rollout:
@@ -103,64 +121,98 @@ class Collector:
         if self.obs is None:
             raise RuntimeError("reset() the collector first")
         n = self.num_envs
-        obs_buf = torch.empty((n_steps, *self.obs.shape), dtype=self.obs.dtype)
-        logp_buf = torch.empty((n_steps, n))
-        val_buf = torch.empty((n_steps + 1, n))
-        act_buf = None
+        sampler = self._numpy_sampler()
+        o = self.obs.numpy()
+        obs_buf = np.empty((n_steps, *o.shape), np.float32)
+        if self.box:
+            act_buf = np.empty((n_steps, n, *self.space.shape), np.float32)
+        else:
+            act_buf = np.empty((n_steps, n, *self.space.shape), np.int64)
         rew = np.zeros((n_steps, n), np.float32)
         term = np.zeros((n_steps, n), bool)
         end = np.zeros((n_steps, n), bool)
         valid = np.ones((n_steps, n), bool)
-        fixes: list[tuple[int, np.ndarray, torch.Tensor]] = []
+        fixes: list[tuple[int, np.ndarray, np.ndarray]] = []  # truncations (SAME_STEP)
         next_step = self.mode == AutoresetMode.NEXT_STEP
         scaler = self.reward_scaler
+        if sampler is not None:
+            shape = (n_steps, n, 1) if sampler.kind == "categorical" else act_buf.shape
+            draw = torch.rand if sampler.kind == "categorical" else torch.randn
+            noise = draw(shape, generator=self.generator).numpy()
+        else:
+            logp_buf = np.empty((n_steps, n), np.float32)
+            val_buf = np.zeros((n_steps, n), np.float32)
+        pending = self.pending
+        ep_return, ep_length = self.ep_return, self.ep_length
         with torch.inference_mode():
             for t in range(n_steps):
-                obs_buf[t] = self.obs
-                action, logp, value = self.policy.act(self.obs, self.generator)
-                if act_buf is None:
-                    act_buf = torch.empty((n_steps, *action.shape), dtype=action.dtype)
-                act_buf[t] = action
-                logp_buf[t] = logp
-                val_buf[t] = value if self.use_critic else 0.0
-                raw, r, te, tr, info = self.env.step(self._to_env(action))
+                obs_buf[t] = o
+                if sampler is not None:
+                    a = sampler(o, noise[t])
+                else:
+                    action, logp, value = self.policy.act(torch.from_numpy(o), self.generator)
+                    a = action.numpy()
+                    logp_buf[t] = logp.numpy()
+                    if self.use_critic:
+                        val_buf[t] = value.numpy()
+                act_buf[t] = a.reshape(act_buf.shape[1:])
+                if self.box:
+                    a = np.clip(act_buf[t], self.low, self.high)
+                raw, r, te, tr, info = self.env.step(a)
                 done = te | tr
                 if next_step:
-                    ok = ~self.pending
+                    ok = ~pending
                     valid[t] = ok
-                    te = te | self.pending
-                    done = done | self.pending
+                    te = te | pending
+                    done = done | pending
                     r = np.where(ok, r, 0.0)
-                    self.pending = (te | tr) & ok
+                    pending = done & ok
+                    ep_length += ok
+                    real_end = pending
                 else:
                     ok = None
+                    ep_length += 1
+                    real_end = done
                 term[t] = te
                 end[t] = done
-                self.ep_return += r
-                if ok is None:
-                    self.ep_length += 1
-                else:
-                    self.ep_length += ok
-                real_end = done if ok is None else done & ok
+                ep_return += r
                 if real_end.any():
                     for i in np.flatnonzero(real_end):
-                        self.finished.append((float(self.ep_return[i]), int(self.ep_length[i])))
-                    self.ep_return[real_end] = 0.0
-                    self.ep_length[real_end] = 0
+                        self.finished.append((float(ep_return[i]), int(ep_length[i])))
+                    ep_return[real_end] = 0.0
+                    ep_length[real_end] = 0
                 rew[t] = r if scaler is None else scaler(r, real_end, ok)
                 if not next_step and tr.any():
                     trunc = tr & ~te
                     if trunc.any():
                         idx = np.flatnonzero(trunc)
                         fin = np.stack([np.asarray(info["final_obs"][i]) for i in idx])
-                        fin_t = torch.from_numpy(self._prep_obs(fin, update=False))
-                        fixes.append((t, idx, self._values(fin_t)))
-                self.obs = torch.from_numpy(np.array(self._prep_obs(raw, update=True)))
-            val_buf[n_steps] = self._values(self.obs)
-        next_values = val_buf[1:].clone()
-        for t, idx, v in fixes:
-            next_values[t, torch.from_numpy(idx)] = v
-        return Rollout(obs=obs_buf, actions=act_buf, logp=logp_buf, values=val_buf[:-1],
+                        fixes.append((t, idx, self._prep_obs(fin, update=False)))
+                o = self._prep_obs(raw, update=True)
+        # tensors made outside inference mode: they are ordinary tensors (autograd may use them)
+        self.pending = pending
+        self.obs = torch.from_numpy(o)
+        obs_t = torch.from_numpy(obs_buf)
+        act_t = torch.from_numpy(act_buf)
+        extra = torch.from_numpy(np.concatenate([o] + [f[2] for f in fixes]))
+        with torch.no_grad():  # (not inference mode: the losses may use these tensors)
+            if sampler is not None:
+                flat_obs = obs_t.reshape(n_steps * n, *obs_t.shape[2:])
+                flat_act = act_t.reshape(n_steps * n, *act_t.shape[2:])
+                logp, _, values = self.policy.evaluate(flat_obs, flat_act)
+                logp_t = logp.reshape(n_steps, n)
+                values_t = (values.reshape(n_steps, n) if self.use_critic
+                            else torch.zeros(n_steps, n))
+            else:
+                logp_t = torch.from_numpy(logp_buf)
+                values_t = torch.from_numpy(val_buf)
+            v_extra = self._values(extra)
+        next_values = torch.cat([values_t[1:], v_extra[:n].unsqueeze(0)])
+        k = n
+        for t, idx, _fin in fixes:
+            next_values[t, torch.from_numpy(idx)] = v_extra[k:k + len(idx)]
+            k += len(idx)
+        return Rollout(obs=obs_t, actions=act_t, logp=logp_t, values=values_t,
                        rewards=torch.from_numpy(rew), terminated=torch.from_numpy(term),
                        episode_end=torch.from_numpy(end), next_values=next_values,
                        valid=torch.from_numpy(valid))
@@ -175,7 +227,7 @@ class Collector:
                 "ep_return": self.ep_return.copy(), "ep_length": self.ep_length.copy()}
 
     def load_state_dict(self, d: dict) -> None:
-        self.obs = torch.from_numpy(np.array(d["obs"]))
+        self.obs = torch.from_numpy(np.array(d["obs"], np.float32))
         self.pending = np.asarray(d["pending"], bool).copy()
         self.ep_return = np.asarray(d["ep_return"], np.float64).copy()
         self.ep_length = np.asarray(d["ep_length"], np.int64).copy()
