@@ -100,10 +100,12 @@ def _mlp_backward(g: torch.Tensor, hs: list[torch.Tensor], ws: list[torch.Tensor
         torch.sum(g, 0, out=gbs[i])
         if i > 0:
             g = g.mm(ws[i])
+            # the activations' own backward kernels, from their outputs: g·(h > 0) and
+            # g·(1 − h²), one pass each and no temporaries
             if relu:
-                g = g.mul_(h_in > 0)
-            else:  # g · (1 − h²) = g − (g·h)·h
-                g = torch.addcmul(g, g * h_in, h_in, value=-1.0)
+                g = torch.ops.aten.threshold_backward(g, h_in, 0.0)
+            else:
+                g = torch.ops.aten.tanh_backward(g, h_in)
 
 
 def _critic_branch(x: torch.Tensor, ret: torch.Tensor, v_old: torch.Tensor,
@@ -377,9 +379,17 @@ class FusedMinibatchStep:
         for p, m, v in zip(self.params, views_m, views_v):
             state[p] = {"step": self.step_t, "exp_avg": m, "exp_avg_sq": v}
 
-    @torch.no_grad()
     def __call__(self, mb: dict[str, torch.Tensor], clip: float,
                  kl_limit: float | None = None) -> dict[str, torch.Tensor] | None:
+        """One update; the statistics as a dict (``Trainer.update_minibatch``'s contract)."""
+        stats = self.step(mb, clip, kl_limit)
+        return None if stats is None else dict(zip(STAT_KEYS, stats.unbind()))
+
+    @torch.no_grad()
+    def step(self, mb: dict[str, torch.Tensor], clip: float,
+             kl_limit: float | None = None) -> torch.Tensor | None:
+        """One update; the statistics as one vector ordered as :data:`STAT_KEYS` (what the
+        trainer collects), or ``None`` when ``kl_limit`` stopped it before the step."""
         x = mb["obs"]
         x = x.reshape(x.shape[0], -1)
         actions = mb["actions"]
@@ -395,7 +405,7 @@ class FusedMinibatchStep:
             self._adam()
         else:
             self.opt.step()
-        return dict(zip(STAT_KEYS, stats.unbind()))
+        return stats
 
     def _adam(self) -> None:
         """One step of torch's fused Adam kernel (the one ``torch.optim.Adam(fused=True)``

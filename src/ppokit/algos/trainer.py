@@ -70,6 +70,9 @@ from ppokit.policies import make_policy
 from ppokit.rollout import Collector, Rollout
 
 from .config import TrainConfig, config_from_dict
+from .fast import STAT_KEYS
+
+_KL = STAT_KEYS.index("approx_kl")
 
 __all__ = ["Trainer", "load_run_config"]
 
@@ -212,18 +215,19 @@ class Trainer:
         """The fused minibatch step (:mod:`ppokit.algos.fast`) when ``fast`` is on and it
         supports this policy and loss, else :meth:`update_minibatch` (the eager reference).
         Built lazily (after any checkpoint was loaded) and rebuilt if the policy or the
-        optimiser object was replaced."""
+        optimiser object was replaced. The fused step returns its statistics as one vector
+        (:data:`ppokit.algos.fast.STAT_KEYS`), the eager one as a dict."""
         if not self.cfg.fast or type(self).update_minibatch is not Trainer.update_minibatch:
             return self.update_minibatch  # off, or a subclass customises the eager step
         from .fast import FusedMinibatchStep, supports
 
         f = getattr(self, "_fused", None)
         if f is not None and f.policy is self.policy and f.opt is self.opt:
-            return f
+            return f.step
         if supports(self.policy, self.cfg) is not None:
             return self.update_minibatch
         self._fused = FusedMinibatchStep(self.policy, self.opt, self.cfg)
-        return self._fused
+        return self._fused.step
 
     def update(self, rollout: Rollout, clip: float) -> dict[str, Any]:
         c = self.cfg
@@ -238,27 +242,34 @@ class Trainer:
         stats: list[dict[str, torch.Tensor]] = []
         stop_epoch = stop_mb = None
         for epoch in range(c.n_epochs):
-            perm = torch.randperm(n, generator=self.shuffle_gen)
-            epoch_kls = []
-            for k, start in enumerate(range(0, n, mb_size)):
-                idx = perm[start:start + mb_size]
-                mb = {key: t[idx] for key, t in data.items()}
+            epoch_start = len(stats)
+            if mb_size >= n:  # one minibatch: the whole batch (its order changes nothing)
+                batches = [dict(data)]
+            else:
+                perm = torch.randperm(n, generator=self.shuffle_gen)
+                batches = ({key: t[perm[s:s + mb_size]] for key, t in data.items()}
+                           for s in range(0, n, mb_size))
+            for k, mb in enumerate(batches):
                 out = step(mb, clip, kl_limit)
                 if out is None:
                     stop_epoch, stop_mb = epoch, k
                     break
                 stats.append(out)
-                epoch_kls.append(out["approx_kl"])
             if stop_epoch is not None:
                 break
-            if (c.target_kl is not None and c.target_kl_check == "epoch"
-                    and float(torch.stack(epoch_kls).mean()) > c.target_kl):
-                stop_epoch, stop_mb = epoch, len(epoch_kls) - 1
-                break
+            if c.target_kl is not None and c.target_kl_check == "epoch":
+                kls = [float(s[_KL] if isinstance(s, torch.Tensor) else s["approx_kl"])
+                       for s in stats[epoch_start:]]
+                if sum(kls) / len(kls) > c.target_kl:
+                    stop_epoch, stop_mb = epoch, len(kls) - 1
+                    break
         out: dict[str, Any] = {}
         if stats:
-            keys = stats[0].keys()
-            stacked = {k: torch.stack([s[k] for s in stats]) for k in keys}
+            if isinstance(stats[0], torch.Tensor):  # the fused step's statistics vectors
+                cols = torch.stack(stats).unbind(1)
+                stacked = dict(zip(STAT_KEYS, cols))
+            else:
+                stacked = {k: torch.stack([s[k] for s in stats]) for k in stats[0]}
             for k, v in stacked.items():
                 if k == "ratio_min":
                     out[k] = float(v.min())

@@ -40,14 +40,25 @@ class _Recorder:
     def __init__(self, n: int):
         self.n = n
         self.ids: torch.Tensor | None = None
+        self.depth = 0  # nesting of the wrapped minibatch calls
         self.seen = 0
         self.epoch = 0
         self.loss_inputs: list[tuple[int, torch.Tensor, str, torch.Tensor]] = []
         self.mb_inputs: list[tuple[int, torch.Tensor, str, torch.Tensor]] = []
 
-    def start_minibatch(self, mb: dict) -> None:
-        if self.ids is not None and mb.get("_id") is self.ids:
-            return  # the same minibatch seen again further down the call chain
+    @contextmanager
+    def minibatch(self, mb: dict):
+        """Around one wrapped minibatch call; a call made inside another (the same minibatch
+        further down the call chain, possibly re-packed) does not start a new one."""
+        if self.depth == 0:
+            self._start(mb)
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+
+    def _start(self, mb: dict) -> None:
         self.ids = mb.get("_id")
         self.epoch = self.seen // self.n
         self.seen += 0 if self.ids is None else len(self.ids)
@@ -88,25 +99,25 @@ def _patched(module, rec: _Recorder):
     # takes the labels straight from the minibatch
     from ppokit.algos.fast import FusedMinibatchStep as fused_cls
 
-    fused_call = None
+    fused_step = None
     if module.__name__ == "ppokit.algos.trainer":
-        fused_call = fused_cls.__call__
+        fused_step = fused_cls.step  # what the trainer and ``__call__`` both go through
 
         def fused_wrapper(self, mb, *args, **kwargs):
-            rec.start_minibatch(mb)
-            for key, label in (("logp", "logp_old"), ("advantages", "advantages"),
-                               ("returns", "returns")):
-                rec.loss_input(label, mb.get(key))
-            return fused_call(self, mb, *args, **kwargs)
+            with rec.minibatch(mb):
+                for key, label in (("logp", "logp_old"), ("advantages", "advantages"),
+                                   ("returns", "returns")):
+                    rec.loss_input(label, mb.get(key))
+                return fused_step(self, mb, *args, **kwargs)
 
-        fused_cls.__call__ = fused_wrapper
+        fused_cls.step = fused_wrapper
     try:
         yield
     finally:
         for fname, fn in saved.items():
             setattr(module, fname, fn)
-        if fused_call is not None:
-            fused_cls.__call__ = fused_call
+        if fused_step is not None:
+            fused_cls.step = fused_step
 
 
 def _by_epoch(records, n: int) -> dict[tuple[str, int], torch.Tensor]:
@@ -226,8 +237,8 @@ def check_labels_frozen(policy=None, *, env: str = "CartPole-v1", trainer_cls=No
             orig_update_mb = tr.update_minibatch
 
             def update_minibatch(mb, *args, **kwargs):
-                rec.start_minibatch(mb)
-                return orig_update_mb(mb, *args, **kwargs)
+                with rec.minibatch(mb):
+                    return orig_update_mb(mb, *args, **kwargs)
 
             tr.update_minibatch = update_minibatch
             with _patched(trainer_mod, rec):
