@@ -23,9 +23,11 @@ def _setup(kind, activation, seed, cfg):
     pol = make_policy(obs_space, act_space, hidden=(16, 16), activation=activation,
                       log_std_init=-0.5)
     pol_ref = copy.deepcopy(pol)
-    opt = torch.optim.Adam(pol.parameters(), lr=cfg.learning_rate, eps=cfg.optimizer_eps)
+    # the trainer's optimiser: Adam with torch's fused kernel, which the fused step also runs
+    opt = torch.optim.Adam(pol.parameters(), lr=cfg.learning_rate, eps=cfg.optimizer_eps,
+                           fused=True)
     opt_ref = torch.optim.Adam(pol_ref.parameters(), lr=cfg.learning_rate,
-                               eps=cfg.optimizer_eps)
+                               eps=cfg.optimizer_eps, fused=True)
     eager = types.SimpleNamespace(policy=pol_ref, opt=opt_ref, cfg=cfg, kl_ctl=None)
     return pol, opt, pol_ref, eager
 
@@ -73,8 +75,11 @@ def test_fused_step_equals_eager_step(kind, activation, n, seed, policy_loss, cl
         for key in want:
             torch.testing.assert_close(got[key].float(), want[key].float(), rtol=2e-4,
                                        atol=2e-5, msg=key)
+        # Adam divides by (sqrt(v) + eps): for a parameter whose gradient is ~0, float
+        # rounding of that gradient (up to ~1e-8 here) moves it by up to lr * 1e-8 / eps
+        # (3e-3 * 1e-8 / 1e-5 = 3e-6)
         for (name, p), p_ref in zip(pol.named_parameters(), pol_ref.parameters()):
-            torch.testing.assert_close(p, p_ref, rtol=1e-4, atol=1e-6, msg=name)
+            torch.testing.assert_close(p, p_ref, rtol=1e-4, atol=3e-6, msg=name)
 
 
 def test_fused_step_early_stop_matches_eager():

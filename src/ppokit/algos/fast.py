@@ -152,9 +152,9 @@ def _ppo_step(x: torch.Tensor, actions: torch.Tensor, logp_old: torch.Tensor,
 
     Returns ``(stats, stopped)``: ``stats`` holds policy loss, value loss, entropy, approx
     KL (k3), approx KL (k1), clip fraction, clip-active fraction, min and max ratio and the
-    gradient norm before clipping; ``stopped`` is True when ``kl_limit >= 0`` and the
-    approx KL exceeds it (then no gradient is meaningful and stats is empty). Negative
-    ``clip_vf`` / ``kl_limit`` / ``max_grad_norm`` mean "off".
+    gradient norm before clipping (:data:`STAT_KEYS`); ``stopped`` is True when
+    ``kl_limit >= 0`` and the approx KL exceeds it: then nothing was stepped and ``stats``
+    is empty. Negative ``clip_vf`` / ``kl_limit`` / ``max_grad_norm`` mean "off".
     """
     fut = torch.jit.fork(_critic_branch, x, ret, v_old, cws, cbs, cgws, cgbs, relu_c,
                          vf_coef, clip_vf, clip_max, one, two)
@@ -167,19 +167,21 @@ def _ppo_step(x: torch.Tensor, actions: torch.Tensor, logp_old: torch.Tensor,
         probs = logp_all.exp()
         a = actions.unsqueeze(-1)
         logp = logp_all.gather(-1, a).squeeze(-1)
-        ent = (probs * logp_all).sum(-1).neg_()
-        entropy = ent.mean()
-        z = out  # unused
+        p_logp = probs * logp_all
+        ent_stat = p_logp.sum()  # −n · mean entropy
+        ent_scale = -inv_n
+        z = out  # (Gaussian only)
         inv_std = out
     else:
         inv_std = torch.exp(-log_std)
         z = (actions - out) * inv_std
         log_sqrt_2pi = 0.9189385332046727  # ½ log 2π (TorchScript cannot read a global)
         logp = (z * z).mul_(-0.5).sub_(log_std).sub_(log_sqrt_2pi).sum(-1)
-        entropy = (log_std + (0.5 + log_sqrt_2pi)).sum()
-        probs = out
+        ent_stat = (log_std + (0.5 + log_sqrt_2pi)).sum()  # the entropy (state-independent)
+        ent_scale = 1.0
+        probs = out  # (categorical only)
         logp_all = out
-        ent = out
+        p_logp = out
         a = actions
     if norm_adv:
         if n > 1:
@@ -189,47 +191,52 @@ def _ppo_step(x: torch.Tensor, actions: torch.Tensor, logp_old: torch.Tensor,
             adv = torch.zeros_like(adv)
     log_ratio = logp - logp_old
     ratio = torch.exp(log_ratio)
-    approx_kl = (torch.expm1(log_ratio) - log_ratio).mean()
+    kl_sum = (torch.expm1(log_ratio) - log_ratio).sum()
     if kl_limit >= 0.0:
-        if bool(approx_kl > kl_limit):
+        if float(kl_sum) * inv_n > kl_limit:
             torch.jit.wait(fut)
             return torch.empty(0), True
     if use_clip:
         s1 = ratio * adv
         s2 = ratio.clamp(1.0 - clip, 1.0 + clip) * adv
         active = s2 < s1
-        policy_loss = torch.minimum(s1, s2).mean().neg_()
+        pl_sum = torch.minimum(s1, s2).sum()
+        # −∂/∂log π of min(ρÂ, clip(ρ)Â): ρÂ, except exactly 0 where the clipped branch is active
         g_logp = s1.masked_fill_(active, 0.0).mul_(-inv_n)
-        clipfrac = ((ratio - 1.0).abs_() > clip).sum() * inv_n
-        active_frac = active.sum() * inv_n
+        clip_count = ((ratio - one).abs_() > clip).sum()
+        active_count = active.sum()
     else:
-        policy_loss = (logp * adv).mean().neg_()
+        pl_sum = (logp * adv).sum()
         g_logp = adv * (-inv_n)
-        clipfrac = torch.zeros_like(approx_kl)
-        active_frac = torch.zeros_like(approx_kl)
+        clip_count = torch.zeros_like(kl_sum)
+        active_count = clip_count
     gl = g_logp.unsqueeze(-1)
     if categorical:
         g_out = probs * gl.neg()
         g_out.scatter_add_(-1, a, gl)
         if ent_coef != 0.0:
             # d(-ent_coef * mean H)/d logits = ent_coef/n * p * (log p + H)
-            g_out.add_(probs * (logp_all + ent.unsqueeze(-1)), alpha=ent_coef * inv_n)
+            ent = p_logp.sum(-1, keepdim=True).neg_()
+            g_out.add_(probs * (logp_all + ent), alpha=ent_coef * inv_n)
     else:
         # d logp / d mean = z / std ; d logp / d log_std = z^2 - 1
         g_out = (z * inv_std).mul_(gl)
-        torch.sum((z * z - 1.0).mul_(gl), 0, out=log_std_grad)
+        torch.sum((z * z).sub_(one).mul_(gl), 0, out=log_std_grad)
         if ent_coef != 0.0:
             log_std_grad.sub_(ent_coef)
     _mlp_backward(g_out, hs, aws, agws, agbs, relu_a)
     vl = torch.jit.wait(fut)
     grad_norm = torch.linalg.vector_norm(flat_grad)
     if max_grad_norm >= 0.0:
-        # torch.nn.utils.clip_grad_norm_'s rule: scale by min(1, max / (norm + 1e-6))
-        coef = (max_grad_norm / (grad_norm + 1e-6)).clamp_(max=1.0)
-        flat_grad.mul_(coef)
-    stats = torch.stack([policy_loss, vl, entropy, approx_kl, log_ratio.mean().neg_(),
-                         clipfrac, active_frac, ratio.min(), ratio.max(), grad_norm])
-    return stats, False
+        # torch.nn.utils.clip_grad_norm_'s rule, scale by min(1, max / (norm + 1e-6)),
+        # skipping the multiplication by exactly 1
+        if float(grad_norm) + 1e-6 > max_grad_norm:
+            flat_grad.mul_(max_grad_norm / (grad_norm + 1e-6))
+    r_min, r_max = torch.aminmax(ratio)
+    stats = torch.stack([pl_sum, vl, ent_stat, kl_sum, log_ratio.sum(), clip_count,
+                         active_count, r_min, r_max, grad_norm])
+    scale = torch.tensor([-inv_n, 1.0, ent_scale, inv_n, -inv_n, inv_n, inv_n, 1.0, 1.0, 1.0])
+    return stats.mul_(scale), False
 
 
 STAT_KEYS = ("policy_loss", "value_loss", "entropy", "approx_kl", "approx_kl_k1", "clipfrac",
@@ -376,6 +383,9 @@ class FusedMinibatchStep:
                 m.copy_(state[p]["exp_avg"])
                 v.copy_(state[p]["exp_avg_sq"])
         self.step_t = torch.tensor(step)
+        self._adam_params, self._grads = [self.flat], [self.flat_grad]
+        self._exp_avgs, self._exp_avg_sqs, self._steps = [self.exp_avg], [self.exp_avg_sq], \
+            [self.step_t]
         for p, m, v in zip(self.params, views_m, views_v):
             state[p] = {"step": self.step_t, "exp_avg": m, "exp_avg_sq": v}
 
@@ -385,7 +395,6 @@ class FusedMinibatchStep:
         stats = self.step(mb, clip, kl_limit)
         return None if stats is None else dict(zip(STAT_KEYS, stats.unbind()))
 
-    @torch.no_grad()
     def step(self, mb: dict[str, torch.Tensor], clip: float,
              kl_limit: float | None = None) -> torch.Tensor | None:
         """One update; the statistics as one vector ordered as :data:`STAT_KEYS` (what the
@@ -401,19 +410,17 @@ class FusedMinibatchStep:
             kl_limit=float(kl_limit) if kl_limit is not None else -1.0, **self._opts)
         if stopped:
             return None
-        if self._adam_group is not None:
-            self._adam()
-        else:
+        g = self._adam_group
+        if g is None:
             self.opt.step()
+            return stats
+        # torch's fused Adam kernel (what torch.optim.Adam(fused=True) runs) on the flat
+        # buffers; the optimiser's state tensors are views of them, so its state_dict stays
+        # current. (Called from Python: TorchScript does not run this in-place op.)
+        self.step_t += 1.0
+        beta1, beta2 = g["betas"]
+        torch._fused_adam_(self._adam_params, self._grads, self._exp_avgs, self._exp_avg_sqs,
+                           [], self._steps, lr=float(g["lr"]), beta1=beta1, beta2=beta2,
+                           weight_decay=0.0, eps=g["eps"], amsgrad=False, maximize=False)
         return stats
 
-    def _adam(self) -> None:
-        """One step of torch's fused Adam kernel (the one ``torch.optim.Adam(fused=True)``
-        runs) on the flat buffers; the optimiser's state tensors are views of these buffers,
-        so its ``state_dict`` stays current."""
-        g = self._adam_group
-        beta1, beta2 = g["betas"]
-        self.step_t += 1.0
-        torch._fused_adam_([self.flat], [self.flat_grad], [self.exp_avg], [self.exp_avg_sq],
-                           [], [self.step_t], lr=float(g["lr"]), beta1=beta1, beta2=beta2,
-                           weight_decay=0.0, eps=g["eps"], amsgrad=False, maximize=False)
