@@ -17,18 +17,31 @@ __all__ = ["RunningMeanStd", "ObsNormalizer", "RewardScaler"]
 
 
 class RunningMeanStd:
+    """Mean and (population) variance of every sample seen so far, per feature, updated one
+    batch at a time with the parallel formula of Chan et al. ``epsilon`` is a pseudo-count
+    of the initial estimate (mean 0, variance 1)."""
+
     def __init__(self, shape: tuple[int, ...] = (), epsilon: float = 1e-4):
         self.mean = np.zeros(shape, np.float64)
         self.var = np.ones(shape, np.float64)
         self.count = float(epsilon)
 
     def update(self, x: np.ndarray) -> None:
+        """Fold in the batch ``x`` ``[B, *shape]``. (Called on every rollout step, so written
+        with plain ufuncs; a one-row batch, the usual case, has batch variance exactly 0.)"""
         x = np.asarray(x, np.float64)
-        b_mean, b_var, b_count = x.mean(0), x.var(0), x.shape[0]
+        b_count = x.shape[0]
+        if b_count == 1:
+            b_mean = x[0]
+            b_m2 = 0.0
+        else:
+            b_mean = np.add.reduce(x, 0) / b_count
+            dev = x - b_mean
+            b_m2 = np.add.reduce(dev * dev, 0)
         delta = b_mean - self.mean
         tot = self.count + b_count
-        self.mean = self.mean + delta * b_count / tot
-        m2 = self.var * self.count + b_var * b_count + delta**2 * self.count * b_count / tot
+        self.mean = self.mean + delta * (b_count / tot)
+        m2 = self.var * self.count + b_m2 + delta * delta * (self.count * b_count / tot)
         self.var = m2 / tot
         self.count = tot
 
@@ -52,7 +65,9 @@ class ObsNormalizer:
         if update:
             self.rms.update(obs)
         out = (obs - self.rms.mean) / np.sqrt(self.rms.var + self.eps)
-        return np.clip(out, -self.clip, self.clip).astype(np.float32)
+        np.maximum(out, -self.clip, out=out)
+        np.minimum(out, self.clip, out=out)
+        return out.astype(np.float32)
 
     def state_dict(self):
         return self.rms.state_dict()
@@ -80,7 +95,9 @@ class RewardScaler:
             self.ret = np.where(valid, self.ret * self.gamma + r, self.ret)
             if valid.any():
                 self.rms.update(self.ret[valid])
-        out = np.clip(r / np.sqrt(self.rms.var + self.eps), -self.clip, self.clip)
+        out = r / np.sqrt(self.rms.var + self.eps)
+        np.maximum(out, -self.clip, out=out)
+        np.minimum(out, self.clip, out=out)
         self.ret[np.asarray(episode_end, bool)] = 0.0
         return out.astype(np.float32)
 
