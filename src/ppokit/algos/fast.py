@@ -1,25 +1,28 @@
-"""The fast minibatch step: PPO's loss, its gradient, clipping and the optimiser step in one
-fused function with hand-written backward passes, for ppokit's MLP actor-critic.
+"""The fast minibatch step: PPO's loss, its gradient, clipping and the optimiser step for
+ppokit's MLP actor-critic, without autograd.
 
-Why: on a small MLP the eager step (autograd + ``torch.optim``) is almost all per-call
-overhead — the autograd graph, the distribution helpers, input validation, a Python loop
-over parameters in the optimiser. The maths is a few ``[M, 64]`` matrix products. This
-module computes exactly the same update with ~4× fewer tensor operations:
+Why: on a small MLP the eager step (autograd + optimiser) is mostly per-call overhead — the
+autograd graph, the distribution helpers, input validation, one kernel launch per tensor
+operation from Python. The arithmetic is a few ``[M, 64]`` (or ``[M, 256]``) matrix
+products. This module computes the same update as one compiled kernel (:func:`_ppo_step`):
 
-* forward and backward of both MLPs written out (``addmm``, ``tanh``/``relu`` and their
-  derivatives), no autograd graph;
+* forward and backward of both MLPs written out (``addmm``, tanh/ReLU and their backward
+  kernels), no autograd graph;
 * the PPO-Clip gradient in closed form: ``∂(−min(ρÂ, clip(ρ)Â))/∂log π = −ρÂ`` except on
   the samples whose clipped branch is active, where it is exactly 0 (the definition of
   ``clip_active_frac``);
 * the value loss ``(V − R)²`` (optionally clipped, ``max`` or ``clipped`` form), entropy
   bonus, minibatch advantage whitening (ddof 1, eps 1e-8, as :func:`ppokit.core.masked_whiten`);
-* global gradient-norm clipping and the optimiser step on the *same* ``torch.optim``
-  optimiser the eager path uses (its state, checkpoints and schedules are unchanged).
+* the critic's whole branch runs on torch's inter-op thread in parallel with the actor's,
+  outside the GIL (the kernel is TorchScript), so both cores work during the update;
+* global gradient-norm clipping, then Adam with torch's fused kernel on flat buffers that
+  hold every parameter, gradient and moment (the optimiser's own state tensors are views of
+  them, so its ``state_dict``, checkpoints and learning-rate schedule are unchanged).
 
 The eager path (:meth:`ppokit.algos.trainer.Trainer.update_minibatch`) stays the reference:
-``tests/test_fast_path.py`` checks both give the same parameters and statistics on random
-minibatches. :func:`supports` says which configurations this path covers; anything else
-falls back to the eager path.
+``tests/test_fast_path.py`` checks that both give the same parameters and statistics on
+random minibatches, compiled and as plain Python. :func:`supports` says which
+configurations this path covers; anything else falls back to the eager path.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ import torch
 from torch import nn
 
 from ppokit.policies.mlp import MLPActorCritic
+
+from .optim import Adam
 
 __all__ = ["FusedMinibatchStep", "supports"]
 
@@ -273,11 +278,13 @@ def _layers(seq: nn.Sequential) -> tuple[list[nn.Linear], str]:
     return lins, act
 
 
-def _adam_settings(opt: torch.optim.Optimizer) -> dict | None:
-    """The hyper-parameters of ``opt`` when it is a single-group ``torch.optim.Adam`` without
-    weight decay, AMSGrad or maximize (which :meth:`FusedMinibatchStep._adam` reproduces;
-    ``fused=True`` only changes how torch would compute the same rule); ``None`` otherwise
-    (then ``opt.step()`` is called)."""
+def _adam_settings(opt) -> dict | None:
+    """The hyper-parameters of ``opt`` when it is ppokit's :class:`~ppokit.algos.optim.Adam`
+    or a single-group ``torch.optim.Adam`` without weight decay, AMSGrad or maximize (the
+    step then runs torch's fused Adam kernel on the flat buffers); ``None`` otherwise (then
+    ``opt.step()`` is called)."""
+    if type(opt) is Adam:
+        return opt.param_groups[0]
     if type(opt) is not torch.optim.Adam or len(opt.param_groups) != 1:
         return None
     g = opt.param_groups[0]
