@@ -208,8 +208,8 @@ def _ppo_step(x: torch.Tensor, actions: torch.Tensor, logp_old: torch.Tensor,
         pl_sum = torch.minimum(s1, s2).sum()
         # −∂/∂log π of min(ρÂ, clip(ρ)Â): ρÂ, except exactly 0 where the clipped branch is active
         g_logp = s1.masked_fill_(active, 0.0).mul_(-inv_n)
-        clip_count = ((ratio - one).abs_() > clip).sum()
-        active_count = active.sum()
+        clip_count = ((ratio - one).abs_() > clip).sum(dtype=torch.float32)
+        active_count = active.sum(dtype=torch.float32)
     else:
         pl_sum = (logp * adv).sum()
         g_logp = adv * (-inv_n)
