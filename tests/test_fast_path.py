@@ -46,7 +46,7 @@ def _minibatch(kind, n, gen, policy):
             "values": torch.randn(n, generator=gen) * 0.1}
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(kind=st.sampled_from(["categorical", "gaussian"]),
        activation=st.sampled_from(["tanh", "relu"]),
        n=st.integers(1, 80), seed=st.integers(0, 10_000),
@@ -56,16 +56,18 @@ def _minibatch(kind, n, gen, policy):
        value_clip_mode=st.sampled_from(["max", "clipped"]),
        ent_coef=st.sampled_from([0.0, 0.01]),
        normalize_advantage=st.booleans(),
-       max_grad_norm=st.sampled_from([None, 0.5]))
+       max_grad_norm=st.sampled_from([None, 0.5]),
+       script=st.booleans())
 def test_fused_step_equals_eager_step(kind, activation, n, seed, policy_loss, clip,
                                       clip_range_vf, value_clip_mode, ent_coef,
-                                      normalize_advantage, max_grad_norm):
+                                      normalize_advantage, max_grad_norm, script):
+    """Compiled (TorchScript) and as plain Python, the kernel matches the eager step."""
     cfg = TrainConfig(policy_loss=policy_loss, clip_range_vf=clip_range_vf,
                       value_clip_mode=value_clip_mode, ent_coef=ent_coef,
                       normalize_advantage=normalize_advantage, max_grad_norm=max_grad_norm,
                       learning_rate=3e-3, vf_coef=0.7, tensorboard=False)
     pol, opt, pol_ref, eager = _setup(kind, activation, seed, cfg)
-    fused = FusedMinibatchStep(pol, opt, cfg)
+    fused = FusedMinibatchStep(pol, opt, cfg, script=script)
     gen = torch.Generator().manual_seed(seed)
     for _ in range(3):
         mb = _minibatch(kind, n, gen, pol_ref)
@@ -129,3 +131,11 @@ def test_fast_and_eager_training_runs_agree(tmp_path):
                 assert b[key] is None
                 continue
             assert abs(a[key] - b[key]) <= 1e-3 * max(1.0, abs(b[key])), key
+
+
+def test_the_kernel_is_compiled_on_this_torch():
+    """The fast path is the TorchScript kernel here, not the plain-Python fallback."""
+    cfg = TrainConfig(tensorboard=False)
+    pol = make_policy(spaces.Box(-1, 1, (3,)), spaces.Discrete(2))
+    step = FusedMinibatchStep(pol, torch.optim.Adam(pol.parameters()), cfg)
+    assert isinstance(step.kernel, torch.jit.ScriptFunction)

@@ -263,13 +263,21 @@ def _compile_kernel():
 _KERNEL: list = []  # [compiled kernel or None], filled on first use
 
 
+def _python_kernel(*args, **kwargs):
+    """``_ppo_step`` run as plain Python (``torch.jit.fork`` then runs the critic branch
+    synchronously, with a deprecation warning per call that is not the caller's business)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return _ppo_step(*args, **kwargs)
+
+
 def kernel(script: bool = True):
     """The step kernel: compiled when ``script`` and possible, else plain Python."""
     if not script:
-        return _ppo_step
+        return _python_kernel
     if not _KERNEL:
         _KERNEL.append(_compile_kernel())
-    return _KERNEL[0] or _ppo_step
+    return _KERNEL[0] or _python_kernel
 
 
 def _layers(seq: nn.Sequential) -> tuple[list[nn.Linear], str]:
