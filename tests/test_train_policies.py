@@ -1,12 +1,16 @@
-"""Policy heads against torch.distributions, and Box actions clipped only for the env."""
+"""Policy heads against torch.distributions, Box actions clipped only for the env, and the
+NumPy sampler and fast collector against the torch policy and the reference collector."""
 
 import gymnasium as gym
 import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.distributions import Categorical, Normal
 
-from ppokit.policies import Policy, make_policy
+from ppokit.envs import make_vec
+from ppokit.policies import NumpySampler, Policy, make_policy
 from ppokit.rollout import Collector
 
 
@@ -97,3 +101,84 @@ def test_categorical_sampling_frequencies_and_zero_probability_actions():
     assert freq[3] == 0
     edge = torch.tensor([[0.0, -1e9, -1e9]]).log_softmax(-1).expand(10_000, 3)
     assert _sample_categorical(edge, None).unique().tolist() == [0]
+
+
+# ---------------------------------------------------------------- the NumPy sampler (fast path)
+
+
+@settings(max_examples=50, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 16), k=st.integers(2, 6),
+       activation=st.sampled_from(["tanh", "relu"]), gaussian=st.booleans())
+def test_numpy_sampler_matches_the_torch_policy(seed, n, k, activation, gaussian):
+    """Same weights, observations and noise: the NumPy sampler picks the action the
+    torch policy's inverse-CDF rule picks (categorical), or the same Gaussian sample."""
+    torch.manual_seed(seed)
+    act_space = gym.spaces.Box(-1, 1, (k,)) if gaussian else gym.spaces.Discrete(k)
+    pol = make_policy(gym.spaces.Box(-1, 1, (5,)), act_space, activation=activation,
+                      ortho_init=False, log_std_init=-0.3)
+    g = torch.Generator().manual_seed(seed + 1)
+    obs = torch.randn(n, 5, generator=g) * 2
+    sampler = NumpySampler(pol)
+    with torch.no_grad():
+        out = pol.actor(obs)
+        if gaussian:
+            noise = torch.randn(n, k, generator=g)
+            got = sampler(obs.numpy(), noise.numpy())
+            want = out + pol.log_std.exp() * noise
+            np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-5)
+            return
+        u = torch.rand(n, 1, generator=g)
+        got = sampler(obs.numpy(), u.numpy())
+        cdf = out.log_softmax(-1).exp().cumsum(-1)
+        want = (cdf < u * cdf[:, -1:]).sum(-1).numpy()
+        # the two float32 CDFs may differ by rounding: only a u within that of a step may differ
+        edge = (cdf - u * cdf[:, -1:]).abs().min(-1).values.numpy() < 1e-5
+        assert np.all((got == want) | edge)
+        assert got.dtype == np.int64 and np.all((got >= 0) & (got < k))
+
+
+def test_sampler_reads_the_current_weights():
+    pol = make_policy(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(2))
+    sampler = NumpySampler(pol)
+    with torch.no_grad():
+        pol.actor[-1].bias.copy_(torch.tensor([50.0, -50.0]))  # in place: no rebind needed
+    assert sampler(np.zeros((4, 3), np.float32), np.full((4, 1), 0.999, np.float32)).tolist() \
+        == [0, 0, 0, 0]
+
+
+def test_fast_and_reference_collectors_record_the_same_rollout():
+    """CartPole, categorical: the uniforms drawn for a window equal the per-step draws, so
+    both collectors take the same actions; log-probs and values agree to float rounding."""
+    ros = {}
+    for fast in (True, False):
+        torch.manual_seed(0)
+        pol = make_policy(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2))
+        col = Collector(make_vec("CartPole-v1", 4), pol,
+                        generator=torch.Generator().manual_seed(5), fast=fast)
+        col.reset(seed=3)
+        ros[fast] = [col.collect(64) for _ in range(3)]
+        assert (col._sampler is not None) is fast
+    for a, b in zip(ros[True], ros[False]):
+        assert torch.equal(a.actions, b.actions)
+        assert torch.equal(a.obs, b.obs) and torch.equal(a.rewards, b.rewards)
+        assert torch.equal(a.valid, b.valid) and torch.equal(a.episode_end, b.episode_end)
+        for key in ("logp", "values", "next_values"):
+            torch.testing.assert_close(getattr(a, key), getattr(b, key), rtol=1e-5, atol=1e-6)
+
+
+def test_fast_collector_bootstraps_truncations_from_the_final_observation():
+    """SAME_STEP (sync) env with truncations: next_values of a truncated step is V of the
+    final observation, computed in the batched pass."""
+    env = make_vec("Pendulum-v1", 2, vectorization="sync")  # truncates at 200 steps
+    torch.manual_seed(0)
+    pol = make_policy(env.single_observation_space, env.single_action_space)
+    col = Collector(env, pol, generator=torch.Generator().manual_seed(0), fast=True)
+    col.reset(seed=0)
+    ro = col.collect(250)
+    t = 199
+    assert ro.episode_end[t].all() and not ro.terminated[t].any()
+    # the next row starts a new episode: its values are not the bootstrap of row t
+    assert not torch.allclose(ro.next_values[t], ro.values[t + 1])
+    lp, _, v = pol.evaluate(ro.obs.reshape(-1, 3), ro.actions.reshape(-1, 1))
+    torch.testing.assert_close(lp.reshape(250, 2), ro.logp)
+    torch.testing.assert_close(v.reshape(250, 2), ro.values)

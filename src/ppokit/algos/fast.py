@@ -52,6 +52,8 @@ def supports(policy: nn.Module, cfg) -> str | None:
         return f"policy_loss={cfg.policy_loss}"
     if not cfg.use_critic:
         return "use_critic=false"
+    if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in policy.parameters()):
+        return "parameters that are not float32 on the CPU"
     for seq in (policy.actor, policy.critic):
         for m in seq:
             if not isinstance(m, (nn.Linear, nn.Tanh, nn.ReLU)):

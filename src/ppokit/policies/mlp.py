@@ -63,7 +63,8 @@ class NumpySampler:
         return (isinstance(policy, MLPActorCritic) and policy.kind in ("categorical", "gaussian")
                 and policy.obs_onehot is None
                 and all(isinstance(m, (nn.Linear, nn.Tanh, nn.ReLU)) for m in policy.actor)
-                and next(policy.parameters()).dtype == torch.float32)
+                and all(p.dtype == torch.float32 and p.device.type == "cpu"
+                        for p in policy.parameters()))
 
     def bind(self) -> None:
         lins = [m for m in self.policy.actor if isinstance(m, nn.Linear)]
