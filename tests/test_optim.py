@@ -78,3 +78,16 @@ def test_zero_grad_and_errors():
         Adam([])
     with pytest.raises(ValueError, match="different number"):
         opt.load_state_dict(Adam(ps[:1]).state_dict())
+
+
+def test_a_shared_step_counter_advances_once_per_step():
+    """The fused trainer step shares one step tensor among all parameters' states."""
+    ps = _params(0)
+    opt = Adam(ps, lr=1e-3)
+    shared = torch.zeros(())
+    for p in ps:
+        opt.state[p] = {"step": shared, "exp_avg": torch.zeros_like(p),
+                        "exp_avg_sq": torch.zeros_like(p)}
+        p.grad = torch.ones_like(p)
+    opt.step()
+    assert float(shared) == 1.0

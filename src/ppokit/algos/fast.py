@@ -341,6 +341,10 @@ class FusedMinibatchStep:
     vector instead of a loop over parameters. Build it *after* loading a checkpoint into
     the policy and optimiser. Tensors handed to safetensors must be cloned first (views of
     one buffer share memory).
+
+    :meth:`step` is what the trainer calls (statistics as one vector, :data:`STAT_KEYS`);
+    calling the object returns them as a dict. ``script=False`` runs the kernel as plain
+    Python (the reference the tests hold the compiled kernel to, besides the eager step).
     """
 
     def __init__(self, policy: MLPActorCritic, optimizer: torch.optim.Optimizer, cfg, *,

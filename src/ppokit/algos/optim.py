@@ -71,8 +71,8 @@ class Adam:
             steps.append(st["step"])
         if not params:
             return
-        for s in steps:
-            s += 1.0
+        for s in {id(s): s for s in steps}.values():  # a step tensor shared by several
+            s += 1.0                                    # parameters counts once
         beta1, beta2 = g["betas"]
         torch._fused_adam_(params, grads, avgs, sqs, [], steps, lr=float(g["lr"]),
                            beta1=beta1, beta2=beta2, weight_decay=0.0, eps=g["eps"],
