@@ -14,14 +14,20 @@ Resolution order (later wins): field defaults < algorithm preset < environment p
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
+import os
+import re
+import reprlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, get_type_hints
 
 from ppokit.errors import UsageError
 
 __all__ = ["TrainConfig", "ALGORITHMS", "ENV_PRESETS", "resolve_config", "config_help",
-           "parse_value", "config_from_dict"]
+           "parse_value", "config_from_dict", "LIMITS", "SEED_MAX", "FLAGS",
+           "available_memory", "estimate_memory", "check_memory", "max_torch_threads"]
 
 
 def _f(default, help: str, **kw):  # noqa: A002
@@ -89,6 +95,8 @@ class TrainConfig:
                     "policy.act per rollout step (the reference)")
 
     def __post_init__(self):
+        if isinstance(self.net_arch, list):  # a list from Python or JSON is fine too
+            object.__setattr__(self, "net_arch", tuple(self.net_arch))
         _validate(self)
 
     @property
@@ -126,73 +134,225 @@ CHOICES = {
 }
 
 
+# Bounds of every numeric field: (low, high, low_is_open). Coefficients stay within
+# COEF_MAX so that their products with the losses stay finite in float32; seeds within
+# what NumPy's legacy seeding accepts (torch and ``random`` accept more).
+SEED_MAX = 2**32 - 1
+COEF_MAX = 1e6
+LIMITS: dict[str, tuple[float, float, bool]] = {
+    "total_timesteps": (1, 10**12, False),
+    "seed": (0, SEED_MAX, False),
+    "n_envs": (1, 65_536, False),
+    "n_steps": (1, 2**24, False),
+    "n_epochs": (1, 100_000, False),
+    "batch_size": (0, 2**40, False),  # and at most the rollout (0 = the whole rollout)
+    "gamma": (0.0, 1.0, False),
+    "gae_lambda": (0.0, 1.0, False),
+    "learning_rate": (0.0, 10.0, True),
+    "optimizer_eps": (0.0, 1.0, True),
+    "clip_range": (0.0, COEF_MAX, True),
+    "clip_range_vf": (0.0, COEF_MAX, True),
+    "ent_coef": (0.0, COEF_MAX, False),
+    "vf_coef": (0.0, COEF_MAX, False),
+    "max_grad_norm": (0.0, COEF_MAX, True),
+    "target_kl": (0.0, COEF_MAX, True),
+    "kl_coef": (0.0, COEF_MAX, False),
+    "kl_target": (0.0, COEF_MAX, True),
+    "log_std_init": (-20.0, 20.0, False),
+    "clip_obs": (0.0, COEF_MAX, True),
+    "clip_reward": (0.0, COEF_MAX, True),
+    "checkpoint_every": (1, 10**9, False),
+    "keep_checkpoints": (1, 10**6, False),
+    "torch_threads": (0, 1024, False),  # and at most max_torch_threads() (0 = torch's default)
+}
+NET_ARCH_MAX_LAYERS = 64
+NET_ARCH_MAX_WIDTH = 65_536
+ENV_ID_MAX_LEN = 256
+_ENV_ID = re.compile(r"[\w.:/-]+")
+
+# the ``ppokit train`` flags that set a configuration key directly
+FLAGS = {"env_id": "--env", "algo": "--algo", "total_timesteps": "--total-steps",
+         "seed": "--seed", "n_envs": "--num-envs"}
+
+
+def max_torch_threads() -> int:
+    """The most torch threads a config may ask for: 4 per CPU core (at least 64, at most
+    1024). Far more threads than that only crash or thrash."""
+    return min(1024, max(64, 4 * (os.cpu_count() or 1)))
+
+
+_repr = reprlib.Repr()
+_repr.maxstring = 60
+_repr.maxother = 60
+_repr.maxlist = _repr.maxtuple = _repr.maxdict = 8
+_repr.maxlong = 40
+
+
+def _brief(v: Any) -> str:
+    """A short one-line repr of a user's value (long strings and lists are cut)."""
+    return _repr.repr(v)
+
+
+def _fail(name: str, what: str, value: Any = None, *, show: bool = True):
+    err = UsageError(f"{name}: {what}, got {_brief(value)}" if show else f"{name}: {what}")
+    err.field = name  # which key was wrong (resolve_config names the flag that set it)
+    raise err
+
+
+def _finite(v: Any) -> bool:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
+def _range_text(name: str, integer: bool, optional: bool) -> str:
+    lo, hi, lo_open = LIMITS[name]
+    if name == "torch_threads":
+        hi = max_torch_threads()
+    if integer:
+        text = f"an integer in [{lo}, {hi}]"
+    else:
+        text = f"a finite number in {'(' if lo_open else '['}{lo:g}, {hi:g}]"
+    return text + (" or none" if optional else "")
+
+
+def _check_range(name: str, v: Any, integer: bool, optional: bool) -> None:
+    lo, hi, lo_open = LIMITS[name]
+    if name == "torch_threads":
+        hi = max_torch_threads()
+    if v is None and optional:
+        return
+    if integer:
+        ok = isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+    else:
+        ok = _finite(v) and (lo < v if lo_open else lo <= v) and v <= hi
+    if not ok:
+        _fail(name, "expected " + _range_text(name, integer, optional), v)
+
+
 def _validate(c: TrainConfig) -> None:
     hints = get_type_hints(TrainConfig)
     for f in fields(c):
-        v = getattr(c, f.name)
-        t = hints[f.name]
-        ok = True
+        name, v, t = f.name, getattr(c, f.name), hints[f.name]
+        optional = t == (float | None)
+        if name in LIMITS:
+            _check_range(name, v, integer=t is int, optional=optional)
+            continue
         if t is bool:
             ok = isinstance(v, bool)
-        elif t is int:
-            ok = isinstance(v, int) and not isinstance(v, bool)
-        elif t is float or t == (float | None):
-            ok = (v is None and t is not float) or (
-                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
         elif t is str:
             ok = isinstance(v, str)
-        elif f.name == "net_arch":
-            ok = isinstance(v, tuple) and len(v) > 0 and all(
-                isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v)
+        elif name == "net_arch":
+            ok = (isinstance(v, tuple) and 1 <= len(v) <= NET_ARCH_MAX_LAYERS and all(
+                isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= NET_ARCH_MAX_WIDTH
+                for x in v))
+        else:  # a field without a rule is a bug in this module
+            raise AssertionError(f"no validation rule for {name}")
         if not ok:
-            raise UsageError(f"{f.name}: expected {_type_name(t)}, got {v!r}")
-        if f.name in CHOICES and v not in CHOICES[f.name]:
-            raise UsageError(f"{f.name}: expected one of {', '.join(CHOICES[f.name])}, got {v!r}")
-
-    def need(cond: bool, name: str, what: str):
-        if not cond:
-            raise UsageError(f"{name}: expected {what}, got {getattr(c, name)!r}")
-
-    need(c.total_timesteps > 0, "total_timesteps", "an integer > 0")
-    need(c.n_envs > 0, "n_envs", "an integer > 0")
-    need(c.n_steps > 0, "n_steps", "an integer > 0")
-    need(c.n_epochs > 0, "n_epochs", "an integer > 0")
-    need(c.batch_size >= 0, "batch_size", "an integer >= 0 (0 = whole rollout)")
+            _fail(name, f"expected {_type_name(t, name)}", v)
+        if name in CHOICES and v not in CHOICES[name]:
+            _fail(name, f"expected one of {', '.join(CHOICES[name])}", v)
+    if not (0 < len(c.env_id) <= ENV_ID_MAX_LEN and _ENV_ID.fullmatch(c.env_id)):
+        _fail("env_id", "expected a Gymnasium environment id such as CartPole-v1", c.env_id)
     if c.batch_size > c.rollout_size:
-        raise UsageError(f"batch_size: {c.batch_size} is larger than the rollout "
-                         f"(n_steps * n_envs = {c.n_steps} * {c.n_envs} = {c.rollout_size})")
+        _fail("batch_size", f"{c.batch_size} is larger than the rollout (n_steps * n_envs = "
+              f"{c.n_steps} * {c.n_envs} = {c.rollout_size})", show=False)
     if c.total_timesteps < c.rollout_size:
-        raise UsageError(f"total_timesteps: {c.total_timesteps} is smaller than one rollout "
-                         f"(n_steps * n_envs = {c.rollout_size})")
-    need(0 <= c.gamma <= 1, "gamma", "a number in [0, 1]")
-    need(0 <= c.gae_lambda <= 1, "gae_lambda", "a number in [0, 1]")
-    need(c.learning_rate > 0, "learning_rate", "a number > 0")
-    need(c.optimizer_eps > 0, "optimizer_eps", "a number > 0")
-    need(c.clip_range > 0, "clip_range", "a number > 0")
-    need(c.clip_range_vf is None or c.clip_range_vf > 0, "clip_range_vf", "a number > 0 or none")
-    need(c.ent_coef >= 0, "ent_coef", "a number >= 0")
-    need(c.vf_coef >= 0, "vf_coef", "a number >= 0")
-    need(c.max_grad_norm is None or c.max_grad_norm > 0, "max_grad_norm",
-         "a number > 0 or none")
-    need(c.target_kl is None or c.target_kl > 0, "target_kl", "a number > 0 or none")
-    need(c.kl_coef >= 0, "kl_coef", "a number >= 0")
-    need(c.kl_target > 0, "kl_target", "a number > 0")
-    need(c.clip_obs > 0, "clip_obs", "a number > 0")
-    need(c.clip_reward > 0, "clip_reward", "a number > 0")
-    need(c.checkpoint_every > 0, "checkpoint_every", "an integer > 0")
-    need(c.keep_checkpoints > 0, "keep_checkpoints", "an integer > 0")
-    need(c.torch_threads >= 0, "torch_threads", "an integer >= 0")
-    need(c.seed >= 0, "seed", "an integer >= 0")
+        _fail("total_timesteps", f"{c.total_timesteps} is smaller than one rollout "
+              f"(n_steps * n_envs = {c.rollout_size})", show=False)
     if not c.use_critic and c.advantage_estimator == "gae":
-        raise UsageError("use_critic: false needs advantage_estimator = reward_to_go "
-                         "(GAE is defined through the critic)")
+        _fail("use_critic", "false needs advantage_estimator = reward_to_go (GAE is defined "
+              "through the critic)", show=False)
+    check_memory(c)
 
 
-def _type_name(t) -> str:
+def _type_name(t, name: str = "") -> str:
+    if name == "net_arch":
+        return (f"a list of 1 to {NET_ARCH_MAX_LAYERS} layer sizes, each an integer in "
+                f"[1, {NET_ARCH_MAX_WIDTH}]")
     if t == (float | None):
         return "a number or none"
     return {bool: "true or false", int: "an integer", float: "a number",
             str: "a string"}.get(t, "a list of positive integers")
+
+
+# ------------------------------------------------------------------------------ memory
+
+def available_memory() -> int | None:
+    """Bytes a new allocation can expect: ``MemAvailable`` (Linux), else the physical
+    memory; the cgroup limit when that is smaller. ``None`` when neither can be read."""
+    avail = None
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    if avail is None:
+        try:
+            avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            return None
+    try:
+        with open("/sys/fs/cgroup/memory.max") as fh:
+            text = fh.read().strip()
+        if text.isdigit():
+            avail = min(avail, int(text))
+    except OSError:
+        pass
+    return avail
+
+
+def estimate_memory(c: TrainConfig, obs_size: int = 1, act_size: int = 1) -> dict[str, int]:
+    """A lower bound of the bytes a run of ``c`` allocates, by part: ``parameters`` (actor
+    and critic MLPs in float32 with gradients and Adam's two moments), ``rollout`` (one
+    float32 observation, action and six per-step scalars per step) and ``minibatch`` (the
+    hidden activations and their gradients of one minibatch). ``obs_size`` and
+    ``act_size`` are the flat observation and action sizes (1 when not yet known)."""
+    def mlp(sizes):
+        return sum(a * b + b for a, b in zip(sizes, sizes[1:]))
+
+    hidden = list(c.net_arch)
+    n_params = mlp([obs_size, *hidden, act_size]) + mlp([obs_size, *hidden, 1])
+    return {"parameters": 4 * 4 * n_params,
+            "rollout": 4 * c.rollout_size * (obs_size + act_size + 6),
+            "minibatch": 4 * 2 * 2 * c.minibatch_size * sum(hidden)}
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def check_memory(c: TrainConfig, obs_size: int = 1, act_size: int = 1,
+                 available: int | None = None) -> None:
+    """Refuse a config whose :func:`estimate_memory` exceeds the available memory, naming
+    the key responsible for the largest part. The trainer can call it again with the real
+    observation and action sizes once the environment is built."""
+    parts = estimate_memory(c, obs_size, act_size)
+    total = sum(parts.values())
+    avail = available_memory() if available is None else available
+    if avail is None or total <= avail:
+        return
+    big = max(parts, key=parts.__getitem__)
+    tail = f"; {_gib(total)} in all is more than the {_gib(avail)} of memory available"
+    if big == "parameters":
+        n = parts["parameters"] // 16
+        _fail("net_arch", f"{_brief(list(c.net_arch))} makes about {n:,} parameters, "
+              f"{_gib(parts['parameters'])} with gradients and optimiser state" + tail,
+              show=False)
+    name = "n_envs" if c.n_envs >= c.n_steps else "n_steps"
+    if big == "minibatch" and c.batch_size:
+        _fail("batch_size", f"a minibatch of {c.batch_size:,} samples through hidden layers "
+              f"{_brief(list(c.net_arch))} needs at least {_gib(parts['minibatch'])}" + tail,
+              show=False)
+    _fail(name, f"a rollout of n_steps * n_envs = {c.n_steps} * {c.n_envs} = "
+          f"{c.rollout_size:,} steps needs at least {_gib(parts['rollout'])}" + tail,
+          show=False)
 
 
 # ------------------------------------------------------------------------------ presets
@@ -263,11 +423,41 @@ def _show(v) -> str:
     return str(v)
 
 
+# other libraries' names for ppokit's keys, for "did you mean"
+_ALIASES = {"lr": "learning_rate", "num_envs": "n_envs", "envs": "n_envs", "env": "env_id",
+            "clip_eps": "clip_range", "clip_epsilon": "clip_range", "epochs": "n_epochs",
+            "lam": "gae_lambda", "lambda": "gae_lambda", "total_steps": "total_timesteps",
+            "steps": "n_steps", "entropy_coef": "ent_coef", "value_coef": "vf_coef",
+            "threads": "torch_threads", "hidden": "net_arch", "hidden_sizes": "net_arch",
+            "minibatch_size": "batch_size", "eps": "optimizer_eps"}
+
+
+def _suggest(key: Any) -> str | None:
+    if not isinstance(key, str):
+        return None
+    k = key.strip().lower().replace("-", "_")
+    keys = valid_keys()
+    if k in keys:
+        return k
+    if k in _ALIASES:
+        return _ALIASES[k]
+    close = difflib.get_close_matches(k, keys, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _unknown_key(key: Any, where: str = "") -> UsageError:
+    hint = _suggest(key)
+    msg = f"{where + ': ' if where else ''}unknown key {_brief(key)}"
+    if hint:
+        msg += f"; did you mean {hint!r}?"
+    return UsageError(msg + f" (valid keys: {', '.join(valid_keys())})")
+
+
 def parse_value(key: str, text: str) -> Any:
     """Convert the string ``text`` to the type of config field ``key``."""
     hints = get_type_hints(TrainConfig)
     if key not in hints:
-        raise UsageError(f"--set: unknown key {key!r}; valid keys: {', '.join(valid_keys())}")
+        raise _unknown_key(key, "--set")
     t = hints[key]
     s = text.strip()
     try:
@@ -294,13 +484,13 @@ def parse_value(key: str, text: str) -> Any:
             return s
         return tuple(int(x) for x in s.strip("[]()").replace(" ", "").split(",") if x)
     except ValueError:
-        raise UsageError(f"{key}: expected {_type_name(t)}, got {text!r}") from None
+        _fail(key, f"expected {_type_name(t, key)}", text)
 
 
 def _coerce(key: str, value: Any) -> Any:
     hints = get_type_hints(TrainConfig)
     if key not in hints:
-        raise UsageError(f"unknown key {key!r}; valid keys: {', '.join(valid_keys())}")
+        raise _unknown_key(key)
     t = hints[key]
     if key == "net_arch" and isinstance(value, list):
         return tuple(value)
@@ -308,32 +498,79 @@ def _coerce(key: str, value: Any) -> Any:
         return parse_value(key, value)
     if (t is float or t == (float | None)) and isinstance(value, int) \
             and not isinstance(value, bool):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # left as it is: validation names the key
+            return value
     return value
+
+
+def _table(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise UsageError(f"{where}: expected a table of configuration keys, got "
+                         f"{type(value).__name__} {_brief(value)}")
+    return dict(value)
 
 
 def config_from_dict(d: dict[str, Any]) -> TrainConfig:
     """Build a validated config from a dict (unknown keys are an error listing valid ones)."""
+    d = _table(d, "config")
     return TrainConfig(**{k: _coerce(k, v) for k, v in d.items()})
+
+
+def _first(key: str, sources: tuple[dict, ...], *defaults: Any) -> Any:
+    """The value of ``key`` in the first source that sets it (None counts as not set)."""
+    for src in sources:
+        if src.get(key) is not None:
+            return src[key]
+    for d in defaults:
+        if d is not None:
+            return d
+    return None
 
 
 def resolve_config(*, env_id: str | None = None, algo: str | None = None,
                    toml_values: dict[str, Any] | None = None,
                    overrides: dict[str, Any] | None = None,
                    flags: dict[str, Any] | None = None) -> TrainConfig:
-    """Merge presets, a TOML file's values, ``--set`` overrides and flags (see module doc)."""
-    toml_values = dict(toml_values or {})
-    overrides = dict(overrides or {})
-    flags = {k: v for k, v in (flags or {}).items() if v is not None}
-    for src in (toml_values, overrides):
+    """Merge presets, a TOML file's values, ``--set`` overrides and flags (see module doc).
+
+    Every error is a :class:`UsageError` naming the key; a key set by one of the
+    ``ppokit train`` flags is named by the flag too (``--num-envs (n_envs): ...``)."""
+    toml_values = _table(toml_values, "--config")
+    overrides = _table(overrides, "--set")
+    flags = {k: v for k, v in _table(flags, "flags").items() if v is not None}
+    for where, src in (("--config", toml_values), ("--set", overrides), ("flags", flags)):
         for k in src:
             if k not in valid_keys():
-                raise UsageError(f"unknown key {k!r}; valid keys: {', '.join(valid_keys())}")
-    algo = flags.get("algo") or overrides.get("algo") or toml_values.get("algo") or algo or "ppo"
-    env_id = (flags.get("env_id") or overrides.get("env_id") or toml_values.get("env_id")
-              or env_id or "CartPole-v1")
+                raise _unknown_key(k, where)
+    try:
+        return _resolve(env_id, algo, toml_values, overrides, flags)
+    except UsageError as exc:
+        name = getattr(exc, "field", None)
+        if name not in flags or name not in FLAGS:
+            raise
+        msg = str(exc)
+        msg = (f"{FLAGS[name]} ({name}):{msg[len(name) + 1:]}" if msg.startswith(name + ":")
+               else f"{FLAGS[name]}: {msg}")
+        err = UsageError(msg)
+        err.field = name
+        raise err from None
+
+
+def _resolve(env_id, algo, toml_values, overrides, flags) -> TrainConfig:
+    sources = (flags, overrides, toml_values)
+    algo = _first("algo", sources, algo, "ppo")
+    env_id = _first("env_id", sources, env_id, "CartPole-v1")
+    if not isinstance(algo, str):
+        _fail("algo", "expected a string", algo)
     if algo not in ALGORITHMS:
-        raise UsageError(f"algo: unknown algorithm {algo!r}; known: {', '.join(ALGORITHMS)}")
+        _fail("algo", f"unknown algorithm {_brief(algo)}; known: {', '.join(ALGORITHMS)}",
+              show=False)
+    if not isinstance(env_id, str):
+        _fail("env_id", "expected a string", env_id)
     merged: dict[str, Any] = dict(ALGORITHMS[algo])
     preset = ENV_PRESETS.get(env_id, {})
     if algo in ("ppo", "ppo-kl"):
