@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+import reprlib
 from dataclasses import dataclass, fields, replace
 
+from ppokit.algos.config import SEED_MAX
 from ppokit.core.losses import AGGREGATION_MODES
 from ppokit.errors import UsageError
 
@@ -82,59 +85,166 @@ class LLMConfig:
     samples_logged: int = 4  # completions written to samples.jsonl per iteration
 
     def resolved(self) -> LLMConfig:
-        """Fill preset defaults and validate; errors name the field."""
-        if self.algo not in ALGOS:
-            raise UsageError(f"algo: unknown algorithm {self.algo!r}; known: {', '.join(ALGOS)}")
+        """Fill preset defaults and validate every field; errors name the field (the flag
+        of ``ppokit llm train`` is the field with dashes: ``kl_coef`` is ``--kl-coef``)."""
+        if not isinstance(self.algo, str) or self.algo not in ALGOS:
+            _fail("algo", f"unknown algorithm {_brief(self.algo)}; known: {', '.join(ALGOS)}")
         preset = PRESETS[self.algo]
         upd = {k: v for k, v in preset.items() if getattr(self, k) is None}
         cfg = replace(self, **upd)
         if cfg.algo == "dr-grpo":
             cfg = replace(cfg, normalize_std=False)
+        _check_fields(cfg)
         if cfg.time_limit is not None and cfg.time_limit <= 0:
             cfg = replace(cfg, time_limit=None)
-        if cfg.agg not in AGGREGATION_MODES:
-            raise UsageError(f"agg: unknown mode {cfg.agg!r}; known: "
-                             f"{', '.join(AGGREGATION_MODES)}")
-        if cfg.kl_mode not in ("reward", "loss", "none"):
-            raise UsageError(f"kl_mode: expected reward, loss or none, got {cfg.kl_mode!r}")
-        if cfg.truncation not in TRUNCATION:
-            raise UsageError(f"truncation: expected one of {', '.join(TRUNCATION)}, got "
-                             f"{cfg.truncation!r}")
         if cfg.truncation == "bootstrap" and cfg.algo != "ppo":
             raise UsageError("truncation: 'bootstrap' needs a critic (algo ppo); use "
                              "'penalty' or 'mask'")
         if cfg.algo in ("grpo", "dr-grpo", "rloo") and cfg.samples_per_prompt < 2:
             raise UsageError(f"samples_per_prompt: {cfg.algo} needs at least 2, got "
                              f"{cfg.samples_per_prompt}")
-        if cfg.lora_r < 0:
-            raise UsageError(f"lora_r: expected an integer >= 0, got {cfg.lora_r}")
         if cfg.lora_r > 0:
             import importlib.util
 
             if importlib.util.find_spec("peft") is None:
                 raise UsageError("lora_r: LoRA needs peft (pip install peft)")
-        if cfg.critic not in ("separate", "shared"):
-            raise UsageError(f"critic: expected separate or shared, got {cfg.critic!r}")
-        if cfg.score_norm not in ("none", "batch"):
-            raise UsageError(f"score_norm: expected none or batch, got {cfg.score_norm!r}")
         if cfg.reward and cfg.reward_model:
             raise UsageError("reward: give --reward or --reward-model, not both")
-        for name in ("iterations", "prompts_per_iter", "samples_per_prompt", "epochs",
-                     "minibatches", "grad_accum"):
-            if int(getattr(cfg, name)) < 1:
-                raise UsageError(f"{name}: expected an integer >= 1, got {getattr(cfg, name)}")
         batch = cfg.prompts_per_iter * cfg.samples_per_prompt
+        if batch > MAX_SEQUENCES:
+            raise UsageError(f"prompts_per_iter: prompts_per_iter * samples_per_prompt = "
+                             f"{cfg.prompts_per_iter} * {cfg.samples_per_prompt} = {batch} "
+                             f"sequences per iteration; at most {MAX_SEQUENCES}")
         if batch % cfg.minibatches or (batch // cfg.minibatches) % cfg.grad_accum:
             raise UsageError(f"minibatches/grad_accum: the batch of {batch} sequences must split "
                              f"into {cfg.minibatches} minibatches of {cfg.grad_accum} equal "
                              "micro-batches")
-        if cfg.kl_coef < 0:
-            raise UsageError(f"kl_coef: expected a number >= 0, got {cfg.kl_coef}")
         if cfg.kl_target is not None and cfg.kl_coef == 0:
             raise UsageError("kl_target: an adaptive beta needs kl_coef > 0 to start from")
-        if cfg.temperature <= 0:
-            raise UsageError(f"temperature: expected a number > 0, got {cfg.temperature}")
+        _check_memory(cfg)
         return cfg
+
+
+# Bounds of the numeric fields: (integer, low, high, low_is_open). A field whose default
+# is None may also be None. Coefficients stay within COEF_MAX so that their products with
+# the losses stay finite in float32.
+COEF_MAX = 1e6
+MAX_SEQUENCES = 2**20  # prompts_per_iter * samples_per_prompt
+LIMITS: dict[str, tuple[bool, float, float, bool]] = {
+    "iterations": (True, 1, 10**9, False),
+    "time_limit": (False, -1e12, 1e12, False),  # seconds; <= 0: no limit
+    "prompts_per_iter": (True, 1, 65_536, False),
+    "samples_per_prompt": (True, 1, 4096, False),
+    "max_new_tokens": (True, 1, 65_536, False),
+    "temperature": (False, 0.01, 100.0, False),
+    "lr": (False, 0.0, 10.0, True),
+    "critic_lr": (False, 0.0, 10.0, True),
+    "epochs": (True, 1, 10_000, False),
+    "minibatches": (True, 1, MAX_SEQUENCES, False),
+    "grad_accum": (True, 1, MAX_SEQUENCES, False),
+    "clip_eps": (False, 0.0, COEF_MAX, True),
+    "clip_range_vf": (False, 0.0, COEF_MAX, True),
+    "vf_coef": (False, 0.0, COEF_MAX, False),
+    "ent_coef": (False, 0.0, COEF_MAX, False),
+    "max_grad_norm": (False, 0.0, COEF_MAX, True),
+    "target_kl": (False, 0.0, COEF_MAX, True),
+    "gamma": (False, 0.0, 1.0, False),
+    "lam": (False, 0.0, 1.0, False),
+    "kl_coef": (False, 0.0, COEF_MAX, False),
+    "kl_target": (False, 0.0, COEF_MAX, True),
+    "score_clip": (False, 0.0, COEF_MAX, True),
+    "truncation_penalty": (False, 0.0, COEF_MAX, False),
+    "lora_r": (True, 0, 65_536, False),
+    "lora_alpha": (False, 0.0, COEF_MAX, True),
+    "sft_steps": (True, 0, 10**7, False),
+    "sft_lr": (False, 0.0, 10.0, True),
+    "seed": (True, 0, SEED_MAX, False),
+    "n_eval_prompts": (True, 1, 10**6, False),
+    "checkpoint_every": (True, 1, 10**9, False),
+    "samples_logged": (True, 0, 10**6, False),
+}
+CHOICES = {"agg": AGGREGATION_MODES, "kl_mode": ("reward", "loss", "none"),
+           "truncation": TRUNCATION, "critic": ("separate", "shared"),
+           "score_norm": ("none", "batch")}
+PATHS = ("model", "prompts", "eval_prompts", "reward", "reward_model")
+FLAGS_BOOL = ("whiten_advantages", "normalize_std")
+
+_repr = reprlib.Repr()
+_repr.maxstring = _repr.maxother = 60
+_repr.maxlong = 40
+
+
+def _brief(v) -> str:
+    return _repr.repr(v)
+
+
+def _fail(name: str, what: str, value=None, *, show: bool = False):
+    err = UsageError(f"{name}: {what}, got {_brief(value)}" if show else f"{name}: {what}")
+    err.field = name
+    raise err
+
+
+def _finite(v) -> bool:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
+def range_text(name: str) -> str:
+    integer, lo, hi, lo_open = LIMITS[name]
+    if name == "time_limit":
+        return "a finite number of seconds (0 or less: no limit)"
+    if integer:
+        return f"an integer in [{lo}, {hi}]"
+    return f"a finite number in {'(' if lo_open else '['}{lo:g}, {hi:g}]"
+
+
+def _check_fields(cfg: LLMConfig) -> None:
+    optional = {f.name for f in fields(LLMConfig) if "None" in str(f.type)}
+    for name, (integer, lo, hi, lo_open) in LIMITS.items():
+        v = getattr(cfg, name)
+        if v is None and name in optional:
+            continue
+        if integer:
+            ok = isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+        else:
+            ok = _finite(v) and (lo < v if lo_open else lo <= v) and v <= hi
+        if not ok:
+            _fail(name, "expected " + range_text(name), v, show=True)
+    for name, options in CHOICES.items():
+        v = getattr(cfg, name)
+        if not isinstance(v, str) or v not in options:
+            _fail(name, f"expected one of {', '.join(options)}", v, show=True)
+    for name in PATHS:
+        v = getattr(cfg, name)
+        if v is not None and not (isinstance(v, str) and v.strip() and "\0" not in v):
+            _fail(name, "expected a non-empty path or name", v, show=True)
+    for name in FLAGS_BOOL:
+        if not isinstance(getattr(cfg, name), bool):
+            _fail(name, "expected true or false", getattr(cfg, name), show=True)
+
+
+def _check_memory(cfg: LLMConfig) -> None:
+    """Refuse a rollout whose per-token buffers alone (token ids, old, reference and new
+    log-probs, values, advantages, returns, masks: at least 64 bytes a token) exceed the
+    available memory, naming the largest of its three factors."""
+    from ppokit.algos.config import available_memory
+
+    tokens = cfg.prompts_per_iter * cfg.samples_per_prompt * (cfg.max_new_tokens or 1)
+    need, avail = 64 * tokens, available_memory()
+    if avail is None or need <= avail:
+        return
+    factors = {"prompts_per_iter": cfg.prompts_per_iter,
+               "samples_per_prompt": cfg.samples_per_prompt,
+               "max_new_tokens": cfg.max_new_tokens or 1}
+    name = max(factors, key=factors.__getitem__)
+    _fail(name, f"prompts_per_iter * samples_per_prompt * max_new_tokens = "
+          f"{' * '.join(map(str, factors.values()))} = {tokens:,} tokens per iteration need "
+          f"at least {need / 2**30:.1f} GiB, more than the {avail / 2**30:.1f} GiB of memory "
+          "available")
 
 
 def prompt_sets(cfg: LLMConfig) -> tuple[list[str] | None, list[str]]:
