@@ -13,11 +13,16 @@ from dataclasses import replace
 
 import torch
 
+from .guards import check_bench_args, check_int
+
 __all__ = ["bench_token_gae", "bench_trainer", "bench_trl_grpo", "run_bench"]
 
 
 def bench_token_gae(batch: int = 64, length: int = 4096, repeats: int = 3) -> dict:
     from ppokit.core import token_gae, token_gae_reference
+
+    check_bench_args(batch=batch, length=length, iterations=1, algo="grpo")
+    check_int("repeats", repeats, 1, 10_000)
 
     g = torch.Generator().manual_seed(0)
     r = torch.randn(batch, length, generator=g)
@@ -139,6 +144,7 @@ def _trl_run(tmp, task, tok, iterations, prompts_per_iter, samples_per_prompt, m
 
 def run_bench(batch: int = 64, length: int = 4096, iterations: int = 5,
               algo: str = "grpo") -> dict:
+    check_bench_args(batch=batch, length=length, iterations=iterations, algo=algo)
     g = bench_token_gae(batch, length)
     print(f"token_gae B={g['batch']} L={g['length']}: vectorised {g['token_gae_s'] * 1e3:.1f} ms, "
           f"position loop {g['loop_s'] * 1e3:.1f} ms  (x{g['speedup']:.1f}; max |diff| "

@@ -156,7 +156,7 @@ LIMITS: dict[str, tuple[bool, float, float, bool]] = {
     "truncation_penalty": (False, 0.0, COEF_MAX, False),
     "lora_r": (True, 0, 65_536, False),
     "lora_alpha": (False, 0.0, COEF_MAX, True),
-    "sft_steps": (True, 0, 10**7, False),
+    "sft_steps": (True, 1, 10**7, False),
     "sft_lr": (False, 0.0, 10.0, True),
     "seed": (True, 0, SEED_MAX, False),
     "n_eval_prompts": (True, 1, 10**6, False),

@@ -13,6 +13,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from .guards import check_dpo_args, check_finite_model, check_pairs
 from .models import frozen_copy
 from .rollout import sequence_logprobs
 from .sft import encode_pairs
@@ -38,6 +39,12 @@ def dpo_margins(policy, reference, tok, pairs, beta: float) -> torch.Tensor:
 
 def dpo_train(policy, tok, train_pairs, eval_pairs, *, beta: float = 0.1, epochs: int = 2,
               batch_size: int = 32, lr: float = 3e-4, seed: int = 0, log=None) -> dict:
+    """DPO of ``policy`` against a frozen copy of itself. Bad arguments raise a UsageError
+    before any work; weights that end up NaN or infinite raise one after training (so the
+    caller saves nothing)."""
+    check_dpo_args(beta=beta, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed)
+    check_pairs("train pairs (--data / --n-pairs)", train_pairs)
+    check_pairs("held-out pairs (--eval-frac)", eval_pairs)
     reference = frozen_copy(policy)
     policy.eval()  # dropout off
     opt = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
@@ -66,6 +73,7 @@ def dpo_train(policy, tok, train_pairs, eval_pairs, *, beta: float = 0.1, epochs
         if log is not None:
             log(f"epoch {ep + 1}/{epochs}: loss {loss_val:.4f}  held-out preference accuracy "
                 f"{accuracy(eval_pairs):.3f}")
+    check_finite_model(policy, "dpo")
     return {"train_loss": loss_val, "eval_accuracy_before": acc0,
             "eval_accuracy": accuracy(eval_pairs), "seconds": time.perf_counter() - t0,
             "n_train": len(train_pairs), "n_eval": len(eval_pairs), "beta": beta}

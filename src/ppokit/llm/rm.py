@@ -9,6 +9,7 @@ The reward of a sequence is the head's output at its last token. Sequences are l
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import time
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 
 from ppokit.errors import UsageError
 
+from .guards import check_finite_model, check_pairs, check_rm_args
 from .models import backbone_of, load_tokenizer, quiet_transformers
 from .rollout import position_ids_from_mask
 from .sft import encode_pairs
@@ -84,7 +86,12 @@ def pair_accuracy(model, tok, pairs, batch_size: int = 128) -> float:
 
 def train_reward_model(model, tok, train_pairs, eval_pairs, *, epochs: int = 3,
                        batch_size: int = 32, lr: float = 1e-3, seed: int = 0, log=None) -> dict:
-    """Bradley–Terry training; returns train loss, held-out accuracy, seconds."""
+    """Bradley–Terry training; returns train loss, held-out accuracy, seconds. Bad
+    arguments raise a UsageError before any work; weights that end up NaN or infinite
+    raise one after training."""
+    check_rm_args(epochs=epochs, batch_size=batch_size, lr=lr, seed=seed)
+    check_pairs("train pairs (--data / --n-pairs)", train_pairs)
+    check_pairs("held-out pairs (--eval-frac)", eval_pairs)
     rng = random.Random(seed)
     torch.manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -107,6 +114,7 @@ def train_reward_model(model, tok, train_pairs, eval_pairs, *, epochs: int = 3,
         if log is not None:
             log(f"epoch {ep + 1}/{epochs}: loss {loss_val:.4f}  held-out pair accuracy {acc:.3f}")
     model.eval()
+    check_finite_model(model, "rm")
     return {"train_loss": loss_val, "eval_accuracy": pair_accuracy(model, tok, eval_pairs),
             "train_accuracy": pair_accuracy(model, tok, train_pairs[:512]),
             "n_train": len(train_pairs), "n_eval": len(eval_pairs),
@@ -114,8 +122,14 @@ def train_reward_model(model, tok, train_pairs, eval_pairs, *, epochs: int = 3,
 
 
 def save_reward_model(model, tok, out: str, summary: dict) -> None:
+    """Save the model (refused when a weight is not finite) and ``rm_summary.json``
+    (strict JSON: a non-finite number is written as null)."""
+    from ppokit.io.atomic import atomic_write_text
+
     from .models import save_policy
 
+    check_finite_model(model, "rm")
     save_policy(model, tok, out)
-    with open(os.path.join(out, "rm_summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+    clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v
+             for k, v in summary.items()}
+    atomic_write_text(os.path.join(out, "rm_summary.json"), json.dumps(clean, indent=2))

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import torch
 
+from .guards import check_finite_model, check_sft_args
 from .rollout import left_pad, sequence_logprobs
 
 __all__ = ["encode_pairs", "sft_train", "builtin_sft"]
@@ -46,7 +47,10 @@ def sft_train(model, tokenizer, sample_batch: Callable[[int, random.Random], tup
     """Minimise the mean negative log-likelihood of completion tokens (EOS included).
 
     ``sample_batch(n, rng) -> (prompts, completions)`` supplies each step's batch.
-    Returns a summary (final loss, seconds, steps)."""
+    Returns a summary (final loss, seconds, steps). Bad arguments raise a UsageError
+    before any work; weights that end up NaN or infinite raise one after training."""
+    check_sft_args(steps=steps, batch_size=batch_size, lr=lr, seed=seed,
+                   weight_decay=weight_decay)
     rng = random.Random(seed)
     torch.manual_seed(seed)
     model.train()
@@ -69,6 +73,7 @@ def sft_train(model, tokenizer, sample_batch: Callable[[int, random.Random], tup
         if log is not None and (step % 50 == 0 or step == steps - 1):
             log(step, loss_val)
     model.eval()
+    check_finite_model(model, "sft")
     return {"sft_loss": loss_val, "sft_seconds": time.perf_counter() - t0, "sft_steps": steps}
 
 
