@@ -184,5 +184,5 @@ def test_in_process_resume_is_exact_with_normalisers_on_a_sync_env(tmp_path):
     resumed.train()
     resumed.close()
     assert _strip(read_metrics(tmp_path / "part")) == _strip(read_metrics(tmp_path / "full"))
-    with pytest.raises(UsageError, match="already holds checkpoints"):
+    with pytest.raises(UsageError, match="already holds a run"):
         Trainer(cfg, tmp_path / "part", log=lambda m: None)  # a fresh start would mix runs

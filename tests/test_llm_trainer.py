@@ -116,9 +116,12 @@ def test_run_dir_holds_metrics_samples_and_checkpoint(tmp_path, tok):
                 "tokens_per_s_generation", "tokens_per_s_scoring", "tokens_per_s_training"):
         assert key in rec, key
     assert (d / "samples.jsonl").exists() and (d / "reference").is_dir()
-    ck = (d / "latest").read_text().strip()
-    assert os.path.exists(d / ck / "optimizer.safetensors")
-    assert not list(d.glob("*.tmp"))
+    from ppokit.io import latest_checkpoint
+
+    ck = latest_checkpoint(d / "checkpoints")
+    assert ck.name == "iter_000000002" and (ck / "optimizer.safetensors").exists()
+    assert (ck / "policy.safetensors").exists() and (ck / "manifest.json").exists()
+    assert not [p for p in d.rglob("*") if ".tmp" in p.name or ".trash" in p.name]
     assert not list(d.rglob("*.bin")) and not list(d.rglob("*.pt"))  # no pickle
 
 

@@ -10,23 +10,17 @@ from gymnasium import spaces
 
 from ppokit.envs import ObsNormalizer, make_vec
 from ppokit.errors import UsageError
-from ppokit.io.checkpoint import latest_checkpoint, load_checkpoint
 from ppokit.policies import make_policy
 
 from .config import TrainConfig
-from .trainer import load_run_config
+from .trainer import load_run_checkpoint
 
 __all__ = ["load_policy", "evaluate_policy", "evaluate_run"]
 
 
 def load_policy(run_dir: str | Path):
     """``(config, policy, obs_normalizer | None)`` from a run's latest good checkpoint."""
-    run_dir = Path(run_dir)
-    cfg = load_run_config(run_dir)
-    ckpt = latest_checkpoint(run_dir / "checkpoints")
-    if ckpt is None:
-        raise UsageError(f"{run_dir}: no complete checkpoint to evaluate")
-    tensors, arrays, _ = load_checkpoint(ckpt)
+    cfg, tensors, arrays, _ = load_run_checkpoint(run_dir)
     env = make_vec(cfg.env_id, 1, vectorization="sync")
     policy = make_policy(env.single_observation_space, env.single_action_space,
                          hidden=cfg.net_arch, activation=cfg.activation,

@@ -58,14 +58,20 @@ from ppokit.envs import (
 from ppokit.errors import UsageError
 from ppokit.io.atomic import atomic_write_text
 from ppokit.io.checkpoint import (
-    latest_checkpoint,
-    list_checkpoints,
+    capture_rng,
+    find_checkpoint,
     load_checkpoint,
+    no_checkpoint_message,
     optimizer_from_flat,
     optimizer_to_flat,
+    remove_leftovers,
+    restore_rng,
     save_checkpoint,
+    set_aside_newer,
 )
 from ppokit.io.metrics import MetricsWriter, truncate_metrics
+from ppokit.io.rundir import RunDir
+from ppokit.io.signals import GracefulStop, Interrupted
 from ppokit.policies import make_policy
 from ppokit.rollout import Collector, Rollout
 
@@ -75,20 +81,31 @@ from .optim import Adam
 
 _KL = STAT_KEYS.index("approx_kl")
 
-__all__ = ["Trainer", "load_run_config"]
+__all__ = ["Trainer", "load_run_config", "load_run_checkpoint"]
 
 _NO_CLIP = 1e9  # kl_penalty: a clip range no ratio reaches (the plain ratio surrogate)
 
 
+def load_run_checkpoint(run_dir: str | Path, log: Callable[[str], None] | None = None
+                        ) -> tuple[TrainConfig, dict, dict, dict]:
+    """``(config, tensors, arrays, state)`` of a run's newest intact checkpoint. The config
+    is the checkpoint's own (verified with it), never ``config.json``, which is a copy for
+    people to read."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UsageError(f"RUN_DIR: no such run directory {str(run_dir)!r}")
+    ckpt, damaged = find_checkpoint(run_dir / "checkpoints", log=log)
+    if ckpt is None:
+        raise UsageError(no_checkpoint_message(run_dir, damaged))
+    tensors, arrays, st = load_checkpoint(ckpt)
+    if not isinstance(st.get("config"), dict):
+        raise UsageError(f"run dir: checkpoint {ckpt} holds no configuration")
+    return config_from_dict(st["config"]), tensors, arrays, st
+
+
 def load_run_config(run_dir: str | Path) -> TrainConfig:
-    path = Path(run_dir) / "config.json"
-    try:
-        d = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UsageError(f"{run_dir}: no config.json (not a ppokit run directory)") from None
-    except ValueError as exc:
-        raise UsageError(f"{path}: unreadable ({exc})") from None
-    return config_from_dict(d)
+    """The configuration a run's newest intact checkpoint was trained with."""
+    return load_run_checkpoint(run_dir)[0]
 
 
 class Trainer:
@@ -99,10 +116,33 @@ class Trainer:
     """
 
     def __init__(self, config: TrainConfig, run_dir: str | Path, *, resume: bool = False,
-                 log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print, fresh: bool = False):
         self.cfg = c = config
         self.run_dir = Path(run_dir)
         self.log = log
+        self.env = None
+        # the lock first: a second writer fails before any work; a failed start leaves
+        # nothing behind (RunDir.abort)
+        self.rundir = RunDir(self.run_dir, new=not resume, fresh=fresh)
+        try:
+            self._setup(c)
+            if resume:
+                self._resume()
+            else:
+                atomic_write_text(self.run_dir / "config.json",
+                                  json.dumps(c.to_dict(), indent=2) + "\n")
+                truncate_metrics(self.run_dir / "metrics.jsonl", 0)
+                self.collector.reset(seed=c.seed)
+            self.metrics = MetricsWriter(self.run_dir, tensorboard=c.tensorboard)
+        except BaseException:
+            if self.env is not None:
+                self.env.close()
+            self.rundir.abort()
+            raise
+        self.rundir.started()
+        self._saved_iteration = self.iteration if resume else None
+
+    def _setup(self, c: TrainConfig) -> None:
         if c.torch_threads:
             torch.set_num_threads(c.torch_threads)
         random.seed(c.seed)
@@ -139,18 +179,6 @@ class Trainer:
         self.global_step = 0
         self.elapsed = 0.0
         self.last_return: float | None = None
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        if resume:
-            self._resume()
-        else:
-            if list_checkpoints(self.run_dir / "checkpoints"):
-                raise UsageError(f"{self.run_dir} already holds checkpoints; resume it or "
-                                 "choose another run directory")
-            atomic_write_text(self.run_dir / "config.json",
-                              json.dumps(c.to_dict(), indent=2) + "\n")
-            truncate_metrics(self.run_dir / "metrics.jsonl", 0)
-            self.collector.reset(seed=c.seed)
-        self.metrics = MetricsWriter(self.run_dir, tensorboard=c.tensorboard)
 
     # ------------------------------------------------------------------ schedules
     def progress_remaining(self) -> float:
@@ -341,35 +369,43 @@ class Trainer:
             self.save()
         return rec
 
-    def train(self, on_iteration: Callable[[dict], None] | None = None) -> None:
+    def train(self, on_iteration: Callable[[dict], None] | None = None, *,
+              stop: GracefulStop | None = None) -> None:
+        """Iterate until ``num_iterations``. With ``stop`` (a :class:`GracefulStop`), a
+        signal ends training at the next iteration boundary: a checkpoint is written and
+        :class:`ppokit.io.Interrupted` raised. The run directory's lock is held until
+        training returns."""
+        self.rundir.reacquire()
         try:
             while self.iteration < self.cfg.num_iterations:
                 rec = self.iterate()
                 if on_iteration is not None:
                     on_iteration(rec)
+                if stop is not None and stop.requested:
+                    ckpt = self.save() if self._saved_iteration != self.iteration else None
+                    raise Interrupted(stop.signum, self.iteration, ckpt)
         finally:
             self.metrics.close()
+            self.rundir.close()
 
     def close(self) -> None:
-        self.env.close()
+        """Close the environments and release the run directory's lock."""
+        if self.env is not None:
+            self.env.close()
+        self.metrics.close()
+        self.rundir.close()
 
     # ------------------------------------------------------------------ checkpoints
     def save(self) -> Path:
         opt_t, opt_meta = optimizer_to_flat(self.opt.state_dict())
-        tensors = {
-            "model": dict(self.policy.state_dict()),
-            "optimizer": opt_t,
-            "rng": {"torch": torch.get_rng_state(), "sample": self.sample_gen.get_state(),
-                    "shuffle": self.shuffle_gen.get_state()},
-        }
-        np_state = np.random.get_state()  # noqa: NPY002
-        arrays = {"collector": self.collector.state_dict(),
-                  "numpy_rng": {"keys": np_state[1]}}
+        rng_t, rng_meta = capture_rng({"sample": self.sample_gen,
+                                       "shuffle": self.shuffle_gen})
+        tensors = {"model": dict(self.policy.state_dict()), "optimizer": opt_t, "rng": rng_t}
+        arrays = {"collector": self.collector.state_dict()}
         if self.obs_norm is not None:
             arrays["obs_norm"] = self.obs_norm.state_dict()
         if self.reward_scaler is not None:
             arrays["reward_scaler"] = self.reward_scaler.state_dict()
-        py = random.getstate()
         state = {
             "global_step": self.global_step,
             "elapsed": self.elapsed,
@@ -378,45 +414,49 @@ class Trainer:
             "learning_rate": self.current_lr(),
             "clip_range": self.current_clip(),
             "optimizer": opt_meta,
-            "python_rng": [py[0], list(py[1]), py[2]],
-            "numpy_rng": [np_state[0], int(np_state[2]), int(np_state[3]), float(np_state[4])],
+            "rng": rng_meta,
             "kl_controller": self.kl_ctl.state_dict() if self.kl_ctl is not None else None,
             "env_state": env_state(self.env),
             "config": self.cfg.to_dict(),
         }
-        return save_checkpoint(self.run_dir / "checkpoints", self.iteration, tensors=tensors,
+        path = save_checkpoint(self.run_dir / "checkpoints", self.iteration, tensors=tensors,
                                arrays=arrays, state=state, keep=self.cfg.keep_checkpoints)
+        self._saved_iteration = self.iteration
+        return path
 
     def _resume(self) -> None:
-        ckpt = latest_checkpoint(self.run_dir / "checkpoints", cleanup=True)
-        metrics = self.run_dir / "metrics.jsonl"
+        root = self.run_dir / "checkpoints"
+        ckpt, damaged = find_checkpoint(root, log=self.log)
         if ckpt is None:
-            self.log(f"no complete checkpoint in {self.run_dir}; starting from the beginning")
-            truncate_metrics(metrics, 0)
-            self.collector.reset(seed=self.cfg.seed)
-            return
+            raise UsageError(no_checkpoint_message(self.run_dir, damaged))
         tensors, arrays, st = load_checkpoint(ckpt)
-        self.policy.load_state_dict(tensors["model"])
-        self.opt.load_state_dict(optimizer_from_flat(tensors["optimizer"], st["optimizer"]))
-        torch.set_rng_state(tensors["rng"]["torch"])
-        self.sample_gen.set_state(tensors["rng"]["sample"])
-        self.shuffle_gen.set_state(tensors["rng"]["shuffle"])
-        py = st["python_rng"]
-        random.setstate((py[0], tuple(py[1]), py[2]))
-        nr = st["numpy_rng"]
-        np.random.set_state(  # noqa: NPY002
-            (nr[0], arrays["numpy_rng"]["keys"], nr[1], nr[2], nr[3]))
-        if self.obs_norm is not None:
-            self.obs_norm.load_state_dict(arrays["obs_norm"])
-        if self.reward_scaler is not None:
-            self.reward_scaler.load_state_dict(arrays["reward_scaler"])
-        if self.kl_ctl is not None and st["kl_controller"] is not None:
-            self.kl_ctl.load_state_dict(st["kl_controller"])
-        self.iteration = int(st["iteration"])
-        self.global_step = int(st["global_step"])
-        self.elapsed = float(st["elapsed"])
-        self.last_return = st["last_return"]
-        truncate_metrics(metrics, self.iteration)
+        try:
+            iteration, step = int(st["iteration"]), int(st["global_step"])
+            if iteration < 1 or step != iteration * self.cfg.rollout_size:
+                raise ValueError("iteration and global_step disagree with the config")
+            self.policy.load_state_dict(tensors["model"])
+            self.opt.load_state_dict(optimizer_from_flat(tensors["optimizer"],
+                                                         st["optimizer"]))
+            restore_rng(tensors["rng"], st["rng"], {"sample": self.sample_gen,
+                                                    "shuffle": self.shuffle_gen})
+            if self.obs_norm is not None:
+                self.obs_norm.load_state_dict(arrays["obs_norm"])
+            if self.reward_scaler is not None:
+                self.reward_scaler.load_state_dict(arrays["reward_scaler"])
+            if self.kl_ctl is not None and st["kl_controller"] is not None:
+                self.kl_ctl.load_state_dict(st["kl_controller"])
+            self.iteration, self.global_step = iteration, step
+            self.elapsed = float(st["elapsed"])
+            self.last_return = st["last_return"]
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            raise UsageError(f"--resume: checkpoint {ckpt} does not fit this run "
+                             f"({type(exc).__name__}: {exc}); nothing was changed") from None
+        set_aside_newer(root, ckpt, damaged, self.log)
+        remove_leftovers(root)
+        skipped = truncate_metrics(self.run_dir / "metrics.jsonl", self.iteration)
+        if skipped:
+            self.log(f"metrics.jsonl: skipped {len(skipped)} unreadable line(s) "
+                     f"(line {', '.join(map(str, skipped[:5]))})")
         if st["env_state"] is not None:
             self.env.reset(seed=self.cfg.seed)  # then overwritten by the saved state
             load_env_state(self.env, st["env_state"])

@@ -29,9 +29,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--episodes: expected an integer >= 1, got {args.episodes}")
     if args.seed is not None and args.seed < 0:
         raise UsageError(f"--seed: expected an integer >= 0, got {args.seed}")
-    res = evaluate_run(run_dir, episodes=args.episodes, seed=args.seed,
-                       deterministic=not args.stochastic)
-    atomic_write_text(run_dir / "eval.json", json.dumps(res, indent=2) + "\n")
+    from ppokit.io import RunLock
+
+    with RunLock(run_dir, "eval"):
+        res = evaluate_run(run_dir, episodes=args.episodes, seed=args.seed,
+                           deterministic=not args.stochastic)
+        atomic_write_text(run_dir / "eval.json", json.dumps(res, indent=2) + "\n")
     kind = "stochastic" if args.stochastic else "deterministic"
     print(f"{res['env_id']}: mean return {res['mean_return']:.2f} ± {res['std_return']:.2f} "
           f"over {res['episodes']} {kind} episodes (seed {res['seed']})")

@@ -59,10 +59,20 @@ def _read_toml(path: str) -> dict:
             data = tomllib.load(fh)
     except FileNotFoundError:
         raise UsageError(f"--config: no such file {path!r}") from None
+    except IsADirectoryError:
+        raise UsageError(f"--config: {path!r} is a directory, expected a TOML file") from None
+    except OSError as exc:
+        raise UsageError(f"--config: cannot read {path!r} ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"--config: {path!r} is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"--config: {path}: {exc}") from None
     # allow an optional [train] table
-    return dict(data.get("train", data))
+    section = data.get("train", data)
+    if not isinstance(section, dict):
+        raise UsageError(f"--config: {path}: 'train' must be a table, got "
+                         f"{type(section).__name__}")
+    return dict(section)
 
 
 def _parse_sets(items: list[str]) -> dict:
@@ -78,6 +88,10 @@ def _parse_sets(items: list[str]) -> dict:
     return out
 
 
+MAX_SEEDS = 1000
+MAX_SEED = 2**32 - 1
+
+
 def parse_seeds(spec: str) -> list[int]:
     """``"0-4"`` → [0, 1, 2, 3, 4]; ``"0,3,7"`` → [0, 3, 7] (ranges may be mixed in)."""
     seeds: list[int] = []
@@ -89,11 +103,21 @@ def parse_seeds(spec: str) -> list[int]:
                 lo_i, hi_i = int(lo), int(hi)
                 if hi_i < lo_i:
                     raise ValueError
+                if hi_i - lo_i >= MAX_SEEDS:
+                    raise UsageError(f"--seeds: at most {MAX_SEEDS} seeds at once, got "
+                                     f"{hi_i - lo_i + 1} in {spec!r}")
                 seeds.extend(range(lo_i, hi_i + 1))
             else:
                 seeds.append(int(part))
-    except ValueError:
+            if len(seeds) > MAX_SEEDS:
+                raise UsageError(f"--seeds: at most {MAX_SEEDS} seeds at once, got more in "
+                                 f"{spec!r}")
+    except ValueError as exc:
+        if isinstance(exc, UsageError):
+            raise
         raise UsageError(f"--seeds: expected a list like 0-4 or 0,3,7, got {spec!r}") from None
+    if max(seeds, default=0) > MAX_SEED:
+        raise UsageError(f"--seeds: seeds must be at most {MAX_SEED}, got {max(seeds)}")
     if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
         raise UsageError(f"--seeds: expected distinct seeds >= 0, got {spec!r}")
     return seeds
@@ -101,14 +125,18 @@ def parse_seeds(spec: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     from ppokit.algos import Trainer, load_run_config, resolve_config
+    from ppokit.io import GracefulStop, Interrupted, unique_run_dir
 
     if args.seeds is not None:
         return _run_seeds(args)
     if args.parallel is not None:
         raise UsageError("--parallel only applies with --seeds")
+    if args.eval_episodes < 0:
+        raise UsageError(f"--eval-episodes: expected an integer >= 0, got {args.eval_episodes}")
 
     flags = {"env_id": args.env_id, "algo": args.algo, "total_timesteps": args.total_timesteps,
              "seed": args.seed, "n_envs": args.n_envs}
+    fresh = False
     if args.resume:
         if any(v is not None for v in flags.values()) or args.sets or args.config \
                 or args.run_dir:
@@ -125,45 +153,50 @@ def run(args: argparse.Namespace) -> int:
                              flags=flags)
         if args.run_dir:
             run_dir = Path(args.run_dir)
-            if (run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists():
-                raise UsageError(f"--run-dir: {run_dir} already holds a run; use --resume "
-                                 "to continue it or choose another directory")
         else:
-            stamp = time.strftime("%Y%m%d-%H%M%S")
-            run_dir = Path("runs") / f"{cfg.env_id}-{cfg.algo}-s{cfg.seed}-{stamp}"
-    if args.eval_episodes < 0:
-        raise UsageError(f"--eval-episodes: expected an integer >= 0, got {args.eval_episodes}")
+            run_dir = unique_run_dir("runs", f"{cfg.env_id}-{cfg.algo}-s{cfg.seed}")
+            fresh = True
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    trainer = Trainer(cfg, run_dir, resume=bool(args.resume), log=log)
+    trainer = Trainer(cfg, run_dir, resume=bool(args.resume), log=log, fresh=fresh)
     show = not args.no_progress and sys.stderr.isatty()
     try:
-        if show:
-            _train_with_progress(trainer)
-        else:
-            trainer.train()
+        with GracefulStop(log) as stop:
+            try:
+                if show:
+                    _train_with_progress(trainer, stop)
+                else:
+                    trainer.train(stop=stop)
+            except Interrupted as exc:
+                where = f"checkpoint {exc.checkpoint.name}" if exc.checkpoint else \
+                    "its checkpoint"
+                log(f"{exc}; {where} written; run dir {run_dir}")
+                log(f"resume with: ppokit train --resume {run_dir}")
+                return exc.exit_code
+        from ppokit.io.plots import plot_learning_curve
+
+        png = plot_learning_curve(run_dir)
+        summary = (f"{cfg.algo} on {cfg.env_id}: {trainer.global_step} steps, "
+                   f"{trainer.iteration} iterations in {trainer.elapsed:.1f} s "
+                   f"({trainer.global_step / max(trainer.elapsed, 1e-9):.0f} steps/s)")
+        if trainer.last_return is not None:
+            summary += f", last training return {trainer.last_return:.1f}"
+        if args.eval_episodes:
+            import json
+
+            from ppokit.algos.evaluate import evaluate_run
+            from ppokit.io import RunLock
+            from ppokit.io.atomic import atomic_write_text
+
+            with RunLock(run_dir, "eval"):
+                res = evaluate_run(run_dir, episodes=args.eval_episodes)
+                atomic_write_text(run_dir / "eval.json", json.dumps(res, indent=2) + "\n")
+            summary += (f", eval {res['mean_return']:.1f} ± {res['std_return']:.1f} "
+                        f"({res['episodes']} deterministic episodes)")
     finally:
         trainer.close()
-    from ppokit.io.plots import plot_learning_curve
-
-    png = plot_learning_curve(run_dir)
-    summary = (f"{cfg.algo} on {cfg.env_id}: {trainer.global_step} steps, "
-               f"{trainer.iteration} iterations in {trainer.elapsed:.1f} s "
-               f"({trainer.global_step / max(trainer.elapsed, 1e-9):.0f} steps/s)")
-    if trainer.last_return is not None:
-        summary += f", last training return {trainer.last_return:.1f}"
-    if args.eval_episodes:
-        import json
-
-        from ppokit.algos.evaluate import evaluate_run
-        from ppokit.io.atomic import atomic_write_text
-
-        res = evaluate_run(run_dir, episodes=args.eval_episodes)
-        atomic_write_text(run_dir / "eval.json", json.dumps(res, indent=2) + "\n")
-        summary += (f", eval {res['mean_return']:.1f} ± {res['std_return']:.1f} "
-                    f"({res['episodes']} deterministic episodes)")
     print(f"{summary}; run dir {run_dir} (curve: {png.name})", flush=True)
     return 0
 
@@ -172,7 +205,7 @@ def _fmt(v, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-def _train_with_progress(trainer) -> None:
+def _train_with_progress(trainer, stop=None) -> None:
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     total = trainer.cfg.num_iterations * trainer.cfg.rollout_size
@@ -188,7 +221,7 @@ def _train_with_progress(trainer) -> None:
                     f"  kl {_fmt(r['approx_kl'], '.4f')}  clip {_fmt(r['clipfrac'], '.3f')}")
             prog.update(task, completed=r["global_step"], info=info)
 
-        trainer.train(on_iter)
+        trainer.train(on_iter, stop=stop)
 
 
 def _run_seeds(args: argparse.Namespace) -> int:
@@ -211,13 +244,24 @@ def _run_seeds(args: argparse.Namespace) -> int:
     toml_values = _read_toml(args.config) if args.config else {}
     cfg = resolve_config(toml_values=toml_values, overrides=_parse_sets(args.sets),
                          flags=flags)  # validates everything once, before any process starts
-    root = Path(args.run_dir) if args.run_dir else Path("runs") / (
-        f"{cfg.env_id}-{cfg.algo}-seeds-{time.strftime('%Y%m%d-%H%M%S')}")
-    for s in seeds:
-        d = root / f"s{s}"
-        if (d / "metrics.jsonl").exists() or (d / "checkpoints").exists():
-            raise UsageError(f"--run-dir: {d} already holds a run; choose another directory")
-    root.mkdir(parents=True, exist_ok=True)
+    from ppokit.io.rundir import RunLock, holds_run, unique_run_dir
+
+    if args.run_dir:
+        root = Path(args.run_dir)
+        if os.path.lexists(root) and not root.is_dir():
+            raise UsageError(f"--run-dir: {root} exists and is not a directory")
+        for s in seeds:
+            d = root / f"s{s}"
+            if holds_run(d):
+                raise UsageError(f"--run-dir: {d} already holds a run; choose another "
+                                 "directory")
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"--run-dir: cannot create {root} ({exc.strerror})") from None
+    else:
+        root = unique_run_dir("runs", f"{cfg.env_id}-{cfg.algo}-seeds")
+    root_lock = RunLock(root, "train --seeds")  # summary.json and the plot are ours
     base = [sys.executable, "-m", "ppokit.cli", "train", "--no-progress",
             "--eval-episodes", str(args.eval_episodes)]
     for flag, val in (("--env", args.env_id), ("--algo", args.algo),
@@ -294,6 +338,7 @@ def _run_seeds(args: argparse.Namespace) -> int:
         line += (f"; eval {np.mean(evals):.1f} ± {np.std(evals):.1f} over seeds "
                  f"(min {min(evals):.1f}, max {max(evals):.1f})")
     print(f"{line}; summary {root / 'summary.json'}" + (f", plot {png}" if png else ""))
+    root_lock.release()
     return 1 if failed else 0
 
 

@@ -1,11 +1,29 @@
-"""Crash-safe file writes: temp file in the same directory, fsync, rename, fsync the dir."""
+"""Crash-safe file writes and link-proof file reads inside run directories.
+
+Writes go to a fresh temporary file in the same directory (created exclusively, never
+through a link), are fsync'ed, renamed over the target and the directory fsync'ed: readers
+see the old file or the new one, and a symbolic link at the target is replaced, never
+written through. Reads open the path without following a final symbolic link and accept
+only regular files (a FIFO or a device would hang or never end), with a size bound.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
+import stat
 from pathlib import Path
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "fsync_dir"]
+from ppokit.errors import UsageError
+
+__all__ = ["atomic_write_bytes", "atomic_write_text", "fsync_dir", "read_regular",
+           "open_append", "replace_dir", "MAX_SMALL_FILE"]
+
+# JSON side files (config.json, state.json, manifest.json, eval.json) are far below this
+MAX_SMALL_FILE = 16 * 2**20
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -24,17 +42,94 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
+def _exclusive(path: Path) -> int:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
+    try:
+        return os.open(path, flags, 0o644)
+    except FileExistsError:  # a leftover of a killed writer (or a planted link): replace it
+        path.unlink()
+        return os.open(path, flags, 0o644)
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Replace ``path`` by ``data`` so that readers see either the old or the new file."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    fd = _exclusive(tmp)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_dir(path.parent)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode())
+
+
+def _open_regular(path: Path, flags: int) -> int:
+    """``os.open`` that refuses a final symbolic link and anything but a regular file."""
+    try:
+        fd = os.open(path, flags | _NOFOLLOW | _CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        if os.path.islink(path):
+            raise UsageError(f"{path}: is a symbolic link; ppokit does not follow links "
+                             "inside a run directory") from None
+        raise UsageError(f"{path}: cannot open ({exc.strerror})") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise UsageError(f"{path}: not a regular file")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def read_regular(path: str | os.PathLike, max_size: int = MAX_SMALL_FILE) -> bytes:
+    """The bytes of a regular file (no link, no FIFO or device) of at most ``max_size``."""
+    path = Path(path)
+    fd = _open_regular(path, os.O_RDONLY)
+    with os.fdopen(fd, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size > max_size:
+            raise UsageError(f"{path}: {size} bytes, more than the {max_size} expected")
+        data = fh.read(max_size + 1)
+    if len(data) > max_size:
+        raise UsageError(f"{path}: more than the {max_size} bytes expected")
+    return data
+
+
+def open_append(path: str | os.PathLike, encoding: str = "utf-8"):
+    """A text file opened for appending, created if missing; never through a link."""
+    path = Path(path)
+    flags = os.O_WRONLY | os.O_APPEND
+    if not os.path.lexists(path):
+        flags |= os.O_CREAT
+        fd = os.open(path, flags | _NOFOLLOW | _CLOEXEC, 0o644)
+    else:
+        fd = _open_regular(path, flags)
+    return os.fdopen(fd, "a", encoding=encoding)
+
+
+def replace_dir(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
+    """Put the complete directory ``tmp`` in place of ``final``. Whatever stood at
+    ``final`` (a directory, a file, a link) is moved aside first and removed after; a link
+    is removed as a link, never followed."""
+    tmp, final = Path(tmp), Path(final)
+    trash = None
+    if os.path.lexists(final):
+        if final.is_symlink() or not final.is_dir():
+            final.unlink()
+        else:
+            trash = final.with_name(f".trash-{final.name}-{os.getpid()}")
+            if os.path.lexists(trash):
+                shutil.rmtree(trash, ignore_errors=True)
+            os.replace(final, trash)
+    os.replace(tmp, final)
+    fsync_dir(final.parent)
+    if trash is not None:
+        shutil.rmtree(trash, ignore_errors=True)

@@ -1,19 +1,23 @@
 """``metrics.jsonl``: one JSON object per training iteration.
 
 Written line by line (flushed after each), so a run killed at any moment leaves at most a
-partial last line, which :func:`read_metrics` skips. NaN and infinities are written as
-``null`` (strict JSON). Wall-clock fields (``sps``, ``time``) are the only fields that differ
-between two runs with the same seed, machine and thread count (see ``WALL_CLOCK_FIELDS``).
+partial last line, which :func:`read_metrics` skips (as it skips, and reports, any garbage
+line). NaN and infinities are written as ``null`` (strict JSON). Wall-clock fields
+(``sps``, ``time``) are the only fields that differ between two runs with the same seed,
+machine and thread count (see ``WALL_CLOCK_FIELDS``).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
-from .atomic import atomic_write_text
+from .atomic import atomic_write_text, open_append, read_regular
+
+MAX_METRICS = 4 * 2**30  # bytes; a metrics file is read whole
 
 __all__ = ["MetricsWriter", "read_metrics", "truncate_metrics", "WALL_CLOCK_FIELDS"]
 
@@ -26,39 +30,67 @@ def _clean(v: Any) -> Any:
     return v
 
 
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """All complete records of a metrics file; a partial or corrupt line is skipped."""
+def read_metrics(path: str | Path, skipped: list[int] | None = None) -> list[dict[str, Any]]:
+    """All complete records of a metrics file (``RUN_DIR`` or the ``.jsonl`` itself).
+
+    A partial last line (the writer was killed mid-line) and any line that is not a JSON
+    object (garbage, nesting too deep to parse) are skipped, never fatal; their 1-based
+    line numbers are appended to ``skipped`` when given. A file that is a link, a FIFO or a
+    device is refused (:class:`ppokit.errors.UsageError`).
+    """
     path = Path(path)
     if path.is_dir():
         path = path / "metrics.jsonl"
-    if not path.exists():
+    if not os.path.lexists(path):
         return []
+    data = read_regular(path, MAX_METRICS)
+    text = data.decode("utf-8", errors="replace")
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    elif lines:  # no newline at the end: the last line is partial
+        if skipped is not None:
+            skipped.append(len(lines))
+        lines.pop()
     out = []
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for line in fh:
-            if not line.endswith("\n"):
-                break  # a partial last line: the writer was killed mid-line
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(rec, dict):
-                out.append(rec)
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except (ValueError, RecursionError):
+            rec = None
+        if isinstance(rec, dict):
+            out.append(rec)
+        elif skipped is not None:
+            skipped.append(i)
+    if skipped is not None:
+        skipped.sort()
     return out
 
 
-def truncate_metrics(path: str | Path, last_iteration: int) -> None:
-    """Keep only complete records with ``iteration <= last_iteration`` (atomic rewrite)."""
-    recs = [r for r in read_metrics(path) if int(r.get("iteration", 0)) <= last_iteration]
+def truncate_metrics(path: str | Path, last_iteration: int) -> list[int]:
+    """Keep only complete records with ``iteration <= last_iteration`` (atomic rewrite);
+    returns the line numbers of the unreadable lines that were dropped."""
+    skipped: list[int] = []
+    recs = [r for r in read_metrics(path, skipped) if _iteration(r) <= last_iteration]
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in recs))
+    return skipped
+
+
+def _iteration(rec: dict) -> float:
+    it = rec.get("iteration")
+    return it if isinstance(it, (int, float)) and not isinstance(it, bool) else math.inf
 
 
 class MetricsWriter:
     """Appends records to ``metrics.jsonl`` and, when available, TensorBoard."""
 
-    def __init__(self, run_dir: str | Path, tensorboard: bool = True):
-        self.path = Path(run_dir) / "metrics.jsonl"
-        self.fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+    def __init__(self, run_dir: str | Path, tensorboard: bool = True, *,
+                 name: str = "metrics.jsonl", step_key: str = "global_step"):
+        self.path = Path(run_dir) / name
+        self.step_key = step_key
+        self.fh = open_append(self.path)
         self.tb = None
         if tensorboard:
             try:
@@ -73,12 +105,14 @@ class MetricsWriter:
         self.fh.write(json.dumps(rec) + "\n")
         self.fh.flush()
         if self.tb is not None:
-            step = int(rec["global_step"])
+            step = int(rec[self.step_key])
             for k, v in rec.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "global_step":
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != self.step_key:
                     self.tb.add_scalar(f"train/{k}", v, step)
 
     def close(self) -> None:
+        if self.fh.closed:
+            return
         self.fh.close()
         if self.tb is not None:
             self.tb.close()

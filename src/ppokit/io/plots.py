@@ -1,31 +1,67 @@
-"""Learning-curve figures from ``metrics.jsonl`` (matplotlib, Agg backend)."""
+"""Learning-curve figures from ``metrics.jsonl`` (matplotlib, Agg backend).
+
+A figure is rendered in memory and written with :func:`ppokit.io.atomic.atomic_write_bytes`:
+readers see the old file or the new one, and a symbolic link at the output path is
+replaced, never written through. Metrics rows without a finite ``global_step`` and
+``episode_return_mean`` (iterations that finished no episode, or rows from another tool)
+are left out.
+"""
 
 from __future__ import annotations
 
+import io
 import json
+import math
+import os
 from pathlib import Path
 
 import numpy as np
 
+from .atomic import atomic_write_bytes
 from .metrics import read_metrics
 
-__all__ = ["curve", "plot_learning_curve", "plot_runs"]
+__all__ = ["curve", "figure_format", "plot_learning_curve", "plot_runs"]
+
+
+def _number(v) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
 
 
 def curve(run_dir: str | Path) -> tuple[np.ndarray, np.ndarray]:
-    """``(global_step, episode_return_mean)`` of the iterations that finished episodes."""
-    recs = [r for r in read_metrics(run_dir) if r.get("episode_return_mean") is not None]
-    x = np.array([r["global_step"] for r in recs], dtype=np.float64)
-    y = np.array([r["episode_return_mean"] for r in recs], dtype=np.float64)
+    """``(global_step, episode_return_mean)`` of the iterations that finished episodes,
+    in step order; rows lacking either as a finite number are left out."""
+    pts = []
+    for r in read_metrics(run_dir):
+        x, y = _number(r.get("global_step")), _number(r.get("episode_return_mean"))
+        if x is not None and y is not None:
+            pts.append((x, y))
+    pts.sort(key=lambda p: p[0])
+    x = np.array([p[0] for p in pts], dtype=np.float64)
+    y = np.array([p[1] for p in pts], dtype=np.float64)
     return x, y
 
 
 def _label(run_dir: Path) -> str:
+    """``ALGO ENV`` from the run's config.json, else the directory's name."""
+    path = run_dir / "config.json"
     try:
-        cfg = json.loads((run_dir / "config.json").read_text())
-        return f"{cfg['algo']} {cfg['env_id']}"
-    except (OSError, ValueError, KeyError):
+        if not path.is_file() or path.is_symlink() or path.stat().st_size > 2**20:
+            return run_dir.name
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
         return run_dir.name
+    if not isinstance(cfg, dict):
+        return run_dir.name
+    algo, env = cfg.get("algo"), cfg.get("env_id")
+    if not (isinstance(algo, str) and isinstance(env, str)):
+        return run_dir.name
+    return f"{algo} {env}"[:80]
 
 
 def _smooth(y: np.ndarray, k: int = 5) -> np.ndarray:
@@ -40,7 +76,9 @@ def _smooth(y: np.ndarray, k: int = 5) -> np.ndarray:
 
 def plot_runs(run_dirs: list[str | Path], out: str | Path, title: str | None = None) -> Path:
     """Overlay runs; runs with the same algorithm and env are one curve: the mean over
-    seeds (interpolated on a common step grid) with the min–max spread shaded."""
+    seeds (interpolated on a common step grid) with the min–max spread shaded. The image
+    format follows ``out``'s suffix (PNG without one)."""
+    fmt = figure_format(out)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -53,6 +91,9 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, title: str | None = N
         if len(x):
             groups.setdefault(_label(d), []).append((x, _smooth(y)))
     fig, ax = plt.subplots(figsize=(7, 4.2))
+    if not groups:
+        ax.text(0.5, 0.5, "no finished episodes to plot yet", ha="center", va="center",
+                transform=ax.transAxes)
     for label, runs in groups.items():
         if len(runs) == 1:
             ax.plot(runs[0][0], runs[0][1], label=label)
@@ -72,9 +113,29 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, title: str | None = N
     ax.grid(alpha=0.3)
     fig.tight_layout()
     out = Path(out)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, format=fmt, dpi=100)
+    finally:
+        plt.close(fig)
+    atomic_write_bytes(out, buf.getvalue())
     return out
+
+
+def figure_format(out: str | Path) -> str:
+    """The image format named by ``out``'s suffix (``png`` when it has none); a
+    ValueError for one matplotlib cannot write."""
+    fmt = Path(out).suffix.lower().lstrip(".") or "png"
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    known = FigureCanvasBase.get_supported_filetypes()
+    if fmt not in known:
+        raise ValueError(f"{os.fspath(out)!r}: unknown image format {fmt!r} (known: "
+                         f"{', '.join(sorted(known))})")
+    return fmt
 
 
 def plot_learning_curve(run_dir: str | Path) -> Path:

@@ -12,6 +12,7 @@ import inspect
 import json
 import os
 import re
+import sys
 import time
 from dataclasses import MISSING, fields
 
@@ -75,6 +76,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--n-prompts", type=int, help="number of held-out prompts (default: config)")
     p.add_argument("--temperature", type=float, help="sampling temperature (default: training's)")
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--reward", metavar="MODULE:FUNCTION",
+                   help="the reward function the run was trained with (a run directory never "
+                        "names code that ppokit imports)")
+    p.add_argument("--reward-model", metavar="DIR",
+                   help="the reward model the run was trained with")
 
     p = sub.add_parser("sft", help="supervised fine-tuning on demonstrations")
     p.add_argument("--model", help="local causal LM dir (default: the built-in tiny model)")
@@ -124,6 +130,8 @@ def run(args) -> int:
     from .models import quiet_transformers
 
     quiet_transformers()
+    # never reach a model hub: every model and tokenizer is a local directory
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     # The built-in tiny model runs fastest on one thread (and shares a busy CPU better);
     # PPOKIT_THREADS overrides, and a user model keeps torch's default.
     if os.environ.get("PPOKIT_THREADS"):
@@ -147,25 +155,42 @@ def _print_eval(ev: dict) -> None:
 
 
 def _train(args) -> int:
-    from .evaluate import evaluate_run
-    from .trainer import TokenTrainer, config_from_run
+    from ppokit.io import GracefulStop, Interrupted, unique_run_dir
 
+    from .evaluate import evaluate_run
+    from .trainer import LLMConfig, TokenTrainer, config_from_run
+
+    fresh = False
     if args.resume:
-        cfg_over = {"iterations": args.iterations, "time_limit": args.time_limit}
-        cfg = config_from_run(args.resume, **cfg_over)
+        if args.run_dir:
+            raise UsageError("--run-dir: --resume names the run directory already")
+        over = {f.name: getattr(args, f.name) for f in fields(LLMConfig)}
+        cfg = config_from_run(args.resume, **over)  # refuses flags that would change it
         run_dir = args.resume
-        tr = TokenTrainer(cfg, run_dir, resume=True)
     else:
         cfg = _config_from_args(args)
-        cfg.resolved()
-        run_dir = args.run_dir or os.path.join(
-            "runs", f"llm-{cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
-        if os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
-            raise UsageError(f"--run-dir: {run_dir!r} already holds a run; use --resume")
-        tr = TokenTrainer(cfg, run_dir)
+        cfg.resolved()  # validate every field before anything is created
+        if args.run_dir:
+            run_dir = args.run_dir
+        else:
+            run_dir = str(unique_run_dir("runs", f"llm-{cfg.algo}"))
+            fresh = True
+    tr = TokenTrainer(cfg, run_dir, resume=bool(args.resume), fresh=fresh,
+                      log=lambda m: print(m, file=sys.stderr, flush=True))
     print(f"run dir: {run_dir}")
     t0 = time.perf_counter()
-    recs = tr.train(progress=not args.no_progress)
+    try:
+        with GracefulStop() as stop:
+            try:
+                recs = tr.train(progress=not args.no_progress, stop=stop)
+            except Interrupted as exc:
+                print(f"{exc}; checkpoint {exc.checkpoint.name} written; run dir {run_dir}",
+                      file=sys.stderr)
+                print(f"resume with: ppokit llm train --resume {run_dir}"
+                      + _reward_flags(cfg), file=sys.stderr, flush=True)
+                return exc.exit_code
+    finally:
+        tr.close()
     if recs:
         last = recs[-1]
         print(f"iteration {last['iteration']}: score_mean {last['score_mean']:.4f}  kl_ref "
@@ -173,8 +198,17 @@ def _train(args) -> int:
               f"length {last['response_length_mean']:.2f}  "
               f"({time.perf_counter() - t0:.1f} s)")
     if not args.no_eval:
-        _print_eval(evaluate_run(run_dir))
+        _print_eval(evaluate_run(run_dir, reward=cfg.reward, reward_model=cfg.reward_model,
+                                 log=lambda m: print(m, file=sys.stderr)))
     return 0
+
+
+def _reward_flags(cfg) -> str:
+    if cfg.reward:
+        return f" --reward {cfg.reward}"
+    if cfg.reward_model:
+        return f" --reward-model {cfg.reward_model}"
+    return ""
 
 
 def _eval(args) -> int:
@@ -183,7 +217,8 @@ def _eval(args) -> int:
     if not os.path.isdir(args.run_dir):
         raise UsageError(f"RUN_DIR: no such directory {args.run_dir!r}")
     ev = evaluate_run(args.run_dir, n_prompts=args.n_prompts, temperature=args.temperature,
-                      seed=args.seed)
+                      seed=args.seed, reward=args.reward, reward_model=args.reward_model,
+                      log=lambda m: print(m, file=sys.stderr))
     _print_eval(ev)
     print(f"wrote {os.path.join(args.run_dir, 'eval.json')}")
     return 0

@@ -9,8 +9,8 @@ import os
 import torch
 
 from ppokit.errors import UsageError
+from ppokit.io.atomic import atomic_write_text
 
-from .checkpoint import atomic_write_text, latest_checkpoint
 from .rollout import encode_prompts, generate
 
 __all__ = ["score_policy", "evaluate_run"]
@@ -41,64 +41,97 @@ def score_policy(model, tokenizer, prompts: list[str], reward_fn, *, max_new_tok
 
 
 def evaluate_run(run_dir: str, *, n_prompts: int | None = None, temperature: float | None = None,
-                 seed: int = 1234, greedy: bool = True, log=print) -> dict:
-    """Score ``RUN_DIR``'s trained policy and its reference on the held-out prompts; write
-    ``RUN_DIR/eval.json`` and return it."""
+                 seed: int = 1234, greedy: bool = True, log=print, reward: str | None = None,
+                 reward_model: str | None = None, reward_fn=None) -> dict:
+    """Score ``RUN_DIR``'s trained policy (its newest intact checkpoint) and its reference
+    on the run's held-out prompts; write ``RUN_DIR/eval.json`` and return it.
+
+    Only the run's own files are read. A run trained with a reward function or a reward
+    model gets it from the caller (``reward`` / ``reward_model`` / ``reward_fn``), never
+    from the run directory."""
+    import copy
+
+    from ppokit.io import RunLock, check_tree, find_checkpoint, load_checkpoint
+    from ppokit.io.checkpoint import no_checkpoint_message
+
     from .models import load_policy
-    from .trainer import config_from_run
+    from .runfiles import config_from_run
+    from .trainer import _check_reward_named_again, wrap_lora
 
-    cfg = config_from_run(run_dir)
-    if n_prompts is not None:
-        from dataclasses import replace
-
-        cfg = replace(cfg, n_eval_prompts=n_prompts)
-    pol_dir = os.path.join(run_dir, "policy")
-    if not os.path.isdir(pol_dir):
-        ck = latest_checkpoint(run_dir)
-        if ck is None:
-            raise UsageError(f"eval: {run_dir!r} has no trained policy and no checkpoint")
-        pol_dir = os.path.join(ck, "policy")
-    ref_dir = os.path.join(run_dir, "reference")
-    if not os.path.isdir(ref_dir):
-        raise UsageError(f"eval: {run_dir!r} has no reference/ directory")
-    policy, tok = load_policy(pol_dir)
-    reference, _ = load_policy(ref_dir)
-    rcfg = cfg.resolved()
-    holder = _EvalSetup(rcfg)
-    temp = rcfg.temperature if temperature is None else temperature
-    kw = {"max_new_tokens": holder.max_new_tokens, "seed": seed}
-    out = {"run_dir": run_dir, "n_prompts": len(holder.prompts), "temperature": temp}
-    pol = score_policy(policy, tok, holder.prompts, holder.reward_fn, temperature=temp, **kw)
-    ref = score_policy(reference, tok, holder.prompts, holder.reward_fn, temperature=temp, **kw)
-    out.update({"score_mean": pol["score_mean"], "reference_score_mean": ref["score_mean"],
-                "response_length_mean": pol["response_length_mean"],
-                "reference_response_length_mean": ref["response_length_mean"],
-                "truncated_frac": pol["truncated_frac"],
-                "reference_truncated_frac": ref["truncated_frac"]})
-    if greedy:
-        out["greedy_score_mean"] = score_policy(policy, tok, holder.prompts, holder.reward_fn,
-                                                temperature=0.0, **kw)["score_mean"]
-        out["reference_greedy_score_mean"] = score_policy(
-            reference, tok, holder.prompts, holder.reward_fn, temperature=0.0, **kw)["score_mean"]
-    out["samples"] = [{"prompt": p, "completion": c} for p, c in pol["samples"]]
-    atomic_write_text(os.path.join(run_dir, "eval.json"), json.dumps(out, indent=2) + "\n")
+    if not os.path.isdir(run_dir):
+        raise UsageError(f"RUN_DIR: no such directory {run_dir!r}")
+    if n_prompts is not None and n_prompts < 1:
+        raise UsageError(f"--n-prompts: expected an integer >= 1, got {n_prompts}")
+    if temperature is not None and not (temperature >= 0 and temperature < float("inf")):
+        raise UsageError(f"--temperature: expected a finite number >= 0, got {temperature}")
+    with RunLock(run_dir, "eval"):
+        cfg = config_from_run(run_dir, n_eval_prompts=n_prompts, reward=reward,
+                              reward_model=reward_model)
+        ckpt, damaged = find_checkpoint(os.path.join(run_dir, "checkpoints"), log=log)
+        if ckpt is None:
+            raise UsageError(no_checkpoint_message(run_dir, damaged))
+        tensors, _, state = load_checkpoint(ckpt)
+        _check_reward_named_again(cfg, state.get("config"), reward_fn)
+        ref_dir = os.path.join(run_dir, "reference")
+        if not os.path.isdir(ref_dir) or os.path.islink(ref_dir):
+            raise UsageError(f"eval: {run_dir!r} has no reference/ directory")
+        check_tree(ref_dir, "run dir")
+        rcfg = cfg.resolved()
+        holder = _EvalSetup(rcfg, run_dir, reward_fn)
+        reference, tok = load_policy(ref_dir)
+        reference.eval()
+        policy = copy.deepcopy(reference)
+        if rcfg.lora_r > 0:
+            policy = wrap_lora(policy, rcfg.lora_r, rcfg.lora_alpha)
+        try:
+            policy.load_state_dict(tensors["policy"])
+        except (KeyError, RuntimeError) as exc:
+            raise UsageError(f"eval: checkpoint {ckpt} does not fit the run's reference "
+                             f"model ({type(exc).__name__})") from None
+        if rcfg.lora_r > 0:
+            policy = policy.merge_and_unload()
+        policy.eval()
+        temp = rcfg.temperature if temperature is None else temperature
+        kw = {"max_new_tokens": holder.max_new_tokens, "seed": seed}
+        out = {"run_dir": run_dir, "checkpoint": ckpt.name, "n_prompts": len(holder.prompts),
+               "temperature": temp}
+        pol = score_policy(policy, tok, holder.prompts, holder.reward_fn, temperature=temp,
+                           **kw)
+        ref = score_policy(reference, tok, holder.prompts, holder.reward_fn, temperature=temp,
+                           **kw)
+        out.update({"score_mean": pol["score_mean"], "reference_score_mean": ref["score_mean"],
+                    "response_length_mean": pol["response_length_mean"],
+                    "reference_response_length_mean": ref["response_length_mean"],
+                    "truncated_frac": pol["truncated_frac"],
+                    "reference_truncated_frac": ref["truncated_frac"]})
+        if greedy:
+            out["greedy_score_mean"] = score_policy(policy, tok, holder.prompts,
+                                                    holder.reward_fn, temperature=0.0,
+                                                    **kw)["score_mean"]
+            out["reference_greedy_score_mean"] = score_policy(
+                reference, tok, holder.prompts, holder.reward_fn, temperature=0.0,
+                **kw)["score_mean"]
+        out["samples"] = [{"prompt": p, "completion": c} for p, c in pol["samples"]]
+        atomic_write_text(os.path.join(run_dir, "eval.json"), json.dumps(out, indent=2) + "\n")
     return out
 
 
 class _EvalSetup:
     """Held-out prompts, reward function and generation cap of a run's config."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, run_dir: str, reward_fn=None):
         from .rewards import RewardModelScorer, load_reward_callable
+        from .runfiles import run_prompt_sets
         from .task import ReverseTask, reverse_score
-        from .trainer import prompt_sets
 
         task = ReverseTask() if cfg.prompts is None else None
-        if cfg.reward_model:
+        if reward_fn is not None:
+            self.reward_fn = reward_fn
+        elif cfg.reward_model:
             self.reward_fn = RewardModelScorer(cfg.reward_model)
         elif cfg.reward:
             self.reward_fn = load_reward_callable(cfg.reward)
         else:
             self.reward_fn = reverse_score
-        self.prompts = prompt_sets(cfg)[1]
+        self.prompts = run_prompt_sets(run_dir, cfg)[1][: cfg.n_eval_prompts]
         self.max_new_tokens = cfg.max_new_tokens or (task.max_new_tokens if task else 64)

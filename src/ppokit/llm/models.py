@@ -82,11 +82,13 @@ def load_tokenizer(path: str):
     """
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+    _local_dir(path)
     if os.path.exists(os.path.join(path, PPOKIT_MARKER)):
-        tok = PreTrainedTokenizerFast.from_pretrained(path)
+        tok = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
     else:
         try:
-            tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+            tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False,
+                                                local_files_only=True)
         except Exception as exc:  # noqa: BLE001 - report one line
             raise UsageError(f"--model: cannot load a tokenizer from {path!r}: {exc}") from None
     if tok.eos_token_id is None:
@@ -133,13 +135,21 @@ def load_causal_lm(path: str, dtype: torch.dtype = torch.float32):
     from transformers import AutoModelForCausalLM
 
     quiet_transformers()
-    if not os.path.isdir(path):
-        raise UsageError(f"--model: {path!r} is not a directory")
+    _local_dir(path)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False, dtype=dtype,
+                                                     local_files_only=True)
     except Exception as exc:  # noqa: BLE001
         raise UsageError(f"--model: cannot load a causal LM from {path!r}: {exc}") from None
     return model
+
+
+def _local_dir(path: str, what: str = "--model") -> None:
+    """Models load only from a local directory: a name that is not one (``gpt2``) is an
+    error, never a download from a model hub."""
+    if not os.path.isdir(path):
+        raise UsageError(f"{what}: {path!r} is not a local model directory (ppokit never "
+                         "downloads models)")
 
 
 def load_policy(path: str):
@@ -152,13 +162,42 @@ def load_policy(path: str):
 
 
 def save_policy(model, tokenizer, path: str, extra: dict | None = None) -> None:
-    """Save a model (safetensors) and its tokenizer; mark ppokit's built-in tokenizer."""
-    os.makedirs(path, exist_ok=True)
-    model.save_pretrained(path, safe_serialization=True)
-    tokenizer.save_pretrained(path)
-    if getattr(tokenizer, "_ppokit_builtin", False) or _is_builtin(tokenizer):
-        with open(os.path.join(path, PPOKIT_MARKER), "w") as f:
-            json.dump({"alphabet": ALPHABET, **(extra or {})}, f)
+    """Save a model (safetensors) and its tokenizer as a local Hugging Face directory;
+    mark ppokit's built-in tokenizer. Written in a temporary directory beside ``path`` and
+    put in place whole (:func:`ppokit.io.atomic.replace_dir`): whatever stood at ``path``
+    — an older export, a file, a symbolic link — is replaced, never written through. A
+    model with non-finite weights is refused."""
+    from ppokit.io.atomic import replace_dir
+
+    bad = [n for n, t in model.state_dict().items()
+           if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise UsageError(f"model: {len(bad)} weight tensor(s) hold NaN or inf (first: "
+                         f"{bad[0]}); not saved to {path!r}")
+    path = os.path.normpath(path)
+    if os.path.lexists(path) and not os.path.islink(path):
+        if not os.path.isdir(path):
+            raise UsageError(f"--out: {path!r} exists and is not a directory")
+        entries = set(os.listdir(path))
+        if entries and "config.json" not in entries:
+            raise UsageError(f"--out: {path!r} is a directory that holds something other "
+                             "than a saved model; choose a new path")
+    parent = os.path.dirname(path) or "."
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    import shutil
+
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        if getattr(tokenizer, "_ppokit_builtin", False) or _is_builtin(tokenizer):
+            with open(os.path.join(tmp, PPOKIT_MARKER), "w") as f:
+                json.dump({"alphabet": ALPHABET, **(extra or {})}, f)
+        replace_dir(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _is_builtin(tokenizer) -> bool:

@@ -52,12 +52,13 @@ class RewardModelScorer:
     def __init__(self, path: str, batch_size: int = 64):
         from transformers import AutoModelForSequenceClassification
 
-        from .models import load_tokenizer
+        from .models import _local_dir, load_tokenizer
 
+        _local_dir(path, "--reward-model")
         self.tokenizer = load_tokenizer(path)
         try:
             self.model = AutoModelForSequenceClassification.from_pretrained(
-                path, trust_remote_code=False)
+                path, trust_remote_code=False, local_files_only=True)
         except Exception as exc:  # noqa: BLE001
             raise UsageError(f"--reward-model: cannot load {path!r}: {exc}") from None
         self.model.eval()

@@ -37,6 +37,7 @@ import os
 import random
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -58,23 +59,33 @@ from ppokit.core import (
     value_loss,
 )
 from ppokit.errors import UsageError
-
-from .checkpoint import (
+from ppokit.io import (
+    GracefulStop,
+    Interrupted,
+    MetricsWriter,
+    RunDir,
     atomic_write_text,
-    flatten_optimizer,
-    latest_checkpoint,
-    load_tensors,
-    read_json,
-    restore_optimizer,
-    save_tensors,
-    write_checkpoint,
+    capture_rng,
+    check_tree,
+    find_checkpoint,
+    load_checkpoint,
+    restore_rng,
+    save_checkpoint,
+    truncate_metrics,
 )
+from ppokit.io.checkpoint import (
+    no_checkpoint_message,
+    optimizer_from_flat,
+    optimizer_to_flat,
+    remove_leftovers,
+    set_aside_newer,
+)
+
 from .config import (  # noqa: F401 (re-exported)
     ALGOS,
     PRESETS,
     TRUNCATION,
     LLMConfig,
-    config_from_run,
     load_prompts,
     prompt_sets,
 )
@@ -87,6 +98,13 @@ from .models import (
     save_policy,
 )
 from .rollout import Rollout, encode_prompts, generate, sequence_logprobs, shift_to_tokens
+from .runfiles import (  # noqa: F401 (config_from_run re-exported)
+    EVAL_PROMPTS,
+    TRAIN_PROMPTS,
+    config_from_run,
+    run_prompt_sets,
+    write_prompts,
+)
 from .task import ReverseTask
 
 __all__ = ["LLMConfig", "ALGOS", "TokenTrainer", "Labels", "compute_labels", "load_prompts"]
@@ -196,29 +214,56 @@ class TokenTrainer:
     """Owns the policy, reference, critic, optimiser and run directory."""
 
     def __init__(self, cfg: LLMConfig, run_dir: str, *, policy=None, tokenizer=None,
-                 reference=None, log=print, resume: bool = False, monitors=None):
+                 reference=None, log=print, resume: bool = False, monitors=None,
+                 reward_fn=None, fresh: bool = False):
         self.cfg = cfg = cfg.resolved()
         # monitors: callables (prompts, completions) -> {name: float}, logged each iteration
         # (e.g. a true task score while training against a learned reward model)
         self.monitors = list(monitors or [])
-        self.run_dir = run_dir
+        self.run_dir = str(run_dir)
         self.log = log
-        os.makedirs(run_dir, exist_ok=True)
+        self.metrics = None
+        # the lock first: a second writer fails before any work; a failed start leaves
+        # nothing behind (RunDir.abort)
+        self.rundir = RunDir(self.run_dir, new=not resume, kind="llm", fresh=fresh)
+        try:
+            self._setup(cfg, policy, tokenizer, reference, reward_fn, resume)
+        except BaseException:
+            self.rundir.abort()
+            raise
+        self.rundir.started()
+
+    def _setup(self, cfg, policy, tokenizer, reference, reward_fn, resume: bool) -> None:
+        run_dir = self.run_dir
+        ckpt = None
+        if resume:  # verify before anything is loaded or changed
+            ckpt, damaged = find_checkpoint(os.path.join(run_dir, "checkpoints"),
+                                            log=self.log)
+            if ckpt is None:
+                raise UsageError(no_checkpoint_message(run_dir, damaged))
+            self._ckpt = load_checkpoint(ckpt)
+            self._damaged = damaged
+            _check_reward_named_again(cfg, self._ckpt[2].get("config"), reward_fn)
         torch.manual_seed(cfg.seed)
         self.py_rng = random.Random(cfg.seed)
         self.gen = torch.Generator().manual_seed(cfg.seed)
         self.task = ReverseTask() if cfg.prompts is None else None
+        # reward and prompts before any model work: a bad one fails fast
+        self.reward_fn = reward_fn if reward_fn is not None else self._reward_fn()
+        if resume:
+            self.train_prompts, self.eval_prompt_list = run_prompt_sets(run_dir, cfg)
+        else:
+            self.train_prompts, self.eval_prompt_list = prompt_sets(cfg)
         ref_dir = os.path.join(run_dir, "reference")
         if policy is None:
             if resume or os.path.isdir(ref_dir):
+                check_tree(ref_dir, "run dir")
                 policy, tokenizer = load_policy(ref_dir)
             elif cfg.model is not None:
                 policy, tokenizer = load_policy(cfg.model)
             else:
                 policy, tokenizer = self._warm_start()
-            if not os.path.isdir(ref_dir):
-                save_policy(policy, tokenizer, ref_dir)
-        elif not os.path.isdir(ref_dir):
+        if not os.path.isdir(ref_dir) or os.path.islink(ref_dir):
             save_policy(policy, tokenizer, ref_dir)
         self.policy, self.tok = policy, tokenizer
         self.policy.eval()  # no dropout anywhere: old and new log-probs must agree
@@ -240,17 +285,24 @@ class TokenTrainer:
         self.opt = torch.optim.AdamW(groups, weight_decay=0.0, eps=1e-6)
         self.kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.kl_target) if cfg.kl_target
                        else FixedKLController(cfg.kl_coef))
-        self.reward_fn = self._reward_fn()
-        self.train_prompts, self.eval_prompt_list = prompt_sets(cfg)
         self.max_new_tokens = cfg.max_new_tokens or (self.task.max_new_tokens if self.task
                                                      else 64)
         self.iteration = 0
         self.elapsed = 0.0
+        self._saved_iteration = None
         if resume:
-            self._load_checkpoint()
+            self._load_checkpoint(ckpt)
         else:
             atomic_write_text(os.path.join(run_dir, "config.json"),
                               json.dumps(asdict(cfg), indent=2) + "\n")
+            if cfg.prompts is not None:  # the run's own copy: resume and eval read it
+                write_prompts(os.path.join(run_dir, TRAIN_PROMPTS), self.train_prompts)
+                write_prompts(os.path.join(run_dir, EVAL_PROMPTS), self.eval_prompt_list)
+            truncate_metrics(os.path.join(run_dir, "metrics.jsonl"), 0)
+            truncate_metrics(os.path.join(run_dir, "samples.jsonl"), 0)
+        self.metrics = MetricsWriter(run_dir, tensorboard=False, step_key="iteration")
+        self.samples = MetricsWriter(run_dir, tensorboard=False, name="samples.jsonl",
+                                     step_key="iteration")
 
     # ------------------------------------------------------------------ setup
     def _warm_start(self):
@@ -434,19 +486,32 @@ class TokenTrainer:
         for mon in self.monitors:
             rec.update({k: float(v) for k, v in mon(prompts, comps).items()})
         rec = {k: (float(v) if isinstance(v, float) else v) for k, v in rec.items()}
-        with open(os.path.join(self.run_dir, "metrics.jsonl"), "a") as f:
-            f.write(json.dumps(rec) + "\n")
-        with open(os.path.join(self.run_dir, "samples.jsonl"), "a") as f:
-            for i in range(min(cfg.samples_logged, len(prompts))):
-                f.write(json.dumps({"iteration": self.iteration, "prompt": prompts[i],
-                                    "completion": comps[i], "score": float(scores[i]),
-                                    "truncated": bool(roll.truncated[i])}) + "\n")
+        self.metrics.write(rec)
+        for i in range(min(cfg.samples_logged, len(prompts))):
+            self.samples.write({"iteration": self.iteration, "prompt": prompts[i],
+                                "completion": comps[i], "score": float(scores[i]),
+                                "truncated": bool(roll.truncated[i])})
         return rec
 
-    def train(self, progress: bool = True) -> list[dict]:
+    def train(self, progress: bool = True, *, stop: GracefulStop | None = None
+              ) -> list[dict]:
+        """Train to ``iterations`` (or the time limit), checkpointing every
+        ``checkpoint_every`` iterations and at the end, then export ``RUN_DIR/policy``.
+        With ``stop`` (a :class:`GracefulStop`), a signal ends training at the next
+        iteration boundary: a checkpoint is written and :class:`ppokit.io.Interrupted`
+        raised. The run directory's lock is held until training returns."""
         cfg = self.cfg
         recs = []
+        self.rundir.reacquire()
         bar = _Progress(cfg.iterations, self.iteration, enabled=progress)
+        try:
+            self._train_loop(bar, recs, stop)
+        finally:
+            self.rundir.close()
+        return recs
+
+    def _train_loop(self, bar, recs: list, stop) -> None:
+        cfg = self.cfg
         with bar:
             while self.iteration < cfg.iterations:
                 if cfg.time_limit is not None and self.elapsed >= cfg.time_limit:
@@ -458,9 +523,18 @@ class TokenTrainer:
                 bar.advance(rec)
                 if self.iteration % cfg.checkpoint_every == 0:
                     self.save_checkpoint()
+                if stop is not None and stop.requested:
+                    ckpt = self.save_checkpoint()
+                    raise Interrupted(stop.signum, self.iteration, ckpt)
         self.save_checkpoint()
         self.export_policy(os.path.join(self.run_dir, "policy"))
-        return recs
+
+    def close(self) -> None:
+        """Close the metrics files and release the run directory's lock."""
+        for w in (self.metrics, getattr(self, "samples", None)):
+            if w is not None:
+                w.close()
+        self.rundir.close()
 
     # ------------------------------------------------------------------ checkpoints
     def export_policy(self, path: str) -> None:
@@ -472,50 +546,65 @@ class TokenTrainer:
             model = copy.deepcopy(self.policy).merge_and_unload()
         save_policy(model, self.tok, path)
 
-    def save_checkpoint(self) -> str:
-        def write(d):
-            self.export_policy(os.path.join(d, "policy"))
-            if self.cfg.lora_r > 0:
-                save_tensors(self.policy.state_dict(), os.path.join(d, "policy_state.safetensors"))
-            tensors, meta = flatten_optimizer(self.opt)
-            save_tensors(tensors, os.path.join(d, "optimizer.safetensors"))
-            rng = {"torch": torch.get_rng_state(), "generator": self.gen.get_state()}
-            if self.critic is not None:
-                save_tensors(self.critic.state_dict(), os.path.join(d, "critic.safetensors"))
-            save_tensors(rng, os.path.join(d, "rng.safetensors"))
-            state = {"iteration": self.iteration, "elapsed": self.elapsed,
-                     "kl_controller": self.kl_ctl.state_dict(), "optimizer": meta,
-                     "python_rng": _py_state_to_json(self.py_rng.getstate())}
-            atomic_write_text(os.path.join(d, "state.json"), json.dumps(state) + "\n")
-
-        return write_checkpoint(self.run_dir, self.iteration, write)
-
-    def _load_checkpoint(self) -> None:
-        from .models import load_causal_lm
-
-        ck = latest_checkpoint(self.run_dir)
-        if ck is None:
-            raise UsageError(f"--resume: no checkpoint in {self.run_dir!r}")
-        state = read_json(os.path.join(ck, "state.json"))
-        if self.cfg.lora_r > 0:
-            self.policy.load_state_dict(load_tensors(os.path.join(ck, "policy_state.safetensors")))
-        else:
-            pol = load_causal_lm(os.path.join(ck, "policy"))
-            self.policy.load_state_dict(pol.state_dict())
+    def save_checkpoint(self) -> Path:
+        """Write this iteration's checkpoint (once per iteration) with the run-directory
+        layer every ppokit run uses (:func:`ppokit.io.save_checkpoint`)."""
+        root = Path(self.run_dir) / "checkpoints"
+        if self._saved_iteration == self.iteration:
+            return root / f"iter_{self.iteration:09d}"
+        opt_t, opt_meta = optimizer_to_flat(self.opt.state_dict())
+        rng_t, rng_meta = capture_rng({"generator": self.gen}, {"prompts": self.py_rng})
+        tensors = {"policy": dict(self.policy.state_dict()), "optimizer": opt_t,
+                   "rng": rng_t}
         if self.critic is not None:
-            self.critic.load_state_dict(load_tensors(os.path.join(ck, "critic.safetensors")))
-        restore_optimizer(self.opt, load_tensors(os.path.join(ck, "optimizer.safetensors")),
-                          state["optimizer"])
-        rng = load_tensors(os.path.join(ck, "rng.safetensors"))
-        torch.set_rng_state(rng["torch"])
-        self.gen.set_state(rng["generator"])
-        self.py_rng.setstate(_py_state_from_json(state["python_rng"]))
-        self.kl_ctl.load_state_dict(state["kl_controller"])
-        self.iteration = int(state["iteration"])
-        self.elapsed = float(state["elapsed"])
-        _truncate_jsonl(os.path.join(self.run_dir, "metrics.jsonl"), self.iteration)
-        _truncate_jsonl(os.path.join(self.run_dir, "samples.jsonl"), self.iteration)
-        self.log(f"resumed from {ck} at iteration {self.iteration}")
+            tensors["critic"] = dict(self.critic.state_dict())
+        state = {"elapsed": self.elapsed, "kl_controller": self.kl_ctl.state_dict(),
+                 "optimizer": opt_meta, "rng": rng_meta, "config": asdict(self.cfg)}
+        path = save_checkpoint(root, self.iteration, tensors=tensors, arrays={}, state=state)
+        self._saved_iteration = self.iteration
+        return path
+
+    def _load_checkpoint(self, ckpt: Path) -> None:
+        tensors, _, state = self._ckpt
+        del self._ckpt
+        try:
+            self.policy.load_state_dict(tensors["policy"])
+            if self.critic is not None:
+                self.critic.load_state_dict(tensors["critic"])
+            self.opt.load_state_dict(optimizer_from_flat(tensors["optimizer"],
+                                                         state["optimizer"]))
+            restore_rng(tensors["rng"], state["rng"], {"generator": self.gen},
+                        {"prompts": self.py_rng})
+            self.kl_ctl.load_state_dict(state["kl_controller"])
+            self.iteration = int(state["iteration"])
+            self.elapsed = float(state["elapsed"])
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            raise UsageError(f"--resume: checkpoint {ckpt} does not fit this run "
+                             f"({type(exc).__name__}: {exc}); nothing was changed") from None
+        self._saved_iteration = self.iteration
+        root = Path(self.run_dir) / "checkpoints"
+        set_aside_newer(root, ckpt, self._damaged, self.log)
+        remove_leftovers(root)
+        for name in ("metrics.jsonl", "samples.jsonl"):
+            skipped = truncate_metrics(os.path.join(self.run_dir, name), self.iteration)
+            if skipped:
+                self.log(f"{name}: skipped {len(skipped)} unreadable line(s) "
+                         f"(line {', '.join(map(str, skipped[:5]))})")
+        self.log(f"resumed from {ckpt.name} at iteration {self.iteration}")
+
+
+def _check_reward_named_again(cfg: LLMConfig, saved: dict | None, reward_fn) -> None:
+    """A resumed run whose reward is code (or a reward model elsewhere on disk) needs the
+    user to name it again: nothing a run directory says is imported or read."""
+    saved = saved if isinstance(saved, dict) else {}
+    if reward_fn is not None:
+        return
+    for key, flag in (("reward", "--reward"), ("reward_model", "--reward-model")):
+        old = saved.get(key)
+        if old and not getattr(cfg, key) and not (cfg.reward or cfg.reward_model):
+            raise UsageError(f"{flag}: this run was trained with {key} {old!r}; ppokit does "
+                             "not load code or models named inside a run directory: pass "
+                             f"{flag} {old} again (or reward_fn= in Python)")
 
 
 def wrap_lora(model, r: int, alpha: float):
@@ -525,22 +614,6 @@ def wrap_lora(model, r: int, alpha: float):
     cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules="all-linear",
                      task_type="CAUSAL_LM")
     return get_peft_model(model, cfg)
-
-
-def _truncate_jsonl(path: str, max_iteration: int) -> None:
-    if not os.path.exists(path):
-        return
-    with open(path) as f:
-        keep = [ln for ln in f if ln.strip() and json.loads(ln)["iteration"] <= max_iteration]
-    atomic_write_text(path, "".join(keep))
-
-
-def _py_state_to_json(state):
-    return [state[0], list(state[1]), state[2]]
-
-
-def _py_state_from_json(obj):
-    return (obj[0], tuple(obj[1]), obj[2])
 
 
 class _Progress:

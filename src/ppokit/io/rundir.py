@@ -1,0 +1,192 @@
+"""Run directories: one writer at a time, unique default names, no trace of a failed start.
+
+A run directory is data. ppokit reads in it only the files it wrote (regular files, never
+through a symbolic link, never a path that a file names) and imports nothing because a file
+in it says so. Every process that writes a run directory (training, resuming, an evaluation
+that writes ``eval.json``) holds :class:`RunLock` for its whole life: an exclusive
+``flock`` on ``RUN_DIR/.lock``, which the kernel releases when the process ends however it
+ends, so a killed run never leaves a stale lock behind.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import shutil
+import stat
+import time
+from pathlib import Path
+
+from ppokit.errors import UsageError
+
+__all__ = ["RunLock", "RunDir", "unique_run_dir", "check_tree", "holds_run",
+           "RESUME_HINT"]
+
+LOCK_NAME = ".lock"
+RESUME_HINT = {"env": "ppokit train --resume {run_dir}",
+               "llm": "ppokit llm train --resume {run_dir}"}
+
+
+def _name_ok(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._+-]+", "_", name).strip("._") or "run"
+
+
+class RunLock:
+    """Exclusive, non-blocking lock on a run directory for the life of this object (or of
+    the process). A second writer gets :class:`UsageError` naming the holder's pid."""
+
+    def __init__(self, run_dir: str | os.PathLike, purpose: str = "train"):
+        self.run_dir = Path(run_dir)
+        path = self.run_dir / LOCK_NAME
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags, 0o644)
+        except OSError as exc:
+            raise UsageError(f"run dir: cannot create {path} ({exc.strerror})") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise UsageError(f"run dir: {path} is not a regular file")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").split()
+            os.close(fd)
+            who = f"pid {holder[0]}" if holder else "another process"
+            what = f" ({holder[1]})" if len(holder) > 1 else ""
+            raise UsageError(f"run dir: {self.run_dir} is in use by {who}{what}; wait for it "
+                             "to finish or stop it first") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {purpose}\n".encode(), 0)
+        self._fd: int | None = fd
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def __del__(self) -> None:  # pragma: no cover - the process end releases it too
+        try:
+            self.release()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def holds_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` already holds (part of) a run."""
+    return any(os.path.lexists(run_dir / n) for n in ("config.json", "metrics.jsonl",
+                                                       "checkpoints"))
+
+
+def unique_run_dir(parent: str | os.PathLike, name: str) -> Path:
+    """Create and return ``parent/name-<time>`` (``-2``, ``-3``, ... appended when a run
+    started in the same second took it): two runs never share a default directory."""
+    parent = Path(parent)
+    parent.mkdir(parents=True, exist_ok=True)
+    base = f"{_name_ok(name)}-{time.strftime('%Y%m%d-%H%M%S')}"
+    for k in range(1, 10_000):
+        path = parent / (base if k == 1 else f"{base}-{k}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise UsageError(f"--run-dir: could not find a free name under {parent}")
+
+
+class RunDir:
+    """The run directory of one writing process: locked on entry; for a new run, checked
+    empty of any earlier run; and removed again (what this process created of it) if the
+    start fails before :meth:`started` is called."""
+
+    def __init__(self, path: str | os.PathLike, *, new: bool, purpose: str = "train",
+                 kind: str = "env", fresh: bool = False):
+        self.path = Path(path)
+        self.kind = kind
+        if os.path.lexists(self.path) and not self.path.is_dir():
+            raise UsageError(f"--run-dir: {self.path} exists and is not a directory")
+        if not new and not self.path.is_dir():
+            raise UsageError(f"--resume: no such run directory {str(self.path)!r}")
+        self.created = fresh  # the caller made it for this run (unique_run_dir)
+        if not self.path.exists():
+            try:
+                self.path.mkdir(parents=True)
+            except FileExistsError:
+                pass  # another process made it a moment ago: the lock decides
+            except OSError as exc:
+                raise UsageError(f"--run-dir: cannot create {self.path} ({exc.strerror})") \
+                    from None
+            else:
+                self.created = True
+        if new and not os.access(self.path, os.W_OK | os.X_OK):
+            raise UsageError(f"--run-dir: {self.path} is not writable")
+        self._before = set(os.listdir(self.path)) if not self.created else set()
+        self.purpose = purpose
+        self.lock = RunLock(self.path, purpose)
+        self._live = True
+        if new and holds_run(self.path):
+            self.lock.release()
+            raise UsageError(f"--run-dir: {self.path} already holds a run; resume it with "
+                             f"`{RESUME_HINT[kind].format(run_dir=self.path)}` or choose "
+                             "another directory")
+
+    def started(self) -> None:
+        """The run is under way: a later failure no longer removes anything."""
+        self._live = False
+
+    def abort(self) -> None:
+        """Undo a failed start: remove what this process created, release the lock."""
+        if self._live:
+            self._live = False
+            try:
+                if self.created:
+                    shutil.rmtree(self.path, ignore_errors=True)
+                else:
+                    for name in set(os.listdir(self.path)) - self._before:
+                        p = self.path / name
+                        if p.is_dir() and not p.is_symlink():
+                            shutil.rmtree(p, ignore_errors=True)
+                        else:
+                            p.unlink(missing_ok=True)
+            except OSError:
+                pass
+        self.lock.release()
+
+    def reacquire(self) -> None:
+        """Take the lock again (a trainer that trains once more after finishing)."""
+        if not self.lock.held:
+            self.lock = RunLock(self.path, self.purpose)
+
+    def close(self) -> None:
+        self.lock.release()
+
+
+def check_tree(root: str | os.PathLike, what: str = "run dir") -> None:
+    """Refuse a directory tree that holds anything but directories and regular files (a
+    symbolic link, a FIFO, a device): ppokit reads only what it wrote."""
+    root = Path(root)
+    if root.is_symlink() and root.name in ("policy", "reference", "checkpoints"):
+        raise UsageError(f"{what}: {root} is a symbolic link; ppokit does not follow links "
+                         "inside a run directory")
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            mode = os.lstat(p).st_mode
+            if stat.S_ISLNK(mode):
+                raise UsageError(f"{what}: {p} is a symbolic link; ppokit does not follow "
+                                 "links inside a run directory")
+            if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+                raise UsageError(f"{what}: {p} is not a regular file")

@@ -1,0 +1,86 @@
+"""What a language-model run directory holds besides checkpoints, and how it is read back.
+
+A run keeps its own copy of the prompts it trains and evaluates on (``train_prompts.jsonl``,
+``eval_prompts.jsonl``), so that resuming or evaluating it reads nothing outside the run
+directory. Its configuration is read back from the newest intact checkpoint (verified with
+it), never from ``config.json``, which is a copy for people; and the reward is never taken
+from it when it names code or a model elsewhere on disk: the user names it again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import fields
+
+from ppokit.errors import UsageError
+from ppokit.io.atomic import atomic_write_text, read_regular
+from ppokit.io.checkpoint import find_checkpoint, load_checkpoint, no_checkpoint_message
+
+from .config import LLMConfig, prompt_sets
+
+__all__ = ["TRAIN_PROMPTS", "EVAL_PROMPTS", "config_from_run", "run_prompt_sets",
+           "write_prompts", "RESUMABLE"]
+
+TRAIN_PROMPTS = "train_prompts.jsonl"
+EVAL_PROMPTS = "eval_prompts.jsonl"
+MAX_PROMPTS_FILE = 2**31
+# what may differ from the saved configuration when a run is resumed or evaluated
+RESUMABLE = ("iterations", "time_limit", "checkpoint_every", "samples_logged", "reward",
+             "reward_model", "n_eval_prompts", "temperature")
+
+
+def write_prompts(path: str, prompts: list[str]) -> None:
+    atomic_write_text(path, "".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+
+
+def _read_prompts(path: str) -> list[str]:
+    if not os.path.lexists(path):
+        raise UsageError(f"run dir: {os.path.dirname(path)} has no {os.path.basename(path)}")
+    out = []
+    for i, line in enumerate(read_regular(path, MAX_PROMPTS_FILE).decode().splitlines(), 1):
+        try:
+            out.append(str(json.loads(line)["prompt"]))
+        except (ValueError, KeyError, TypeError, RecursionError):
+            raise UsageError(f"run dir: {path}:{i}: not a prompt line") from None
+    return out
+
+
+def run_prompt_sets(run_dir: str, cfg: LLMConfig) -> tuple[list[str] | None, list[str]]:
+    """``(train_prompts, held_out_prompts)`` of an existing run: its own copies for a
+    prompts file, the fixed sets of the built-in task otherwise."""
+    if cfg.prompts is None:
+        return prompt_sets(cfg)
+    return (_read_prompts(os.path.join(run_dir, TRAIN_PROMPTS)),
+            _read_prompts(os.path.join(run_dir, EVAL_PROMPTS)))
+
+
+def config_from_run(run_dir: str, **overrides) -> LLMConfig:
+    """The configuration of ``run_dir``'s newest intact checkpoint, without its
+    ``reward`` / ``reward_model`` (code or paths the user must name again), with the
+    non-``None`` ``overrides`` applied (only the :data:`RESUMABLE` fields)."""
+    run_dir = str(run_dir)
+    if not os.path.isdir(run_dir):
+        raise UsageError(f"RUN_DIR: no such run directory {run_dir!r}")
+    ckpt, damaged = find_checkpoint(os.path.join(run_dir, "checkpoints"))
+    if ckpt is None:
+        raise UsageError(no_checkpoint_message(run_dir, damaged))
+    data = load_checkpoint(ckpt)[2].get("config")
+    if not isinstance(data, dict):
+        raise UsageError(f"run dir: checkpoint {ckpt} holds no configuration")
+    known = {f.name for f in fields(LLMConfig)}
+    data = {k: v for k, v in data.items() if k in known}
+    data["reward"] = data["reward_model"] = None
+    for k, v in overrides.items():
+        if v is None:
+            continue
+        if k not in RESUMABLE:
+            raise UsageError(f"--{k.replace('_', '-')}: cannot be changed for an existing "
+                             f"run (its saved configuration is used); only "
+                             f"{', '.join('--' + r.replace('_', '-') for r in RESUMABLE)} can")
+        data[k] = v
+    try:
+        return LLMConfig(**data)
+    except TypeError as exc:
+        raise UsageError(f"run dir: checkpoint {ckpt} holds an unusable configuration "
+                         f"({exc})") from None
