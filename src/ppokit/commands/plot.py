@@ -1,8 +1,17 @@
-"""``ppokit plot RUN_DIR...``: overlay the learning curves of several runs."""
+"""``ppokit plot RUN_DIR...``: overlay the learning curves of several runs.
+
+Every argument is checked before anything is drawn: each RUN_DIR must hold a readable
+``metrics.jsonl`` and ``--out`` must name a file in an existing directory, in an image
+format matplotlib writes. Runs with no row that has both ``global_step`` and
+``episode_return_mean`` are named on stderr and left out; when no run has one there is
+nothing to plot and no file is written (exit status 2).
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from pathlib import Path
 
 from ppokit.errors import UsageError
@@ -10,16 +19,52 @@ from ppokit.errors import UsageError
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    p.add_argument("--out", default="learning_curves.png", help="output PNG path")
+    p.add_argument("--out", default="learning_curves.png",
+                   help="output image path; the format follows the suffix (default PNG)")
     p.add_argument("--title", default=None)
 
 
-def run(args: argparse.Namespace) -> int:
-    from ppokit.io.plots import plot_runs
+def _check_out(out: str) -> Path:
+    from ppokit.io.plots import figure_format
 
+    if not out.strip() or "\0" in out:
+        raise UsageError(f"--out: expected a file path, got {out!r}")
+    path = Path(out)
+    if path.is_dir() and not path.is_symlink():
+        raise UsageError(f"--out: {out} is a directory; give a file path such as "
+                         f"{os.path.join(out, 'curves.png')}")
+    parent = path.parent
+    if not parent.is_dir():
+        raise UsageError(f"--out: no such directory {str(parent)!r}")
+    try:
+        figure_format(path)
+    except ValueError as exc:
+        raise UsageError(f"--out: {exc}") from None
+    return path
+
+
+def run(args: argparse.Namespace) -> int:
+    from ppokit.io.plots import curve, plot_runs
+
+    out = _check_out(args.out)
+    have, lacking = [], []
     for d in args.run_dirs:
-        if not (Path(d) / "metrics.jsonl").exists():
+        m = Path(d) / "metrics.jsonl"
+        if not os.path.lexists(m):
             raise UsageError(f"{d}: no metrics.jsonl (not a ppokit run directory)")
-    out = plot_runs(args.run_dirs, args.out, title=args.title)
+        try:
+            x, _ = curve(d)
+        except (OSError, RecursionError, UnicodeError) as exc:
+            why = getattr(exc, "strerror", None) or type(exc).__name__
+            raise UsageError(f"{d}: cannot read metrics.jsonl ({why})") from None
+        (have if len(x) else lacking).append(d)
+    if not have:
+        raise UsageError(f"nothing to plot: no row of metrics.jsonl in {', '.join(lacking)} "
+                         "has both global_step and episode_return_mean (no finished "
+                         "episode yet); no file written")
+    for d in lacking:
+        print(f"ppokit plot: {d}: no row with both global_step and episode_return_mean; "
+              "left out", file=sys.stderr)
+    plot_runs(have, out, title=args.title)
     print(f"wrote {out}")
     return 0
