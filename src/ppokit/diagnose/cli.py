@@ -33,10 +33,12 @@ def _summary_text(ev: dict) -> str:
 
 def _print_table(findings: list[Finding], source: str, n: int) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
+    # metric names and paths come from the file: print them as text, never as markup
     console = Console()
-    console.print(f"[bold]ppokit report[/bold] {source}: {n} iterations read")
+    console.print(f"[bold]ppokit report[/bold] {escape(source)}: {n} iterations read")
     if not findings:
         console.print("No findings: none of the known problem patterns shows in these metrics.")
         return
@@ -47,8 +49,8 @@ def _print_table(findings: list[Finding], source: str, n: int) -> None:
     table.add_column("finding and advice", ratio=3)
     table.add_column("evidence", ratio=2)
     for f in findings:
-        table.add_row(f"[{style[f.severity]}]{f.severity}[/]", f.code, f.message,
-                      "\n".join(_summary_text(e) for e in f.evidence))
+        table.add_row(f"[{style[f.severity]}]{f.severity}[/]", f.code, escape(f.message),
+                      escape("\n".join(_summary_text(e) for e in f.evidence)))
     console.print(table)
 
 

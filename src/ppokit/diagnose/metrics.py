@@ -35,11 +35,15 @@ def metrics_path(run: str | Path) -> Path:
         return p
     if p.is_file():
         return p
+    if p.exists():
+        raise UsageError(f"{run}: not a regular file or a run directory")
     raise UsageError(f"{run}: no such run directory")
 
 
 def read_metrics(run: str | Path) -> MetricsTable:
-    """Read a run directory's (or a file's) metrics; skip a partial last line."""
+    """Read a run directory's (or a file's) metrics; skip a partial last line. A line that
+    is not a JSON object (garbage, or nesting too deep to be a metrics record) is an error
+    naming the line."""
     path = metrics_path(run)
     try:
         text = path.read_text(encoding="utf-8")
@@ -53,7 +57,10 @@ def read_metrics(run: str | Path) -> MetricsTable:
             continue
         try:
             obj = json.loads(line)
-        except json.JSONDecodeError:
+        except RecursionError:
+            raise UsageError(f"{path}: line {i + 1} is nested too deeply to be a metrics "
+                             "record") from None
+        except ValueError:  # JSONDecodeError, or an integer too long to convert
             is_last = all(not rest.strip() for rest in lines[i + 1:])
             if is_last and not text.endswith("\n"):
                 skipped_partial = True
@@ -68,10 +75,17 @@ def read_metrics(run: str | Path) -> MetricsTable:
 
 
 def _number(v) -> float | None:
+    """``v`` as a float when it is a finite number (not a bool); else None."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
-    f = float(v)
+    try:
+        f = float(v)
+    except OverflowError:  # an integer too large for a float
+        return None
     return f if math.isfinite(f) else None
+
+
+_INT64 = 2**63 - 1
 
 
 @dataclass
@@ -92,8 +106,8 @@ class MetricsTable:
         labels = []
         for i, r in enumerate(self.records):
             it = r.get("iteration")
-            labels.append(int(it) if isinstance(it, int) and not isinstance(it, bool)
-                          else i + 1)
+            ok = isinstance(it, int) and not isinstance(it, bool) and abs(it) <= _INT64
+            labels.append(it if ok else i + 1)
         self.labels = np.asarray(labels, dtype=np.int64)
 
     def __len__(self) -> int:

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .metrics import MetricsTable
+from .metrics import MetricsTable, _number
 from .trend import rel_change, spearman, thirds
 
 __all__ = ["Finding", "Thresholds", "RULES", "CODES", "SEVERITIES", "diagnose"]
@@ -260,8 +260,7 @@ def _early_stop(rec: dict) -> tuple[bool, bool, float | None]:
         ep, fired = None, bool(rec["early_stopped"])
     else:
         return False, False, None
-    ok = isinstance(ep, (int, float)) and not isinstance(ep, bool)
-    return True, fired, float(ep) if ok else None
+    return True, fired, _number(ep)
 
 
 def rule_early_stop_frequent(table: MetricsTable, th: Thresholds) -> list[Finding]:
