@@ -411,7 +411,8 @@ def test_figures_write_nonempty_pngs(tmp_path, capsys):
     files = sorted(out.glob("*.png"))
     names = {f.name for f in files}
     assert {"gae_bias_variance.png", "ppo_clip_sign.png", "bandit_trajectories.png",
-            "kl_vs_clip.png", "rlhf_objective.png"} <= names
+            "kl_vs_clip.png", "rlhf_objective.png", "optimal_baseline.png", "reward_to_go.png",
+            "learned_baseline.png"} <= names
     import matplotlib.image
 
     for f in files:

@@ -19,6 +19,12 @@ DEMOS: dict[str, str] = {
     "clip": "the single-sample PPO-Clip table and a ratio sweep for A = +1 and -1",
     "bandit": "unclipped vs PPO-Clip on a two-arm bandit, 40 epochs on one batch",
     "baseline": "baselines: exact Bernoulli example, sampled variance ratio, +5 reward offset",
+    "optimal-baseline": "the variance-minimising baseline b* vs none and V, exact, with a "
+                        "sweep of b",
+    "reward-to-go": "reward-to-go vs the whole return on a two-state MDP: same mean, less "
+                    "variance",
+    "learned-baseline": "a running-average baseline V_hat vs the true V and none, rewards "
+                        "offset by +5",
     "kl": "an unobserved action's KL, and signed per-token KL terms against a reference",
     "kl-vs-clip": "the KL penalty (spring) vs the clip (guard rail), swept over beta",
     "rlhf-objective": "max E[R] - beta KL(pi||pi_ref) on five actions, swept over beta",
@@ -57,6 +63,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            help="draws in the sampled-variance experiment (default 2000)")
             p.add_argument("--seeds", type=int, default=50,
                            help="seeds 0..N-1 of the offset experiment (default 50)")
+        elif name == "optimal-baseline":
+            p.add_argument("--offset", type=float, default=5.0,
+                           help="amount added to every bandit reward in the second set of "
+                                "rows (default 5)")
+            p.add_argument("--reward-sd", type=float, default=0.0,
+                           help="standard deviation of noise on every reward (default 0: "
+                                "deterministic arms)")
+        elif name == "reward-to-go":
+            p.add_argument("--episodes", type=int, default=20000,
+                           help="number of sampled episodes (default 20000)")
+            p.add_argument("--seed", type=int, default=0, help="numpy seed (default 0)")
+            p.add_argument("--gamma", type=float, default=1.0,
+                           help="discount in [0, 1] (default 1)")
+        elif name == "learned-baseline":
+            p.add_argument("--alpha", type=float, default=0.05,
+                           help="step size of the running estimate, in (0, 1] (default 0.05)")
+            p.add_argument("--v0", type=float, default=0.0,
+                           help="starting value of the running estimate (default 0)")
+            p.add_argument("--offset", type=float, default=5.0,
+                           help="amount added to every reward (default 5)")
+            p.add_argument("--eta", type=float, default=0.1,
+                           help="policy step size (default 0.1)")
+            p.add_argument("--steps", type=int, default=400, help="pulls per seed (default 400)")
+            p.add_argument("--seeds", type=int, default=50,
+                           help="seeds 0..N-1, run side by side (default 50)")
         elif name == "reward-hacking":
             p.add_argument("--out", default="runs/demo-reward-hacking", metavar="DIR",
                            help="output directory (default runs/demo-reward-hacking)")
@@ -97,6 +128,13 @@ def _at_least(value: int, low: int, option: str) -> int:
 def _at_most(value: int, high: int, option: str) -> int:
     if value > high:
         raise UsageError(f"{option}: expected an integer <= {high}, got {value}")
+    return value
+
+
+def _bounded(value: float, limit: float, option: str) -> float:
+    if not (abs(_finite(value, option)) <= limit):
+        raise UsageError(f"{option}: expected a number between {-limit:g} and {limit:g}, "
+                         f"got {value}")
     return value
 
 
@@ -143,6 +181,39 @@ def render(name: str, args: argparse.Namespace | None = None) -> str:
         return format_baseline(seed=_at_least(opt("seed", 0), 0, "--seed"),
                                draws=_at_least(opt("draws", 2000), 2, "--draws"),
                                n_seeds=_at_least(opt("seeds", 50), 2, "--seeds"))
+    if name == "optimal-baseline":
+        from .optimal_baseline import format_optimal_baseline
+
+        return format_optimal_baseline(
+            offset=_bounded(opt("offset", 5.0), 1e6, "--offset"),
+            reward_sd=_bounded(_nonnegative(opt("reward_sd", 0.0), "--reward-sd"), 1e6,
+                               "--reward-sd"))
+    if name == "reward-to-go":
+        from .reward_to_go import format_reward_to_go
+
+        gamma = _finite(opt("gamma", 1.0), "--gamma")
+        if not 0 <= gamma <= 1:
+            raise UsageError(f"--gamma: expected a number in [0, 1], got {gamma}")
+        return format_reward_to_go(
+            gamma=gamma, seed=_at_least(opt("seed", 0), 0, "--seed"),
+            episodes=_at_most(_at_least(opt("episodes", 20000), 2, "--episodes"), 2_000_000,
+                              "--episodes"))
+    if name == "learned-baseline":
+        from .learned_baseline import format_learned_baseline
+
+        alpha = _finite(opt("alpha", 0.05), "--alpha")
+        if not 0 < alpha <= 1:
+            raise UsageError(f"--alpha: expected a number in (0, 1], got {alpha}")
+        n_seeds = _at_least(opt("seeds", 50), 2, "--seeds")
+        steps = _at_least(opt("steps", 400), 2, "--steps")
+        if n_seeds * steps > 2_000_000:
+            raise UsageError(f"--seeds x --steps: expected at most 2000000 pulls in all, got "
+                             f"{n_seeds} x {steps}")
+        return format_learned_baseline(
+            n_seeds=n_seeds, steps=steps, alpha=alpha,
+            offset=_bounded(opt("offset", 5.0), 1e6, "--offset"),
+            eta=_bounded(_positive(opt("eta", 0.1), "--eta"), 1e3, "--eta"),
+            v0=_bounded(opt("v0", 0.0), 1e6, "--v0"))
     if name == "kl":
         from .kl import format_kl
 

@@ -211,6 +211,113 @@ def baseline_figure(path: Path) -> Path:
     return _save(fig, path)
 
 
+def optimal_baseline_figure(path: Path) -> Path:
+    from .optimal_baseline import BANDIT_EPOCHS, optimal_baseline_cases
+
+    plt = _plt()
+    cases = optimal_baseline_cases(offset=5.0)
+    n_e = len(BANDIT_EPOCHS)
+    groups = (("bandit of `demo bandit`, rewards (+1, -1)", cases[:n_e]),
+              ("the same, every reward +5", cases[n_e:2 * n_e]),
+              ("Bernoulli example, p(good) = 0.8, rewards (1, 0)", cases[2 * n_e:]))
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.6))
+    for ax, (name, group) in zip(axes, groups):
+        for i, c in enumerate(group):
+            color = f"C{i}"
+            label = (f"p(good) = {c.probs[0]:.3f}" if "bandit" in c.label else None)
+            ax.plot(c.sweep_b, c.sweep_var, color=color, lw=1.8, label=label)
+            ax.plot([0.0], c.variance(0.0), "o", color=color, mfc="white", ms=7)
+            ax.plot([c.value], c.variance(c.value), "s", color=color, mfc="white", ms=7)
+            ax.plot([c.b_star], [c.var_star], "*", color=color, ms=13)
+            ax.axvline(c.b_star, color=color, lw=0.8, ls=":")
+        ax.set_title(name)
+        ax.set_xlabel("constant baseline b")
+        ax.set_ylim(bottom=-0.02 * max(float(c.sweep_var.max()) for c in group))
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("exact variance of g(a) (R - b)")
+    top = 3.0
+    axes[1].set_ylim(top=top)
+    above = [f"p(good) {c.probs[0]:.3f}: {c.var_none:.2f}" for c in groups[1][1]
+             if c.var_none > top]
+    if above:
+        axes[1].text(0.02, 0.97, "no baseline, off the top:\n" + "\n".join(above),
+                     transform=axes[1].transAxes, va="top", fontsize=8)
+    from matplotlib.lines import Line2D
+
+    keys = [Line2D([], [], ls="", marker="o", mfc="white", color="0.3", label="no baseline"),
+            Line2D([], [], ls="", marker="s", mfc="white", color="0.3", label="b = V"),
+            Line2D([], [], ls="", marker="*", ms=11, color="0.3", label="b* (the minimum)")]
+    handles, labels = axes[0].get_legend_handles_labels()
+    axes[0].legend(handles=handles + keys, frameon=False, fontsize=8, loc="upper center")
+    fig.suptitle("Var(b) = Var(b*) + E[g^2] (b - b*)^2: the sweep's minimum is b* = "
+                 "E[g^2 R] / E[g^2], which V only approximates")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def reward_to_go_figure(path: Path) -> Path:
+    from .reward_to_go import THETA, estimators, reward_to_go_experiment, sample_trajectories
+
+    plt = _plt()
+    res = reward_to_go_experiment()
+    whole, rtg = estimators(sample_trajectories(THETA, res.episodes, res.seed), THETA)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
+    for i, (ax, name) in enumerate(zip(axes, ("theta_s0", "theta_s1"))):
+        lo = min(whole[:, i].min(), rtg[:, i].min())
+        hi = max(whole[:, i].max(), rtg[:, i].max())
+        bins = np.linspace(lo - 0.25, hi + 0.25, 60)
+        for x, key, label, color in ((whole, "whole", "whole return G(tau)", "C0"),
+                                     (rtg, "rtg", "reward-to-go G_t", "C3")):
+            ax.hist(x[:, i], bins=bins, color=color, alpha=0.45,
+                    label=f"{label}: var {res.exact_var[key][i]:.3f}")
+        ax.axvline(res.grad[i], color="black", lw=1.5, ls="--",
+                   label=f"exact gradient {res.grad[i]:+.3f} (mean of both)")
+        ax.set_yscale("log")
+        ax.set_title(f"d J / d {name}")
+        ax.set_xlabel("one-episode gradient estimate")
+        ax.grid(alpha=0.3)
+        ax.legend(frameon=False, fontsize=8)
+    axes[0].set_ylabel(f"episodes (of {res.episodes}), log scale")
+    fig.suptitle("Two-state MDP, at most 5 steps: dropping rewards paid before each action "
+                 "keeps the mean and narrows the spread")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def learned_baseline_figure(path: Path) -> Path:
+    from .learned_baseline import MODES, reinforce_runs
+
+    plt = _plt()
+    seeds = list(range(50))
+    runs = {m: reinforce_runs(seeds, m) for m in MODES}
+    steps = np.arange(1, runs["learned"].baseline.shape[1] + 1)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.6))
+    lr = runs["learned"]
+    for i in range(5):
+        ax1.plot(steps, lr.baseline[i], color=f"C{i}", lw=0.8, alpha=0.7)
+    ax1.plot(steps, lr.baseline.mean(0), color="black", lw=2,
+             label="V_hat, mean over 50 seeds (thin: seeds 0-4)")
+    ax1.plot(steps, lr.target.mean(0), color="C3", lw=2, ls="--",
+             label="target V = sum_a pi(a) p_a + 5")
+    ax1.set_xlabel("step")
+    ax1.set_ylabel("baseline")
+    ax1.set_title("running estimate V_hat <- V_hat + 0.05 (r - V_hat)")
+    ax1.legend(frameon=False, loc="lower right")
+    for m, color in zip(MODES, ("C0", "C2", "C1")):
+        ax2.plot(steps, runs[m].cond_var.mean(0), color=color, lw=1.8, label=f"baseline: {m}")
+    ax2.set_yscale("log")
+    ax2.set_xlabel("step")
+    ax2.set_ylabel("variance of the one-pull gradient (mean over seeds)")
+    ax2.set_title("gradient variance at each step's policy")
+    ax2.legend(frameon=False)
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+    fig.suptitle("REINFORCE on the +5-offset bandit: once V_hat has caught up it removes "
+                 "the offset as well as the true V")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
 FIGURES = {
     "gae_bias_variance.png": gae_bias_variance_figure,
     "ppo_clip_sign.png": clip_sign_figure,
@@ -218,6 +325,9 @@ FIGURES = {
     "kl_vs_clip.png": kl_vs_clip_figure,
     "rlhf_objective.png": rlhf_figure,
     "baseline_offset.png": baseline_figure,
+    "optimal_baseline.png": optimal_baseline_figure,
+    "reward_to_go.png": reward_to_go_figure,
+    "learned_baseline.png": learned_baseline_figure,
 }
 
 
