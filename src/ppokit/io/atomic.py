@@ -97,7 +97,7 @@ def read_regular(path: str | os.PathLike, max_size: int = MAX_SMALL_FILE) -> byt
         size = os.fstat(fh.fileno()).st_size
         if size > max_size:
             raise UsageError(f"{path}: {size} bytes, more than the {max_size} expected")
-        data = fh.read(max_size + 1)
+        data = fh.read(size + 1)  # fstat's size (a growing file is cut below)
     if len(data) > max_size:
         raise UsageError(f"{path}: more than the {max_size} bytes expected")
     return data
