@@ -101,7 +101,7 @@ def test_default_run_dirs_are_unique_even_in_the_same_second(tmp_path):
 
 def test_resume_while_the_run_is_alive_is_refused_and_the_run_is_intact(tmp_path):
     rd = tmp_path / "run"
-    proc = _cli("train", "--total-steps", str(256 * 400), "--run-dir", str(rd),
+    proc = _cli("train", "--total-steps", str(256 * 250), "--run-dir", str(rd),
                 "--set", "checkpoint_every=20", *FAST)
     deadline = time.time() + 120
     while latest_checkpoint(rd / "checkpoints") is None:
@@ -114,7 +114,7 @@ def test_resume_while_the_run_is_alive_is_refused_and_the_run_is_intact(tmp_path
         assert f"in use by pid {proc.pid}" in err and "Traceback" not in err
     assert proc.poll() is None  # the refusals came while it was training
     assert proc.wait(timeout=300) == 0
-    assert [r["iteration"] for r in read_metrics(rd)] == list(range(1, 401))
+    assert [r["iteration"] for r in read_metrics(rd)] == list(range(1, 251))
 
 
 # ---------------------------------------------------------------- signals

@@ -100,6 +100,9 @@ def run(args: argparse.Namespace) -> int:
         policy_dir = Path(args.run_dir) / "policy"
         if not policy_dir.is_dir():
             raise UsageError(f"{args.run_dir}: no saved policy/ yet (the run has not finished)")
+        from ppokit.io import check_tree
+
+        check_tree(policy_dir, "run dir")  # what it reads stays inside the run
         args.model, args.run_dir = str(policy_dir), None
     report = _lm_report(args) if (args.model or args.lm) else _env_report(args)
     if args.json:

@@ -297,7 +297,7 @@ def _run_seeds(args: argparse.Namespace) -> int:
         while pending or running:
             while pending and len(running) < parallel:
                 s = pending.pop(0)
-                log = open(root / f"s{s}.log", "w")  # noqa: SIM115 (closed below)
+                log = _open_log(root / f"s{s}.log")
                 cmd = base + ["--seed", str(s), "--run-dir", str(root / f"s{s}")]
                 running[s] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log)
             time.sleep(0.2)
@@ -342,9 +342,20 @@ def _run_seeds(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _open_log(path: Path):
+    """A child's log file, truncated; a link at its place is replaced, never followed."""
+    import os
+
+    if path.is_symlink():
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    return os.fdopen(fd, "w")
+
+
 def _seed_summary(root: Path, seeds: list[int], wall: float, parallel: int) -> dict:
     import json
 
+    from ppokit.io.atomic import read_regular
     from ppokit.io.metrics import read_metrics
 
     steps = 0
@@ -357,7 +368,10 @@ def _seed_summary(root: Path, seeds: list[int], wall: float, parallel: int) -> d
             run_time += recs[-1].get("time") or 0.0
         ev = root / f"s{s}" / "eval.json"
         if ev.exists():
-            evals.append(json.loads(ev.read_text())["mean_return"])
+            try:
+                evals.append(float(json.loads(read_regular(ev))["mean_return"]))
+            except (ValueError, KeyError, TypeError, RecursionError):
+                pass  # a seed without a readable evaluation: left out of the summary
     return {"seeds": seeds, "parallel": parallel, "wall_seconds": wall,
             "total_steps": steps, "steps_per_second": steps / wall if wall > 0 else None,
             "sum_of_run_times": run_time, "eval_mean_returns": evals}
