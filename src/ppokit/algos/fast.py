@@ -192,6 +192,8 @@ def _ppo_step(x: torch.Tensor, actions: torch.Tensor, logp_old: torch.Tensor,
         a = actions
     if norm_adv:
         if n > 1:
+            # shifted by one sample first, as masked_whiten: equal advantages give exact zeros
+            adv = adv - adv[0]
             std, mean = torch.std_mean(adv)
             adv = (adv - mean) / (std + 1e-8)
         else:

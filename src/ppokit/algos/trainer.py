@@ -9,7 +9,9 @@ The three choices of the engine (design.md):
 
 * advantage: ``advantage_estimator`` (``gae`` / ``reward_to_go``), ``use_critic``;
 * ratio / surrogate: ``policy_loss`` — ``clip`` (PPO-Clip), ``vanilla`` (``−log π · Â``;
-  A2C, REINFORCE), ``kl_penalty`` (``ρ Â − β KL_k3(π ‖ π_old)``, β adapted after each
+  A2C, REINFORCE), ``kl_penalty`` (``ρ Â − β KL(π_old ‖ π)``, the KL estimated without
+  bias from the rollout's actions by :func:`ppokit.core.ppo_kl_penalty_loss` — the same
+  quantity as the ``approx_kl`` statistic — and β adapted from that statistic after each
   iteration by :class:`ppokit.core.AdaptiveKLController`);
 * step control: ``clip_range`` (+ schedule), ``learning_rate`` (+ schedule), ``n_epochs``,
   ``max_grad_norm``, ``target_kl``.
@@ -43,8 +45,8 @@ from ppokit.core import (
     clipped_surrogate_loss,
     entropy_bonus,
     explained_variance,
-    kl_penalty_loss,
     masked_whiten,
+    ppo_kl_penalty_loss,
     value_loss,
     vanilla_pg_loss,
 )
@@ -221,7 +223,7 @@ class Trainer:
         terms = LossTerms(policy=pl.loss, value=vl, entropy=entropy_bonus(ent))
         kl_coef = 0.0
         if self.kl_ctl is not None:
-            terms.kl = kl_penalty_loss(logp, mb["logp"])
+            terms.kl = ppo_kl_penalty_loss(logp, mb["logp"])
             kl_coef = self.kl_ctl.value
         total = terms.total(vf_coef=c.vf_coef, ent_coef=c.ent_coef, kl_coef=kl_coef)
         self.opt.zero_grad(set_to_none=True)

@@ -35,6 +35,7 @@ from .losses import (
     clipped_surrogate_loss,
     entropy_bonus,
     kl_penalty_loss,
+    ppo_kl_penalty_loss,
     ratio_stats,
     value_loss,
     vanilla_pg_loss,
@@ -51,6 +52,7 @@ __all__ = [
     "discounted_return", "discounted_reverse_cumsum", "dr_grpo_advantages", "entropy_bonus",
     "explained_variance", "gae", "grpo_advantages", "kl_estimate", "kl_k1", "kl_k2", "kl_k3",
     "kl_penalty_loss", "masked_mean", "masked_sum", "masked_var", "masked_whiten",
-    "ratio_stats", "reinforce_pp_advantages", "reward_to_go", "rloo_advantages",
-    "td_residuals", "token_gae", "token_gae_reference", "value_loss", "vanilla_pg_loss",
+    "ppo_kl_penalty_loss", "ratio_stats", "reinforce_pp_advantages", "reward_to_go",
+    "rloo_advantages", "td_residuals", "token_gae", "token_gae_reference", "value_loss",
+    "vanilla_pg_loss",
 ]

@@ -1,5 +1,4 @@
-"""Policy, value, entropy and KL loss terms, and how they are aggregated
-(seed 000 §3.4–3.6, §5; design.md "PPO-Clip is one-sided per advantage sign").
+"""Policy, value, entropy and KL loss terms, and how they are aggregated.
 
 Every function takes per-sample tensors — ``[M]`` for a minibatch of environment steps or
 ``[B, L]`` for tokens — with an optional ``mask`` of the same shape (1 = action), and returns
@@ -30,8 +29,22 @@ Aggregation modes (:func:`aggregate`) and their length bias, for ``[B, L]`` inpu
     unbiased form: the same per-token weight everywhere, independent of batch composition.
     Accumulable with the global ``num_seqs`` and a fixed ``norm_length``.
 
-For 1-D input each element is its own sequence of one action, so all modes give the masked
-mean (``seq-mean-token-sum-norm`` with ``norm_length`` 1).
+A *sequence* is a row that holds at least one action: by default the ``seq-mean`` modes
+divide by the number of such rows (a row whose every position is masked contributes nothing
+and does not count); pass ``num_seqs`` for a fixed count instead (micro-batch accumulation,
+or a batch size that stays the same whatever is masked).
+
+1-D input ``[M]`` is the ``[M, 1]`` layout: each element is a sequence of at most one action
+(``L`` = 1, so ``norm_length`` defaults to 1). Every mode then gives the masked mean: a
+masked element is neither a token nor a sequence.
+
+Masked positions
+----------------
+Masked positions never reach a loss or its gradient, whatever they hold (NaN, ±inf, 1e6):
+every loss term replaces them by a neutral value *before* any arithmetic, so the backward
+pass has no ``0 · inf`` to evaluate and their gradient is exactly 0. The valid positions are
+checked the same way by every term: a NaN or inf there is a :class:`ValueError` naming the
+argument, never a silent NaN loss.
 """
 
 from __future__ import annotations
@@ -60,6 +73,7 @@ __all__ = [
     "value_loss",
     "entropy_bonus",
     "kl_penalty_loss",
+    "ppo_kl_penalty_loss",
     "LossTerms",
     "clip_fractions",
     "ratio_stats",
@@ -81,7 +95,9 @@ def aggregate(x: Tensor, mask: Tensor | None = None, mode: str = "token-mean", *
 
     ``num_tokens`` / ``num_seqs`` override the denominators with global counts, which is
     what makes micro-batch gradient accumulation exact; ``norm_length`` is the constant of
-    ``seq-mean-token-sum-norm``.
+    ``seq-mean-token-sum-norm``. By default ``num_tokens`` is the number of valid positions
+    and ``num_seqs`` the number of rows holding at least one; ``[M]`` is read as ``[M, 1]``,
+    so every mode gives the masked mean there. Masked positions of ``x`` are never read.
     """
     if mode not in AGGREGATION_MODES:
         raise ValueError(f"mode: unknown aggregation mode {mode!r}; known: "
@@ -89,30 +105,28 @@ def aggregate(x: Tensor, mask: Tensor | None = None, mode: str = "token-mean", *
     check_nonempty(x, "x")
     if x.ndim not in (1, 2):
         raise ValueError(f"x: expected shape [M] or [B, L], got {tuple(x.shape)}")
-    if mask is None:
-        m = torch.ones_like(x, dtype=torch.bool)
-    else:
-        m = check_mask(mask, x, "x")
-    mf = m.to(x.dtype)
-    xm = torch.where(m, x, torch.zeros((), dtype=x.dtype, device=x.device))
-    if x.ndim == 1:
-        if mode == "seq-mean-token-sum-norm":
-            denom = (num_seqs if num_seqs is not None else x.shape[0]) * (norm_length or 1.0)
-        elif mode == "token-mean":
-            denom = num_tokens if num_tokens is not None else mf.sum().clamp(min=1)
-        else:
-            denom = num_seqs if num_seqs is not None else mf.sum().clamp(min=1)
-        return xm.sum() / denom
+    m = None if mask is None else check_mask(mask, x, "x")
+    if x.ndim == 1:  # the [M, 1] layout: each element a sequence of at most one action
+        x = x[:, None]
+        m = None if m is None else m[:, None]
     bsz, length = x.shape
+    if m is None:
+        xm = x
+        n_tok = x.new_tensor(float(x.numel()))
+        n_seq = x.new_tensor(float(bsz))
+    else:
+        xm = torch.where(m, x, torch.zeros((), dtype=x.dtype, device=x.device))
+        per_row = m.sum(1)
+        n_tok = per_row.sum().clamp(min=1).to(x.dtype)
+        n_seq = (per_row > 0).sum().clamp(min=1).to(x.dtype)
     if mode == "token-mean":
-        denom = num_tokens if num_tokens is not None else mf.sum().clamp(min=1)
-        return xm.sum() / denom
-    seqs = num_seqs if num_seqs is not None else bsz
+        return xm.sum() / (num_tokens if num_tokens is not None else n_tok)
+    seqs = num_seqs if num_seqs is not None else n_seq
     if mode == "seq-mean-token-sum":
         return xm.sum() / seqs
     if mode == "seq-mean-token-mean":
-        per_seq = xm.sum(1) / mf.sum(1).clamp(min=1)
-        return per_seq.sum() / seqs
+        n_row = x.new_tensor(float(length)) if m is None else per_row.clamp(min=1).to(x.dtype)
+        return (xm.sum(1) / n_row).sum() / seqs
     return xm.sum() / (seqs * (norm_length if norm_length is not None else length))
 
 
@@ -127,26 +141,48 @@ class PolicyLoss:
     stats: dict[str, Tensor] = field(default_factory=dict)
 
 
+def _valid_only(t: Tensor, m: Tensor | None, name: str) -> Tensor:
+    """``t`` with every masked position set to 0, after checking that every valid position
+    is finite (a :class:`ValueError` naming ``name`` otherwise).
+
+    ``torch.where`` picks rather than multiplies, so neither the forward pass nor the
+    backward pass ever touches what a masked position held: its gradient is exactly 0.
+    """
+    if m is not None:
+        t = torch.where(m, t, torch.zeros((), dtype=t.dtype, device=t.device))
+    d = t.detach()
+    # one reduction in the common case; the full elementwise test only when the sum is not
+    # finite (which large finite values can also cause)
+    if not bool(torch.isfinite(d.sum())) and not bool(torch.isfinite(d).all()):
+        where = "valid " if m is not None else ""
+        raise ValueError(f"{name}: expected finite values at {where}positions, found NaN or inf")
+    return t
+
+
+def _masked_terms(names_values: dict, mask, ref: str, layout: str = "[M] or [B, L]"
+                  ) -> tuple[dict[str, Tensor], Tensor | None]:
+    """The float inputs of one loss term, all of ``ref``'s shape, with masked positions
+    replaced by 0 and valid positions checked finite (see :func:`_valid_only`)."""
+    f = float_inputs(names_values)
+    r = f[ref]
+    check_nonempty(r, ref)
+    if r.ndim not in (1, 2):
+        raise ValueError(f"{ref}: expected shape {layout}, got {tuple(r.shape)}")
+    check_same_shape(r, ref, **{k: v for k, v in f.items() if k != ref})
+    m = None if mask is None else check_mask(mask, r, ref)
+    return {k: _valid_only(v, m, k) for k, v in f.items()}, m
+
+
 def _policy_inputs(logp, logp_old, advantages, mask):
-    f = float_inputs({"logp": logp, "logp_old": logp_old, "advantages": advantages})
-    lp, lpo, adv = f["logp"], f["logp_old"], f["advantages"]
-    check_nonempty(lp, "logp")
-    if lp.ndim not in (1, 2):
-        raise ValueError(f"logp: expected shape [M] or [B, L], got {tuple(lp.shape)}")
-    check_same_shape(lp, "logp", logp_old=lpo, advantages=adv)
-    m = None if mask is None else check_mask(mask, lp, "logp")
-    for name, t in (("logp", lp), ("logp_old", lpo), ("advantages", adv)):
-        valid = t if m is None else torch.where(m, t, torch.zeros((), dtype=t.dtype))
-        if not bool(torch.isfinite(valid.detach().sum())) and not bool(
-                torch.isfinite(valid.detach()).all()):
-            raise ValueError(f"{name}: expected finite values, found NaN or inf")
-    return lp, lpo.detach(), adv.detach(), m
+    f, m = _masked_terms({"logp": logp, "logp_old": logp_old, "advantages": advantages},
+                         mask, "logp")
+    return f["logp"], f["logp_old"].detach(), f["advantages"].detach(), m
 
 
 def clip_fractions(ratio: Tensor, advantages: Tensor, clip_low: float, clip_high: float,
                    mask: Tensor | None = None, dual_clip: float | None = None
                    ) -> tuple[Tensor, Tensor]:
-    """``(clipfrac, clip_active_frac)`` over valid samples (seed 000 §5.1).
+    """``(clipfrac, clip_active_frac)`` over valid samples.
 
     ``clipfrac``: share with ``ρ`` outside ``[1−ε_low, 1+ε_high]`` (the Stable-Baselines3 /
     CleanRL statistic). ``clip_active_frac``: share whose surrogate gradient is really zero:
@@ -190,12 +226,12 @@ def approx_kl(logp_new, logp_old, mask=None, estimator: str = "k3") -> Tensor:
 
     ``estimator``: ``"k3"`` (``(ρ−1) − log ρ``, non-negative; Stable-Baselines3's and
     CleanRL's ``approx_kl``), ``"k1"`` (``−log ρ``, unbiased, may be negative) or ``"k2"``.
-    Detached; shapes ``[M]`` or ``[B, L]``.
+    Detached; shapes ``[M]`` or ``[B, L]``; masked positions are never read.
     """
     with torch.no_grad():
-        per = kl_estimate(torch.as_tensor(logp_old).detach(), torch.as_tensor(logp_new).detach(),
-                          estimator)
-        m = None if mask is None else check_mask(mask, per, "logp_new")
+        f, m = _masked_terms({"logp_new": torch.as_tensor(logp_new).detach(),
+                              "logp_old": torch.as_tensor(logp_old).detach()}, mask, "logp_new")
+        per = kl_estimate(f["logp_old"], f["logp_new"], estimator)
         return _mean(per, m)
 
 
@@ -205,7 +241,7 @@ def clipped_surrogate_loss(logp, logp_old, advantages, mask=None, *, clip_eps: f
                            norm_length=None) -> PolicyLoss:
     """PPO-Clip: ``loss = −min(ρ Â, clip(ρ, 1−ε_low, 1+ε_high) Â)`` per sample, aggregated.
 
-    Seed 000 §3.5: one-sided per advantage sign. ``ρ = exp(logp − logp_old)`` (never a
+    One-sided per advantage sign. ``ρ = exp(logp − logp_old)`` (never a
     division of probabilities).
 
     Args:
@@ -260,7 +296,7 @@ def _policy_stats(log_ratio, ratio, adv, m, eps_low, eps_high, dual_clip):
 
 def vanilla_pg_loss(logp, logp_old, advantages, mask=None, *, agg: str = "token-mean",
                     num_tokens=None, num_seqs=None, norm_length=None) -> PolicyLoss:
-    """Vanilla policy gradient ``loss = −log π(a|s) · Â`` (REINFORCE / A2C; seed 000 §3.1).
+    """Vanilla policy gradient ``loss = −log π(a|s) · Â`` (REINFORCE / A2C).
 
     Same inputs as :func:`clipped_surrogate_loss` (``[M]`` or ``[B, L]``, all one shape,
     with an optional same-shape mask); ``logp_old`` is used only for the
@@ -279,7 +315,7 @@ def vanilla_pg_loss(logp, logp_old, advantages, mask=None, *, agg: str = "token-
 def value_loss(values, returns, mask=None, *, values_old=None, clip_range_vf: float | None = None,
                clip_mode: str = "max", half: bool = False, agg: str = "token-mean",
                num_tokens=None, num_seqs=None, norm_length=None) -> Tensor:
-    """Critic regression loss (seed 000 §3.5–3.6).
+    """Critic regression loss.
 
     Unclipped: ``(V − R)²`` per sample, **without** a ½ unless ``half=True`` (this is
     Stable-Baselines3's ``F.mse_loss``, so ``vf_coef`` means the same as there).
@@ -292,22 +328,22 @@ def value_loss(values, returns, mask=None, *, values_old=None, clip_range_vf: fl
     * ``clip_mode="clipped"`` (Stable-Baselines3): ``(V_clip − R)²``.
 
     Shapes: ``values``, ``returns``, ``values_old``, ``mask`` all ``[M]`` or ``[B, L]``.
-    ``returns`` and ``values_old`` are detached. Returns the aggregated scalar.
+    ``returns`` and ``values_old`` are detached. Returns the aggregated scalar. Every valid
+    position must be finite; masked positions are never read (module doc).
     """
-    f = float_inputs({"values": values, "returns": returns})
-    v, ret = f["values"], f["returns"].detach()
-    check_nonempty(v, "values")
-    check_same_shape(v, "values", returns=ret)
-    m = None if mask is None else check_mask(mask, v, "values")
     if clip_mode not in ("max", "clipped"):
         raise ValueError(f"clip_mode: expected 'max' or 'clipped', got {clip_mode!r}")
-    err = (v - ret) ** 2
+    inputs = {"values": values, "returns": returns}
     if clip_range_vf is not None:
         c = check_positive(clip_range_vf, "clip_range_vf")
         if values_old is None:
             raise ValueError("values_old: required when clip_range_vf is set")
-        vo = float_inputs({"values_old": values_old})["values_old"].to(v.dtype).detach()
-        check_same_shape(v, "values", values_old=vo)
+        inputs["values_old"] = values_old
+    f, m = _masked_terms(inputs, mask, "values")
+    v, ret = f["values"], f["returns"].detach()
+    err = (v - ret) ** 2
+    if clip_range_vf is not None:
+        vo = f["values_old"].detach()
         v_clip = vo + torch.clamp(v - vo, -c, c)
         err_clip = (v_clip - ret) ** 2
         err = torch.maximum(err, err_clip) if clip_mode == "max" else err_clip
@@ -321,11 +357,10 @@ def entropy_bonus(entropy, mask=None, *, agg: str = "token-mean", num_tokens=Non
                   num_seqs=None, norm_length=None) -> Tensor:
     """Aggregated policy entropy ``H(π(·|s))`` (``[M]`` or ``[B, L]`` per-sample entropies).
 
-    A bonus: the total loss *subtracts* ``ent_coef ·`` this value."""
-    e = float_inputs({"entropy": entropy})["entropy"]
-    check_nonempty(e, "entropy")
-    m = None if mask is None else check_mask(mask, e, "entropy")
-    return aggregate(e, m, agg, num_tokens=num_tokens, num_seqs=num_seqs,
+    A bonus: the total loss *subtracts* ``ent_coef ·`` this value. Every valid position must
+    be finite; masked positions are never read."""
+    f, m = _masked_terms({"entropy": entropy}, mask, "entropy")
+    return aggregate(f["entropy"], m, agg, num_tokens=num_tokens, num_seqs=num_seqs,
                      norm_length=norm_length)
 
 
@@ -336,14 +371,36 @@ def kl_penalty_loss(logp, logp_ref, mask=None, *, estimator: str = "k3",
 
     ``logp`` (current policy, with gradient) and ``logp_ref`` (frozen) of the sampled
     tokens, ``[M]`` or ``[B, L]``. Per sample ``estimator`` (default k3, non-negative) of
-    ``KL(π ‖ π_ref)``, aggregated. This is the alternative to the per-token KL *reward*
-    (k1 of old vs reference, folded into the rewards before GAE, never clamped).
+    ``KL(π ‖ π_ref)`` for tokens sampled from ``π``, aggregated. This is the alternative to
+    the per-token KL *reward* (k1 of old vs reference, folded into the rewards before GAE,
+    never clamped). For the PPO paper's penalty on the distance from the *sampling* policy,
+    use :func:`ppo_kl_penalty_loss`. Masked positions are never read.
     """
-    f = float_inputs({"logp": logp, "logp_ref": logp_ref})
-    lp, lr = f["logp"], f["logp_ref"].detach()
-    check_same_shape(lp, "logp", logp_ref=lr)
-    m = None if mask is None else check_mask(mask, lp, "logp")
-    per = kl_estimate(lp, lr, estimator)
+    f, m = _masked_terms({"logp": logp, "logp_ref": logp_ref}, mask, "logp")
+    per = kl_estimate(f["logp"], f["logp_ref"].detach(), estimator)
+    return aggregate(per, m, agg, num_tokens=num_tokens, num_seqs=num_seqs,
+                     norm_length=norm_length)
+
+
+def ppo_kl_penalty_loss(logp, logp_old, mask=None, *, agg: str = "token-mean",
+                        num_tokens=None, num_seqs=None, norm_length=None) -> Tensor:
+    """The PPO-KL penalty: ``KL(π_old ‖ π)`` estimated from actions sampled by ``π_old``.
+
+    ``logp`` (current policy, with gradient) and ``logp_old`` (the rollout's frozen
+    log-probs) of the sampled actions, ``[M]`` or ``[B, L]``. Per sample k3 in its ratio
+    form ``(ρ − 1) − log ρ`` with ``ρ = π(a)/π_old(a)`` (non-negative, 0 at ``ρ = 1``),
+    aggregated: the quantity :func:`approx_kl` measures and the adaptive β is driven by.
+
+    Without bias both in value and in gradient for ``a ~ π_old``:
+    ``E_old[ρ − 1] = 0`` and ``E_old[−log ρ] = KL(π_old ‖ π)``; per sample
+    ``∇ = (ρ − 1) ∇log π`` and ``E_old[(ρ − 1) ∇log π] = −E_old[∇log π] = ∇KL(π_old ‖ π)``.
+    (k3 with the roles swapped, ``π_old/π − 1 − log(π_old/π)``, has expectation
+    ``χ²(π_old ‖ π) − KL(π_old ‖ π)`` under ``π_old``: a different penalty with a different
+    gradient.) Masked positions are never read.
+    """
+    f, m = _masked_terms({"logp": logp, "logp_old": logp_old}, mask, "logp")
+    log_ratio = f["logp"] - f["logp_old"].detach()
+    per = torch.expm1(log_ratio) - log_ratio
     return aggregate(per, m, agg, num_tokens=num_tokens, num_seqs=num_seqs,
                      norm_length=norm_length)
 

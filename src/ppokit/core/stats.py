@@ -1,9 +1,14 @@
-"""Masked statistics, whitening and explained variance (seed 000 §5 "advantage normalisation",
-§5.1 "explained variance").
+"""Masked statistics, whitening and explained variance.
 
 A ``mask`` is always optional and, when given, must have exactly the shape of the data
 (no broadcasting). Variances state their ``ddof``; a single valid element never yields
 NaN: its variance is reported as 0 and its whitened value as 0.
+
+Zero spread is exact: the variance and the whitened values are computed from the data
+minus one of its valid values (a shift that changes neither, mathematically), so a batch
+whose valid values are all equal has variance exactly 0 and whitens to exactly 0 at any
+dtype and scale — never to the rounding error of its mean divided by a std of the same
+size. float16 and bfloat16 data are reduced in float32 and returned in their own dtype.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from .validation import Tensor, as_tensor, check_finite, check_mask, check_nonem
 
 __all__ = ["masked_sum", "masked_mean", "masked_var", "masked_whiten", "explained_variance"]
 
+_HALF = (torch.float16, torch.bfloat16)
+
 
 def _prep(x, mask, name="x"):
     x = as_tensor(x, name)
@@ -22,6 +29,16 @@ def _prep(x, mask, name="x"):
     check_nonempty(x, name)
     m = None if mask is None else check_mask(mask, x, name)
     return x, m
+
+
+def _shift(x: Tensor, m: Tensor | None) -> Tensor:
+    """One valid value of ``x`` (the first), as a 0-d tensor; 0 when nothing is valid."""
+    flat = x.reshape(-1)
+    if m is None:
+        return flat[0]
+    mf = m.reshape(-1)
+    i = mf.to(torch.uint8).argmax()  # the first valid position (0 when there is none)
+    return torch.where(mf[i], flat[i], torch.zeros((), dtype=x.dtype, device=x.device))
 
 
 def masked_sum(x, mask=None, dim=None) -> Tensor:
@@ -52,16 +69,21 @@ def masked_var(x, mask=None, ddof: int = 1) -> Tensor:
     ``x``, ``mask`` alike, any ``[...]``; returns a scalar ``[]``.
 
     With ``n ≤ ddof`` valid elements the variance is 0 (one sample has no spread), never
-    NaN. Returns a scalar.
+    NaN; equal valid values give exactly 0 (module doc).
     """
     if ddof not in (0, 1):
         raise ValueError(f"ddof: expected 0 or 1, got {ddof!r}")
     x, m = _prep(x, mask)
-    n = x.new_tensor(float(x.numel())) if m is None else m.sum().to(x.dtype)
-    mean = masked_mean(x, m)
-    sq = masked_sum((x - mean) ** 2, m)
+    dtype = x.dtype
+    if dtype in _HALF:
+        x = x.float()
+    d = x - _shift(x, m)
+    n = d.new_tensor(float(d.numel())) if m is None else m.sum().to(d.dtype)
+    mean = masked_mean(d, m)
+    sq = masked_sum((d - mean) ** 2, m)
     denom = n - ddof
-    return torch.where(denom > 0, sq / denom.clamp(min=1), torch.zeros_like(sq))
+    var = torch.where(denom > 0, sq / denom.clamp(min=1), torch.zeros_like(sq))
+    return var.to(dtype)
 
 
 def masked_whiten(x, mask=None, *, shift_mean: bool = True, ddof: int = 1,
@@ -71,22 +93,29 @@ def masked_whiten(x, mask=None, *, shift_mean: bool = True, ddof: int = 1,
     Shapes: ``x`` any, ``mask`` the same shape or None. ``ddof`` as in :func:`masked_var`
     (default 1, the unbiased std that Stable-Baselines3 and CleanRL use). With
     ``shift_mean=False`` only the scale is changed (the mean is added back). A single valid
-    element whitens to 0 (centred) and never to NaN.
+    element whitens to 0 (centred) and never to NaN; so does a batch whose valid values are
+    all equal, exactly, whatever the dtype and scale. The result has ``x``'s dtype.
     """
     x, m = _prep(x, mask)
     check_finite(x if m is None else x[m], "x")
-    mean = masked_mean(x, m)
-    std = masked_var(x, m, ddof=ddof).sqrt()
-    out = (x - mean) / (std + eps)
+    dtype = x.dtype
+    if dtype in _HALF:
+        x = x.float()
+    ref = _shift(x, m)
+    d = x - ref
+    mean = masked_mean(d, m)
+    centred = d - mean
+    std = masked_var(d, m, ddof=ddof).sqrt()
+    out = centred / (std + eps)
     if not shift_mean:
-        out = out + mean
+        out = out + (mean + ref)
     if m is not None:
         out = torch.where(m, out, torch.zeros_like(out))
-    return out
+    return out.to(dtype)
 
 
 def explained_variance(y_pred, y_true, mask=None) -> float:
-    """``1 − Var[y − ŷ] / Var[y]`` over valid positions (seed 000 §5.1).
+    """``1 − Var[y − ŷ] / Var[y]`` over valid positions.
 
     1: perfect prediction; 0: no better than predicting the mean; < 0: worse. Returns NaN
     when ``Var[y] = 0`` (undefined), as Stable-Baselines3 does. Shapes alike.
