@@ -3,7 +3,6 @@ the PPO-KL penalty's gradient is the KL gradient, masked positions never reach a
 gradient, and ``aggregate`` reads ``[M]`` as ``[M, 1]``."""
 
 import math
-import types
 
 import numpy as np
 import pytest
@@ -195,36 +194,39 @@ def test_ppo_kl_penalty_gradient_on_a_gaussian_policy(seed, dim):
 
 
 @pytest.mark.parametrize("p_old", [[0.8, 0.2], [0.35, 0.65]])
-def test_trainer_kl_penalty_gradient_is_the_kl_gradient(p_old):
+def test_trainer_kl_penalty_gradient_is_the_kl_gradient(tmp_path, p_old):
     """The PPO-KL preset's actor gradient, on a minibatch whose action counts are exactly
-    π_old (so the minibatch mean is the expectation), equals β ∇KL(π_old ‖ π)."""
-    from gymnasium import spaces
-
+    π_old (so the minibatch mean is the expectation over π_old), equals β ∇KL(π_old ‖ π)."""
     from ppokit.algos.config import TrainConfig
     from ppokit.algos.trainer import Trainer
-    from ppokit.policies import make_policy
 
-    torch.manual_seed(0)
-    pol = make_policy(spaces.Box(-1, 1, (3,)), spaces.Discrete(2), hidden=(8,))
-    pi = torch.tensor([0.302, 0.698])
-    with torch.no_grad():  # π(·|s) = [0.302, 0.698] at every state
-        pol.actor[-1].weight.zero_()
-        pol.actor[-1].bias.copy_(pi.log())
-    counts = [round(20 * p) for p in p_old]
-    actions = torch.tensor([0] * counts[0] + [1] * counts[1])
-    n = len(actions)
-    mb = {"obs": torch.randn(n, 3), "actions": actions,
-          "logp": torch.log(torch.tensor(p_old))[actions],
-          "advantages": torch.zeros(n), "returns": torch.zeros(n), "values": torch.zeros(n)}
-    cfg = TrainConfig(policy_loss="kl_penalty", ent_coef=0.0, max_grad_norm=None,
-                      normalize_advantage=False, tensorboard=False)
-    beta = 0.7
-    eager = types.SimpleNamespace(policy=pol, opt=torch.optim.SGD(pol.parameters(), lr=0.0),
-                                  cfg=cfg, kl_ctl=core.AdaptiveKLController(beta, 0.01))
-    Trainer.update_minibatch(eager, mb, 0.2)
+    cfg = TrainConfig(env_id="CartPole-v1", n_envs=1, policy_loss="kl_penalty", kl_coef=0.7,
+                      ent_coef=0.0, max_grad_norm=None, normalize_advantage=False,
+                      net_arch=(8,), tensorboard=False)
+    tr = Trainer(cfg, tmp_path / "run", log=lambda m: None)
+    try:
+        head = [m for m in tr.policy.actor if isinstance(m, torch.nn.Linear)][-1]
+        pi = torch.tensor([0.302, 0.698])
+        with torch.no_grad():  # π(·|s) = [0.302, 0.698] at every state
+            head.weight.zero_()
+            head.bias.copy_(pi.log())
+        grads = []
+        head.bias.register_hook(lambda g: grads.append(g.detach().clone()))
+        counts = [round(20 * p) for p in p_old]
+        actions = torch.tensor([0] * counts[0] + [1] * counts[1])
+        n = len(actions)
+        mb = {"obs": torch.randn(n, 4), "actions": actions,
+              "logp": torch.log(torch.tensor(p_old))[actions],
+              "advantages": torch.zeros(n), "returns": torch.zeros(n),
+              "values": torch.zeros(n)}
+        tr.update_minibatch(mb, 0.2)
+    finally:
+        tr.close()
+    # the advantages are 0 and the entropy bonus is off: only the penalty reaches the actor;
     # d/d logits of β KL(π_old ‖ softmax(logits)) = β (π − π_old)
-    want = beta * (pi - torch.tensor(p_old))
-    torch.testing.assert_close(pol.actor[-1].bias.grad, want, rtol=1e-5, atol=1e-6)
+    want = 0.7 * (pi - torch.tensor(p_old))
+    assert len(grads) == 1
+    torch.testing.assert_close(grads[0], want, rtol=1e-5, atol=1e-6)
 
 
 # ------------------------------------------------------------------ masked positions
@@ -396,3 +398,115 @@ def test_a_row_without_actions_is_not_a_sequence():
     assert float(core.aggregate(x, m, "seq-mean-token-sum-norm")) == pytest.approx(6 / 4)
     # a fixed count on request
     assert float(core.aggregate(x, m, "seq-mean-token-sum", num_seqs=3)) == pytest.approx(2.0)
+
+
+# ------------------------------------------------------------------ token_gae
+
+
+def _packed(r, v, m, gamma, lam, bootstrap_values=None):
+    """The torch (non-CPU) implementation, run on the CPU."""
+    from ppokit.core import advantage
+
+    r_, v_, m_, b_ = advantage._token_inputs(r, v, m, bootstrap_values)
+    return advantage._token_gae_packed(r_, v_, m_, gamma, lam, b_, 8)
+
+
+GAE_PATHS = {"numpy": core.token_gae, "packed": _packed}
+unit_or_edge = st.one_of(st.sampled_from([0.0, 1.0]), st.floats(0.0, 1.0))
+
+
+@st.composite
+def token_layout(draw):
+    b = draw(st.integers(1, 6))
+    length = draw(st.integers(1, 400))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
+    kind = draw(st.sampled_from(["random", "dense", "spans", "empty-rows"]))
+    if kind in ("random", "dense"):
+        p = 0.9 if kind == "dense" else rng.random()
+        mask = rng.random((b, length)) < p
+    else:
+        mask = np.zeros((b, length), dtype=bool)
+        for i in range(b):
+            if kind == "empty-rows" and rng.random() < 0.5:
+                continue
+            for _ in range(rng.integers(1, 4)):  # several spans: prompt, turns, padding
+                start = rng.integers(0, length)
+                mask[i, start:rng.integers(start, length + 1)] = True
+    r = torch.tensor(rng.normal(size=(b, length)))
+    v = torch.tensor(rng.normal(size=(b, length)) * 3)
+    boot = torch.tensor(rng.normal(size=b)) if draw(st.booleans()) else None
+    return r, v, torch.tensor(mask), boot
+
+
+@given(token_layout(), unit_or_edge, unit_or_edge, st.sampled_from(sorted(GAE_PATHS)))
+def test_token_gae_paths_equal_the_position_loop(batch, gamma, lam, path):
+    r, v, m, boot = batch
+    a, ret = GAE_PATHS[path](r, v, m, gamma, lam, bootstrap_values=boot)
+    ra, rret = core.token_gae_reference(r, v, m, gamma, lam, bootstrap_values=boot)
+    torch.testing.assert_close(a, ra, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(ret, rret, rtol=1e-10, atol=1e-10)
+    assert bool((a[~m] == 0).all()) and bool((ret[~m] == 0).all())
+
+
+@given(token_layout(), st.floats(0.0, 1.0), st.floats(0.0, 1.0),
+       st.sampled_from(sorted(GAE_PATHS)), st.lists(st.sampled_from(JUNK), min_size=2,
+                                                     max_size=2))
+def test_token_gae_never_reads_masked_positions(batch, gamma, lam, path, junk):
+    r, v, m, boot = batch
+    fn = GAE_PATHS[path]
+    a, ret = fn(r, v, m, gamma, lam, bootstrap_values=boot)
+    a2, ret2 = fn(torch.where(m, r, junk[0]), torch.where(m, v, junk[1]), m, gamma, lam,
+                  bootstrap_values=boot)
+    assert torch.equal(a, a2) and torch.equal(ret, ret2)
+    if bool(m.any()):
+        i, j = (int(k) for k in torch.nonzero(m)[0])
+        for field in ("rewards", "values"):
+            bad = (r, v)[field == "values"].clone()
+            bad[i, j] = float("nan")
+            args = (bad, v) if field == "rewards" else (r, bad)
+            with pytest.raises(ValueError, match=f"{field}: expected finite values at action"):
+                fn(*args, m, gamma, lam, bootstrap_values=boot)
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 2e-5), (torch.float16, 2e-2),
+                                            (torch.bfloat16, 1e-1)])
+def test_token_gae_keeps_the_dtype(dtype, tol):
+    g = torch.Generator().manual_seed(0)
+    r = torch.randn(4, 300, generator=g, dtype=f64) * 0.1
+    v = torch.randn(4, 300, generator=g, dtype=f64)
+    m = torch.rand(4, 300, generator=g) < 0.9
+    want, _ = core.token_gae_reference(r.to(dtype).double(), v.to(dtype).double(), m,
+                                       0.99, 0.95)
+    a, ret = core.token_gae(r.to(dtype), v.to(dtype), m, 0.99, 0.95)
+    assert a.dtype == dtype and ret.dtype == dtype
+    torch.testing.assert_close(a.double(), want, rtol=tol, atol=tol)
+
+
+def test_token_gae_leaves_the_thread_setting_alone_and_does_not_depend_on_it():
+    g = torch.Generator().manual_seed(0)
+    r, v = torch.randn(16, 1000, generator=g), torch.randn(16, 1000, generator=g)
+    m = torch.rand(16, 1000, generator=g) < 0.9
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            results.append(core.token_gae(r, v, m, 0.99, 0.95))
+            assert torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(x, y) for x, y in zip(*results))
+
+
+@pytest.mark.slow
+def test_token_gae_is_20x_the_loop_at_one_thread_and_at_the_default():
+    """The side-by-side benchmark (``python -m bench.token_gae``) on random 90 %-dense
+    masks, at one torch thread and at the machine's default count."""
+    import os
+
+    from bench.token_gae import measure
+
+    default = os.cpu_count() or 1
+    for threads in sorted({1, default}):
+        res = measure("random", threads, repeats=9)
+        assert res["ratio"] >= 20, res["ratio"]

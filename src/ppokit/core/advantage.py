@@ -1,4 +1,4 @@
-"""Generalised advantage estimation (seed 000 §3.3, §3.6, §09; seed 004 "GAE").
+"""Generalised advantage estimation.
 
 Two layouts:
 
@@ -24,6 +24,7 @@ next-state; beyond the window ``A_T = 0``.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .validation import (
@@ -70,7 +71,7 @@ def _env_inputs(rewards, values, next_values, terminated, episode_end):
 def td_residuals(rewards, values, next_values, terminated, gamma: float) -> Tensor:
     """One-step TD residuals ``δ_t = r_t + γ (1 − terminated_t) V(s_{t+1}) − V(s_t)``.
 
-    Shapes: all inputs ``[T]`` or ``[T, N]``; returns the same shape. Seed 000 §3.3.
+    Shapes: all inputs ``[T]`` or ``[T, N]``; returns the same shape.
     """
     gamma = check_unit_interval(gamma, "gamma")
     r, v, nv, term, _ = _env_inputs(rewards, values, next_values, terminated, terminated)
@@ -80,8 +81,6 @@ def td_residuals(rewards, values, next_values, terminated, gamma: float) -> Tens
 def gae(rewards, values, next_values, terminated, episode_end, gamma: float,
         lam: float) -> tuple[Tensor, Tensor]:
     """Generalised advantage estimation with separate bootstrap and carry masks.
-
-    Seed 000 §3.3 (the double mask), §3.7 (two-step example), §09 (truncation example).
 
     Args:
         rewards:     ``[T]`` or ``[T, N]`` reward of each transition.
@@ -178,9 +177,167 @@ def _check_action_values(t: Tensor, name: str) -> None:
         raise ValueError(f"{name}: expected finite values at action positions, found NaN or inf")
 
 
+# The CPU path of token_gae: NumPy, a chunked scan of the recurrence in position space.
+#
+# Along a row, with c = γλ, the quantities GAE needs obey one first-order recurrence that
+# steps over masked positions: y_t = m_t x_t + a_t y_{t+1} with a_t = c at an action and
+# a_t = 1 elsewhere (a masked position hands the carry on unchanged). Its value at an action
+# is Σ over the row's later actions of c^(actions in between) x, and its value at any
+# position is the one at the next action. For the j-th action of a row (n actions; v_n and
+# r_n the bootstrap value b, or 0):
+#     A_j = R_j − v_j + γ(1 − λ) T_{j+1},   R = scan of r,  T = scan of v,  carry-in b,
+# which is Σ_i c^(i−j) δ_i with δ_i = r_i + γ v_{i+1} − v_i, rearranged: no residual needs
+# the next action's value, so the rewards and values are scanned side by side and no
+# packing, sorting or gathering is needed. Rounding matches the position loop's (no
+# difference of large sums: γ(1 − λ) T ≤ |v| in size).
+#
+# The scan runs on chunks of C positions laid out position-in-chunk first ([C, …, n]): a
+# loop of C steps over contiguous [K, B, n] slices, the chunks' first values and products
+# of coefficients carried across chunks by the same scan one level up, then one fix-up.
+# Every operation is a NumPy elementwise ufunc: single-threaded, whatever the torch or BLAS
+# thread settings, so the speed does not depend on the thread count and no setting is
+# touched. (The torch path below, for other devices, runs its large ops on the intra-op
+# thread pool; on a busy CPU every such op waits for its slowest thread.)
+
+_CHUNK = 8  # positions per chunk on the first level (the transposes cost more for longer)
+_CHUNK_UP = 16  # on the levels above (small arrays)
+_BLOCK = 1 << 15  # elements per row block of the layout changes (they stay in cache)
+_ROWS = 1 << 17  # elements per block of rows computed at once (the working set: ~3 MB)
+
+
+def _rows_per_block(row: int) -> int:
+    return max(1, _BLOCK // max(1, row))
+
+
+def _to_chunks(x: np.ndarray, c: int) -> np.ndarray:
+    """``[K, R, n·C]`` → ``[C, K, R, n]`` (position in chunk first), copied by row blocks."""
+    k, r, total = x.shape
+    n = total // c
+    out = np.empty((c, k, r, n), x.dtype)
+    dst, src = out.transpose(1, 2, 3, 0), x.reshape(k, r, n, c)
+    step = _rows_per_block(total)
+    for i in range(0, r, step):
+        dst[:, i:i + step] = src[:, i:i + step]
+    return out
+
+
+def _from_chunks(xt: np.ndarray) -> np.ndarray:
+    """``[C, K, R, n]`` → ``[K, R, n·C]``."""
+    c, k, r, n = xt.shape
+    out = np.empty((k, r, n, c), xt.dtype)
+    src = xt.transpose(1, 2, 3, 0)
+    step = _rows_per_block(n * c)
+    for i in range(0, r, step):
+        out[:, i:i + step] = src[:, i:i + step]
+    return out.reshape(k, r, n * c)
+
+
+def _scan_chunks(yt: np.ndarray, at: np.ndarray, carry: np.ndarray) -> np.ndarray:
+    """In place: ``yt`` ``[C, K, R, n]`` (inputs, chunk layout) becomes the scan
+    ``y_t = x_t + a_t y_{t+1}`` with ``at`` ``[C, R, n]`` and ``carry`` ``[K, R]`` after the
+    last chunk. Returns ``[K, R, n]``: the value just after each chunk (its carry-in)."""
+    c = yt.shape[0]
+    q = np.empty_like(at)  # q[i] = a[i] · … · a[C−1]: how a carry-in reaches position i
+    q[c - 1] = at[c - 1]
+    tmp = np.empty_like(yt[0])
+    for i in range(c - 2, -1, -1):  # each chunk's own scan, zero carry-in
+        np.multiply(yt[i + 1], at[i], out=tmp)
+        yt[i] += tmp
+        np.multiply(q[i + 1], at[i], out=q[i])
+    # the value at each chunk's first position: one level up, chunks as positions
+    first = _scan_np(yt[0], q[0], carry)
+    after = np.empty_like(first)
+    after[..., :-1] = first[..., 1:]
+    after[..., -1] = carry
+    for i in range(c):
+        np.multiply(q[i], after, out=tmp)
+        yt[i] += tmp
+    return after
+
+
+def _scan_np(x: np.ndarray, a: np.ndarray, carry: np.ndarray) -> np.ndarray:
+    """``y_t = x_t + a_t y_{t+1}`` along the last axis, ``y_N = carry``. ``x``: ``[K, R, N]``
+    (K inputs sharing the coefficients), ``a``: ``[R, N]``, ``carry``: ``[K, R]``."""
+    k, r, total = x.shape
+    c = _CHUNK_UP
+    if total <= c:  # the position loop, on [K, R] slices
+        y = np.empty_like(x)
+        for t in range(total - 1, -1, -1):
+            carry = x[..., t] + a[:, t] * carry
+            y[..., t] = carry
+        return y
+    n = -(-total // c)
+    buf = np.empty((k + 1, r, n * c), x.dtype)  # inputs and coefficients, padded
+    buf[:k, :, :total] = x
+    buf[:k, :, total:] = 0
+    buf[k, :, :total] = a
+    buf[k, :, total:] = 1  # padding hands the carry on
+    t = _to_chunks(buf, c)
+    yt = t[:, :k]
+    _scan_chunks(yt, t[:, k], carry)
+    return _from_chunks(yt)[..., :total]
+
+
+def _gae_rows(rn: np.ndarray, vn: np.ndarray, mn: np.ndarray, boot: np.ndarray | None,
+              gamma: float, lam: float, adv: np.ndarray, ret: np.ndarray) -> None:
+    """Advantages and returns of a block of rows into ``adv`` and ``ret`` (``[b, L]``)."""
+    dt = rn.dtype.type
+    mf = mn.astype(rn.dtype)
+    bsz, length = rn.shape
+    c = _CHUNK
+    n = -(-(length + 1) // c)  # at least one padded position: it holds the carry-in b
+    buf = np.empty((3, bsz, n * c), rn.dtype)  # masked rewards, masked values, coefficients
+    xr, xv, xa = buf[0, :, :length], buf[1, :, :length], buf[2, :, :length]
+    if np.isfinite(rn).all() and np.isfinite(vn).all():
+        np.multiply(rn, mf, out=xr)
+        np.multiply(vn, mf, out=xv)
+    else:  # junk at masked positions is allowed; at an action it is an error
+        for name, src, dst in (("rewards", rn, xr), ("values", vn, xv)):
+            np.copyto(dst, np.where(mn, src, dt(0)))
+            if not np.isfinite(dst).all():
+                raise ValueError(f"{name}: expected finite values at action positions, "
+                                 "found NaN or inf")
+    np.multiply(mf, dt(gamma * lam - 1.0), out=xa)
+    xa += dt(1)
+    buf[:2, :, length:] = 0
+    buf[2, :, length:] = 1
+    carry = np.zeros((2, bsz), rn.dtype)
+    if boot is not None:
+        carry[:] = boot
+    t = _to_chunks(buf, c)
+    yt = t[:, :2]
+    _scan_chunks(yt, t[:, 2], carry)
+    y = _from_chunks(yt)  # [2, b, n·C]: scans of the rewards and of the values
+    # A = R − v + γ(1 − λ)·T at the next position (the carry-in after the row's end)
+    np.multiply(y[1, :, 1:length + 1], dt(gamma * (1.0 - lam)), out=ret)
+    ret += y[0, :, :length]
+    ret -= xv
+    np.multiply(ret, mf, out=adv)
+    np.add(adv, xv, out=ret)
+
+
+def _token_gae_numpy(r: Tensor, v: Tensor, m: Tensor, gamma: float, lam: float,
+                     boot: Tensor | None) -> tuple[Tensor, Tensor]:
+    """:func:`token_gae` for CPU tensors (see the comment above ``_CHUNK``), by blocks of
+    rows small enough for the working set to stay in cache."""
+    dtype = r.dtype
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    rn, vn = r.to(work).numpy(), v.to(work).numpy()
+    mn = m.numpy()
+    bn = None if boot is None else boot.to(work).numpy()
+    bsz, length = rn.shape
+    adv = np.empty((bsz, length), rn.dtype)
+    ret = np.empty_like(adv)
+    rows = max(1, _ROWS // (length + _CHUNK))
+    for i in range(0, bsz, rows):
+        j = slice(i, i + rows)
+        _gae_rows(rn[j], vn[j], mn[j], None if bn is None else bn[j], gamma, lam, adv[j], ret[j])
+    return torch.from_numpy(adv).to(dtype), torch.from_numpy(ret).to(dtype)
+
+
 def token_gae(rewards, values, mask, gamma: float, lam: float, *,
-              bootstrap_values=None, chunk_size: int = 32) -> tuple[Tensor, Tensor]:
-    """GAE over token sequences ``[B, L]`` with an action mask (seed 000 §3.6, §5; design.md).
+              bootstrap_values=None, chunk_size: int | None = None) -> tuple[Tensor, Tensor]:
+    """GAE over token sequences ``[B, L]`` with an action mask.
 
     Args:
         rewards: ``[B, L]`` per-position rewards. Only action positions (mask 1) are read;
@@ -195,20 +352,34 @@ def token_gae(rewards, values, mask, gamma: float, lam: float, *,
         bootstrap_values: optional ``[B]``: value to bootstrap from after each row's last
                  action (e.g. a response cut at the maximum length, when truncation is
                  treated as "bootstrap"). Default: the last action is terminal.
-        chunk_size: scan chunk size (speed only).
+        chunk_size: scan chunk size of the non-CPU path (speed only; default 32).
 
     Returns:
         ``(advantages, returns)``, ``[B, L]``, ``returns = advantages + values`` on action
         positions; both are exactly 0 at masked positions.
 
-    Vectorised: the actions of each row are packed to the left (a stable sort of the mask),
-    the residuals computed with the next action's value, and the discounted reverse sum
-    done by :func:`discounted_reverse_cumsum`. :func:`token_gae_reference` is the plain
-    position loop it is tested against.
+    On the CPU a chunked scan in NumPy (see the comment above ``_CHUNK`` in the source):
+    single-threaded by construction, so it is as fast at one torch thread as at many, and it
+    leaves every thread setting alone. float16/bfloat16 inputs are computed in float32. On
+    other devices the actions of each row are packed to the left (a stable sort of the
+    mask), the residuals computed with the next action's value, and the discounted reverse
+    sum done by :func:`discounted_reverse_cumsum`. :func:`token_gae_reference` is the plain
+    position loop both are tested against.
     """
     gamma = check_unit_interval(gamma, "gamma")
     lam = check_unit_interval(lam, "lam")
+    if chunk_size is not None and int(chunk_size) < 1:
+        raise ValueError(f"chunk_size: expected an integer >= 1, got {chunk_size}")
     r, v, m, boot = _token_inputs(rewards, values, mask, bootstrap_values)
+    if r.device.type == "cpu":
+        return _token_gae_numpy(r, v, m, gamma, lam, boot)
+    return _token_gae_packed(r, v, m, gamma, lam, boot, chunk_size or 32)
+
+
+def _token_gae_packed(r: Tensor, v: Tensor, m: Tensor, gamma: float, lam: float,
+                      boot: Tensor | None, chunk_size: int) -> tuple[Tensor, Tensor]:
+    """:func:`token_gae` in torch operations (any device): pack each row's actions to the
+    left, residuals with the next action's value, a chunked discounted reverse sum."""
     with torch.no_grad():
         bsz, length = r.shape
         # Pack each row's actions to the left, in order: action j of a row goes to column
