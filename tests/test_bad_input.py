@@ -188,6 +188,18 @@ def test_train_config_file_refused(text, name, capsys, scratch):
     refused(["train", "--run-dir", "run", "--config", "c.toml"], name, capsys, scratch)
 
 
+@pytest.mark.parametrize("content", [None, b"gamma = 0.9\n# \xff\xfe\n", b"train = [1, 2]\n",
+                                     b"gamma = \n"], ids=["directory", "not-utf8",
+                                                          "train-not-a-table", "bad-toml"])
+def test_train_config_file_unreadable(content, capsys, scratch):
+    path = scratch / "c.toml"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    refused(["train", "--run-dir", "run", "--config", "c.toml"], "--config", capsys, scratch)
+
+
 def test_torch_threads_refused_in_a_real_process(tmp_path):
     """The case that used to segfault, as a user runs it."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
@@ -540,3 +552,44 @@ def test_sft_refuses_to_return_non_finite_weights(tiny_model_dir):
         next(model.parameters()).fill_(float("nan"))
     with pytest.raises(UsageError, match="^sft: training produced non-finite weights"):
         builtin_sft(ReverseTask(), model, tok, steps=1, batch_size=2)
+
+
+def _llm_args(argv: list[str]):
+    import argparse
+
+    from ppokit.llm.cli import add_arguments
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return p.parse_args(argv)
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["sft", "--out", "o", "--steps", "0"], "--steps"),
+    (["sft", "--out", "", "--steps", "5"], "--out"),
+    (["rm", "--out", "o", "--prefer-longer", "2"], "--prefer-longer"),
+    (["rm", "--out", "o", "--n-pairs", "1000000000"], "--n-pairs"),
+    (["rm", "--out", "o", "--eval-frac", "0"], "--eval-frac"),
+    (["dpo", "--out", "o", "--beta", "nan"], "--beta"),
+    (["dpo", "--out", "o", "--n-pairs", "-3"], "--n-pairs"),
+    (["bench", "--length", "-1"], "--length"),
+    (["eval", "r", "--n-prompts", "0"], "--n-prompts"),
+    (["eval", "r", "--temperature", "nan"], "--temperature"),
+    (["eval", "r", "--seed", "-2"], "--seed"),
+])
+def test_llm_cli_args_checked_before_any_work(argv, flag):
+    """``check_cli_args`` on a parsed ``ppokit llm`` namespace: what a command can call
+    before it builds a model or generates pairs."""
+    from ppokit.llm.guards import check_cli_args
+
+    with pytest.raises(UsageError, match=f"^{flag}:"):
+        check_cli_args(_llm_args(argv))
+
+
+@pytest.mark.parametrize("cmd", [["sft", "--out", "o"], ["rm", "--out", "o"],
+                                 ["dpo", "--out", "o"], ["bench"], ["eval", "r"],
+                                 ["train"]])
+def test_llm_cli_defaults_pass_the_checks(cmd):
+    from ppokit.llm.guards import check_cli_args
+
+    check_cli_args(_llm_args(cmd))
