@@ -212,7 +212,9 @@ def _range_text(name: str, integer: bool, optional: bool) -> str:
     lo, hi, lo_open = LIMITS[name]
     if name == "torch_threads":
         hi = max_torch_threads()
-    if integer:
+    if name == "batch_size":
+        text = "an integer in [0, n_steps * n_envs] (0 = the whole rollout)"
+    elif integer:
         text = f"an integer in [{lo}, {hi}]"
     else:
         text = f"a finite number in {'(' if lo_open else '['}{lo:g}, {hi:g}]"
@@ -408,8 +410,15 @@ def valid_keys() -> list[str]:
 
 def config_help() -> str:
     lines = ["configuration keys (--set key=value, or in --config FILE.toml):"]
+    hints = get_type_hints(TrainConfig)
     for f in fields(TrainConfig):
-        lines.append(f"  {f.name:<22} {f.metadata['help']} [default: {_show(f.default)}]")
+        bound = ""
+        if f.name in LIMITS:
+            t = hints[f.name]
+            bound = "; " + _range_text(f.name, t is int, t == (float | None)).removeprefix(
+                "a finite number ").removeprefix("an integer ")
+        lines.append(f"  {f.name:<22} {f.metadata['help']} "
+                     f"[default: {_show(f.default)}{bound}]")
     return "\n".join(lines)
 
 
