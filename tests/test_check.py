@@ -6,6 +6,7 @@ counting padding as actions, a model ignoring the attention mask)."""
 from __future__ import annotations
 
 import json
+import tempfile
 
 import gymnasium as gym
 import pytest
@@ -13,6 +14,7 @@ import torch
 from torch import nn
 
 import ppokit.checks as checks
+from ppokit.algos import resolve_config
 from ppokit.algos.trainer import Trainer
 from ppokit.checks import POLICY_CHECKS, collect_batch, ppo_surrogate, run_checks
 from ppokit.checks.labels import check_labels_frozen
@@ -174,25 +176,27 @@ def test_cli_bad_run_dir(tmp_path, capsys):
     assert err.count("ppokit check: error:") == 2
 
 
-class FusedStepTrainer(Trainer):
-    """A trainer whose minibatches go through the fused, autograd-free step."""
+class FusedStepRecomputedOldLogp(Trainer):
+    """Bug on the fused path: old log-probs recomputed right before the kernel."""
 
-    def update_minibatch(self, mb, clip, kl_limit=None):
-        from ppokit.algos.fast import FusedMinibatchStep
+    def _minibatch_step(self):
+        step = super()._minibatch_step()
 
-        if not hasattr(self, "_fused"):
-            self._fused = FusedMinibatchStep(self.policy, self.opt, self.cfg)
-        return self._fused(mb, clip, kl_limit)
+        def buggy(mb, clip, kl_limit=None):
+            mb = dict(mb)
+            mb["logp"] = self.policy.log_prob(mb["obs"], mb["actions"]).detach()
+            return step(mb, clip, kl_limit)
 
-
-class FusedStepRecomputedOldLogp(FusedStepTrainer):
-    def update_minibatch(self, mb, clip, kl_limit=None):
-        mb = dict(mb)
-        mb["logp"] = self.policy.log_prob(mb["obs"], mb["actions"]).detach()
-        return super().update_minibatch(mb, clip, kl_limit)
+        return buggy
 
 
 def test_labels_frozen_sees_through_the_fused_step():
-    assert check_labels_frozen(trainer_cls=FusedStepTrainer).passed is True
+    from ppokit.engine.fused import FusedStep
+
+    tr = Trainer(resolve_config(overrides={"tensorboard": False}),
+                 tempfile.mkdtemp(prefix="ppokit-test-"), log=lambda m: None)
+    assert isinstance(tr._minibatch_step().__self__, FusedStep)  # the default path
+    tr.close()
+    assert check_labels_frozen().passed is True
     r = check_labels_frozen(trainer_cls=FusedStepRecomputedOldLogp)
     assert r.passed is False and r.values["diffs"]["logp_old"] > 1e-4

@@ -4,7 +4,6 @@ ignores the attention mask."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -113,21 +112,31 @@ def test_cli_model_dir(lm, tmp_path, capsys):
 
 
 class RecomputedOldLogp(TokenTrainer):
-    """Bug: old log-probs recomputed from the current policy in every micro-batch."""
+    """Bug: old log-probs recomputed from the current policy in every minibatch."""
 
-    def micro_loss(self, roll, lab, idx, counts):
+    def update(self, roll, lab):
+        self._roll = roll
+        return super().update(roll, lab)
+
+    def update_minibatch(self, mb, *args, **kwargs):
+        sub = self._roll.select(mb["row"])
         with torch.no_grad():
-            fresh = sequence_logprobs(self.policy, roll.input_ids, roll.attention_mask)["logp"]
-        return super().micro_loss(roll, dataclasses.replace(lab, old_logp=fresh), idx, counts)
+            fresh = sequence_logprobs(self.policy, sub.input_ids, sub.attention_mask)["logp"]
+        return super().update_minibatch({**mb, "logp": fresh}, *args, **kwargs)
 
 
 class AdvantagesFromLiveCritic(TokenTrainer):
     """Bug: advantages re-derived from the critic being trained (gradient flows into them)."""
 
-    def micro_loss(self, roll, lab, idx, counts):
-        v = self.critic(roll.input_ids, roll.attention_mask, roll.position_ids)
-        adv = lab.returns - shift_to_tokens(v[:, :-1])
-        return super().micro_loss(roll, dataclasses.replace(lab, advantages=adv), idx, counts)
+    def update(self, roll, lab):
+        self._roll = roll
+        return super().update(roll, lab)
+
+    def update_minibatch(self, mb, *args, **kwargs):
+        sub = self._roll.select(mb["row"])
+        v = self.critic(sub.input_ids, sub.attention_mask, sub.position_ids)
+        adv = mb["returns"] - shift_to_tokens(v[:, :-1])
+        return super().update_minibatch({**mb, "advantages": adv}, *args, **kwargs)
 
 
 def test_token_labels_frozen_catches_recomputed_old_logp(lm):

@@ -336,12 +336,22 @@ def test_reinforce_pp_and_broadcast():
     assert b.tolist() == [[2.0, 2.0, 2.0, 0.0], [0.0, -1.0, 0.0, 0.0]]
 
 
-def test_registries_fail_loudly():
-    assert "ppo-clip" in core.POLICY_LOSSES
-    with pytest.raises(ValueError, match="unknown policy loss 'ppo'; known: ppo-clip, vanilla-pg"):
+def test_registries_fail_loudly_and_their_names_are_the_config_values():
+    from ppokit.algos.config import CHOICES
+
+    assert core.POLICY_LOSSES.names() == ["clip", "kl_penalty", "vanilla"]
+    with pytest.raises(ValueError, match="unknown policy loss 'ppo'; known: clip, kl_penalty"):
         core.POLICY_LOSSES.get("ppo")
     with pytest.raises(ValueError, match="already registered"):
         core.GROUP_ADVANTAGES.register("grpo", core.grpo_advantages)
-    fn = core.ENV_ADVANTAGES.get("td0")
-    adv, _ = fn([0.0, 1.0], [0.4, 0.7], [0.7, 0.0], [0, 1], [0, 1], 0.9, 0.95)
+    assert set(CHOICES["policy_loss"]) == set(core.POLICY_LOSSES.names())
+    assert set(CHOICES["advantage_estimator"]) == set(core.ENV_ADVANTAGES.names())
+    # td(0) is GAE with lambda 0
+    adv, _ = core.ENV_ADVANTAGES.get("gae")([0.0, 1.0], [0.4, 0.7], [0.7, 0.0], [0, 1],
+                                            [0, 1], 0.9, 0.0)
     assert np.allclose(adv.numpy(), [0.23, 0.3])
+    # reward_to_go through the registry: the return minus the value, bootstrapped at the end
+    adv, ret = core.ENV_ADVANTAGES.get("reward_to_go")([1.0, 1.0], [0.5, 0.5], [0.0, 2.0],
+                                                       [0, 0], [0, 0], 0.5, 0.95)
+    assert np.allclose(ret.numpy(), [1.0 + 0.5 * (1.0 + 0.5 * 2.0), 1.0 + 0.5 * 2.0])
+    assert np.allclose(adv.numpy(), ret.numpy() - 0.5)

@@ -1,8 +1,10 @@
 """The fused minibatch step against the eager (autograd) reference on random minibatches:
-same parameters after several optimiser steps, same statistics, same early stop."""
+same parameters after several optimiser steps, same statistics, same early stop; its
+``supports`` derived from the update spec; no side effect on a policy it is not given flat
+storage for; and the fallback of an unsupported setting (an image observation) training."""
 
 import copy
-import types
+import dataclasses
 
 import pytest
 import torch
@@ -11,8 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppokit.algos.config import TrainConfig
-from ppokit.algos.fast import FusedMinibatchStep, supports
-from ppokit.algos.trainer import Trainer
+from ppokit.algos.optim import Adam
+from ppokit.algos.trainer import Trainer, update_spec
+from ppokit.engine import UpdateSpec
+from ppokit.engine.flat import FlatParameters
+from ppokit.engine.fused import FusedStep, reference_step, supports
 from ppokit.policies import make_policy
 
 
@@ -23,13 +28,13 @@ def _setup(kind, activation, seed, cfg):
     pol = make_policy(obs_space, act_space, hidden=(16, 16), activation=activation,
                       log_std_init=-0.5)
     pol_ref = copy.deepcopy(pol)
-    # the trainer's optimiser: Adam with torch's fused kernel, which the fused step also runs
-    opt = torch.optim.Adam(pol.parameters(), lr=cfg.learning_rate, eps=cfg.optimizer_eps,
-                           fused=True)
+    # the trainer's optimisers: ppokit's Adam over flat storage (fused step) and
+    # torch.optim.Adam(fused=True) on the plain copy (the reference): the same kernel
+    flat = FlatParameters(pol.parameters())
+    opt = Adam(pol.parameters(), lr=cfg.learning_rate, eps=cfg.optimizer_eps, flat=flat)
     opt_ref = torch.optim.Adam(pol_ref.parameters(), lr=cfg.learning_rate,
                                eps=cfg.optimizer_eps, fused=True)
-    eager = types.SimpleNamespace(policy=pol_ref, opt=opt_ref, cfg=cfg, kl_ctl=None)
-    return pol, opt, pol_ref, eager
+    return pol, flat, opt, pol_ref, opt_ref
 
 
 def _minibatch(kind, n, gen, policy):
@@ -66,15 +71,17 @@ def test_fused_step_equals_eager_step(kind, activation, n, seed, policy_loss, cl
                       value_clip_mode=value_clip_mode, ent_coef=ent_coef,
                       normalize_advantage=normalize_advantage, max_grad_norm=max_grad_norm,
                       learning_rate=3e-3, vf_coef=0.7, tensorboard=False)
-    pol, opt, pol_ref, eager = _setup(kind, activation, seed, cfg)
-    fused = FusedMinibatchStep(pol, opt, cfg, script=script)
+    pol, flat, opt, pol_ref, opt_ref = _setup(kind, activation, seed, cfg)
+    spec = update_spec(cfg)
+    fused = FusedStep(spec, pol, flat, opt, script=script)
     gen = torch.Generator().manual_seed(seed)
     for _ in range(3):
         mb = _minibatch(kind, n, gen, pol_ref)
-        want = Trainer.update_minibatch(eager, mb, clip)
+        want = reference_step(spec, pol_ref, opt_ref, mb, clip_range=clip)
         got = fused(mb, clip)
-        assert set(got) == set(want)
-        for key in want:
+        assert set(got) == set(want) - {"kl_loss"}
+        assert torch.isnan(want["kl_loss"])  # no KL term in this spec
+        for key in got:
             torch.testing.assert_close(got[key].float(), want[key].float(), rtol=2e-4,
                                        atol=2e-5, msg=key)
         # Adam divides by (sqrt(v) + eps): for a parameter whose gradient is ~0, float
@@ -86,28 +93,110 @@ def test_fused_step_equals_eager_step(kind, activation, n, seed, policy_loss, cl
 
 def test_fused_step_early_stop_matches_eager():
     cfg = TrainConfig(tensorboard=False)
-    pol, opt, pol_ref, eager = _setup("categorical", "tanh", 0, cfg)
-    fused = FusedMinibatchStep(pol, opt, cfg)
+    pol, flat, opt, pol_ref, opt_ref = _setup("categorical", "tanh", 0, cfg)
+    spec = update_spec(cfg)
+    fused = FusedStep(spec, pol, flat, opt)
     mb = _minibatch("categorical", 32, torch.Generator().manual_seed(1), pol_ref)
     before = [p.clone() for p in pol.parameters()]
-    assert Trainer.update_minibatch(eager, mb, 0.2, kl_limit=1e-6) is None
+    assert reference_step(spec, pol_ref, opt_ref, mb, clip_range=0.2, kl_limit=1e-6) is None
     assert fused(mb, 0.2, kl_limit=1e-6) is None
     assert all(torch.equal(a, b) for a, b in zip(before, pol.parameters()))
 
 
 def test_supports_names_what_it_cannot_do():
-    cfg = TrainConfig(tensorboard=False)
+    spec = UpdateSpec()
     pol = make_policy(spaces.Box(-1, 1, (3,)), spaces.MultiDiscrete([2, 3]))
-    assert "multicategorical" in supports(pol, cfg)
+    assert "multicategorical" in supports(spec, pol)
     pol = make_policy(spaces.Discrete(4), spaces.Discrete(2))
-    assert "one-hot" in supports(pol, cfg)
+    assert "one-hot" in supports(spec, pol)
     pol = make_policy(spaces.Box(-1, 1, (3,)), spaces.Discrete(2))
-    assert supports(pol, cfg) is None
-    assert "kl_penalty" in supports(pol, TrainConfig(policy_loss="kl_penalty",
-                                                     tensorboard=False))
+    assert supports(spec, pol) is None
+    for change, word in (({"policy_loss": "kl_penalty"}, "policy_loss"),
+                         ({"kl_anchor": "old"}, "kl_anchor"),
+                         ({"agg": "seq-mean-token-sum"}, "agg"),
+                         ({"grad_accum": 2}, "grad_accum"),
+                         ({"dual_clip": 3.0}, "dual_clip"),
+                         ({"use_critic": False}, "use_critic")):
+        assert word in supports(dataclasses.replace(spec, **change), pol)
+    flat = FlatParameters(pol.parameters())
     with pytest.raises(ValueError, match="does not support"):
-        FusedMinibatchStep(pol, torch.optim.Adam(pol.parameters()),
-                           TrainConfig(policy_loss="kl_penalty", tensorboard=False))
+        FusedStep(UpdateSpec(policy_loss="kl_penalty"), pol, flat,
+                  Adam(pol.parameters(), flat=flat))
+    pol2 = make_policy(spaces.Box(-1, 1, (3,)), spaces.Discrete(2))
+    with pytest.raises(ValueError, match="FlatParameters"):
+        FusedStep(spec, pol2, flat, Adam(pol2.parameters()))
+
+
+def test_a_new_spec_field_fails_loudly_until_the_backend_covers_it():
+    @dataclasses.dataclass(frozen=True)
+    class Wider(UpdateSpec):
+        new_knob: float = 1.0
+
+    pol = make_policy(spaces.Box(-1, 1, (3,)), spaces.Discrete(2))
+    import ppokit.engine.fused as fused_mod
+
+    orig = fused_mod.spec_fields
+    fused_mod.spec_fields = lambda: tuple(f.name for f in dataclasses.fields(Wider))
+    try:
+        with pytest.raises(RuntimeError, match="new_knob"):
+            supports(Wider(), pol)
+    finally:
+        fused_mod.spec_fields = orig
+
+
+def test_building_the_fused_step_has_no_side_effect_on_the_policy():
+    """The flat storage is created explicitly; the step itself re-homes nothing."""
+    pol = make_policy(spaces.Box(-1, 1, (3,)), spaces.Discrete(2))
+    flat = FlatParameters(pol.parameters())
+    opt = Adam(pol.parameters(), flat=flat)
+    ptrs = [(p.data_ptr(), p.grad.data_ptr()) for p in pol.parameters()]
+    state = {k: v.clone() for k, v in pol.state_dict().items()}
+    FusedStep(UpdateSpec(), pol, flat, opt)
+    assert ptrs == [(p.data_ptr(), p.grad.data_ptr()) for p in pol.parameters()]
+    assert all(torch.equal(v, pol.state_dict()[k]) for k, v in state.items())
+
+
+@pytest.mark.parametrize("multi", [False, True])
+def test_an_image_observation_trains_by_default(tmp_path, multi):
+    """A 3-D image observation through the MLP trains with the default settings: on the
+    fused step (observations flattened, as the eager forward does) and, where the fused
+    step does not apply (MultiDiscrete actions), on the eager step — said once."""
+    import gymnasium as gym
+
+    act = spaces.MultiDiscrete([2, 3]) if multi else spaces.Discrete(2)
+
+    class Pixels(gym.Env):
+        observation_space = spaces.Box(0, 255, (3, 8, 8), dtype=float)
+        action_space = act
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            self.t = 0
+            return self.np_random.random((3, 8, 8)), {}
+
+        def step(self, a):
+            self.t += 1
+            return self.np_random.random((3, 8, 8)), 1.0, False, self.t >= 10, {}
+
+    env_id = f"ppokit-test/Pixels{int(multi)}-v0"
+    if env_id not in gym.registry:
+        gym.register(env_id, entry_point=lambda **kw: Pixels())
+    from ppokit.algos import resolve_config
+
+    cfg = resolve_config(overrides=dict(env_id=env_id, n_envs=2, n_steps=16,
+                                        batch_size=16, n_epochs=2, total_timesteps=64,
+                                        tensorboard=False, vectorization="sync"))
+    msgs = []
+    tr = Trainer(cfg, tmp_path / "px", log=msgs.append)
+    said = sum("fused minibatch step not used" in m for m in msgs)
+    if multi:
+        assert tr.flat is None and tr._minibatch_step() == tr.update_minibatch
+        assert said == 1 and "multicategorical" in msgs[0]
+    else:
+        assert isinstance(tr._minibatch_step().__self__, FusedStep) and said == 0
+    tr.train()
+    tr.close()
+    assert tr.iteration == 2
 
 
 def test_fast_and_eager_training_runs_agree(tmp_path):
@@ -121,7 +210,7 @@ def test_fast_and_eager_training_runs_agree(tmp_path):
                                             fast=fast))
         tr = Trainer(cfg, tmp_path / f"fast{fast}", log=lambda m: None)
         step = tr._minibatch_step()
-        assert isinstance(getattr(step, "__self__", None), FusedMinibatchStep) is fast
+        assert isinstance(getattr(step, "__self__", None), FusedStep) is fast
         recs[fast] = [tr.iterate() for _ in range(6)]
         tr.close()
     for a, b in zip(recs[True], recs[False]):
@@ -135,7 +224,7 @@ def test_fast_and_eager_training_runs_agree(tmp_path):
 
 def test_the_kernel_is_compiled_on_this_torch():
     """The fast path is the TorchScript kernel here, not the plain-Python fallback."""
-    cfg = TrainConfig(tensorboard=False)
     pol = make_policy(spaces.Box(-1, 1, (3,)), spaces.Discrete(2))
-    step = FusedMinibatchStep(pol, torch.optim.Adam(pol.parameters()), cfg)
+    flat = FlatParameters(pol.parameters())
+    step = FusedStep(UpdateSpec(), pol, flat, Adam(pol.parameters(), flat=flat))
     assert isinstance(step.kernel, torch.jit.ScriptFunction)

@@ -42,12 +42,37 @@ def _rollout_and_labels(tr):
 def test_old_logprobs_equal_a_fresh_forward_at_update_start(tmp_path, tok, critic):
     tr = _trainer(tmp_path, tok, critic=critic)
     roll, lab = _rollout_and_labels(tr)
-    idx = torch.arange(roll.input_ids.shape[0])
-    counts = {"tokens": float(lab.loss_mask.sum()), "seqs": float(len(idx)),
-              "norm_length": 9.0}
-    _, _, stats = tr.micro_loss(roll, lab, idx, counts)
+    stats = _first_step_stats(tr, roll, lab)
     assert stats["ratio_min"] == 1.0 and stats["ratio_max"] == 1.0
     assert stats["approx_kl"] == 0.0 and stats["clipfrac"] == 0.0
+
+
+class _NoStep:
+    """An optimiser stand-in: gradients are computed and kept, nothing moves."""
+
+    def __init__(self, params):
+        self.params = list(params)
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.params:
+            p.grad = None
+
+    def step(self):
+        pass
+
+
+def _first_step_stats(tr, roll, lab, **spec_changes):
+    import dataclasses
+
+    from ppokit.engine import eager_minibatch_step
+
+    spec = dataclasses.replace(tr.update_spec(tr.kl_ctl.value), max_grad_norm=None,
+                               **spec_changes)
+    batch = tr.labelled_batch(roll, lab)
+    params = tr.trained_parameters()
+    return eager_minibatch_step(spec, tr.forward_adapter(roll), _NoStep(params), params,
+                                batch.rows(None), clip_range=spec.clip_range,
+                                kl_coef=spec.kl_coef)
 
 
 def test_reference_kl_is_exactly_zero_when_policy_equals_reference(tmp_path, tok):
@@ -66,15 +91,9 @@ def test_gradient_accumulation_matches_the_full_minibatch(tmp_path, tok, agg):
     with torch.no_grad():
         for p in tr.policy.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    n = roll.input_ids.shape[0]
-    counts = {"tokens": float(lab.loss_mask.sum()), "seqs": float(n), "norm_length": 9.0}
-
     def grads(k):
-        tr.opt.zero_grad(set_to_none=True)
-        for idx in torch.arange(n).chunk(k):
-            loss, _, _ = tr.micro_loss(roll, lab, idx, counts)
-            loss.backward()
-        return [p.grad.clone() for p in tr.policy.parameters()]
+        _first_step_stats(tr, roll, lab, grad_accum=k)
+        return [p.grad.clone() for p in tr.trained_parameters()]
 
     full, acc = grads(1), grads(4)
     for a, b in zip(full, acc):
@@ -130,7 +149,7 @@ def test_target_kl_stops_the_update(tmp_path, tok):
     roll, lab = _rollout_and_labels(tr)
     out = tr.update(roll, lab)
     # the first step sees ratio 1 (approx_kl 0) and is taken; a later one trips the check
-    assert out["early_stopped"] and 1 <= out["optimizer_steps"] < 8
+    assert out["early_stop_epoch"] is not None and 1 <= out["n_updates"] < 8
 
 
 def test_reward_callable_loading():
@@ -216,9 +235,7 @@ def test_lora_policy_trains_adapters_only_and_exports_a_plain_model(tmp_path, to
                   checkpoint_every=1)
     base = {k: v.clone() for k, v in tr.reference.state_dict().items()}
     roll, lab = _rollout_and_labels(tr)
-    idx = torch.arange(roll.input_ids.shape[0])
-    counts = {"tokens": float(lab.loss_mask.sum()), "seqs": float(len(idx)), "norm_length": 9.0}
-    _, _, stats = tr.micro_loss(roll, lab, idx, counts)
+    stats = _first_step_stats(tr, roll, lab)
     assert stats["approx_kl"] == 0.0  # adapters start at zero: policy == reference
     tr.train(progress=False)
     trainable = [n for n, p in tr.policy.named_parameters() if p.requires_grad]

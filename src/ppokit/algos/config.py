@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, get_type_hints
 
+from ppokit.core.registry import ENV_ADVANTAGES, POLICY_LOSSES
 from ppokit.errors import UsageError
 
 __all__ = ["TrainConfig", "ALGORITHMS", "ENV_PRESETS", "resolve_config", "config_help",
@@ -120,11 +121,11 @@ class TrainConfig:
 
 CHOICES = {
     "algo": ("ppo", "a2c", "reinforce", "ppo-kl"),
-    "advantage_estimator": ("gae", "reward_to_go"),
+    "advantage_estimator": tuple(ENV_ADVANTAGES.names()),  # the registries' names
     "lr_schedule": ("constant", "linear"),
     "clip_schedule": ("constant", "linear"),
     "optimizer": ("adam", "rmsprop"),
-    "policy_loss": ("clip", "vanilla", "kl_penalty"),
+    "policy_loss": tuple(POLICY_LOSSES.names()),
     "value_clip_mode": ("max", "clipped"),
     "advantage_norm_scope": ("minibatch", "batch"),
     "target_kl_check": ("minibatch", "epoch"),

@@ -12,6 +12,12 @@ interchangeable with ``torch.optim.Adam``'s. ``tests/test_optim.py`` checks it a
 
 Supported: one parameter group, float CPU parameters, no weight decay, AMSGrad or
 ``maximize`` (what the trainer configures).
+
+Given ``flat=`` (:class:`ppokit.engine.flat.FlatParameters` over the same parameters), the
+moments live in two flat buffers too (each parameter's ``exp_avg`` / ``exp_avg_sq`` is a
+view) with one shared step counter, and a step is one fused-kernel call on the three
+buffers — what the fused minibatch step relies on. ``zero_grad`` then zeroes the flat
+gradient in place (the gradients stay views).
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ __all__ = ["Adam"]
 
 class Adam:
     def __init__(self, params: Iterable[torch.nn.Parameter], lr: float = 1e-3,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, *,
+                 flat=None):
         params = list(params)
         if not params:
             raise ValueError("Adam: got an empty parameter list")
@@ -38,12 +45,24 @@ class Adam:
             "foreach": None, "capturable": False, "differentiable": False, "fused": True,
             "decoupled_weight_decay": False}]
         self.state: dict[torch.Tensor, dict[str, torch.Tensor]] = {}
+        self.flat = flat
+        if flat is not None:
+            if not flat.owns(params):
+                raise ValueError("Adam: flat= must hold exactly these parameters")
+            self.exp_avg = torch.zeros_like(flat.data)
+            self.exp_avg_sq = torch.zeros_like(flat.data)
+            self.step_t = torch.zeros((), dtype=torch.float32)
+            for p, m, v in zip(params, flat.views(self.exp_avg), flat.views(self.exp_avg_sq)):
+                self.state[p] = {"step": self.step_t, "exp_avg": m, "exp_avg_sq": v}
 
     @property
     def _params(self) -> list[torch.nn.Parameter]:
         return self.param_groups[0]["params"]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        if self.flat is not None:
+            self.flat.zero_grad()
+            return
         for p in self._params:
             if p.grad is None:
                 continue
@@ -55,6 +74,14 @@ class Adam:
     @torch.no_grad()
     def step(self) -> None:
         g = self.param_groups[0]
+        if self.flat is not None:  # one kernel call on the flat buffers
+            self.step_t += 1.0
+            beta1, beta2 = g["betas"]
+            torch._fused_adam_([self.flat.data], [self.flat.grad], [self.exp_avg],
+                               [self.exp_avg_sq], [], [self.step_t], lr=float(g["lr"]),
+                               beta1=beta1, beta2=beta2, weight_decay=0.0, eps=g["eps"],
+                               amsgrad=False, maximize=False)
+            return
         params, grads, avgs, sqs, steps = [], [], [], [], []
         for p in self._params:
             if p.grad is None:
@@ -93,6 +120,15 @@ class Adam:
         for k, v in groups[0].items():
             if k != "params":
                 self.param_groups[0][k] = tuple(v) if k == "betas" else v
+        if self.flat is not None:  # copy into the flat buffers' views
+            for i, p in enumerate(self._params):
+                st = sd["state"].get(i)
+                if st is None:
+                    continue
+                self.step_t.fill_(float(torch.as_tensor(st["step"])))
+                self.state[p]["exp_avg"].copy_(st["exp_avg"])
+                self.state[p]["exp_avg_sq"].copy_(st["exp_avg_sq"])
+            return
         self.state = {}
         for i, p in enumerate(self._params):
             st = sd["state"].get(i)

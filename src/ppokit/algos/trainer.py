@@ -1,11 +1,18 @@
 """The one learner loop for environment RL: PPO, A2C, REINFORCE and PPO-KL are presets.
 
 One iteration = collect a rollout (:class:`ppokit.rollout.Collector`) → compute advantages
-and value targets once (frozen) → ``n_epochs`` passes of shuffled minibatches, each handled
-by :meth:`Trainer.update_minibatch` (loss, backward, gradient clipping, optimiser step) →
-one line of metrics → a checkpoint every ``checkpoint_every`` iterations.
+and value targets once (frozen) → the update engine (:func:`ppokit.engine.run_update`, the
+same one the token trainer uses: ``n_epochs`` passes of shuffled minibatches, loss from
+``ppokit.core``, global gradient clipping, optimiser step, target-KL early stop) → one line
+of metrics → a checkpoint every ``checkpoint_every`` iterations. This module owns only what
+is the environment trainer's: collecting, estimating advantages, the forward adapter
+(:func:`ppokit.engine.fused.policy_forward`) and the run directory.
 
-The three choices of the engine (design.md):
+The minibatch step that runs by default is the fused one (:mod:`ppokit.engine.fused`)
+whenever it supports the update spec and the policy; it falls back to the eager step
+(:func:`ppokit.engine.eager_minibatch_step`) otherwise and says so once in the log.
+
+The three choices of the engine (docs/theory.md):
 
 * advantage: ``advantage_estimator`` (``gae`` / ``reward_to_go``), ``use_critic``;
 * ratio / surrogate: ``policy_loss`` — ``clip`` (PPO-Clip), ``vanilla`` (``−log π · Â``;
@@ -39,17 +46,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ppokit.core import (
-    AdaptiveKLController,
-    LossTerms,
-    clipped_surrogate_loss,
-    entropy_bonus,
-    explained_variance,
-    masked_whiten,
-    ppo_kl_penalty_loss,
-    value_loss,
-    vanilla_pg_loss,
-)
+from ppokit.core import AdaptiveKLController, explained_variance
+from ppokit.engine import LabelledBatch, UpdateSpec, eager_minibatch_step, run_update
+from ppokit.engine.flat import FlatParameters
+from ppokit.engine.fused import FusedStep, policy_forward, supports
 from ppokit.envs import (
     ObsNormalizer,
     RewardScaler,
@@ -78,14 +78,26 @@ from ppokit.policies import make_policy
 from ppokit.rollout import Collector, Rollout
 
 from .config import TrainConfig, config_from_dict
-from .fast import STAT_KEYS
 from .optim import Adam
-
-_KL = STAT_KEYS.index("approx_kl")
 
 __all__ = ["Trainer", "load_run_config", "load_run_checkpoint"]
 
-_NO_CLIP = 1e9  # kl_penalty: a clip range no ratio reaches (the plain ratio surrogate)
+
+
+def update_spec(c: TrainConfig) -> UpdateSpec:
+    """The engine's spec of a configuration's update (the clip range and the KL
+    coefficient are per-iteration values: the schedule's and the controller's)."""
+    return UpdateSpec(
+        policy_loss=c.policy_loss, clip_range=c.clip_range, agg="token-mean",
+        use_critic=c.use_critic, vf_coef=c.vf_coef, ent_coef=c.ent_coef,
+        kl_anchor="old" if c.policy_loss == "kl_penalty" else "none",
+        kl_coef=c.kl_coef if c.policy_loss == "kl_penalty" else 0.0,
+        clip_range_vf=c.clip_range_vf, value_clip_mode=c.value_clip_mode,
+        max_grad_norm=c.max_grad_norm, target_kl=c.target_kl,
+        target_kl_check=c.target_kl_check, n_epochs=c.n_epochs,
+        minibatch_size=c.minibatch_size, grad_accum=1,
+        normalize_advantage=c.normalize_advantage,
+        advantage_norm_scope=c.advantage_norm_scope)
 
 
 def load_run_checkpoint(run_dir: str | Path, log: Callable[[str], None] | None = None
@@ -156,12 +168,22 @@ class Trainer:
         self.policy = make_policy(obs_space, self.env.single_action_space,
                                   hidden=c.net_arch, activation=c.activation,
                                   ortho_init=c.ortho_init, log_std_init=c.log_std_init)
+        self.spec = update_spec(c)
+        self.flat = None
+        self.fused_reason = "fast=false" if not c.fast else supports(self.spec, self.policy)
+        if self.fused_reason is None:
+            # flat parameter storage, created before the optimiser, the sampler and the
+            # checkpoint code see the parameters (the fused step works on it)
+            self.flat = FlatParameters(self.policy.parameters())
+        elif c.fast:
+            self.log(f"fused minibatch step not used ({self.fused_reason}); "
+                     "using the eager step")
         params = list(self.policy.parameters())
         # Adam: torch's fused kernel (one pass over all parameters, 3-4x faster than the
         # per-tensor loop for small MLPs) through ppokit's Adam, which spares the import of
         # torch._dynamo that constructing any torch.optim optimiser costs (~70 MB)
         if c.optimizer == "adam":
-            self.opt = Adam(params, lr=c.learning_rate, eps=c.optimizer_eps)
+            self.opt = Adam(params, lr=c.learning_rate, eps=c.optimizer_eps, flat=self.flat)
         else:
             self.opt = torch.optim.RMSprop(params, lr=c.learning_rate, alpha=0.99,
                                            eps=c.optimizer_eps, foreach=True)
@@ -177,6 +199,8 @@ class Trainer:
                                    fast=c.fast)
         self.kl_ctl = (AdaptiveKLController(c.kl_coef, c.kl_target)
                        if c.policy_loss == "kl_penalty" else None)
+        self._fused = None
+        self.minibatch_observer: Callable[[dict], None] | None = None
         self.iteration = 0
         self.global_step = 0
         self.elapsed = 0.0
@@ -197,126 +221,48 @@ class Trainer:
     # ------------------------------------------------------------------ update
     def update_minibatch(self, mb: dict[str, torch.Tensor], clip: float,
                          kl_limit: float | None = None) -> dict[str, torch.Tensor] | None:
-        """Loss, backward, gradient clipping and optimiser step for one minibatch.
-
-        Returns detached diagnostics, or ``None`` when ``kl_limit`` is given and the
-        minibatch's approx-KL (k3, measured before the step) exceeds it: then no step is
-        taken.
-        """
-        c = self.cfg
-        logp, ent, v = self.policy.evaluate(mb["obs"], mb["actions"])
-        adv = mb["advantages"]
-        if c.normalize_advantage and c.advantage_norm_scope == "minibatch":
-            adv = masked_whiten(adv)
-        if c.policy_loss == "clip":
-            pl = clipped_surrogate_loss(logp, mb["logp"], adv, clip_eps=clip)
-        elif c.policy_loss == "vanilla":
-            pl = vanilla_pg_loss(logp, mb["logp"], adv)
-        else:
-            pl = clipped_surrogate_loss(logp, mb["logp"], adv, clip_eps=_NO_CLIP)
-        if kl_limit is not None and float(pl.stats["approx_kl"]) > kl_limit:
-            return None
-        vl = None
-        if c.use_critic:
-            vl = value_loss(v, mb["returns"], values_old=mb["values"],
-                            clip_range_vf=c.clip_range_vf, clip_mode=c.value_clip_mode)
-        terms = LossTerms(policy=pl.loss, value=vl, entropy=entropy_bonus(ent))
-        kl_coef = 0.0
-        if self.kl_ctl is not None:
-            terms.kl = ppo_kl_penalty_loss(logp, mb["logp"])
-            kl_coef = self.kl_ctl.value
-        total = terms.total(vf_coef=c.vf_coef, ent_coef=c.ent_coef, kl_coef=kl_coef)
-        self.opt.zero_grad(set_to_none=True)
-        total.backward()
-        max_norm = c.max_grad_norm if c.max_grad_norm is not None else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), max_norm)
-        self.opt.step()
-        s = pl.stats
-        return {
-            "policy_loss": pl.loss.detach(),
-            "value_loss": vl.detach() if vl is not None else torch.tensor(float("nan")),
-            "entropy": terms.entropy.detach(),
-            "approx_kl": s["approx_kl"], "approx_kl_k1": s["approx_kl_k1"],
-            "clipfrac": s["clipfrac"], "clip_active_frac": s["clip_active_frac"],
-            "ratio_min": s["ratio_min"], "ratio_max": s["ratio_max"],
-            "grad_norm": grad_norm.detach(),
-        }
+        """The eager minibatch step (:func:`ppokit.engine.eager_minibatch_step`) with this
+        trainer's spec, policy and optimiser; a subclass may override it (then the eager
+        path is used for every minibatch)."""
+        beta = self.kl_ctl.value if self.kl_ctl is not None else 0.0
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        return eager_minibatch_step(self.spec, policy_forward(self.policy), self.opt, params,
+                                    mb, clip_range=clip, kl_coef=beta, kl_limit=kl_limit)
 
     def _minibatch_step(self) -> Callable:
-        """The fused minibatch step (:mod:`ppokit.algos.fast`) when ``fast`` is on and it
-        supports this policy and loss, else :meth:`update_minibatch` (the eager reference).
-        Built lazily (after any checkpoint was loaded) and rebuilt if the policy or the
-        optimiser object was replaced. The fused step returns its statistics as one vector
-        (:data:`ppokit.algos.fast.STAT_KEYS`), the eager one as a dict."""
-        if not self.cfg.fast or type(self).update_minibatch is not Trainer.update_minibatch:
-            return self.update_minibatch  # off, or a subclass customises the eager step
-        from .fast import FusedMinibatchStep, supports
-
-        f = getattr(self, "_fused", None)
-        if f is not None and f.policy is self.policy and f.opt is self.opt:
-            return f.step
-        if supports(self.policy, self.cfg) is not None:
+        """The fused step when it supports this spec and policy (and the eager step is not
+        customised by a subclass), else :meth:`update_minibatch`. (A policy or optimiser
+        replaced after construction — as ``ppokit check`` does — gets the eager step.)"""
+        if self.flat is None or type(self).update_minibatch is not Trainer.update_minibatch:
             return self.update_minibatch
-        self._fused = FusedMinibatchStep(self.policy, self.opt, self.cfg)
-        return self._fused.step
+        f = self._fused
+        if f is None or f.policy is not self.policy or f.opt is not self.opt:
+            params = [p for p in self.policy.parameters() if p.requires_grad]
+            if not self.flat.owns(params) or getattr(self.opt, "flat", None) is not self.flat:
+                return self.update_minibatch
+            f = self._fused = FusedStep(self.spec, self.policy, self.flat, self.opt)
+        return f.step
 
     def update(self, rollout: Rollout, clip: float) -> dict[str, Any]:
-        c = self.cfg
-        data = rollout.flat()
-        n = data["obs"].shape[0]
-        if c.normalize_advantage and c.advantage_norm_scope == "batch":
-            data["advantages"] = masked_whiten(data["advantages"])
-        mb_size = min(c.minibatch_size, n)
+        """One update of the engine on this rollout (labels validated and frozen once)."""
+        batch = LabelledBatch.build(rollout.flat())
         step = self._minibatch_step()
-        kl_limit = (1.5 * c.target_kl if c.target_kl is not None
-                    and c.target_kl_check == "minibatch" else None)
-        stats: list[dict[str, torch.Tensor]] = []
-        stop_epoch = stop_mb = None
-        for epoch in range(c.n_epochs):
-            epoch_start = len(stats)
-            if mb_size >= n:  # one minibatch: the whole batch (its order changes nothing)
-                batches = [dict(data)]
-            else:
-                perm = torch.randperm(n, generator=self.shuffle_gen)
-                batches = ({key: t[perm[s:s + mb_size]] for key, t in data.items()}
-                           for s in range(0, n, mb_size))
-            for k, mb in enumerate(batches):
-                out = step(mb, clip, kl_limit)
-                if out is None:
-                    stop_epoch, stop_mb = epoch, k
-                    break
-                stats.append(out)
-            if stop_epoch is not None:
-                break
-            if c.target_kl is not None and c.target_kl_check == "epoch":
-                kls = [float(s[_KL] if isinstance(s, torch.Tensor) else s["approx_kl"])
-                       for s in stats[epoch_start:]]
-                if sum(kls) / len(kls) > c.target_kl:
-                    stop_epoch, stop_mb = epoch, len(kls) - 1
-                    break
-        out: dict[str, Any] = {}
-        if stats:
-            if isinstance(stats[0], torch.Tensor):  # the fused step's statistics vectors
-                cols = torch.stack(stats).unbind(1)
-                stacked = dict(zip(STAT_KEYS, cols))
-            else:
-                stacked = {k: torch.stack([s[k] for s in stats]) for k in stats[0]}
-            for k, v in stacked.items():
-                if k == "ratio_min":
-                    out[k] = float(v.min())
-                elif k == "ratio_max":
-                    out[k] = float(v.max())
-                else:
-                    out[k] = float(v.mean())
-        else:
-            out = {k: None for k in ("policy_loss", "value_loss", "entropy", "approx_kl",
-                                     "approx_kl_k1", "clipfrac", "clip_active_frac",
-                                     "ratio_min", "ratio_max", "grad_norm")}
-        out["n_updates"] = len(stats)
-        out["early_stop_epoch"] = stop_epoch
-        out["early_stop_minibatch"] = stop_mb
-        out["explained_variance"] = (explained_variance(data["values"], data["returns"])
-                                     if c.use_critic else None)
+        observer = self.minibatch_observer
+        if observer is not None:
+            inner = step
+
+            def step(mb, clip_range, kl_limit):
+                observer(mb)
+                return inner(mb, clip_range, kl_limit)
+
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        out = run_update(self.spec, batch, policy_forward(self.policy), self.opt, params,
+                         generator=self.shuffle_gen, clip_range=clip,
+                         kl_coef=self.kl_ctl.value if self.kl_ctl is not None else None,
+                         step_fn=step)
+        out["explained_variance"] = (explained_variance(batch.data["values"],
+                                                        batch.data["returns"])
+                                     if self.cfg.use_critic else None)
         return out
 
     # ------------------------------------------------------------------ loop

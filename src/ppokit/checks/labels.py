@@ -2,9 +2,10 @@
 tiny rollout and watch the labels.
 
 Advantages, value targets and old log-probs are computed once per rollout; every epoch must
-see exactly the same values, and none of them may carry a gradient (design.md "Frozen
-labels"). The check records what reaches the loss functions themselves (not only what the
-minibatch carries), so a label recomputed or re-derived anywhere in between is caught.
+see exactly the same values, and none of them may carry a gradient
+(docs/theory.md#frozen-labels). The check records what reaches the loss functions
+themselves (not only what the minibatch carries), so a label recomputed or re-derived
+anywhere in between is caught.
 
 :func:`check_token_labels_frozen` does the same for the token-level trainer.
 
@@ -59,7 +60,7 @@ class _Recorder:
             self.depth -= 1
 
     def _start(self, mb: dict) -> None:
-        self.ids = mb.get("_id")
+        self.ids = mb.get("_id", mb.get("row"))
         self.epoch = self.seen // self.n
         self.seen += 0 if self.ids is None else len(self.ids)
         for key in ("logp", "advantages", "returns", "values"):
@@ -72,16 +73,16 @@ class _Recorder:
 
 
 @contextmanager
-def _patched(module, rec: _Recorder):
-    """Wrap the loss functions the trainer module calls, recording their label inputs."""
-    saved = {}
+def _patched(rec: _Recorder):
+    """Wrap the loss functions the update engine calls (the policy losses through their
+    registry, the value loss by name), recording their label inputs."""
+    from ppokit.core import POLICY_LOSSES
+    from ppokit.engine import update as engine
 
-    def wrap(fname, labels):
-        fn = getattr(module, fname, None)
-        if fn is None:
-            return
-        saved[fname] = fn
+    saved_items = dict(POLICY_LOSSES._items)
+    saved_value = engine.value_loss
 
+    def recording(fn, labels):
         def wrapper(*args, **kwargs):
             for pos, label in labels:
                 val = args[pos] if len(args) > pos else kwargs.get(label)
@@ -89,35 +90,32 @@ def _patched(module, rec: _Recorder):
             if "values_old" in kwargs:
                 rec.loss_input("values_old", kwargs["values_old"])
             return fn(*args, **kwargs)
+        return wrapper
 
-        setattr(module, fname, wrapper)
-
-    wrap("clipped_surrogate_loss", [(1, "logp_old"), (2, "advantages")])
-    wrap("vanilla_pg_loss", [(1, "logp_old"), (2, "advantages")])
-    wrap("value_loss", [(1, "returns")])
-    # the environment trainer's fused minibatch step (hand-written backward, no autograd)
-    # takes the labels straight from the minibatch
-    from ppokit.algos.fast import FusedMinibatchStep as fused_cls
-
-    fused_step = None
-    if module.__name__ == "ppokit.algos.trainer":
-        fused_step = fused_cls.step  # what the trainer and ``__call__`` both go through
-
-        def fused_wrapper(self, mb, *args, **kwargs):
-            with rec.minibatch(mb):
-                for key, label in (("logp", "logp_old"), ("advantages", "advantages"),
-                                   ("returns", "returns")):
-                    rec.loss_input(label, mb.get(key))
-                return fused_step(self, mb, *args, **kwargs)
-
-        fused_cls.step = fused_wrapper
+    for name, fn in saved_items.items():
+        POLICY_LOSSES._items[name] = recording(fn, [(1, "logp_old"), (2, "advantages")])
+    engine.value_loss = recording(saved_value, [(1, "returns")])
     try:
         yield
     finally:
-        for fname, fn in saved.items():
-            setattr(module, fname, fn)
-        if fused_step is not None:
-            fused_cls.step = fused_step
+        POLICY_LOSSES._items.clear()
+        POLICY_LOSSES._items.update(saved_items)
+        engine.value_loss = saved_value
+
+
+def _observer(rec: _Recorder):
+    """The engine's per-minibatch hook: starts a minibatch in the recorder."""
+    return rec._start
+
+
+def _kernel_observer(rec: _Recorder):
+    """The fused step's input hook: it calls no loss function, so what its kernel receives
+    is what the loss sees."""
+    def observe(mb: dict) -> None:
+        for key, label in (("logp", "logp_old"), ("advantages", "advantages"),
+                           ("returns", "returns")):
+            rec.loss_input(label, mb.get(key))
+    return observe
 
 
 def _by_epoch(records, n: int) -> dict[tuple[str, int], torch.Tensor]:
@@ -161,7 +159,9 @@ def _verdict(name: str, rec: _Recorder, n: int, snapshot: dict, stored_now: dict
             diffs[f"loss {label} vs rollout"] = max(
                 _maxdiff(loss_in[(label, ep)], snapshot[key])
                 for ep in (0, 1) if (label, ep) in loss_in)
-    for key in ("logp", "advantages", "returns"):
+    # (advantages may be whitened over the batch by the engine before minibatching: they
+    # are compared across epochs, above)
+    for key in ("logp", "returns"):
         for ep in (0, 1):
             if (key, ep) in mb_in and key in snapshot:
                 d = _maxdiff(mb_in[(key, ep)], snapshot[key])
@@ -234,14 +234,14 @@ def check_labels_frozen(policy=None, *, env: str = "CartPole-v1", trainer_cls=No
 
             rollout.flat = flat_with_ids
             rec = _Recorder(n)
-            orig_update_mb = tr.update_minibatch
+            from ppokit.engine.fused import FusedStep
 
-            def update_minibatch(mb, *args, **kwargs):
-                with rec.minibatch(mb):
-                    return orig_update_mb(mb, *args, **kwargs)
-
-            tr.update_minibatch = update_minibatch
-            with _patched(trainer_mod, rec):
+            tr._minibatch_step()  # builds the fused step when it is used
+            tr.minibatch_observer = _observer(rec)
+            fused = getattr(tr, "_fused", None)
+            if isinstance(fused, FusedStep):
+                fused.input_observer = _kernel_observer(rec)
+            with _patched(rec):
                 tr.update(rollout, tr.current_clip())
         finally:
             tr.close()
@@ -270,7 +270,7 @@ def check_token_labels_frozen(model, tokenizer, *, trainer_cls=None, seed: int =
     with tempfile.TemporaryDirectory(prefix="ppokit-check-") as tmp:
         tr = trainer_cls(cfg, tmp, policy=copy.deepcopy(model), tokenizer=tokenizer,
                          log=lambda _msg: None)
-        orig_update, orig_micro = tr.update, tr.micro_loss
+        orig_update = tr.update
 
         def update(roll, lab):
             seen["lab"] = lab
@@ -279,20 +279,13 @@ def check_token_labels_frozen(model, tokenizer, *, trainer_cls=None, seed: int =
                               if getattr(lab, k) is not None}
             return orig_update(roll, lab)
 
-        def micro_loss(roll, lab, idx, counts):
-            rec.ids = idx
-            rec.epoch = rec.seen // n
-            rec.seen += len(idx)
-            for key, attr in (("logp", "old_logp"), ("advantages", "advantages"),
-                              ("returns", "returns")):
-                t = getattr(lab, attr)
-                if t is not None:
-                    rec.mb_inputs.append((rec.epoch, idx, key, t[idx]))
-            return orig_micro(roll, lab, idx, counts)
-
-        tr.update, tr.micro_loss = update, micro_loss
-        with _patched(trainer_mod, rec):
-            tr.train_iteration()
+        tr.update = update
+        tr.minibatch_observer = _observer(rec)
+        try:
+            with _patched(rec):
+                tr.train_iteration()
+        finally:
+            tr.close()
     if "lab" not in seen:
         return CheckResult("token-labels-frozen", None, "-", "-",
                            "the trainer's update was not reached")

@@ -1,4 +1,9 @@
-"""Named registries of interchangeable parts that share one signature (design.md "one idea").
+"""Named registries of interchangeable parts that share one signature.
+
+The names are the configuration values: ``policy_loss = "clip"`` selects
+``POLICY_LOSSES.get("clip")``, ``advantage_estimator = "gae"`` selects
+``ENV_ADVANTAGES.get("gae")``, and the configurations' allowed values are these registries'
+names (docs/theory.md#design-principles: one idea, one place).
 
 An unknown name raises a ``ValueError`` listing the known names; registering a name twice
 is an error.
@@ -12,10 +17,11 @@ from typing import Generic, TypeVar
 from . import advantage as _gae
 from . import group as _group
 from . import losses as _losses
+from . import returns as _returns
 
 F = TypeVar("F", bound=Callable)
 
-__all__ = ["Registry", "POLICY_LOSSES", "GROUP_ADVANTAGES", "ENV_ADVANTAGES"]
+__all__ = ["Registry", "POLICY_LOSSES", "GROUP_ADVANTAGES", "ENV_ADVANTAGES", "NO_CLIP"]
 
 
 class Registry(Generic[F]):
@@ -50,32 +56,29 @@ class Registry(Generic[F]):
         return name in self._items
 
 
+def _ratio_surrogate(logp, logp_old, advantages, mask=None, **options):
+    """``−ρ Â`` without clipping: PPO-KL's surrogate (its KL penalty is a separate term).
+    The clipped loss with a clip range no ratio reaches, so the statistics are the same."""
+    return _losses.clipped_surrogate_loss(logp, logp_old, advantages, mask,
+                                          clip_eps=NO_CLIP, **options)
+
+
+NO_CLIP = 1e9  # a clip range no ratio reaches
+
 POLICY_LOSSES: Registry = Registry(
     "policy loss", "(logp, logp_old, advantages, mask=None, **options) -> PolicyLoss")
-POLICY_LOSSES.register("ppo-clip", _losses.clipped_surrogate_loss)
-POLICY_LOSSES.register("vanilla-pg", _losses.vanilla_pg_loss)
+POLICY_LOSSES.register("clip", _losses.clipped_surrogate_loss)
+POLICY_LOSSES.register("vanilla", _losses.vanilla_pg_loss)
+POLICY_LOSSES.register("kl_penalty", _ratio_surrogate)
 
 GROUP_ADVANTAGES: Registry = Registry(
-    "group advantage estimator", "(scores, group_size=None) -> advantages")
+    "group advantage estimator", "(scores, group_size=None, **options) -> advantages")
 GROUP_ADVANTAGES.register("grpo", _group.grpo_advantages)
-GROUP_ADVANTAGES.register(
-    "grpo-no-std", lambda scores, group_size=None: _group.grpo_advantages(
-        scores, group_size, normalize_std=False))
-GROUP_ADVANTAGES.register("dr-grpo", _group.dr_grpo_advantages)
+GROUP_ADVANTAGES.register("dr_grpo", _group.dr_grpo_advantages)
 GROUP_ADVANTAGES.register("rloo", _group.rloo_advantages)
-
-
-def _td0(rewards, values, next_values, terminated, episode_end, gamma, lam=0.0):
-    return _gae.gae(rewards, values, next_values, terminated, episode_end, gamma, 0.0)
-
-
-def _mc(rewards, values, next_values, terminated, episode_end, gamma, lam=1.0):
-    return _gae.gae(rewards, values, next_values, terminated, episode_end, gamma, 1.0)
-
 
 ENV_ADVANTAGES: Registry = Registry(
     "advantage estimator",
     "(rewards, values, next_values, terminated, episode_end, gamma, lam) -> (adv, returns)")
 ENV_ADVANTAGES.register("gae", _gae.gae)
-ENV_ADVANTAGES.register("td0", _td0)
-ENV_ADVANTAGES.register("monte-carlo", _mc)
+ENV_ADVANTAGES.register("reward_to_go", _returns.reward_to_go_advantages)

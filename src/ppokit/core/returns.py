@@ -19,7 +19,7 @@ from .validation import (
     float_inputs,
 )
 
-__all__ = ["discounted_return", "reward_to_go", "discount_weights"]
+__all__ = ["reward_to_go_advantages", "discounted_return", "reward_to_go", "discount_weights"]
 
 
 def discounted_return(rewards, gamma: float) -> Tensor:
@@ -117,3 +117,23 @@ def discount_weights(gamma: float, episode_end=None, *, length: int | None = Non
         steps[t] = step
         step = torch.where(end[t], torch.zeros_like(step), step + 1)
     return torch.pow(torch.tensor(gamma, dtype=torch.float64), steps).to(torch.float32)
+
+
+def reward_to_go_advantages(rewards, values, next_values, terminated, episode_end,
+                            gamma: float, lam: float = 1.0) -> tuple[Tensor, Tensor]:
+    """REINFORCE's advantage with the same signature as :func:`ppokit.core.gae`:
+    ``(returns − values, returns)`` where ``returns`` is the discounted return within the
+    episode (:func:`reward_to_go`). A truncation adds ``γ V(final state)`` to its reward and
+    a window that ends mid-episode bootstraps from ``next_values[T−1]`` — both zero when no
+    critic is used (``values = next_values = 0``), giving the plain Monte-Carlo return.
+    ``lam`` is ignored. Shapes: ``[T]`` or ``[T, N]``; returns two tensors of that shape.
+    """
+    episode_end = torch.as_tensor(episode_end, dtype=torch.bool)
+    terminated = torch.as_tensor(terminated, dtype=torch.bool)
+    rewards = torch.as_tensor(rewards)
+    next_values = torch.as_tensor(next_values, dtype=rewards.dtype)
+    trunc = (episode_end & ~terminated).to(rewards.dtype)
+    r = rewards + gamma * trunc * next_values
+    boot = next_values[-1] * (~episode_end[-1]).to(r.dtype)
+    ret = reward_to_go(r, gamma, episode_end, bootstrap=boot)
+    return ret - torch.as_tensor(values, dtype=ret.dtype), ret

@@ -45,19 +45,16 @@ from ppokit.core import (
     AdaptiveKLController,
     FixedKLController,
     broadcast_to_tokens,
-    clipped_surrogate_loss,
-    entropy_bonus,
     explained_variance,
     grpo_advantages,
     kl_k1,
-    kl_penalty_loss,
     masked_mean,
     masked_whiten,
     reinforce_pp_advantages,
     rloo_advantages,
     token_gae,
-    value_loss,
 )
+from ppokit.engine import Forward, LabelledBatch, UpdateSpec, eager_minibatch_step, run_update
 from ppokit.errors import UsageError
 from ppokit.io import (
     GracefulStop,
@@ -185,8 +182,7 @@ def compute_labels(cfg: LLMConfig, roll: Rollout, scores: torch.Tensor, old_logp
         else:
             seq_adv = grpo_advantages(seq, g, normalize_std=cfg.normalize_std)
         adv = broadcast_to_tokens(seq_adv, loss_mask)
-    if cfg.whiten_advantages:
-        adv = masked_whiten(adv, loss_mask)
+    # whitening (normalize_advantage) happens in the update engine, batch scope
     adv = torch.where(loss_mask, adv, zero)
     non_score = (kl_reward.sum(1) if use_kl_reward else torch.zeros(bsz))
     stats = {
@@ -283,6 +279,7 @@ class TokenTrainer:
         if self.critic is not None:
             groups.append({"params": list(self.critic.parameters()), "lr": cfg.critic_lr})
         self.opt = torch.optim.AdamW(groups, weight_decay=0.0, eps=1e-6)
+        self.minibatch_observer = None  # called with each minibatch (ppokit check)
         self.kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.kl_target) if cfg.kl_target
                        else FixedKLController(cfg.kl_coef))
         self.max_new_tokens = cfg.max_new_tokens or (self.task.max_new_tokens if self.task
@@ -373,88 +370,79 @@ class TokenTrainer:
     def _shared_critic(self) -> bool:
         return self.critic is not None and not self.critic.separate
 
-    def micro_loss(self, roll: Rollout, lab: Labels, idx: torch.Tensor, counts: dict):
-        """Loss of one micro-batch, normalised by the minibatch's global counts."""
+    def update_spec(self, beta: float) -> UpdateSpec:
+        """The engine's spec of this trainer's update (shared with environment training)."""
         cfg = self.cfg
-        sub = roll.select(idx)
-        m = lab.loss_mask[idx]
-        out = sequence_logprobs(self.policy, sub.input_ids, sub.attention_mask,
-                                temperature=cfg.temperature, with_entropy=True,
-                                with_hidden=self._shared_critic)
-        agg_kw = {"agg": cfg.agg, "num_tokens": counts["tokens"], "num_seqs": counts["seqs"],
-                  "norm_length": counts["norm_length"]}
-        pl = clipped_surrogate_loss(out["logp"], lab.old_logp[idx], lab.advantages[idx], m,
-                                    clip_eps=cfg.clip_eps, **agg_kw)
-        total = pl.loss
-        terms = {"policy_loss": pl.loss.detach()}
-        ent = entropy_bonus(out["entropy"], m, **agg_kw)
-        terms["entropy"] = ent.detach()
-        if cfg.ent_coef:
-            total = total - cfg.ent_coef * ent
-        beta = self.kl_ctl.value
-        if cfg.kl_mode == "loss" and beta > 0:
-            kl = kl_penalty_loss(out["logp"], lab.ref_logp[idx], m, estimator="k3", **agg_kw)
-            total = total + beta * kl
-            terms["kl_loss"] = kl.detach()
+        bsz = cfg.prompts_per_iter * cfg.samples_per_prompt
+        return UpdateSpec(
+            policy_loss="clip", clip_range=cfg.clip_eps, agg=cfg.agg,
+            norm_length=float(self.max_new_tokens), use_critic=self.critic is not None,
+            vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef,
+            kl_anchor="ref" if cfg.kl_mode == "loss" and beta > 0 else "none",
+            kl_coef=beta, clip_range_vf=cfg.clip_range_vf, value_clip_mode="max",
+            max_grad_norm=cfg.max_grad_norm, target_kl=cfg.target_kl,
+            target_kl_check="minibatch", n_epochs=cfg.epochs,
+            minibatch_size=bsz // cfg.minibatches, grad_accum=cfg.grad_accum,
+            normalize_advantage=bool(cfg.whiten_advantages), advantage_norm_scope="batch")
+
+    def labelled_batch(self, roll: Rollout, lab: Labels) -> LabelledBatch:
+        """The rollout's frozen labels as the engine's batch: one row per sequence, the
+        loss mask marking the action tokens that enter the losses; ``row`` indexes the
+        rollout (the forward adapter reads the token ids from it)."""
+        data = {"row": torch.arange(roll.input_ids.shape[0]), "logp": lab.old_logp,
+                "advantages": lab.advantages, "ref_logp": lab.ref_logp}
+        if lab.returns is not None:
+            data["returns"] = lab.returns
+            data["values"] = lab.values
+        return LabelledBatch.build(data, lab.loss_mask)
+
+    def forward_adapter(self, roll: Rollout):
+        """The policy (and critic) on a set of the rollout's sequences: log-probs and
+        entropies of the action tokens and the critic's values, each ``[M, L]``."""
+        t = self.cfg.temperature
+
+        def forward(rows: dict) -> Forward:
+            sub = roll.select(rows["row"])
+            out = sequence_logprobs(self.policy, sub.input_ids, sub.attention_mask,
+                                    temperature=t, with_entropy=True,
+                                    with_hidden=self._shared_critic)
+            v = None
+            if self.critic is not None:
+                v_after = self.critic(sub.input_ids, sub.attention_mask, sub.position_ids,
+                                      hidden_states=out.get("hidden"))
+                v = shift_to_tokens(v_after[:, :-1])
+            return Forward(out["logp"], out["entropy"], v)
+
+        return forward
+
+    def trained_parameters(self) -> list[torch.Tensor]:
+        params = [p for p in self.policy.parameters() if p.requires_grad]
         if self.critic is not None:
-            v_after = self.critic(sub.input_ids, sub.attention_mask, sub.position_ids,
-                                  hidden_states=out.get("hidden"))
-            v = shift_to_tokens(v_after[:, :-1])
-            vl = value_loss(v, lab.returns[idx], m, values_old=lab.values[idx],
-                            clip_range_vf=cfg.clip_range_vf, agg="token-mean",
-                            num_tokens=counts["tokens"])
-            total = total + cfg.vf_coef * vl
-            terms["value_loss"] = vl.detach()
-        return total, terms, pl.stats
+            seen = {id(p) for p in params}
+            params += [p for p in self.critic.parameters()
+                       if p.requires_grad and id(p) not in seen]
+        return params
+
+    def update_minibatch(self, mb: dict, clip_range: float, kl_limit: float | None = None,
+                         *, spec: UpdateSpec, forward) -> dict | None:
+        """The engine's eager minibatch step (a subclass may override it)."""
+        return eager_minibatch_step(spec, forward, self.opt, self.trained_parameters(), mb,
+                                    clip_range=clip_range, kl_coef=spec.kl_coef,
+                                    kl_limit=kl_limit)
 
     def update(self, roll: Rollout, lab: Labels) -> dict:
-        cfg = self.cfg
-        bsz = roll.input_ids.shape[0]
-        mb = bsz // cfg.minibatches
-        micro = mb // cfg.grad_accum
-        sums: dict[str, float] = {}
-        n_steps = 0
-        stopped = False
-        pol_params = [p for p in self.policy.parameters() if p.requires_grad]
-        crit_params = (list(self.critic.head.parameters()) + (
-            list(self.critic.body.parameters()) if self.critic.separate else [])
-                       if self.critic is not None else [])
-        for _epoch in range(cfg.epochs):
-            perm = torch.randperm(bsz, generator=self.gen)
-            for k in range(cfg.minibatches):
-                mb_idx = perm[k * mb:(k + 1) * mb]
-                counts = {"tokens": float(lab.loss_mask[mb_idx].sum().clamp(min=1)),
-                          "seqs": float(mb), "norm_length": float(self.max_new_tokens)}
-                self.opt.zero_grad(set_to_none=True)
-                acc: dict[str, float] = {}
-                for j in range(cfg.grad_accum):
-                    idx = mb_idx[j * micro:(j + 1) * micro]
-                    loss, terms, stats = self.micro_loss(roll, lab, idx, counts)
-                    loss.backward()
-                    w = float(lab.loss_mask[idx].sum()) / counts["tokens"]
-                    for key in ("approx_kl", "clipfrac", "clip_active_frac"):
-                        acc[key] = acc.get(key, 0.0) + w * float(stats[key])
-                    for key, val in terms.items():  # already globally normalised: sum
-                        acc[key] = acc.get(key, 0.0) + float(val)
-                if cfg.target_kl is not None and acc["approx_kl"] > cfg.target_kl:
-                    stopped = True
-                    self.opt.zero_grad(set_to_none=True)
-                    sums["approx_kl_at_stop"] = acc["approx_kl"]
-                    break
-                acc["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(pol_params,
-                                                                        cfg.max_grad_norm))
-                if crit_params:
-                    torch.nn.utils.clip_grad_norm_(crit_params, cfg.max_grad_norm)
-                self.opt.step()
-                n_steps += 1
-                for key, val in acc.items():
-                    sums[key] = sums.get(key, 0.0) + val
-            if stopped:
-                break
-        out = {k: v / max(n_steps, 1) for k, v in sums.items() if k != "approx_kl_at_stop"}
-        out["optimizer_steps"] = n_steps
-        out["early_stopped"] = stopped
-        return out
+        """One update of the engine (:func:`ppokit.engine.run_update`) on this rollout."""
+        spec = self.update_spec(self.kl_ctl.value)
+        forward = self.forward_adapter(roll)
+        observer = self.minibatch_observer
+
+        def step(mb, clip_range, kl_limit):
+            if observer is not None:
+                observer(mb)
+            return self.update_minibatch(mb, clip_range, kl_limit, spec=spec, forward=forward)
+
+        return run_update(spec, self.labelled_batch(roll, lab), forward, self.opt,
+                          self.trained_parameters(), generator=self.gen, step_fn=step)
 
     # ------------------------------------------------------------------ loop
     def train_iteration(self) -> dict:

@@ -75,8 +75,9 @@ class NumpySampler:
     def __call__(self, obs: np.ndarray, noise: np.ndarray) -> np.ndarray:
         """Actions for ``obs`` ``[B, obs_dim]`` (float32). ``noise``: uniforms ``[B, 1]``
         (categorical) or standard normals ``[B, action_dim]`` (Gaussian: the unclipped
-        sample ``mean + exp(log_std) · noise`` is returned)."""
-        h = obs
+        sample ``mean + exp(log_std) · noise`` is returned). Observations with more than one
+        dimension per env (images) are flattened, as :meth:`MLPActorCritic.evaluate` does."""
+        h = obs.reshape(obs.shape[0], -1) if obs.ndim != 2 else obs
         last = len(self.layers) - 1
         for i, (wt, b) in enumerate(self.layers):
             h = h @ wt

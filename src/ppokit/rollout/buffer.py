@@ -26,13 +26,13 @@ from dataclasses import dataclass
 
 import torch
 
-from ppokit.core import gae, reward_to_go
+from ppokit.core.registry import ENV_ADVANTAGES
 
 Tensor = torch.Tensor
 
 __all__ = ["Rollout", "ADVANTAGE_ESTIMATORS"]
 
-ADVANTAGE_ESTIMATORS = ("gae", "reward_to_go")
+ADVANTAGE_ESTIMATORS = tuple(ENV_ADVANTAGES.names())  # gae, reward_to_go
 
 
 @dataclass
@@ -69,19 +69,10 @@ class Rollout:
         """
         if self.advantages is not None:
             raise RuntimeError("advantages are computed once per rollout and then frozen")
+        fn = ENV_ADVANTAGES.get(estimator)  # the config value is the registry name
         with torch.no_grad():
-            if estimator == "gae":
-                adv, ret = gae(self.rewards, self.values, self.next_values, self.terminated,
-                               self.episode_end, gamma, gae_lambda)
-            elif estimator == "reward_to_go":
-                trunc = (self.episode_end & ~self.terminated).to(self.rewards.dtype)
-                r = self.rewards + gamma * trunc * self.next_values
-                boot = self.next_values[-1] * (~self.episode_end[-1]).to(r.dtype)
-                ret = reward_to_go(r, gamma, self.episode_end, bootstrap=boot)
-                adv = ret - self.values
-            else:
-                raise ValueError(f"advantage_estimator: expected one of "
-                                 f"{', '.join(ADVANTAGE_ESTIMATORS)}, got {estimator!r}")
+            adv, ret = fn(self.rewards, self.values, self.next_values, self.terminated,
+                          self.episode_end, gamma, gae_lambda)
         self.advantages, self.returns = adv, ret
 
     def flat(self) -> dict[str, Tensor]:

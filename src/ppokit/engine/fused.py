@@ -1,10 +1,10 @@
-"""The fast minibatch step: PPO's loss, its gradient, clipping and the optimiser step for
-ppokit's MLP actor-critic, without autograd.
+"""The fused minibatch step: a backend of the update engine for ppokit's MLP actor-critic.
 
 Why: on a small MLP the eager step (autograd + optimiser) is mostly per-call overhead — the
-autograd graph, the distribution helpers, input validation, one kernel launch per tensor
-operation from Python. The arithmetic is a few ``[M, 64]`` (or ``[M, 256]``) matrix
-products. This module computes the same update as one compiled kernel (:func:`_ppo_step`):
+autograd graph, the distribution helpers, one kernel launch per tensor operation from
+Python. The arithmetic is a few ``[M, 64]`` (or ``[M, 256]``) matrix products. This module
+computes what :func:`ppokit.engine.eager_minibatch_step` computes as one compiled kernel
+(:func:`_ppo_step`):
 
 * forward and backward of both MLPs written out (``addmm``, tanh/ReLU and their backward
   kernels), no autograd graph;
@@ -15,50 +15,109 @@ products. This module computes the same update as one compiled kernel (:func:`_p
   bonus, minibatch advantage whitening (ddof 1, eps 1e-8, as :func:`ppokit.core.masked_whiten`);
 * the critic's whole branch runs on torch's inter-op thread in parallel with the actor's,
   outside the GIL (the kernel is TorchScript), so both cores work during the update;
-* global gradient-norm clipping, then Adam with torch's fused kernel on flat buffers that
-  hold every parameter, gradient and moment (the optimiser's own state tensors are views of
-  them, so its ``state_dict``, checkpoints and learning-rate schedule are unchanged).
+* global gradient-norm clipping on the flat gradient (:class:`ppokit.engine.flat.FlatParameters`),
+  then the optimiser's own step (ppokit's :class:`~ppokit.algos.optim.Adam` over the same
+  flat buffers: one fused-kernel call).
 
-The eager path (:meth:`ppokit.algos.trainer.Trainer.update_minibatch`) stays the reference:
-``tests/test_fast_path.py`` checks that both give the same parameters and statistics on
-random minibatches, compiled and as plain Python. :func:`supports` says which
-configurations this path covers; anything else falls back to the eager path.
+**What runs and how it is held to the reference.** The trainer uses this step whenever
+:func:`supports` accepts the update spec and the policy (``fast = true``, the default); it
+says once in its log when it falls back to the eager step and why. :func:`supports` is
+derived from :class:`~ppokit.engine.UpdateSpec`: every spec field must appear in
+:data:`_SPEC_SUPPORT`, so a new field fails loudly (``tests/test_fast_path.py``) until this
+backend says whether it handles it. The reference is :func:`reference_step` — the engine's
+eager step with the policy's own forward, no trainer object — and the tests compare both on
+many random minibatches, compiled and as plain Python.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from ppokit.policies.mlp import MLPActorCritic
 
-from .optim import Adam
+from .flat import FlatParameters
+from .update import STAT_KEYS, Forward, UpdateSpec, eager_minibatch_step, spec_fields
 
-__all__ = ["FusedMinibatchStep", "supports"]
+__all__ = ["FusedStep", "supports", "reference_step", "policy_forward", "KERNEL_STAT_KEYS"]
+
+_ANY = object()
+# every UpdateSpec field and what this backend handles: a set of allowed values, a predicate
+# or _ANY (the value is a kernel argument)
+_SPEC_SUPPORT: dict[str, object] = {
+    "policy_loss": {"clip", "vanilla"},
+    "clip_range": _ANY,
+    "clip_range_high": {None},
+    "dual_clip": {None},
+    "agg": {"token-mean"},
+    "norm_length": _ANY,  # only read by seq-mean-token-sum-norm
+    "use_critic": {True},
+    "vf_coef": _ANY,
+    "ent_coef": _ANY,
+    "kl_anchor": {"none"},
+    "kl_coef": _ANY,  # unused without a KL term
+    "clip_range_vf": _ANY,
+    "value_clip_mode": {"max", "clipped"},
+    "max_grad_norm": _ANY,
+    "target_kl": _ANY,
+    "target_kl_check": {"minibatch", "epoch"},
+    "n_epochs": _ANY,
+    "minibatch_size": _ANY,
+    "grad_accum": {1},
+    "normalize_advantage": _ANY,
+    "advantage_norm_scope": {"minibatch", "batch"},
+}
 
 
-
-def supports(policy: nn.Module, cfg) -> str | None:
-    """``None`` when the fused step covers this policy and config, else the reason why not."""
+def supports(spec: UpdateSpec, policy: nn.Module) -> str | None:
+    """``None`` when the fused step computes this spec's update for this policy, else the
+    reason why not. A spec field this backend does not know is an error."""
+    unknown = [f for f in spec_fields() if f not in _SPEC_SUPPORT]
+    if unknown:
+        raise RuntimeError(f"fused step: UpdateSpec fields {unknown} are not covered by "
+                           "ppokit.engine.fused._SPEC_SUPPORT; say whether the kernel "
+                           "handles them")
+    for name, allowed in _SPEC_SUPPORT.items():
+        v = getattr(spec, name)
+        if allowed is not _ANY and v not in allowed:
+            return f"{name}={v}"
     if not isinstance(policy, MLPActorCritic):
         return "the policy is not ppokit's MLP actor-critic"
     if policy.kind not in ("categorical", "gaussian"):
         return f"{policy.kind} action heads"
     if policy.obs_onehot is not None:
         return "one-hot (Discrete) observations"
-    if cfg.policy_loss not in ("clip", "vanilla"):
-        return f"policy_loss={cfg.policy_loss}"
-    if not cfg.use_critic:
-        return "use_critic=false"
     if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in policy.parameters()):
         return "parameters that are not float32 on the CPU"
+    in_dim = getattr(policy, "obs_dim", None)
+    first = next((m for m in policy.actor if isinstance(m, nn.Linear)), None)
+    if first is None or (in_dim is not None and first.in_features != in_dim):
+        return "an observation encoder before the MLP"
     for seq in (policy.actor, policy.critic):
         for m in seq:
             if not isinstance(m, (nn.Linear, nn.Tanh, nn.ReLU)):
                 return f"layer {type(m).__name__}"
     return None
+
+
+def policy_forward(policy: nn.Module) -> Callable[[dict], Forward]:
+    """The environment trainer's forward adapter: the policy evaluated on a minibatch's
+    observations and actions."""
+    def forward(rows: dict) -> Forward:
+        logp, ent, v = policy.evaluate(rows["obs"], rows["actions"])
+        return Forward(logp, ent, v)
+    return forward
+
+
+def reference_step(spec: UpdateSpec, policy: nn.Module, optimizer, mb: dict, *,
+                   clip_range: float, kl_limit: float | None = None):
+    """The eager minibatch step the fused one is held to (no trainer object involved)."""
+    params = [p for p in policy.parameters() if p.requires_grad]
+    return eager_minibatch_step(spec, policy_forward(policy), optimizer, params, mb,
+                                clip_range=clip_range, kl_limit=kl_limit)
 
 
 # --------------------------------------------------------------------------- the kernel
@@ -248,8 +307,8 @@ def _ppo_step(x: torch.Tensor, actions: torch.Tensor, logp_old: torch.Tensor,
     return stats.mul_(scale), False
 
 
-STAT_KEYS = ("policy_loss", "value_loss", "entropy", "approx_kl", "approx_kl_k1", "clipfrac",
-             "clip_active_frac", "ratio_min", "ratio_max", "grad_norm")
+# the kernel's statistics vector: the engine's STAT_KEYS but the last (no KL term here)
+KERNEL_STAT_KEYS = STAT_KEYS[:10]
 
 
 def _compile_kernel():
@@ -290,138 +349,60 @@ def _layers(seq: nn.Sequential) -> tuple[list[nn.Linear], str]:
     return lins, act
 
 
-def _adam_settings(opt) -> dict | None:
-    """The hyper-parameters of ``opt`` when it is ppokit's :class:`~ppokit.algos.optim.Adam`
-    or a single-group ``torch.optim.Adam`` without weight decay, AMSGrad or maximize (the
-    step then runs torch's fused Adam kernel on the flat buffers); ``None`` otherwise (then
-    ``opt.step()`` is called)."""
-    if type(opt) is Adam:
-        return opt.param_groups[0]
-    if type(opt) is not torch.optim.Adam or len(opt.param_groups) != 1:
-        return None
-    g = opt.param_groups[0]
-    if g.get("weight_decay", 0) or g.get("amsgrad") or g.get("maximize") \
-            or g.get("capturable") or g.get("differentiable"):
-        return None
-    return g
+class FusedStep:
+    """One minibatch update of ``spec`` for ``policy`` without autograd.
 
-
-_ALIGN = 16  # elements: every view starts on a 64-byte boundary, like a fresh tensor
-
-
-def _offsets(like: list[torch.Tensor]) -> tuple[list[int], int]:
-    offs, o = [], 0
-    for t in like:
-        offs.append(o)
-        o += -(-t.numel() // _ALIGN) * _ALIGN
-    return offs, o
-
-
-def _flat_buffer(like: list[torch.Tensor]) -> torch.Tensor:
-    """A zeroed buffer holding every tensor of ``like`` at an aligned offset (the padding
-    stays 0: it gets no gradient, so Adam never moves it)."""
-    return torch.zeros(_offsets(like)[1], dtype=like[0].dtype)
-
-
-def _flat_views(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Views of ``flat`` shaped like ``like``, each starting at an aligned offset. (Alignment
-    matters for bit-exact results: BLAS kernels may sum in a different order on a
-    misaligned operand, and a resumed run must compute exactly what the original did.)"""
-    offs, _ = _offsets(like)
-    return [flat[o:o + t.numel()].view_as(t) for o, t in zip(offs, like)]
-
-
-class FusedMinibatchStep:
-    """One PPO/A2C minibatch update without autograd; same inputs and outputs as
-    ``Trainer.update_minibatch`` (``mb`` keys: obs, actions, logp, advantages, returns,
-    values).
-
-    Construction re-homes the policy's parameters, their gradients and (for Adam) the
-    optimiser's moment estimates into single flat buffers (the ``Parameter`` objects and
-    the optimiser's state keys stay the same; their storage becomes a view). Clipping the
-    global gradient norm and the Adam update then take a handful of operations on one
-    vector instead of a loop over parameters. Build it *after* loading a checkpoint into
-    the policy and optimiser. Tensors handed to safetensors must be cloned first (views of
-    one buffer share memory).
-
-    :meth:`step` is what the trainer calls (statistics as one vector, :data:`STAT_KEYS`);
-    calling the object returns them as a dict. ``script=False`` runs the kernel as plain
-    Python (the reference the tests hold the compiled kernel to, besides the eager step).
+    ``flat`` must hold the policy's parameters (created before the optimiser); the step
+    writes every gradient into ``flat.grad``, clips its norm and calls ``optimizer.step()``
+    (ppokit's Adam over the same flat buffers: one kernel call). :meth:`step` returns the
+    statistics as one vector ordered as :data:`KERNEL_STAT_KEYS`, or ``None`` when
+    ``kl_limit`` stopped it before the step; calling the object returns them as a dict.
+    ``script=False`` runs the kernel as plain Python.
     """
 
-    def __init__(self, policy: MLPActorCritic, optimizer: torch.optim.Optimizer, cfg, *,
-                 script: bool = True):
-        reason = supports(policy, cfg)
+    def __init__(self, spec: UpdateSpec, policy: MLPActorCritic, flat: FlatParameters,
+                 optimizer, *, script: bool = True):
+        reason = supports(spec, policy)
         if reason is not None:
             raise ValueError(f"the fused step does not support {reason}")
-        self.policy = policy
-        self.opt = optimizer
-        self.cfg = cfg
+        params = [p for p in policy.parameters() if p.requires_grad]
+        if not flat.owns(params):
+            raise ValueError("the fused step needs FlatParameters over the policy's "
+                             "parameters, created before the optimiser")
+        self.policy, self.flat, self.opt, self.spec = policy, flat, optimizer, spec
         self.kernel = kernel(script)
-        self.params = [p for p in policy.parameters() if p.requires_grad]
-        with torch.no_grad():
-            self.flat = _flat_buffer(self.params)
-            for p, view in zip(self.params, _flat_views(self.flat, self.params)):
-                view.copy_(p.detach())
-                p.data = view
-            self.flat_grad = torch.zeros_like(self.flat)
-            for p, view in zip(self.params, _flat_views(self.flat_grad, self.params)):
-                p.grad = view
+        # called with each minibatch exactly as the kernel receives it (ppokit check)
+        self.input_observer: Callable[[dict], None] | None = None
         a_lins, a_act = _layers(policy.actor)
         c_lins, c_act = _layers(policy.critic)
-        self._nets = ([m.weight for m in a_lins], [m.bias for m in a_lins],
-                      [m.weight.grad for m in a_lins], [m.bias.grad for m in a_lins],
-                      [m.weight for m in c_lins], [m.bias for m in c_lins],
-                      [m.weight.grad for m in c_lins], [m.bias.grad for m in c_lins])
-        self._nets = tuple([t.detach() for t in ts] for ts in self._nets)
+        nets = ([m.weight for m in a_lins], [m.bias for m in a_lins],
+                [m.weight.grad for m in a_lins], [m.bias.grad for m in a_lins],
+                [m.weight for m in c_lins], [m.bias for m in c_lins],
+                [m.weight.grad for m in c_lins], [m.bias.grad for m in c_lins])
+        self._nets = tuple([t.detach() for t in ts] for ts in nets)
         gauss = policy.kind == "gaussian"
         self._log_std = (policy.log_std.detach(), policy.log_std.grad) if gauss else \
             (torch.empty(0), torch.empty(0))
-        c = cfg
+        s = spec
         self._opts = dict(
             categorical=not gauss, relu_a=a_act == "relu", relu_c=c_act == "relu",
-            use_clip=c.policy_loss == "clip",
-            norm_adv=bool(c.normalize_advantage and c.advantage_norm_scope == "minibatch"),
-            vf_coef=float(c.vf_coef),
-            clip_vf=float(c.clip_range_vf) if c.clip_range_vf is not None else -1.0,
-            clip_max=c.value_clip_mode == "max", ent_coef=float(c.ent_coef),
-            max_grad_norm=float(c.max_grad_norm) if c.max_grad_norm is not None else -1.0,
+            use_clip=s.policy_loss == "clip",
+            norm_adv=bool(s.normalize_advantage and s.advantage_norm_scope == "minibatch"),
+            vf_coef=float(s.vf_coef),
+            clip_vf=float(s.clip_range_vf) if s.clip_range_vf is not None else -1.0,
+            clip_max=s.value_clip_mode == "max", ent_coef=float(s.ent_coef),
+            max_grad_norm=float(s.max_grad_norm) if s.max_grad_norm is not None else -1.0,
             one=torch.tensor(1.0), two=torch.tensor(2.0))
-        self._adam_group = _adam_settings(optimizer)
-        if self._adam_group is not None:
-            self._adopt_adam_state()
 
-    def _adopt_adam_state(self) -> None:
-        """Move Adam's per-parameter moments into flat buffers (keeping their values)."""
-        state = self.opt.state
-        have = all(p in state and "exp_avg" in state[p] for p in self.params)
-        self.exp_avg = torch.zeros_like(self.flat)
-        self.exp_avg_sq = torch.zeros_like(self.flat)
-        step = 0.0
-        views_m = _flat_views(self.exp_avg, self.params)
-        views_v = _flat_views(self.exp_avg_sq, self.params)
-        if have:
-            step = float(state[self.params[0]]["step"])
-            for p, m, v in zip(self.params, views_m, views_v):
-                m.copy_(state[p]["exp_avg"])
-                v.copy_(state[p]["exp_avg_sq"])
-        self.step_t = torch.tensor(step)
-        self._adam_params, self._grads = [self.flat], [self.flat_grad]
-        self._exp_avgs, self._exp_avg_sqs, self._steps = [self.exp_avg], [self.exp_avg_sq], \
-            [self.step_t]
-        for p, m, v in zip(self.params, views_m, views_v):
-            state[p] = {"step": self.step_t, "exp_avg": m, "exp_avg_sq": v}
-
-    def __call__(self, mb: dict[str, torch.Tensor], clip: float,
+    def __call__(self, mb: dict[str, torch.Tensor], clip_range: float,
                  kl_limit: float | None = None) -> dict[str, torch.Tensor] | None:
-        """One update; the statistics as a dict (``Trainer.update_minibatch``'s contract)."""
-        stats = self.step(mb, clip, kl_limit)
-        return None if stats is None else dict(zip(STAT_KEYS, stats.unbind()))
+        stats = self.step(mb, clip_range, kl_limit)
+        return None if stats is None else dict(zip(KERNEL_STAT_KEYS, stats.unbind()))
 
-    def step(self, mb: dict[str, torch.Tensor], clip: float,
+    def step(self, mb: dict[str, torch.Tensor], clip_range: float,
              kl_limit: float | None = None) -> torch.Tensor | None:
-        """One update; the statistics as one vector ordered as :data:`STAT_KEYS` (what the
-        trainer collects), or ``None`` when ``kl_limit`` stopped it before the step."""
+        if self.input_observer is not None:
+            self.input_observer(mb)
         x = mb["obs"]
         x = x.reshape(x.shape[0], -1)
         actions = mb["actions"]
@@ -429,21 +410,9 @@ class FusedMinibatchStep:
             actions = actions.long()
         stats, stopped = self.kernel(
             x, actions, mb["logp"], mb["advantages"], mb["returns"], mb["values"],
-            *self._nets, *self._log_std, self.flat_grad, clip=float(clip),
+            *self._nets, *self._log_std, self.flat.grad, clip=float(clip_range),
             kl_limit=float(kl_limit) if kl_limit is not None else -1.0, **self._opts)
         if stopped:
             return None
-        g = self._adam_group
-        if g is None:
-            self.opt.step()
-            return stats
-        # torch's fused Adam kernel (what torch.optim.Adam(fused=True) runs) on the flat
-        # buffers; the optimiser's state tensors are views of them, so its state_dict stays
-        # current. (Called from Python: TorchScript does not run this in-place op.)
-        self.step_t += 1.0
-        beta1, beta2 = g["betas"]
-        torch._fused_adam_(self._adam_params, self._grads, self._exp_avgs, self._exp_avg_sqs,
-                           [], self._steps, lr=float(g["lr"]), beta1=beta1, beta2=beta2,
-                           weight_decay=0.0, eps=g["eps"], amsgrad=False, maximize=False)
+        self.opt.step()
         return stats
-

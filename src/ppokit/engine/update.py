@@ -1,0 +1,346 @@
+"""The one update engine: epochs × minibatches (× micro-batches) of a labelled batch.
+
+Both trainers call :func:`run_update`. What differs between them is only what they hand
+it: the environment trainer a batch of samples (``[N]`` rows) and a forward adapter that
+evaluates its actor-critic on observations; the token trainer a batch of sequences
+(``[B, L]`` rows with an action mask) and an adapter that runs the language model (and its
+critic). Everything else — the surrogate, the loss assembly from :mod:`ppokit.core`, the
+aggregation over tokens and sequences, gradient clipping, the optimiser step and the
+target-KL early stop — happens here, once, and means the same for both:
+
+* **Loss.** ``policy + vf_coef · value − ent_coef · entropy + kl_coef · kl`` assembled by
+  :class:`ppokit.core.LossTerms`. The policy term is the registry's ``policy_loss``
+  (:data:`ppokit.core.POLICY_LOSSES`: ``clip``, ``vanilla``, ``kl_penalty``); the KL term
+  is anchored at the old policy (``kl_anchor="old"``, PPO-KL's penalty, k3 in ratio form)
+  or the reference model (``"ref"``, k3 of the current vs the reference policy), or absent.
+* **Aggregation.** Policy, entropy and KL terms use ``agg``
+  (:func:`ppokit.core.aggregate`); the value loss is always the mean over valid elements.
+  With gradient accumulation each micro-batch divides by its *minibatch's* token and
+  sequence counts, so accumulation changes memory, not the update.
+* **Gradient clipping.** One global norm over every trained parameter (``max_grad_norm``;
+  ``None`` = off); ``grad_norm`` is the norm before clipping.
+* **Target KL.** An early stop, never a trust region. ``target_kl_check="minibatch"``:
+  before each optimiser step, the minibatch's ``approx_kl`` (k3 of π_old against the
+  current policy, measured on this minibatch before the step) is compared with
+  ``1.5 · target_kl``; above it, the step is skipped and the update ends.
+  ``"epoch"``: after each epoch, the mean ``approx_kl`` of its steps against ``target_kl``.
+* **Advantage normalisation.** ``normalize_advantage`` whitens (ddof 1, eps 1e-8) over the
+  valid elements of each minibatch (``advantage_norm_scope="minibatch"``) or of the whole
+  batch once (``"batch"``).
+
+The labelled batch is validated and detached once per rollout (:class:`LabelledBatch`),
+not per loss term and micro-batch. The eager minibatch step is :func:`eager_minibatch_step`;
+a faster backend (the fused step, :mod:`ppokit.engine.fused`) plugs in as ``step_fn`` and
+returns the same statistics. See docs/theory.md for the derivations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from ppokit.core import (
+    POLICY_LOSSES,
+    LossTerms,
+    entropy_bonus,
+    kl_penalty_loss,
+    masked_whiten,
+    ppo_kl_penalty_loss,
+    value_loss,
+)
+from ppokit.core.losses import AGGREGATION_MODES
+
+__all__ = ["UpdateSpec", "LabelledBatch", "Forward", "run_update", "eager_minibatch_step",
+           "STAT_KEYS", "UPDATE_KEYS"]
+
+# per-minibatch statistics, in this order in every backend
+STAT_KEYS = ("policy_loss", "value_loss", "entropy", "approx_kl", "approx_kl_k1", "clipfrac",
+             "clip_active_frac", "ratio_min", "ratio_max", "grad_norm", "kl_loss")
+# what run_update returns besides the averaged STAT_KEYS
+UPDATE_KEYS = ("n_updates", "early_stop_epoch", "early_stop_minibatch")
+
+KL_ANCHORS = ("none", "old", "ref")
+TARGET_KL_CHECKS = ("minibatch", "epoch")
+NORM_SCOPES = ("minibatch", "batch")
+VALUE_CLIP_MODES = ("max", "clipped")
+TARGET_KL_FACTOR = 1.5
+
+
+@dataclass(frozen=True)
+class UpdateSpec:
+    """Everything that decides one update, frozen; the same fields for both trainers."""
+
+    policy_loss: str = "clip"  # a POLICY_LOSSES name: clip | vanilla | kl_penalty
+    clip_range: float = 0.2  # ε (ε_low with clip_range_high); scheduled values override
+    clip_range_high: float | None = None  # asymmetric upper ε (None: clip_range)
+    dual_clip: float | None = None  # c > 1: floor of the surrogate for Â < 0
+    agg: str = "token-mean"  # aggregation of the policy, entropy and KL terms
+    norm_length: float | None = None  # the constant of seq-mean-token-sum-norm
+    use_critic: bool = True  # a value term (the forward adapter returns values)
+    vf_coef: float = 0.5
+    ent_coef: float = 0.0
+    kl_anchor: str = "none"  # none | old (PPO-KL penalty) | ref (reference model)
+    kl_coef: float = 0.0  # β of the KL term (a controller's value overrides per update)
+    clip_range_vf: float | None = None  # value clipping around the rollout's values
+    value_clip_mode: str = "max"  # max (pessimistic) | clipped
+    max_grad_norm: float | None = 0.5  # one global norm; None: no clipping
+    target_kl: float | None = None
+    target_kl_check: str = "minibatch"  # minibatch (before each step, 1.5×) | epoch
+    n_epochs: int = 10
+    minibatch_size: int = 64  # rows (samples or sequences) per minibatch; 0: all
+    grad_accum: int = 1  # micro-batches per minibatch
+    normalize_advantage: bool = True
+    advantage_norm_scope: str = "minibatch"  # minibatch | batch
+
+    def __post_init__(self):
+        def bad(name, expected):
+            raise ValueError(f"{name}: expected {expected}, got {getattr(self, name)!r}")
+
+        if self.policy_loss not in POLICY_LOSSES:
+            bad("policy_loss", f"one of {', '.join(POLICY_LOSSES.names())}")
+        if self.agg not in AGGREGATION_MODES:
+            bad("agg", f"one of {', '.join(AGGREGATION_MODES)}")
+        for name, allowed in (("kl_anchor", KL_ANCHORS), ("target_kl_check", TARGET_KL_CHECKS),
+                              ("advantage_norm_scope", NORM_SCOPES),
+                              ("value_clip_mode", VALUE_CLIP_MODES)):
+            if getattr(self, name) not in allowed:
+                bad(name, f"one of {', '.join(allowed)}")
+        if not self.clip_range > 0:
+            bad("clip_range", "a number > 0")
+        for name in ("n_epochs", "grad_accum"):
+            if int(getattr(self, name)) < 1:
+                bad(name, "an integer >= 1")
+        if self.minibatch_size < 0:
+            bad("minibatch_size", "an integer >= 0")
+
+
+class Forward(NamedTuple):
+    """What a forward adapter returns for a set of rows: log-probs of the taken actions
+    (with gradient), their entropies, and the critic's values (``None`` without one); each
+    shaped like the rows' ``logp`` (``[M]`` or ``[M, L]``)."""
+
+    logp: Tensor
+    entropy: Tensor
+    values: Tensor | None = None
+
+
+@dataclass
+class LabelledBatch:
+    """The frozen labels of one rollout plus whatever the forward adapter reads, every
+    tensor with the rows as its first dimension. ``mask`` (``[B, L]`` bool) marks the
+    elements that enter the losses; ``None``: all of them (``[N]`` rows)."""
+
+    data: dict[str, Tensor]
+    mask: Tensor | None = None
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.data["logp"].shape[0])
+
+    @classmethod
+    def build(cls, data: dict[str, Tensor], mask: Tensor | None = None) -> LabelledBatch:
+        """Validate and detach once per rollout: every tensor has the same number of rows;
+        the labels (``logp``, ``advantages`` and, when present, ``returns``, ``values``,
+        ``ref_logp``) have one shape, the mask's, and are finite where it is set (masked
+        elements may hold anything: they never reach the loss or its gradient)."""
+        for key in ("logp", "advantages"):
+            if key not in data:
+                raise ValueError(f"labelled batch: {key!r} is required")
+        out = {k: v.detach() for k, v in data.items()}
+        n = out["logp"].shape[0]
+        shape = out["logp"].shape if mask is None else mask.shape
+        if mask is not None:
+            if mask.dtype != torch.bool:
+                raise ValueError(f"labelled batch: mask must be bool, got {mask.dtype}")
+            if mask.shape[0] != n:
+                raise ValueError("labelled batch: mask rows differ from logp's")
+        for k, v in out.items():
+            if v.shape[:1] != (n,):
+                raise ValueError(f"labelled batch: {k!r} has {tuple(v.shape)[:1]} rows, "
+                                 f"logp {n}")
+        for k in ("logp", "advantages", "returns", "values", "ref_logp"):
+            if k not in out:
+                continue
+            v = out[k]
+            if v.shape != shape:
+                raise ValueError(f"labelled batch: {k!r} has shape {tuple(v.shape)}, "
+                                 f"expected {tuple(shape)}")
+            valid = v if mask is None else v[mask]
+            if not bool(torch.isfinite(valid).all()):
+                raise ValueError(f"labelled batch: {k!r} is not finite on valid elements")
+        return cls(out, None if mask is None else mask.detach())
+
+    def rows(self, idx: Tensor | None) -> dict[str, Tensor]:
+        """The rows ``idx`` (all when ``None``) as a dict, with ``mask`` when there is one."""
+        d = dict(self.data) if idx is None else {k: v[idx] for k, v in self.data.items()}
+        if self.mask is not None:
+            d["mask"] = self.mask if idx is None else self.mask[idx]
+        return d
+
+
+def _counts(rows: dict[str, Tensor]) -> dict[str, Any]:
+    m = rows.get("mask")
+    n = rows["logp"].shape[0]
+    tokens = float(m.sum().clamp(min=1)) if m is not None else float(rows["logp"].numel())
+    return {"num_tokens": tokens, "num_seqs": float(n)}
+
+
+def eager_minibatch_step(spec: UpdateSpec, forward: Callable[[dict], Forward],
+                         optimizer, params: list[Tensor], mb: dict[str, Tensor], *,
+                         clip_range: float, kl_coef: float = 0.0,
+                         kl_limit: float | None = None) -> dict[str, Tensor] | None:
+    """Loss, backward, global gradient clipping and optimiser step for one minibatch
+    (split into ``spec.grad_accum`` micro-batches). Returns detached statistics keyed by
+    :data:`STAT_KEYS`, or ``None`` when ``kl_limit`` is given and the minibatch's
+    ``approx_kl`` exceeds it: then no step is taken."""
+    surrogate = POLICY_LOSSES.get(spec.policy_loss)
+    n = mb["logp"].shape[0]
+    m_all = mb.get("mask")
+    if spec.normalize_advantage and spec.advantage_norm_scope == "minibatch":
+        mb = dict(mb)
+        mb["advantages"] = masked_whiten(mb["advantages"], m_all)
+    accum = spec.grad_accum
+    agg_kw: dict[str, Any] = {"agg": spec.agg, "norm_length": spec.norm_length}
+    if accum > 1:  # each micro-batch divides by the minibatch's counts
+        agg_kw.update(_counts(mb))
+    pol_kw: dict[str, Any] = {}
+    if spec.policy_loss == "clip":
+        pol_kw = {"clip_eps": clip_range, "clip_eps_high": spec.clip_range_high,
+                  "dual_clip": spec.dual_clip}
+    optimizer.zero_grad(set_to_none=True)
+    sums: dict[str, Tensor] = {}
+    total_tokens = _counts(mb)["num_tokens"]
+    for idx in (torch.arange(n).chunk(accum) if accum > 1 else (None,)):
+        micro = mb if idx is None else {k: v[idx] for k, v in mb.items()}
+        m = micro.get("mask")
+        f = forward(micro)
+        pl = surrogate(f.logp, micro["logp"], micro["advantages"], m, **pol_kw, **agg_kw)
+        if kl_limit is not None and accum == 1 and float(pl.stats["approx_kl"]) > kl_limit:
+            return None
+        terms = LossTerms(policy=pl.loss, entropy=entropy_bonus(f.entropy, m, **agg_kw))
+        if spec.use_critic:
+            terms.value = value_loss(
+                f.values, micro["returns"], m, values_old=micro.get("values"),
+                clip_range_vf=spec.clip_range_vf, clip_mode=spec.value_clip_mode,
+                agg="token-mean", num_tokens=agg_kw.get("num_tokens"))
+        if spec.kl_anchor == "old":
+            terms.kl = ppo_kl_penalty_loss(f.logp, micro["logp"], m, **agg_kw)
+        elif spec.kl_anchor == "ref":
+            terms.kl = kl_penalty_loss(f.logp, micro["ref_logp"], m, estimator="k3",
+                                       **agg_kw)
+        total = terms.total(vf_coef=spec.vf_coef, ent_coef=spec.ent_coef, kl_coef=kl_coef)
+        total.backward()
+        w = 1.0 if idx is None else _counts(micro)["num_tokens"] / total_tokens
+        _accumulate(sums, pl, terms, w)
+    if kl_limit is not None and accum > 1 and float(sums["approx_kl"]) > kl_limit:
+        optimizer.zero_grad(set_to_none=True)
+        return None
+    max_norm = spec.max_grad_norm if spec.max_grad_norm is not None else float("inf")
+    sums["grad_norm"] = torch.nn.utils.clip_grad_norm_(params, max_norm).detach()
+    optimizer.step()
+    return sums
+
+
+def _accumulate(sums: dict[str, Tensor], pl, terms: LossTerms, w: float) -> None:
+    nan = torch.tensor(float("nan"))
+    add = {"policy_loss": pl.loss.detach(), "entropy": terms.entropy.detach(),
+           "value_loss": terms.value.detach() if terms.value is not None else nan,
+           "kl_loss": terms.kl.detach() if terms.kl is not None else nan}
+    for k, v in add.items():  # already normalised by the minibatch's counts: a sum
+        sums[k] = sums[k] + v if k in sums else v
+    for k in ("approx_kl", "approx_kl_k1", "clipfrac", "clip_active_frac"):
+        v = pl.stats[k].detach() * w
+        sums[k] = sums[k] + v if k in sums else v
+    lo, hi = pl.stats["ratio_min"].detach(), pl.stats["ratio_max"].detach()
+    sums["ratio_min"] = torch.minimum(sums["ratio_min"], lo) if "ratio_min" in sums else lo
+    sums["ratio_max"] = torch.maximum(sums["ratio_max"], hi) if "ratio_max" in sums else hi
+
+
+def run_update(spec: UpdateSpec, batch: LabelledBatch, forward: Callable[[dict], Forward],
+               optimizer, params: list[Tensor], *, generator: torch.Generator,
+               clip_range: float | None = None, kl_coef: float | None = None,
+               step_fn: Callable | None = None) -> dict[str, Any]:
+    """``spec.n_epochs`` passes over ``batch`` in shuffled minibatches of
+    ``spec.minibatch_size`` rows (one unshuffled minibatch when it covers the batch).
+
+    ``clip_range`` / ``kl_coef``: this update's values when scheduled or controlled
+    (default: the spec's). ``step_fn(mb, clip_range, kl_limit)``: a faster minibatch step
+    (it must compute what :func:`eager_minibatch_step` computes, returning its statistics
+    as a dict or as a vector ordered as :data:`STAT_KEYS`' first entries, or ``None`` for
+    an early stop). Returns the mean of each statistic over the steps taken (``ratio_min``
+    / ``ratio_max``: min / max; ``None`` when no step was taken) and :data:`UPDATE_KEYS`.
+    """
+    clip = spec.clip_range if clip_range is None else float(clip_range)
+    beta = spec.kl_coef if kl_coef is None else float(kl_coef)
+    if spec.normalize_advantage and spec.advantage_norm_scope == "batch":
+        data = dict(batch.data)
+        data["advantages"] = masked_whiten(data["advantages"], batch.mask)
+        batch = LabelledBatch(data, batch.mask)
+    n = batch.n_rows
+    mb_size = min(spec.minibatch_size or n, n)
+    kl_limit = (TARGET_KL_FACTOR * spec.target_kl if spec.target_kl is not None
+                and spec.target_kl_check == "minibatch" else None)
+    if step_fn is None:
+        def step_fn(mb, clip_range, kl_limit):
+            return eager_minibatch_step(spec, forward, optimizer, params, mb,
+                                        clip_range=clip_range, kl_coef=beta,
+                                        kl_limit=kl_limit)
+    stats: list = []
+    stop_epoch = stop_mb = None
+    for epoch in range(spec.n_epochs):
+        epoch_start = len(stats)
+        if mb_size >= n:  # one minibatch: the whole batch (its order changes nothing)
+            batches = [batch.rows(None)]
+        else:
+            perm = torch.randperm(n, generator=generator)
+            batches = (batch.rows(perm[s:s + mb_size]) for s in range(0, n, mb_size))
+        for k, mb in enumerate(batches):
+            out = step_fn(mb, clip, kl_limit)
+            if out is None:
+                stop_epoch, stop_mb = epoch, k
+                break
+            stats.append(out)
+        if stop_epoch is not None:
+            break
+        if spec.target_kl is not None and spec.target_kl_check == "epoch":
+            kls = [float(_get(s, "approx_kl")) for s in stats[epoch_start:]]
+            if kls and sum(kls) / len(kls) > spec.target_kl:
+                stop_epoch, stop_mb = epoch, len(kls) - 1
+                break
+    return summarise(stats, stop_epoch, stop_mb)
+
+
+def _get(s, key: str):
+    return s[STAT_KEYS.index(key)] if isinstance(s, Tensor) else s[key]
+
+
+def summarise(stats: list, stop_epoch: int | None = None, stop_mb: int | None = None
+              ) -> dict[str, Any]:
+    """Per-minibatch statistics (dicts or vectors) → one record: means, ``ratio_min`` /
+    ``ratio_max`` as min / max, ``None`` for a statistic no step produced."""
+    out: dict[str, Any] = dict.fromkeys(STAT_KEYS)
+    if stats:
+        if isinstance(stats[0], Tensor):
+            cols = torch.stack(stats).unbind(1)
+            stacked = dict(zip(STAT_KEYS, cols))
+        else:
+            stacked = {k: torch.stack([s[k] for s in stats]) for k in stats[0]}
+        for k, v in stacked.items():
+            if k == "ratio_min":
+                out[k] = float(v.min())
+            elif k == "ratio_max":
+                out[k] = float(v.max())
+            else:
+                val = float(v.mean())
+                out[k] = None if val != val else val  # NaN: the term does not exist
+    out.update(n_updates=len(stats), early_stop_epoch=stop_epoch,
+               early_stop_minibatch=stop_mb)
+    return out
+
+
+def spec_fields() -> tuple[str, ...]:
+    return tuple(f.name for f in fields(UpdateSpec))
