@@ -482,6 +482,17 @@ def test_token_gae_keeps_the_dtype(dtype, tol):
     torch.testing.assert_close(a.double(), want, rtol=tol, atol=tol)
 
 
+def test_token_gae_overflow_stays_on_the_mask():
+    r = torch.tensor([[3e38, 0.0, 3e38, 0.0]])
+    v = torch.zeros(1, 4)
+    m = torch.tensor([[True, False, True, False]])
+    for fn in GAE_PATHS.values():
+        a, ret = fn(r, v, m, 1.0, 1.0)
+        ra, _ = core.token_gae_reference(r, v, m, 1.0, 1.0)
+        assert a[0, 0] == ra[0, 0] == float("inf")
+        assert a[0, 1] == 0 and a[0, 3] == 0 and ret[0, 1] == 0 and ret[0, 3] == 0
+
+
 def test_token_gae_leaves_the_thread_setting_alone_and_does_not_depend_on_it():
     g = torch.Generator().manual_seed(0)
     r, v = torch.randn(16, 1000, generator=g), torch.randn(16, 1000, generator=g)

@@ -188,8 +188,8 @@ def _check_action_values(t: Tensor, name: str) -> None:
 #     A_j = R_j − v_j + γ(1 − λ) T_{j+1},   R = scan of r,  T = scan of v,  carry-in b,
 # which is Σ_i c^(i−j) δ_i with δ_i = r_i + γ v_{i+1} − v_i, rearranged: no residual needs
 # the next action's value, so the rewards and values are scanned side by side and no
-# packing, sorting or gathering is needed. Rounding matches the position loop's (no
-# difference of large sums: γ(1 − λ) T ≤ |v| in size).
+# packing, sorting or gathering is needed. Rounding is that of the position loop: there is
+# no difference of large sums (γ(1 − λ)·T is at most the size of the values).
 #
 # The scan runs on chunks of C positions laid out position-in-chunk first ([C, …, n]): a
 # loop of C steps over contiguous [K, B, n] slices, the chunks' first values and products
@@ -201,7 +201,7 @@ def _check_action_values(t: Tensor, name: str) -> None:
 
 _CHUNK = 8  # positions per chunk on the first level (the transposes cost more for longer)
 _CHUNK_UP = 16  # on the levels above (small arrays)
-_BLOCK = 1 << 15  # elements per row block of the layout changes (they stay in cache)
+_BLOCK = 1 << 17  # elements per row block of the layout changes (they stay in cache)
 _ROWS = 1 << 17  # elements per block of rows computed at once (the working set: ~3 MB)
 
 
@@ -249,9 +249,12 @@ def _scan_chunks(yt: np.ndarray, at: np.ndarray, carry: np.ndarray) -> np.ndarra
     after = np.empty_like(first)
     after[..., :-1] = first[..., 1:]
     after[..., -1] = carry
-    for i in range(c):
-        np.multiply(q[i], after, out=tmp)
-        yt[i] += tmp
+    if tmp.size <= _BLOCK:  # small: one broadcast operation
+        yt += q[:, None] * after
+    else:  # large: slice by slice, no temporary of the whole size
+        for i in range(c):
+            np.multiply(q[i], after, out=tmp)
+            yt[i] += tmp
     return after
 
 
@@ -314,6 +317,9 @@ def _gae_rows(rn: np.ndarray, vn: np.ndarray, mn: np.ndarray, boot: np.ndarray |
     ret -= xv
     np.multiply(ret, mf, out=adv)
     np.add(adv, xv, out=ret)
+    if not np.isfinite(adv).all():  # an overflow: inf · 0 must not leave NaN off the mask
+        adv[~mn] = 0
+        ret[~mn] = 0
 
 
 def _token_gae_numpy(r: Tensor, v: Tensor, m: Tensor, gamma: float, lam: float,
@@ -329,9 +335,11 @@ def _token_gae_numpy(r: Tensor, v: Tensor, m: Tensor, gamma: float, lam: float,
     adv = np.empty((bsz, length), rn.dtype)
     ret = np.empty_like(adv)
     rows = max(1, _ROWS // (length + _CHUNK))
-    for i in range(0, bsz, rows):
-        j = slice(i, i + rows)
-        _gae_rows(rn[j], vn[j], mn[j], None if bn is None else bn[j], gamma, lam, adv[j], ret[j])
+    with np.errstate(all="ignore"):  # an overflow gives inf, as in torch, without a warning
+        for i in range(0, bsz, rows):
+            j = slice(i, i + rows)
+            _gae_rows(rn[j], vn[j], mn[j], None if bn is None else bn[j], gamma, lam,
+                      adv[j], ret[j])
     return torch.from_numpy(adv).to(dtype), torch.from_numpy(ret).to(dtype)
 
 
