@@ -1,7 +1,7 @@
-"""`ppokit demo`: every demo reproduces the tutorial's printed figures with ppokit's code.
+"""`ppokit demo`: every demo reproduces its documented figures with ppokit's code.
 
-Expected values are the figures printed in the tutorial (seed 000 §3.2, §3.5, §4.1, §4.2,
-§09, misconception 4; seed 002's experiments and exercises 4–5), compared at the precision
+Expected values are the worked figures of docs/theory.md (and docs/demos.md),
+compared at the precision
 they were printed with (as formatted strings).
 """
 
@@ -24,7 +24,7 @@ def f4(xs) -> list[str]:
 # ------------------------------------------------------------------ gae
 
 
-def test_fixed_trajectory_matches_tutorial_table():
+def test_fixed_trajectory_matches_the_documented_table():
     rows = {r.lam: r for r in gae.fixed_trajectory()}
     for r in rows.values():
         assert f4(r.deltas) == ["0.1445", "0.1430", "0.5970", "0.2000"]
@@ -35,7 +35,7 @@ def test_fixed_trajectory_matches_tutorial_table():
     np.testing.assert_allclose(rows[0.5].targets, rows[0.5].advantages + gae.FIXED_VALUES)
 
 
-# the §4.1 table: lambda -> (mean, bias, std, mse, theory_bias, theory_std, mean_SE)
+# the docs/theory.md λ table: lambda -> (mean, bias, std, mse, theory_bias, theory_std, mean_SE)
 BV_TABLE = {
     0.0: ("3.3133", "-0.8950", "0.7941", "1.4315", "-0.8910", "0.8000", "0.0057"),
     0.5: ("3.8265", "-0.3818", "0.9201", "0.9924", "-0.3814", "0.9207", "0.0065"),
@@ -44,7 +44,7 @@ BV_TABLE = {
 }
 
 
-def test_bias_variance_matches_tutorial_table():
+def test_bias_variance_matches_the_documented_table():
     res = gae.bias_variance()
     assert (f"{res.true_v0:.4f}", f"{res.critic_v0:.4f}") == ("4.2083", "4.5083")
     assert [r.lam for r in res.rows] == [0.0, 0.5, 0.95, 1.0]
@@ -153,7 +153,7 @@ def _at(steps, epoch):
     return tuple(f4([s.p_good, s.ratio_good, s.grad, s.kl]))
 
 
-def test_bandit_matches_tutorial():
+def test_bandit_matches_the_documented_figures():
     unclipped, clipped = bandit.bandit_run(False), bandit.bandit_run(True)
     assert len(unclipped) == len(clipped) == 40
     assert _at(unclipped, 3) == _at(clipped, 3) == ("0.6097", "1.2193", "0.4890", "0.0246")

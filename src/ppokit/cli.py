@@ -16,7 +16,7 @@ import sys
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("ppokit.demos.cli",
-             "run the tutorial experiments (GAE, clip, bandit, KL, ...) and print their figures"),
+             "run the worked experiments (GAE, clip, bandit, KL, ...) and print their figures"),
     "llm": ("ppokit.llm.cli", "token-level RLHF on language models (train, eval, sft, rm, dpo)"),
     "train": ("ppokit.commands.train", "train an agent on a Gymnasium environment"),
     "eval": ("ppokit.commands.eval", "evaluate a trained run's policy, write eval.json"),

@@ -12,7 +12,7 @@ The minibatch step that runs by default is the fused one (:mod:`ppokit.engine.fu
 whenever it supports the update spec and the policy; it falls back to the eager step
 (:func:`ppokit.engine.eager_minibatch_step`) otherwise and says so once in the log.
 
-The three choices of the engine (docs/theory.md):
+The three choices of the engine (docs/theory.md#one-idea):
 
 * advantage: ``advantage_estimator`` (``gae`` / ``reward_to_go``), ``use_critic``;
 * ratio / surrogate: ``policy_loss`` — ``clip`` (PPO-Clip), ``vanilla`` (``−log π · Â``;

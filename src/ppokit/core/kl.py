@@ -1,4 +1,4 @@
-"""KL estimators and controllers (seed 000 §3.5, §5.1, misconception 4; seed 002 exercise 4).
+"""KL estimators and controllers (docs/theory.md#kl-estimators).
 
 Per-sample estimators of ``KL(p ‖ q)`` from actions sampled from ``p``, given
 ``logp = log p(a)`` and ``logq = log q(a)`` of the sampled action. With
@@ -6,14 +6,14 @@ Per-sample estimators of ``KL(p ‖ q)`` from actions sampled from ``p``, given
 
 * ``k1 = −log_r = logp − logq``: unbiased, **can be negative per sample**. This is the
   per-token KL reward ``log π_old − log π_ref`` of RLHF, and it must not be clamped at 0:
-  clamping changes the objective (seed 000 §3.5: terms 0.4700 and −0.9163, mean 0.1927).
+  clamping changes the objective (docs/theory.md#signed-kl-terms: 0.4700, −0.9163, mean 0.1927).
 * ``k2 = ½ log_r²``: non-negative, biased, low variance.
 * ``k3 = (r − 1) − log_r``: non-negative and unbiased (``E_p[r − 1] = 0``). Stable-Baselines3's
   and CleanRL's ``approx_kl`` is k3 with ``p`` = old policy and ``q`` = new policy.
 
 :func:`categorical_kl` is the exact KL between full categorical distributions, for when the
 whole distribution is available (it sees the unobserved actions that a sampled ratio cannot:
-seed 000 misconception 4, KL 5.2012 at an observed ratio of 1.2).
+docs/theory.md#unobserved-actions, KL 5.2012 at an observed ratio of 1.2).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The names are the configuration values: ``policy_loss = "clip"`` selects
 ``POLICY_LOSSES.get("clip")``, ``advantage_estimator = "gae"`` selects
 ``ENV_ADVANTAGES.get("gae")``, and the configurations' allowed values are these registries'
-names (docs/theory.md#design-principles: one idea, one place).
+names (docs/theory.md#one-idea).
 
 An unknown name raises a ``ValueError`` listing the known names; registering a name twice
 is an error.

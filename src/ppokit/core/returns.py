@@ -1,4 +1,4 @@
-"""Discounted returns and reward-to-go (seed 000 §3.1; seed 002 §2 "REINFORCE").
+"""Discounted returns and reward-to-go (docs/theory.md#policy-gradient-and-returns).
 
 Time-major layout ``[T]`` or ``[T, N]``. ``episode_end[t] = 1`` means the episode ended
 after step t (terminated or truncated): the sum does not cross it.
@@ -24,7 +24,7 @@ __all__ = ["reward_to_go_advantages", "discounted_return", "reward_to_go", "disc
 
 def discounted_return(rewards, gamma: float) -> Tensor:
     """``R(τ) = Σ_t γ^t r_t`` of one trajectory. ``rewards``: ``[T]`` → scalar; ``[T, N]`` →
-    ``[N]`` (one trajectory per column). Seed 000 §3.1."""
+    ``[N]`` (one trajectory per column). docs/theory.md#policy-gradient-and-returns."""
     gamma = check_unit_interval(gamma, "gamma")
     r = float_inputs({"rewards": rewards}, finite=("rewards",))["rewards"]
     check_nonempty(r, "rewards")
@@ -48,7 +48,7 @@ def _time_inputs(rewards, episode_end):
 
 
 def reward_to_go(rewards, gamma: float, episode_end=None, *, bootstrap=None) -> Tensor:
-    """``G_t = Σ_{l ≥ 0} γ^l r_{t+l}`` within the episode (seed 000 §3.1, seed 002 §2).
+    """``G_t = Σ_{l ≥ 0} γ^l r_{t+l}`` within the episode (docs/theory.md#reward-to-go).
 
     Args:
         rewards: ``[T]`` or ``[T, N]``.
@@ -79,7 +79,7 @@ def reward_to_go(rewards, gamma: float, episode_end=None, *, bootstrap=None) -> 
 
 def discount_weights(gamma: float, episode_end=None, *, length: int | None = None,
                      start_step=None) -> Tensor:
-    """The exact finite-horizon weights ``γ^t`` of the policy gradient (seed 000 §3.1).
+    """The exact finite-horizon weights ``γ^t`` (docs/theory.md#discount-weights).
 
     ``∇J = E[Σ_t γ^t G_t ∇ log π(a_t|s_t)]``: the reward-to-go restarts its discount at
     each step, so the step's own ``γ^t`` (t counted from the episode start) must multiply

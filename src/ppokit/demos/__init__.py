@@ -1,4 +1,4 @@
-"""ppokit.demos: the tutorial experiments, computed with ppokit's own functions.
+"""ppokit.demos: the worked experiments of docs/theory.md, computed with ppokit's own functions.
 
 Each module computes its numbers with :mod:`ppokit.core` (GAE, the clipped surrogate, KL
 estimators) and returns plain dataclasses; ``format_*`` functions render them as the

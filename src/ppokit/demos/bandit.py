@@ -1,4 +1,4 @@
-"""Unclipped vs PPO-Clip on a two-arm bandit, many epochs on one batch (seed 000 §4.2, §09).
+"""Unclipped vs PPO-Clip on a two-arm bandit, many epochs on one batch (docs/theory.md#bandit).
 
 The old policy picks the good and the bad arm with probability 0.5 each; the advantages are
 fixed at ``[+1, −1]``. Each epoch takes one gradient-ascent step on the *exact* expectation

@@ -2,14 +2,14 @@
 
 Three experiments:
 
-* ``exact_baseline_moments``: the exact Bernoulli example of seed 000 §3.2 — a two-action
+* ``exact_baseline_moments``: docs/theory.md#bernoulli-example — a two-action
   policy with ``p(good) = 0.8``, rewards ``[1, 0]``, one logit. The score-function gradient
   ``(R − b) ∂log π(a)`` has the same mean 0.16 for every baseline, but variance 0.0064
   without one, 0.0576 with ``b = V = 0.8`` and 0 with the optimal ``b* = E[R g²]/E[g²]``:
   subtracting the value does not always reduce variance.
-* ``baseline_variance``: seed 002's sampled experiment, uniform policy, Bernoulli rewards
+* ``baseline_variance``: docs/theory.md#sampled-baselines, uniform policy, Bernoulli rewards
   ``p = [0.25, 0.75]``, 2000 draws from ``default_rng(0)``.
-* ``offset_jitter``: seed 002's learning experiment with rewards offset by +5, REINFORCE on a
+* ``offset_jitter``: the learning experiment with rewards offset by +5, REINFORCE on a
   softmax bandit with and without the baseline, step-to-step jitter of ``π(good)`` over the
   last 200 of 400 steps, averaged over 50 seeds.
 

@@ -1,4 +1,4 @@
-"""``ppokit demo NAME``: the tutorial experiments, printed with ppokit's own code.
+"""``ppokit demo NAME``: the worked experiments, printed with ppokit's own code.
 
 Each demo is a subcommand with its own options (``ppokit demo NAME --help``). Bad option
 values raise :class:`ppokit.errors.UsageError` (exit status 2).
@@ -35,7 +35,7 @@ DEMOS: dict[str, str] = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = "Run one of the tutorial experiments and print its numbers."
+    parser.description = "Run one of the worked experiments and print its numbers."
     sub = parser.add_subparsers(dest="name", metavar="NAME")
     for name, help_text in DEMOS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)

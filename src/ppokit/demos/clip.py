@@ -1,4 +1,4 @@
-"""PPO-Clip, one sample at a time (seed 000 §3.5, §4.2, misconception 3; seed 002 §6).
+"""PPO-Clip, one sample at a time (docs/theory.md#ppo-clip).
 
 Every objective and gradient comes from :func:`ppokit.core.clipped_surrogate_loss` and
 autograd: the gradient reported is ``d/dρ`` of the per-sample surrogate

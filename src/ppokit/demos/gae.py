@@ -1,6 +1,6 @@
 """GAE demos: the fixed four-step trajectory and the λ bias–variance experiment.
 
-Seed 000 §3.3, §4.1 and §09 (exercises 1–2). Every advantage here comes from
+docs/theory.md#lambda-bias-and-variance. Every advantage here comes from
 :func:`ppokit.core.gae`; the analytic moments from :func:`lambda_return_moments`.
 """
 
@@ -104,7 +104,7 @@ def lambda_return_moments(reward_means, values, sigma: float, gamma: float,
                           lam: float) -> tuple[float, float, float]:
     """Exact ``(mean, bias, variance)`` of the GAE value target at ``s_0``.
 
-    Setting (seed 000 §4.1): states fixed in time, rewards ``r_k ~ N(μ_k, σ²)``
+    Setting: states fixed in time, rewards ``r_k ~ N(μ_k, σ²)``
     independent, a fixed critic ``values`` (``V(s_k)``), termination after the last step.
     With ``q = γλ`` the target is ``Σ_k q^k r_k + γ(1−λ) Σ_{k≥1} q^{k−1} V(s_k)`` (the
     ``V(s_0)`` terms cancel), so its mean replaces ``r_k`` by ``μ_k`` and its variance is

@@ -1,4 +1,4 @@
-"""KL demos (seed 000 §3.5 and misconception 4).
+"""KL demos (docs/theory.md#kl-estimators).
 
 * ``unobserved_action``: a sampled ratio cannot see the actions that were not sampled. The old
   policy ``[0.5, 0.25, 0.25]`` moves to ``[0.6, 0.4 − 1e−10, 1e−10]``: the observed action's

@@ -1,4 +1,4 @@
-"""KL penalty ("spring") against the clip ("guard rail"), one sample (seed 002 exercise 4).
+"""KL penalty ("spring") against the clip ("guard rail"), one sample (docs/theory.md#kl-vs-clip).
 
 Per sample with ratio ``r`` and advantage ``A``:
 

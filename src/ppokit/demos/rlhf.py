@@ -1,4 +1,4 @@
-"""The RLHF objective on a five-action "sentence" distribution (seed 002 exercise 5).
+"""The RLHF objective on a five-action "sentence" distribution (docs/theory.md#rlhf-objective).
 
 Maximise ``J(π) = Σ_a π(a) R(a) − β KL(π‖π_ref)`` over the probability simplex. The
 maximiser has the closed form ``π*(a) ∝ π_ref(a) exp(R(a)/β)`` (and

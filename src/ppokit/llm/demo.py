@@ -1,4 +1,4 @@
-"""The reward-hacking demonstration (seed 000's opening story, on the built-in task).
+"""The reward-hacking demonstration (docs/theory.md#three-quantities, on the built-in task).
 
 1. Warm start: the built-in tiny model after SFT on noisy demonstrations (the reference).
 2. A Bradley–Terry reward model trained on preferences from a *length-biased labeller*:

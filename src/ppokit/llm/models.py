@@ -6,7 +6,7 @@ Nothing is downloaded. The built-in tokenizer is character level over a fixed al
 with the ``tokenizers`` library and wrapped in ``PreTrainedTokenizerFast``. It is saved and
 loaded with ``PreTrainedTokenizerFast`` directly: in transformers 5, ``AutoTokenizer`` on a
 saved custom tokenizer may return the architecture's stock class, which splits and decodes
-differently (design.md). Loading never runs remote code.
+differently (docs/theory.md#loading-a-saved-tokenizer). Loading never runs remote code.
 """
 
 from __future__ import annotations

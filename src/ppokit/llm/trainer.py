@@ -1,6 +1,6 @@
 """The token-level trainer: PPO, GRPO, Dr. GRPO, RLOO and REINFORCE++ as presets of one loop.
 
-One iteration (seed 000 §3.6, in this order):
+One iteration (docs/theory.md#the-ppo-iteration, in this order):
 
 1. **Generate** ``prompts_per_iter × samples_per_prompt`` completions with the current
    policy (plain sampling at ``temperature``; KV cache; left-padded prompts).

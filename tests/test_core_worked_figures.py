@@ -1,7 +1,7 @@
-"""The tutorial's hand-computable numbers, reproduced through ppokit.core's own functions.
+"""The hand-computable figures of docs/theory.md, reproduced through ppokit.core's own functions.
 
-Each expected value is the figure printed in the seed documents (seed 000 §3.2, §3.5, §3.7,
-§4.1, §4.2, §09, misconception 4); the code that produces it is ppokit's.
+Each expected value is a worked figure of docs/theory.md (each section header below gives
+its anchor); the code that produces it is ppokit's.
 """
 
 import math
@@ -17,7 +17,7 @@ def r4(x):
     return np.round(np.asarray(x, dtype=np.float64), 4)
 
 
-# ---------------------------------------------------------------- §3.7 two-step example
+# ------------------------------------------------- docs/theory.md#two-step-example
 
 
 def test_two_step_example_lambda_095():
@@ -58,7 +58,7 @@ def test_ratio_at_the_clip_edge():
     assert float(out.stats["clipfrac"]) == 1.0
 
 
-# ---------------------------------------------------------------- §4.1 four-step trajectory
+# --------------------------------------------- docs/theory.md#four-step-trajectory
 
 FOUR_STEP = {
     0.0: ([0.1445, 0.143, 0.597, 0.2], [0.1445, 0.143, 0.597, 0.2]),
@@ -82,7 +82,7 @@ def test_four_step_trajectory_table(lam):
     assert np.allclose(ret.numpy(), adv.numpy() + np.array(values))
 
 
-# ---------------------------------------------------------------- §09 truncation example
+# ----------------------------------------------- docs/theory.md#truncation-example
 
 
 def test_truncation_bootstraps_from_the_final_observation_and_stops_the_carry():
@@ -107,7 +107,7 @@ def test_window_end_bootstraps_with_lambda_1():
     assert np.allclose(ret.numpy(), [2.52, 2.8])
 
 
-# ---------------------------------------------------------------- §4.1 analytic moments
+# -------------------------------------- docs/theory.md#lambda-bias-and-variance
 
 
 def _lambda_experiment(critic_scale=1.0):
@@ -146,7 +146,7 @@ def test_analytic_bias_and_std_of_the_lambda_target(lam, bias, std):
 
 def test_lambda_table_sampled_row():
     # seed 7, 20000 episodes: lambda = 0.5 gives mean 3.8265, bias -0.3818, std 0.9201,
-    # mse 0.9924 (the tutorial prints all four rows; one row pins the draw order).
+    # mse 0.9924 (docs/theory.md has all four rows; one row pins the draw order).
     gamma, means, true_v, values = _lambda_experiment()
     noise = np.random.default_rng(7).normal(means, 0.8, size=(20000, 8))
     est = _target0(noise.T, values, gamma, 0.5).numpy()
@@ -156,7 +156,7 @@ def test_lambda_table_sampled_row():
     assert r4(np.mean((est - true_v[0]) ** 2)) == 0.9924
 
 
-# ---------------------------------------------------------------- §4.2 clip table
+# ----------------------------------------------------------- docs/theory.md#clip-table
 
 CLIP_TABLE = [
     # ratio, A, ratio*A, clip*A, min, gradient is zero?
@@ -181,7 +181,7 @@ def test_clip_table(ratio, adv, raw, clipped, objective, flat):
     assert float(out.stats["clipfrac"]) == 1.0  # all four lie outside [0.8, 1.2]
 
 
-# ---------------------------------------------------------------- §3.2 baseline example
+# --------------------------------------------------- docs/theory.md#bernoulli-example
 
 
 def _score_function_moments(baseline):
