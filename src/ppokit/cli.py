@@ -26,8 +26,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (exit 2), like every other bad input."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="ppokit",
         description="Policy-gradient reinforcement learning centred on PPO.",
     )
@@ -48,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in COMMANDS:
         name = argv[0]
         module = importlib.import_module(COMMANDS[name][0])
-        sub = argparse.ArgumentParser(prog=f"ppokit {name}", description=COMMANDS[name][1])
+        sub = _Parser(prog=f"ppokit {name}", description=COMMANDS[name][1])
         module.add_arguments(sub)
         args = sub.parse_args(argv[1:])
         try:

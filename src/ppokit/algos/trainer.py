@@ -77,7 +77,7 @@ from ppokit.io.signals import GracefulStop, Interrupted
 from ppokit.policies import make_policy
 from ppokit.rollout import Collector, Rollout
 
-from .config import TrainConfig, config_from_dict
+from .config import TrainConfig, check_memory, config_from_dict
 from .optim import Adam
 
 __all__ = ["Trainer", "load_run_config", "load_run_checkpoint"]
@@ -165,6 +165,9 @@ class Trainer:
         self.env = make_vec(c.env_id, c.n_envs, vectorization=c.vectorization,
                             autoreset=c.autoreset_mode)
         obs_space = self.env.single_observation_space
+        # the memory bound again, now with the real observation and action sizes
+        check_memory(c, int(np.prod(obs_space.shape or (1,))),
+                     int(np.prod(self.env.single_action_space.shape or (1,))))
         self.policy = make_policy(obs_space, self.env.single_action_space,
                                   hidden=c.net_arch, activation=c.activation,
                                   ortho_init=c.ortho_init, log_std_init=c.log_std_init)

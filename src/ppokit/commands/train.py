@@ -131,8 +131,9 @@ def run(args: argparse.Namespace) -> int:
         return _run_seeds(args)
     if args.parallel is not None:
         raise UsageError("--parallel only applies with --seeds")
-    if args.eval_episodes < 0:
-        raise UsageError(f"--eval-episodes: expected an integer >= 0, got {args.eval_episodes}")
+    if not 0 <= args.eval_episodes <= 10**6:
+        raise UsageError(f"--eval-episodes: expected an integer in [0, 1000000], got "
+                         f"{args.eval_episodes}")
 
     flags = {"env_id": args.env_id, "algo": args.algo, "total_timesteps": args.total_timesteps,
              "seed": args.seed, "n_envs": args.n_envs}

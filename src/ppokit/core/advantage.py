@@ -199,10 +199,10 @@ def _check_action_values(t: Tensor, name: str) -> None:
 # touched. (The torch path below, for other devices, runs its large ops on the intra-op
 # thread pool; on a busy CPU every such op waits for its slowest thread.)
 
-_CHUNK = 8  # positions per chunk on the first level (the transposes cost more for longer)
-_CHUNK_UP = 16  # on the levels above (small arrays)
+_CHUNK = 8  # positions per chunk (the layout changes cost more for longer chunks)
 _BLOCK = 1 << 17  # elements per row block of the layout changes (they stay in cache)
-_ROWS = 1 << 17  # elements per block of rows computed at once (the working set: ~3 MB)
+_ROWS = 1 << 16  # elements per block of rows computed at once (the working set stays in
+# a core's cache)
 
 
 def _rows_per_block(row: int) -> int:
@@ -260,25 +260,22 @@ def _scan_chunks(yt: np.ndarray, at: np.ndarray, carry: np.ndarray) -> np.ndarra
 
 def _scan_np(x: np.ndarray, a: np.ndarray, carry: np.ndarray) -> np.ndarray:
     """``y_t = x_t + a_t y_{t+1}`` along the last axis, ``y_N = carry``. ``x``: ``[K, R, N]``
-    (K inputs sharing the coefficients), ``a``: ``[R, N]``, ``carry``: ``[K, R]``."""
-    k, r, total = x.shape
-    c = _CHUNK_UP
-    if total <= c:  # the position loop, on [K, R] slices
-        y = np.empty_like(x)
-        for t in range(total - 1, -1, -1):
-            carry = x[..., t] + a[:, t] * carry
-            y[..., t] = carry
-        return y
-    n = -(-total // c)
-    buf = np.empty((k + 1, r, n * c), x.dtype)  # inputs and coefficients, padded
-    buf[:k, :, :total] = x
-    buf[:k, :, total:] = 0
-    buf[k, :, :total] = a
-    buf[k, :, total:] = 1  # padding hands the carry on
-    t = _to_chunks(buf, c)
-    yt = t[:, :k]
-    _scan_chunks(yt, t[:, k], carry)
-    return _from_chunks(yt)[..., :total]
+    (K inputs sharing the coefficients), ``a``: ``[R, N]``, ``carry``: ``[K, R]``.
+
+    For the short rows one level up (one value per chunk): recursive doubling, ⌈log₂ N⌉
+    rounds of ``y_t += A_t y_{t+s}``, ``A_t *= A_{t+s}`` over contiguous slices (A: the
+    product of the coefficients a span covers), then the carry-in times the full products.
+    """
+    y = x.copy()
+    prod = a.copy()
+    s = 1
+    total = x.shape[-1]
+    while s < total:
+        y[..., :-s] += prod[:, :-s] * y[..., s:]
+        prod[:, :-s] *= prod[:, s:].copy()
+        s *= 2
+    y += prod * carry[..., None]
+    return y
 
 
 def _gae_rows(rn: np.ndarray, vn: np.ndarray, mn: np.ndarray, boot: np.ndarray | None,

@@ -127,8 +127,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     import torch
 
+    from .guards import check_cli_args
     from .models import quiet_transformers
 
+    check_cli_args(args)  # every argument before any work (a warm start, pair generation)
     quiet_transformers()
     # never reach a model hub: every model and tokenizer is a local directory
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
