@@ -192,8 +192,10 @@ def _check_action_values(t: Tensor, name: str) -> None:
 # no difference of large sums (γ(1 − λ)·T is at most the size of the values).
 #
 # The scan runs on chunks of C positions laid out position-in-chunk first ([C, …, n]): a
-# loop of C steps over contiguous [K, B, n] slices, the chunks' first values and products
-# of coefficients carried across chunks by the same scan one level up, then one fix-up.
+# loop of C steps over contiguous [K, B, n] slices gives each chunk's own scan; one level
+# up, the chunks' first values and the products of their coefficients are scanned by
+# recursive doubling; then each position gets its chunk's carry-in. Blocks of rows small
+# enough to stay in a core's cache are done one after the other.
 # Every operation is a NumPy elementwise ufunc: single-threaded, whatever the torch or BLAS
 # thread settings, so the speed does not depend on the thread count and no setting is
 # touched. (The torch path below, for other devices, runs its large ops on the intra-op
@@ -262,9 +264,9 @@ def _scan_np(x: np.ndarray, a: np.ndarray, carry: np.ndarray) -> np.ndarray:
     """``y_t = x_t + a_t y_{t+1}`` along the last axis, ``y_N = carry``. ``x``: ``[K, R, N]``
     (K inputs sharing the coefficients), ``a``: ``[R, N]``, ``carry``: ``[K, R]``.
 
-    For the short rows one level up (one value per chunk): recursive doubling, ⌈log₂ N⌉
-    rounds of ``y_t += A_t y_{t+s}``, ``A_t *= A_{t+s}`` over contiguous slices (A: the
-    product of the coefficients a span covers), then the carry-in times the full products.
+    For the rows one level up (one value per chunk): recursive doubling, ⌈log₂ N⌉ rounds of
+    ``y_t += A_t y_{t+s}``, ``A_t *= A_{t+s}`` over contiguous slices (``A_t``: the product
+    of the coefficients the span from t covers), then the carry-in times the full products.
     """
     y = x.copy()
     prod = a.copy()
@@ -279,8 +281,10 @@ def _scan_np(x: np.ndarray, a: np.ndarray, carry: np.ndarray) -> np.ndarray:
 
 
 def _gae_rows(rn: np.ndarray, vn: np.ndarray, mn: np.ndarray, boot: np.ndarray | None,
-              gamma: float, lam: float, adv: np.ndarray, ret: np.ndarray) -> None:
-    """Advantages and returns of a block of rows into ``adv`` and ``ret`` (``[b, L]``)."""
+              gamma: float, lam: float, adv: np.ndarray, ret: np.ndarray,
+              finite: bool) -> None:
+    """Advantages and returns of a block of rows into ``adv`` and ``ret`` (``[b, L]``);
+    ``finite``: every reward and value of the whole batch is finite."""
     dt = rn.dtype.type
     mf = mn.astype(rn.dtype)
     bsz, length = rn.shape
@@ -288,7 +292,7 @@ def _gae_rows(rn: np.ndarray, vn: np.ndarray, mn: np.ndarray, boot: np.ndarray |
     n = -(-(length + 1) // c)  # at least one padded position: it holds the carry-in b
     buf = np.empty((3, bsz, n * c), rn.dtype)  # masked rewards, masked values, coefficients
     xr, xv, xa = buf[0, :, :length], buf[1, :, :length], buf[2, :, :length]
-    if np.isfinite(rn).all() and np.isfinite(vn).all():
+    if finite:
         np.multiply(rn, mf, out=xr)
         np.multiply(vn, mf, out=xv)
     else:  # junk at masked positions is allowed; at an action it is an error
@@ -332,11 +336,12 @@ def _token_gae_numpy(r: Tensor, v: Tensor, m: Tensor, gamma: float, lam: float,
     adv = np.empty((bsz, length), rn.dtype)
     ret = np.empty_like(adv)
     rows = max(1, _ROWS // (length + _CHUNK))
+    finite = bool(np.isfinite(rn).all() and np.isfinite(vn).all())
     with np.errstate(all="ignore"):  # an overflow gives inf, as in torch, without a warning
         for i in range(0, bsz, rows):
             j = slice(i, i + rows)
             _gae_rows(rn[j], vn[j], mn[j], None if bn is None else bn[j], gamma, lam,
-                      adv[j], ret[j])
+                      adv[j], ret[j], finite)
     return torch.from_numpy(adv).to(dtype), torch.from_numpy(ret).to(dtype)
 
 
