@@ -112,7 +112,7 @@ def test_grpo_labels_of_a_group_with_equal_scores_are_zero_on_every_action_token
                    torch.ones(b, length, dtype=torch.long), am, 2,
                    torch.zeros(b, dtype=torch.bool), [[1]] * b)
     cfg = LLMConfig(algo="grpo", prompts_per_iter=1, samples_per_prompt=8,
-                    minibatches=1).resolved()
+                    batch_size=8).resolved()
     lp = torch.full((b, length), -1.0)
     lab = compute_labels(cfg, roll, torch.full((b,), 0.7), lp, lp.clone(), 0.02)
     assert bool((lab.advantages == 0).all())
@@ -189,8 +189,9 @@ def test_ppo_kl_penalty_gradient_on_a_gaussian_policy(seed, dim):
     kl = (ls - ls_old + (ls_old.exp() ** 2 + (mu_old - mu) ** 2) / (2 * ls.exp() ** 2)
           - 0.5).sum()
     want = torch.autograd.grad(kl, (mu, ls))
+    tol = 1e-8 if dim == 1 else 1e-6  # the quadrature's own error (k3 swapped: > 5 %)
     for got, exp in zip(grads, want):
-        torch.testing.assert_close(got, exp, rtol=1e-8, atol=1e-9)
+        torch.testing.assert_close(got, exp, rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("p_old", [[0.8, 0.2], [0.35, 0.65]])
