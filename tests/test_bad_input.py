@@ -221,15 +221,15 @@ LLM_TRAIN = [
     (["--temperature", "0"], "temperature"),
     (["--temperature", "nan"], "temperature"),
     (["--gamma", "5"], "gamma"),
-    (["--lam", "-0.5"], "lam"),
+    (["--gae-lambda", "-0.5"], "gae_lambda"),
     (["--max-new-tokens", "0"], "max_new_tokens"),
     (["--max-new-tokens", "10000000"], "max_new_tokens"),
     (["--checkpoint-every", "0"], "checkpoint_every"),
     (["--n-eval-prompts", "0"], "n_eval_prompts"),
-    (["--lr", "inf"], "lr"),
-    (["--lr", "0"], "lr"),
+    (["--learning-rate", "inf"], "learning_rate"),
+    (["--learning-rate", "0"], "learning_rate"),
     (["--critic-lr", "nan"], "critic_lr"),
-    (["--clip-eps", "0"], "clip_eps"),
+    (["--clip-range", "0"], "clip_range"),
     (["--clip-range-vf", "nan"], "clip_range_vf"),
     (["--vf-coef", "inf"], "vf_coef"),
     (["--ent-coef", "nan"], "ent_coef"),
@@ -246,7 +246,7 @@ LLM_TRAIN = [
     (["--iterations", "0"], "iterations"),
     (["--samples-per-prompt", "0"], "samples_per_prompt"),
     (["--prompts-per-iter", "100000000"], "prompts_per_iter"),
-    (["--epochs", "0"], "epochs"),
+    (["--n-epochs", "0"], "n_epochs"),
     (["--time-limit", "nan"], "time_limit"),
     (["--samples-logged", "-1"], "samples_logged"),
     (["--model", ""], "model"),
@@ -471,7 +471,7 @@ def test_llm_config_fields_are_finite_and_in_range(data):
     name = data.draw(st.sampled_from(sorted(limits)))
     integer, lo, hi, lo_open = limits[name]
     value = data.draw(st.integers(-2**70, 2**70) if integer else st.floats())
-    base = dict(minibatches=1, grad_accum=1)
+    base = dict(batch_size=1, grad_accum=1)
     if name == "lora_r" and value > 0:
         return  # needs peft; checked elsewhere
     try:

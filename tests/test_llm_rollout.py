@@ -171,7 +171,7 @@ def _hand_rollout():
 
 def _labels(trunc, beta=0.0, algo="ppo", old=None, ref=None, values_after=None, **kw):
     roll = _hand_rollout()
-    cfg = LLMConfig(algo=algo, truncation=trunc, gamma=1.0, lam=1.0, whiten_advantages=False,
+    cfg = LLMConfig(algo=algo, truncation=trunc, gamma=1.0, gae_lambda=1.0, normalize_advantage=False,
                     truncation_penalty=0.25, **kw).resolved()
     shape = roll.input_ids.shape
     old = torch.zeros(shape) if old is None else old

@@ -145,7 +145,8 @@ def test_run_dir_holds_metrics_samples_and_checkpoint(tmp_path, tok):
 
 
 def test_target_kl_stops_the_update(tmp_path, tok):
-    tr = _trainer(tmp_path, tok, target_kl=1e-12, lr=0.05, epochs=4, minibatches=2)
+    tr = _trainer(tmp_path, tok, target_kl=1e-12, learning_rate=0.05, n_epochs=4,
+                  batch_size=4)
     roll, lab = _rollout_and_labels(tr)
     out = tr.update(roll, lab)
     # the first step sees ratio 1 (approx_kl 0) and is taken; a later one trips the check

@@ -260,7 +260,7 @@ def check_token_labels_frozen(model, tokenizer, *, trainer_cls=None, seed: int =
     from ppokit.llm import trainer as trainer_mod
 
     trainer_cls = trainer_cls or trainer_mod.TokenTrainer
-    cfg = trainer_mod.LLMConfig(algo="ppo", iterations=1, epochs=2, minibatches=1,
+    cfg = trainer_mod.LLMConfig(algo="ppo", iterations=1, n_epochs=2, batch_size=8,
                                 grad_accum=1, prompts_per_iter=4, samples_per_prompt=2,
                                 max_new_tokens=8, checkpoint_every=10**9, time_limit=None,
                                 samples_logged=0, seed=seed)

@@ -8,10 +8,8 @@ reward model), ``dpo`` (direct preference optimisation), ``bench`` (throughput).
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
-import re
 import sys
 import time
 from dataclasses import MISSING, fields
@@ -21,41 +19,80 @@ from ppokit.errors import UsageError
 __all__ = ["add_arguments", "run"]
 
 
-def _field_help() -> dict[str, str]:
-    from .trainer import LLMConfig
-
-    src = inspect.getsource(LLMConfig)
-    out = {}
-    for m in re.finditer(r"^\s+(\w+): [^=\n]+=[^#\n]*#\s*(.+)$", src, re.M):
-        out[m.group(1)] = m.group(2).strip()
-    return out
-
-
 def _add_config_arguments(p: argparse.ArgumentParser) -> None:
-    from .trainer import LLMConfig
+    """One flag per :class:`LLMConfig` field (help from the field's metadata), the
+    deprecated names as hidden flags, and ``--set`` / ``--config`` as for ``ppokit train``."""
+    from .config import DEPRECATED, LLMConfig, config_help
 
-    helps = _field_help()
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = config_help()
+    types = {}
     for f in fields(LLMConfig):
         ann = str(f.type)
         flag = "--" + f.name.replace("_", "-")
         default = None if f.default is MISSING else f.default
-        h = helps.get(f.name, "")
+        h = f.metadata.get("help", "")
         if ann.startswith("bool"):
             p.add_argument(flag, dest=f.name, default=None, action=argparse.BooleanOptionalAction,
                            help=f"{h} (default: {default})")
+            types[f.name] = None
             continue
         base = ann.split("|")[0].strip()
-        typ = {"int": int, "float": float, "str": str}[base]
+        typ = {"int": _int, "float": float, "str": str}[base]
+        types[f.name] = typ
         p.add_argument(flag, dest=f.name, type=typ, default=None,
                        help=f"{h} (default: {default})")
+    for old, new in DEPRECATED.items():
+        flag = "--" + old.replace("_", "-")
+        if types.get(new) is None and old != "minibatches":
+            p.add_argument(flag, dest=f"deprecated_{old}", default=None,
+                           action=argparse.BooleanOptionalAction, help=argparse.SUPPRESS)
+        else:
+            p.add_argument(flag, dest=f"deprecated_{old}", default=None,
+                           type=_int if old == "minibatches" else types[new],
+                           help=argparse.SUPPRESS)
+    p.add_argument("--config", metavar="FILE.toml", dest="config_file",
+                   help="TOML file of configuration keys (top level or an [llm] table)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one configuration key (repeatable; keys below)")
+
+
+def _int(text: str) -> int:
+    try:
+        v = float(text)
+        if not v.is_integer():
+            raise ValueError
+        return int(v)
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def _flag_values(args) -> dict:
+    """The values given as flags, deprecated names included (with a message)."""
+    from .config import DEPRECATED, LLMConfig
+
+    out = {f.name: getattr(args, f.name) for f in fields(LLMConfig)
+           if getattr(args, f.name, None) is not None}
+    for old, new in DEPRECATED.items():
+        v = getattr(args, f"deprecated_{old}", None)
+        if v is not None:
+            print(f"ppokit llm: --{old.replace('_', '-')} is deprecated; use "
+                  f"--{new.replace('_', '-')}", file=sys.stderr)
+            out[old] = v
+    return out
 
 
 def _config_from_args(args):
-    from .trainer import LLMConfig
+    """preset < --config TOML < --set < flags."""
+    from .config import config_from_values, parse_sets, read_toml
 
-    kw = {f.name: getattr(args, f.name) for f in fields(LLMConfig)
-          if getattr(args, f.name, None) is not None}
-    return LLMConfig(**kw)
+    def log(msg):
+        print(f"ppokit llm: {msg}", file=sys.stderr)
+
+    toml = read_toml(args.config_file) if getattr(args, "config_file", None) else {}
+    sets = parse_sets(getattr(args, "sets", []) or [], log)
+    return config_from_values(("--config", toml), ("--set", sets), ("flags", _flag_values(args)),
+                              log=log)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -160,14 +197,17 @@ def _train(args) -> int:
     from ppokit.io import GracefulStop, Interrupted, unique_run_dir
 
     from .evaluate import evaluate_run
-    from .trainer import LLMConfig, TokenTrainer, config_from_run
+    from .trainer import TokenTrainer, config_from_run
 
     fresh = False
     if args.resume:
         if args.run_dir:
             raise UsageError("--run-dir: --resume names the run directory already")
-        over = {f.name: getattr(args, f.name) for f in fields(LLMConfig)}
-        cfg = config_from_run(args.resume, **over)  # refuses flags that would change it
+        if args.config_file:
+            raise UsageError("--config: --resume continues a run with its saved "
+                             "configuration")
+        over = dict(_config_overrides(args))
+        cfg = config_from_run(args.resume, **over)  # refuses keys that would change it
         run_dir = args.resume
     else:
         cfg = _config_from_args(args)
@@ -203,6 +243,14 @@ def _train(args) -> int:
         _print_eval(evaluate_run(run_dir, reward=cfg.reward, reward_model=cfg.reward_model,
                                  log=lambda m: print(m, file=sys.stderr)))
     return 0
+
+
+def _config_overrides(args) -> dict:
+    """Flags and ``--set`` values given with ``--resume`` (deprecated names renamed)."""
+    from .config import DEPRECATED, parse_sets
+
+    vals = {**parse_sets(args.sets or []), **_flag_values(args)}
+    return {DEPRECATED.get(k, k): v for k, v in vals.items()}
 
 
 def _reward_flags(cfg) -> str:

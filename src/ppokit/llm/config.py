@@ -6,83 +6,117 @@ import json
 import math
 import os
 import reprlib
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 from ppokit.algos.config import SEED_MAX
 from ppokit.core.losses import AGGREGATION_MODES
+from ppokit.core.registry import GROUP_ADVANTAGES
 from ppokit.errors import UsageError
 
 from .task import ReverseTask
 
-__all__ = ["ALGOS", "TRUNCATION", "PRESETS", "LLMConfig", "prompt_sets", "load_prompts",
-           "config_from_run"]
+__all__ = ["ALGOS", "TRUNCATION", "PRESETS", "DEPRECATED", "ADVANTAGE_ESTIMATORS",
+           "LLMConfig", "prompt_sets", "load_prompts", "config_help", "config_from_values",
+           "parse_sets", "read_toml"]
 
 ALGOS = ("ppo", "grpo", "dr-grpo", "rloo", "reinforce++")
 TRUNCATION = ("bootstrap", "penalty", "mask")
+# how the advantage is estimated: token-level GAE with a critic, REINFORCE++'s whitened
+# token returns, or a group estimator of the registry (the names are the config values)
+TOKEN_ESTIMATORS = ("gae", "reinforce_pp")
+ADVANTAGE_ESTIMATORS = TOKEN_ESTIMATORS + tuple(GROUP_ADVANTAGES.names())
 
-# Preset defaults applied where a field is left at None.
+# The algorithm presets are values, not code paths: each fills the fields left at None.
+# advantage_estimator / use_critic / normalize_std / kl_mode are the choices that make
+# PPO, GRPO, Dr. GRPO, RLOO and REINFORCE++ what they are.
 PRESETS = {
-    "ppo": {"prompts_per_iter": 64, "samples_per_prompt": 1, "kl_mode": "reward", "kl_coef": 0.02,
-            "agg": "token-mean", "whiten_advantages": True},
-    "grpo": {"prompts_per_iter": 16, "samples_per_prompt": 4, "kl_mode": "loss", "kl_coef": 0.02,
-             "agg": "seq-mean-token-mean", "whiten_advantages": False},
-    "dr-grpo": {"prompts_per_iter": 16, "samples_per_prompt": 4, "kl_mode": "loss", "kl_coef": 0.02,
-                "agg": "seq-mean-token-sum-norm", "whiten_advantages": False},
-    "rloo": {"prompts_per_iter": 16, "samples_per_prompt": 4, "kl_mode": "reward", "kl_coef": 0.02,
-             "agg": "token-mean", "whiten_advantages": False},
-    "reinforce++": {"prompts_per_iter": 64, "samples_per_prompt": 1, "kl_mode": "reward",
-                    "kl_coef": 0.02, "agg": "token-mean", "whiten_advantages": False},
+    "ppo": {"advantage_estimator": "gae", "use_critic": True, "prompts_per_iter": 64,
+            "samples_per_prompt": 1, "kl_mode": "reward", "kl_coef": 0.02,
+            "agg": "token-mean", "normalize_advantage": True},
+    "grpo": {"advantage_estimator": "grpo", "use_critic": False, "normalize_std": True,
+             "prompts_per_iter": 16, "samples_per_prompt": 4, "kl_mode": "loss",
+             "kl_coef": 0.02, "agg": "seq-mean-token-mean", "normalize_advantage": False},
+    "dr-grpo": {"advantage_estimator": "grpo", "use_critic": False, "normalize_std": False,
+                "prompts_per_iter": 16, "samples_per_prompt": 4, "kl_mode": "loss",
+                "kl_coef": 0.02, "agg": "seq-mean-token-sum-norm",
+                "normalize_advantage": False},
+    "rloo": {"advantage_estimator": "rloo", "use_critic": False, "prompts_per_iter": 16,
+             "samples_per_prompt": 4, "kl_mode": "reward", "kl_coef": 0.02,
+             "agg": "token-mean", "normalize_advantage": False},
+    "reinforce++": {"advantage_estimator": "reinforce_pp", "use_critic": False,
+                    "prompts_per_iter": 64, "samples_per_prompt": 1, "kl_mode": "reward",
+                    "kl_coef": 0.02, "agg": "token-mean", "normalize_advantage": False},
 }
+
+# Names of earlier versions, accepted on the command line, in --set and in TOML with a
+# deprecation message (minibatches was a count; batch_size is sequences per minibatch).
+DEPRECATED = {"lr": "learning_rate", "epochs": "n_epochs", "clip_eps": "clip_range",
+              "lam": "gae_lambda", "whiten_advantages": "normalize_advantage",
+              "minibatches": "batch_size"}
+
+
+def _f(default, help: str):  # noqa: A002 - the metadata key users read
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass(frozen=True)
 class LLMConfig:
-    """Token-level RLHF settings. ``None`` means "the algorithm preset's default"."""
+    """Token-level RLHF settings, with the names Stable-Baselines3 and the environment
+    trainer use for every shared quantity. ``None`` means "the algorithm preset's value";
+    each field's ``metadata["help"]`` is its documentation (and the ``--help`` text)."""
 
-    algo: str = "ppo"  # ppo | grpo | dr-grpo | rloo | reinforce++
-    model: str | None = None  # local HF causal LM dir; None: built-in tiny model + warm start
-    prompts: str | None = None  # JSONL with {"prompt": ...}; None: the built-in task
-    eval_prompts: str | None = None  # JSONL of held-out prompts (with --prompts)
-    reward: str | None = None  # module:function; None: the built-in task's rule
-    reward_model: str | None = None  # dir saved by `ppokit llm rm`
-    iterations: int = 400  # training iterations (rollout + update)
-    time_limit: float | None = 480.0  # stop training after this many seconds (<= 0: no limit)
-    prompts_per_iter: int | None = None  # distinct prompts per iteration
-    samples_per_prompt: int | None = None  # completions per prompt (group size G)
-    max_new_tokens: int | None = None  # generation cap (default: the task's)
-    temperature: float = 1.0  # sampling temperature (log-probs use the same scaling)
-    lr: float = 2e-4  # policy learning rate (AdamW)
-    critic_lr: float = 1e-3  # critic learning rate
-    epochs: int = 2  # passes over each rollout batch
-    minibatches: int = 2  # minibatches per epoch (one optimiser step each)
-    grad_accum: int = 1  # micro-batches per minibatch (gradient accumulation)
-    agg: str | None = None  # loss aggregation mode (ppokit.core.aggregate)
-    clip_eps: float = 0.2  # PPO-Clip epsilon
-    clip_range_vf: float | None = 0.2  # value clipping around V_old (None: off)
-    vf_coef: float = 0.5  # value-loss weight
-    ent_coef: float = 0.0  # entropy bonus weight
-    max_grad_norm: float = 1.0  # gradient clipping (per model)
-    target_kl: float | None = None  # early stop when a minibatch's approx_kl exceeds it
-    gamma: float = 1.0  # discount per action token
-    lam: float = 0.95  # GAE lambda (ppo)
-    kl_mode: str | None = None  # reward (k1 per token) | loss (k3 term) | none
-    kl_coef: float | None = None  # beta
-    kl_target: float | None = None  # adaptive beta (PPO paper rule) on the sequence KL
-    whiten_advantages: bool | None = None  # batch-scope whitening of token advantages
-    normalize_std: bool = True  # grpo: divide by the group std
-    score_norm: str = "none"  # none | batch: whiten scores over the batch first
-    score_clip: float | None = None  # clip scores to [-c, c] after normalisation
-    truncation: str = "penalty"  # bootstrap | penalty | mask
-    truncation_penalty: float = 0.5  # subtracted from a truncated response's score
-    critic: str = "separate"  # separate backbone copy | shared policy backbone
-    lora_r: int = 0  # LoRA rank for the policy (0: full fine-tuning; needs peft)
-    lora_alpha: float = 16.0  # LoRA scaling alpha
-    sft_steps: int = 150  # warm-start SFT steps for the built-in model
-    sft_lr: float = 3e-3  # warm-start SFT learning rate
-    seed: int = 0  # seed for everything
-    n_eval_prompts: int = 128  # held-out prompts for `ppokit llm eval`
-    checkpoint_every: int = 25  # iterations between checkpoints (and at the end)
-    samples_logged: int = 4  # completions written to samples.jsonl per iteration
+    algo: str = _f("ppo", "algorithm preset: ppo | grpo | dr-grpo | rloo | reinforce++")
+    model: str | None = _f(None, "local HF causal LM dir (None: built-in tiny model + warm "
+                                 "start)")
+    prompts: str | None = _f(None, "JSONL with {\"prompt\": ...} (None: the built-in task)")
+    eval_prompts: str | None = _f(None, "JSONL of held-out prompts (with --prompts)")
+    reward: str | None = _f(None, "module:function (None: the built-in task's rule)")
+    reward_model: str | None = _f(None, "dir saved by `ppokit llm rm`")
+    iterations: int = _f(400, "training iterations (rollout + update)")
+    time_limit: float | None = _f(480.0, "stop training after this many seconds (<= 0: no "
+                                         "limit)")
+    prompts_per_iter: int | None = _f(None, "distinct prompts per iteration")
+    samples_per_prompt: int | None = _f(None, "completions per prompt (group size G)")
+    max_new_tokens: int | None = _f(None, "generation cap (default: the task's)")
+    temperature: float = _f(1.0, "sampling temperature (log-probs use the same scaling)")
+    learning_rate: float = _f(2e-4, "policy learning rate (AdamW)")
+    critic_lr: float = _f(1e-3, "critic learning rate")
+    n_epochs: int = _f(2, "passes over each rollout batch")
+    batch_size: int | None = _f(None, "sequences per minibatch, one optimiser step each "
+                                      "(None: half the iteration's sequences)")
+    grad_accum: int = _f(1, "micro-batches per minibatch (gradient accumulation)")
+    agg: str | None = _f(None, "loss aggregation mode (ppokit.core.aggregate)")
+    clip_range: float = _f(0.2, "PPO clip epsilon")
+    clip_range_vf: float | None = _f(0.2, "value clipping around V_old (None: off)")
+    vf_coef: float = _f(0.5, "value-loss coefficient")
+    ent_coef: float = _f(0.0, "entropy bonus coefficient")
+    max_grad_norm: float = _f(1.0, "global gradient-norm clip over every trained "
+                                   "parameter (policy and critic)")
+    target_kl: float | None = _f(None, "early stop: a minibatch whose approx_kl exceeds "
+                                       "1.5 x target_kl is not stepped")
+    gamma: float = _f(1.0, "discount per action token")
+    gae_lambda: float = _f(0.95, "GAE lambda (advantage_estimator gae)")
+    advantage_estimator: str | None = _f(None, "gae | reinforce_pp | grpo | dr_grpo | rloo")
+    use_critic: bool | None = _f(None, "learn a value model (needed by gae)")
+    kl_mode: str | None = _f(None, "where the reference KL enters: reward (k1 per token) | "
+                                   "loss (k3 term) | none")
+    kl_coef: float | None = _f(None, "beta: the weight of the KL to the reference")
+    kl_target: float | None = _f(None, "adaptive beta (PPO paper rule) on the sequence KL")
+    normalize_advantage: bool | None = _f(None, "whiten token advantages over the batch")
+    normalize_std: bool | None = _f(None, "grpo: divide by the group std")
+    score_norm: str = _f("none", "none | batch: whiten scores over the batch first")
+    score_clip: float | None = _f(None, "clip scores to [-c, c] after normalisation")
+    truncation: str = _f("penalty", "bootstrap | penalty | mask")
+    truncation_penalty: float = _f(0.5, "subtracted from a truncated response's score")
+    critic: str = _f("separate", "separate backbone copy | shared policy backbone")
+    lora_r: int = _f(0, "LoRA rank for the policy (0: full fine-tuning; needs peft)")
+    lora_alpha: float = _f(16.0, "LoRA scaling alpha")
+    sft_steps: int = _f(150, "warm-start SFT steps for the built-in model")
+    sft_lr: float = _f(3e-3, "warm-start SFT learning rate")
+    seed: int = _f(0, "seed for everything")
+    n_eval_prompts: int = _f(128, "held-out prompts for `ppokit llm eval`")
+    checkpoint_every: int = _f(25, "iterations between checkpoints (and at the end)")
+    samples_logged: int = _f(4, "completions written to samples.jsonl per iteration")
 
     def resolved(self) -> LLMConfig:
         """Fill preset defaults and validate every field; errors name the field (the flag
@@ -92,16 +126,22 @@ class LLMConfig:
         preset = PRESETS[self.algo]
         upd = {k: v for k, v in preset.items() if getattr(self, k) is None}
         cfg = replace(self, **upd)
-        if cfg.algo == "dr-grpo":
-            cfg = replace(cfg, normalize_std=False)
+        if cfg.normalize_std is None:
+            cfg = replace(cfg, normalize_std=True)
+        if cfg.batch_size is None:
+            cfg = replace(cfg, batch_size=max(1, cfg.prompts_per_iter
+                                              * cfg.samples_per_prompt // 2))
         _check_fields(cfg)
         if cfg.time_limit is not None and cfg.time_limit <= 0:
             cfg = replace(cfg, time_limit=None)
-        if cfg.truncation == "bootstrap" and cfg.algo != "ppo":
-            raise UsageError("truncation: 'bootstrap' needs a critic (algo ppo); use "
-                             "'penalty' or 'mask'")
-        if cfg.algo in ("grpo", "dr-grpo", "rloo") and cfg.samples_per_prompt < 2:
-            raise UsageError(f"samples_per_prompt: {cfg.algo} needs at least 2, got "
+        if cfg.truncation == "bootstrap" and not cfg.use_critic:
+            raise UsageError("truncation: 'bootstrap' needs a critic (use_critic, as in "
+                             "algo ppo); use 'penalty' or 'mask'")
+        if cfg.advantage_estimator == "gae" and not cfg.use_critic:
+            raise UsageError("advantage_estimator: 'gae' needs a critic (use_critic=true)")
+        if cfg.advantage_estimator in GROUP_ADVANTAGES and cfg.samples_per_prompt < 2:
+            raise UsageError(f"samples_per_prompt: the {cfg.advantage_estimator} estimator "
+                             f"needs at least 2 completions per prompt, got "
                              f"{cfg.samples_per_prompt}")
         if cfg.lora_r > 0:
             import importlib.util
@@ -115,9 +155,10 @@ class LLMConfig:
             raise UsageError(f"prompts_per_iter: prompts_per_iter * samples_per_prompt = "
                              f"{cfg.prompts_per_iter} * {cfg.samples_per_prompt} = {batch} "
                              f"sequences per iteration; at most {MAX_SEQUENCES}")
-        if batch % cfg.minibatches or (batch // cfg.minibatches) % cfg.grad_accum:
-            raise UsageError(f"minibatches/grad_accum: the batch of {batch} sequences must split "
-                             f"into {cfg.minibatches} minibatches of {cfg.grad_accum} equal "
+        if batch % cfg.batch_size or cfg.batch_size % cfg.grad_accum:
+            raise UsageError(f"batch_size/grad_accum: the {batch} sequences of an iteration "
+                             f"must split into minibatches of batch_size={cfg.batch_size} "
+                             f"sequences, each into grad_accum={cfg.grad_accum} equal "
                              "micro-batches")
         if cfg.kl_target is not None and cfg.kl_coef == 0:
             raise UsageError("kl_target: an adaptive beta needs kl_coef > 0 to start from")
@@ -137,19 +178,19 @@ LIMITS: dict[str, tuple[bool, float, float, bool]] = {
     "samples_per_prompt": (True, 1, 4096, False),
     "max_new_tokens": (True, 1, 65_536, False),
     "temperature": (False, 0.01, 100.0, False),
-    "lr": (False, 0.0, 10.0, True),
+    "learning_rate": (False, 0.0, 10.0, True),
     "critic_lr": (False, 0.0, 10.0, True),
-    "epochs": (True, 1, 10_000, False),
-    "minibatches": (True, 1, MAX_SEQUENCES, False),
+    "n_epochs": (True, 1, 10_000, False),
+    "batch_size": (True, 1, MAX_SEQUENCES, False),
     "grad_accum": (True, 1, MAX_SEQUENCES, False),
-    "clip_eps": (False, 0.0, COEF_MAX, True),
+    "clip_range": (False, 0.0, COEF_MAX, True),
     "clip_range_vf": (False, 0.0, COEF_MAX, True),
     "vf_coef": (False, 0.0, COEF_MAX, False),
     "ent_coef": (False, 0.0, COEF_MAX, False),
     "max_grad_norm": (False, 0.0, COEF_MAX, True),
     "target_kl": (False, 0.0, COEF_MAX, True),
     "gamma": (False, 0.0, 1.0, False),
-    "lam": (False, 0.0, 1.0, False),
+    "gae_lambda": (False, 0.0, 1.0, False),
     "kl_coef": (False, 0.0, COEF_MAX, False),
     "kl_target": (False, 0.0, COEF_MAX, True),
     "score_clip": (False, 0.0, COEF_MAX, True),
@@ -165,9 +206,9 @@ LIMITS: dict[str, tuple[bool, float, float, bool]] = {
 }
 CHOICES = {"agg": AGGREGATION_MODES, "kl_mode": ("reward", "loss", "none"),
            "truncation": TRUNCATION, "critic": ("separate", "shared"),
-           "score_norm": ("none", "batch")}
+           "score_norm": ("none", "batch"), "advantage_estimator": ADVANTAGE_ESTIMATORS}
 PATHS = ("model", "prompts", "eval_prompts", "reward", "reward_model")
-FLAGS_BOOL = ("whiten_advantages", "normalize_std")
+FLAGS_BOOL = ("normalize_advantage", "normalize_std", "use_critic")
 
 _repr = reprlib.Repr()
 _repr.maxstring = _repr.maxother = 60
@@ -288,13 +329,133 @@ def load_prompts(path: str) -> list[str]:
     return out
 
 
-def config_from_run(run_dir: str, **overrides) -> LLMConfig:
-    p = os.path.join(run_dir, "config.json")
-    if not os.path.exists(p):
-        raise UsageError(f"run dir: {run_dir!r} has no config.json")
-    with open(p) as f:
-        data = json.load(f)
+# ------------------------------------------------------------------ resolution and help
+
+def _parse_value(name: str, text: str):
+    """A ``--set`` value for field ``name``, typed by the field's annotation."""
+    ann = str(next(f.type for f in fields(LLMConfig) if f.name == name))
+    t = text.strip()
+    if "None" in ann and t.lower() in ("none", "null", ""):
+        return None
+    base = ann.split("|")[0].strip()
+    try:
+        if base == "bool":
+            low = t.lower()
+            if low in ("true", "1", "yes", "on"):
+                return True
+            if low in ("false", "0", "no", "off"):
+                return False
+            raise ValueError
+        if base == "int":
+            v = float(t)
+            if not v.is_integer():
+                raise ValueError
+            return int(v)
+        if base == "float":
+            return float(t)
+    except (ValueError, OverflowError):
+        _fail(name, f"expected {base}", text, show=True)
+    return t
+
+
+def _known(name: str, where: str, log) -> str:
+    """``name`` itself, or its current name for a deprecated one (said through ``log``)."""
     known = {f.name for f in fields(LLMConfig)}
-    data = {k: v for k, v in data.items() if k in known}
-    data.update({k: v for k, v in overrides.items() if v is not None})
-    return LLMConfig(**data)
+    if name in known:
+        return name
+    if name in DEPRECATED:
+        new = DEPRECATED[name]
+        if log is not None:
+            extra = (" (a minibatch size in sequences, where minibatches was a count)"
+                     if name == "minibatches" else "")
+            log(f"{where}: '{name}' is deprecated; use '{new}'{extra}")
+        return name  # resolved by config_from_values (minibatches needs the batch size)
+    import difflib
+
+    close = difflib.get_close_matches(name, sorted(known | set(DEPRECATED)), n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    _fail(name, f"unknown key in {where}{hint}")
+    return name
+
+
+def config_from_values(*layers: tuple[str, dict], log=None) -> LLMConfig:
+    """One :class:`LLMConfig` from layers of values, later layers winning (the order the
+    command line uses: ``("--config FILE", toml), ("--set", sets), ("flags", flags)``; the
+    algorithm preset fills what none of them sets). Deprecated names are accepted with a
+    message through ``log``; an unknown name is an error with a suggestion."""
+    merged: dict = {}
+    for where, values in layers:
+        for k, v in values.items():
+            merged[_known(k, where, log)] = v
+    minibatches = merged.pop("minibatches", None)
+    for old, new in DEPRECATED.items():
+        if old in merged:
+            merged.setdefault(new, merged.pop(old))
+            merged.pop(old, None)
+    try:
+        cfg = LLMConfig(**merged)
+    except TypeError as exc:
+        raise UsageError(f"config: {exc}") from None
+    if minibatches is not None and "batch_size" not in merged:
+        if isinstance(minibatches, bool) or not isinstance(minibatches, int) \
+                or minibatches < 1:
+            _fail("minibatches", "expected an integer >= 1", minibatches, show=True)
+        r = replace(cfg, batch_size=None).resolved()
+        total = r.prompts_per_iter * r.samples_per_prompt
+        if total % minibatches:
+            _fail("minibatches", f"the {total} sequences of an iteration do not split into "
+                  f"{minibatches} minibatches", minibatches, show=True)
+        cfg = replace(cfg, batch_size=total // minibatches)
+    return cfg
+
+
+def parse_sets(items: list[str], log=None) -> dict:
+    """``["KEY=VALUE", ...]`` → typed values (deprecated keys kept for
+    :func:`config_from_values` to rename)."""
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise UsageError(f"--set: expected KEY=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        k = _known(k.strip(), "--set", log)
+        out[k] = _parse_value(DEPRECATED.get(k, k), v) if k != "minibatches" else \
+            _parse_value("batch_size", v)
+    return out
+
+
+def read_toml(path: str) -> dict:
+    """The values of a TOML file (top level, or its ``[llm]`` table)."""
+    import tomllib
+
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise UsageError(f"--config: no such file {path!r}") from None
+    except IsADirectoryError:
+        raise UsageError(f"--config: {path!r} is a directory, expected a TOML file") from None
+    except OSError as exc:
+        raise UsageError(f"--config: cannot read {path!r} ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"--config: {path!r} is not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"--config: {path}: {exc}") from None
+    section = data.get("llm", data)
+    if not isinstance(section, dict):
+        raise UsageError(f"--config: {path}: 'llm' must be a table")
+    return dict(section)
+
+
+def config_help() -> str:
+    """The keys of ``--set`` / ``--config`` with their defaults and documentation, from
+    the fields' metadata."""
+    lines = ["configuration keys (--set KEY=VALUE, --config FILE.toml, or --key VALUE):"]
+    for f in fields(LLMConfig):
+        default = "preset" if f.default is None and f.name in _PRESET_KEYS else f.default
+        lines.append(f"  {f.name} = {default!s:<10} {f.metadata.get('help', '')}")
+    lines.append("deprecated names (still accepted): "
+                 + ", ".join(f"{o} -> {n}" for o, n in DEPRECATED.items()))
+    return "\n".join(lines)
+
+
+_PRESET_KEYS = {k for p in PRESETS.values() for k in p}

@@ -73,7 +73,7 @@ def run_reward_hacking_demo(out_dir: str = "runs/demo-reward-hacking", *, iterat
         cfg = LLMConfig(algo="ppo", model=warm_dir, reward_model=rm_dir, iterations=iterations,
                         kl_coef=b, kl_mode="reward" if b > 0 else "none",
                         max_new_tokens=max_new_tokens, truncation="penalty",
-                        truncation_penalty=0.0, seed=seed, lr=5e-4,
+                        truncation_penalty=0.0, seed=seed, learning_rate=5e-4,
                         checkpoint_every=10**9)
         torch.manual_seed(seed)
         tr = TokenTrainer(cfg, os.path.join(out_dir, name), log=log, monitors=[true_score])

@@ -17,7 +17,7 @@ from ppokit.errors import UsageError
 from ppokit.io.atomic import atomic_write_text, read_regular
 from ppokit.io.checkpoint import find_checkpoint, load_checkpoint, no_checkpoint_message
 
-from .config import LLMConfig, prompt_sets
+from .config import DEPRECATED, LLMConfig, prompt_sets
 
 __all__ = ["TRAIN_PROMPTS", "EVAL_PROMPTS", "config_from_run", "run_prompt_sets",
            "write_prompts", "RESUMABLE"]
@@ -69,6 +69,7 @@ def config_from_run(run_dir: str, **overrides) -> LLMConfig:
     if not isinstance(data, dict):
         raise UsageError(f"run dir: checkpoint {ckpt} holds no configuration")
     known = {f.name for f in fields(LLMConfig)}
+    data = {DEPRECATED.get(k, k): v for k, v in data.items() if k != "minibatches"}
     data = {k: v for k, v in data.items() if k in known}
     data["reward"] = data["reward_model"] = None
     for k, v in overrides.items():

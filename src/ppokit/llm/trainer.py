@@ -7,24 +7,26 @@ One iteration (docs/theory.md#the-ppo-iteration, in this order):
 2. **Score** (all frozen labels, no gradient): the sequence scores (reward function or
    reward model); old log-probs from a separate forward pass of the policy; reference
    log-probs from the frozen reference; the critic's values (``ppo``).
-3. **Advantages**, computed once: ``ppo`` places the score on the last action token (the
-   EOS when there is one), adds the per-token KL reward ``−β (log π_old − log π_ref)`` on
-   action tokens (k1, never clamped) and runs :func:`ppokit.core.token_gae`; value targets
-   are ``A + V_old``. ``grpo`` / ``dr-grpo`` / ``rloo`` normalise scores within each group
-   of samples of one prompt and broadcast the sequence advantage to its action tokens;
-   ``reinforce++`` whitens per-token returns over the batch.
-4. **Update**: ``epochs`` passes over the batch in ``minibatches`` shuffled minibatches,
-   each accumulated over ``grad_accum`` micro-batches whose losses divide by the
-   minibatch's *global* token / sequence counts (so accumulation changes nothing but
-   memory), PPO-Clip surrogate, optional value clipping, entropy bonus, KL loss term
-   (``kl_mode="loss"``, k3 of the current policy vs the reference), gradient clipping.
-
-``target_kl`` is checked **before each optimiser step** on the current minibatch's
-``approx_kl`` (k3 of old vs current policy, no 1.5 factor): above it, the step is skipped
-and the iteration's remaining updates are dropped. It is an early stop, not a trust region.
+3. **Advantages**, computed once, by ``advantage_estimator`` (a preset value, not a code
+   path of the algorithm): the score goes on the last action token (the EOS when there is
+   one) and, with ``kl_mode="reward"``, the per-token KL reward ``−β (log π_old − log
+   π_ref)`` on action tokens (k1, never clamped); ``gae`` runs
+   :func:`ppokit.core.token_gae` with the critic (value targets ``A + V_old``); the group
+   estimators (``grpo`` with or without ``normalize_std``, ``dr_grpo``, ``rloo``, from
+   :data:`ppokit.core.GROUP_ADVANTAGES`) normalise scores within each group of samples of
+   one prompt and broadcast the sequence advantage to its action tokens; ``reinforce_pp``
+   whitens per-token returns over the batch.
+4. **Update**: the engine both trainers share (:func:`ppokit.engine.run_update`):
+   ``n_epochs`` passes in shuffled minibatches of ``batch_size`` sequences, each
+   accumulated over ``grad_accum`` micro-batches whose losses divide by the minibatch's
+   *global* token / sequence counts (so accumulation changes nothing but memory),
+   PPO-Clip surrogate, optional value clipping, entropy bonus, KL loss term
+   (``kl_mode="loss"``, k3 of the current policy vs the reference), one global gradient
+   clip over policy and critic, and the target-KL early stop — each meaning exactly what
+   it means for environment training (docs/architecture.md, glossary).
 
 Truncation (a response that reached ``max_new_tokens`` without EOS) is an explicit option:
-``bootstrap`` (``ppo`` only): the score is not placed; the return after the last token is
+``bootstrap`` (a critic only): the score is not placed; the return after the last token is
 the critic's value of the final state; ``penalty``: the score is placed, minus
 ``truncation_penalty``; ``mask``: the row is left out of every loss.
 """
@@ -46,14 +48,13 @@ from ppokit.core import (
     FixedKLController,
     broadcast_to_tokens,
     explained_variance,
-    grpo_advantages,
     kl_k1,
     masked_mean,
     masked_whiten,
     reinforce_pp_advantages,
-    rloo_advantages,
     token_gae,
 )
+from ppokit.core.registry import GROUP_ADVANTAGES
 from ppokit.engine import Forward, LabelledBatch, UpdateSpec, eager_minibatch_step, run_update
 from ppokit.errors import UsageError
 from ppokit.io import (
@@ -159,28 +160,23 @@ def compute_labels(cfg: LLMConfig, roll: Rollout, scores: torch.Tensor, old_logp
     use_kl_reward = cfg.kl_mode == "reward" and beta > 0
     kl_reward = -beta * kl_tok if use_kl_reward else torch.zeros_like(kl_tok)
     values = returns = None
-    algo = cfg.algo
-    if algo == "ppo":
-        token_rewards = score_tok + kl_reward
+    est = cfg.advantage_estimator  # a config value is a registry name
+    token_rewards = score_tok + kl_reward
+    if est == "gae":
         values = shift_to_tokens(values_after[:, :-1]).detach()
         boot = None
         if cfg.truncation == "bootstrap":
             v_last = values_after.detach()[torch.arange(bsz), last]
             boot = torch.where(trunc & has_action, v_last, torch.zeros_like(v_last))
-        adv, returns = token_gae(token_rewards, values, loss_mask, cfg.gamma, cfg.lam,
+        adv, returns = token_gae(token_rewards, values, loss_mask, cfg.gamma, cfg.gae_lambda,
                                  bootstrap_values=boot)
         values = torch.where(loss_mask, values, zero)
-    elif algo == "reinforce++":
-        token_rewards = score_tok + kl_reward
+    elif est == "reinforce_pp":
         adv = reinforce_pp_advantages(token_rewards, loss_mask, cfg.gamma)
-    else:
-        g = cfg.samples_per_prompt
+    else:  # a group estimator: one advantage per sequence, broadcast to its action tokens
         seq = s - (beta * kl_seq if use_kl_reward else 0.0)
-        token_rewards = score_tok + kl_reward
-        if algo == "rloo":
-            seq_adv = rloo_advantages(seq, g)
-        else:
-            seq_adv = grpo_advantages(seq, g, normalize_std=cfg.normalize_std)
+        opts = {"normalize_std": cfg.normalize_std} if est == "grpo" else {}
+        seq_adv = GROUP_ADVANTAGES.get(est)(seq, cfg.samples_per_prompt, **opts)
         adv = broadcast_to_tokens(seq_adv, loss_mask)
     # whitening (normalize_advantage) happens in the update engine, batch scope
     adv = torch.where(loss_mask, adv, zero)
@@ -265,17 +261,17 @@ class TokenTrainer:
         self.policy.eval()  # no dropout anywhere: old and new log-probs must agree
         self.reference = reference if reference is not None else frozen_copy(policy)
         self.critic = None
-        if cfg.algo == "ppo" and cfg.critic == "separate":
+        if cfg.use_critic and cfg.critic == "separate":
             self.critic = ValueModel(self.policy, separate=True)  # full copy, no adapters
         if cfg.lora_r > 0:
             self.policy = wrap_lora(self.policy, cfg.lora_r, cfg.lora_alpha)
             self.policy.eval()
-        if cfg.algo == "ppo" and cfg.critic == "shared":
+        if cfg.use_critic and cfg.critic == "shared":
             self.critic = ValueModel(self.policy, separate=False)
         if self.critic is not None:
             self.critic.eval()
         groups = [{"params": [p for p in self.policy.parameters() if p.requires_grad],
-                   "lr": cfg.lr}]
+                   "lr": cfg.learning_rate}]
         if self.critic is not None:
             groups.append({"params": list(self.critic.parameters()), "lr": cfg.critic_lr})
         self.opt = torch.optim.AdamW(groups, weight_decay=0.0, eps=1e-6)
@@ -373,17 +369,16 @@ class TokenTrainer:
     def update_spec(self, beta: float) -> UpdateSpec:
         """The engine's spec of this trainer's update (shared with environment training)."""
         cfg = self.cfg
-        bsz = cfg.prompts_per_iter * cfg.samples_per_prompt
         return UpdateSpec(
-            policy_loss="clip", clip_range=cfg.clip_eps, agg=cfg.agg,
+            policy_loss="clip", clip_range=cfg.clip_range, agg=cfg.agg,
             norm_length=float(self.max_new_tokens), use_critic=self.critic is not None,
             vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef,
             kl_anchor="ref" if cfg.kl_mode == "loss" and beta > 0 else "none",
             kl_coef=beta, clip_range_vf=cfg.clip_range_vf, value_clip_mode="max",
             max_grad_norm=cfg.max_grad_norm, target_kl=cfg.target_kl,
-            target_kl_check="minibatch", n_epochs=cfg.epochs,
-            minibatch_size=bsz // cfg.minibatches, grad_accum=cfg.grad_accum,
-            normalize_advantage=bool(cfg.whiten_advantages), advantage_norm_scope="batch")
+            target_kl_check="minibatch", n_epochs=cfg.n_epochs,
+            minibatch_size=cfg.batch_size, grad_accum=cfg.grad_accum,
+            normalize_advantage=bool(cfg.normalize_advantage), advantage_norm_scope="batch")
 
     def labelled_batch(self, roll: Rollout, lab: Labels) -> LabelledBatch:
         """The rollout's frozen labels as the engine's batch: one row per sequence, the
