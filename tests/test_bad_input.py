@@ -543,11 +543,11 @@ def test_non_finite_weights_are_refused():
 def test_sft_refuses_to_return_non_finite_weights(tiny_model_dir):
     import torch
 
-    from ppokit.llm.models import load_policy
+    from ppokit.llm.models import load_lm
     from ppokit.llm.sft import builtin_sft
     from ppokit.llm.task import ReverseTask
 
-    model, tok = load_policy(str(tiny_model_dir))
+    model, tok = load_lm(str(tiny_model_dir))
     with torch.no_grad():
         next(model.parameters()).fill_(float("nan"))
     with pytest.raises(UsageError, match="^sft: training produced non-finite weights"):

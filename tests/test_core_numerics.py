@@ -102,13 +102,13 @@ def test_group_estimators_with_spread_match_the_float64_formula(p, g, seed):
 
 
 def test_grpo_labels_of_a_group_with_equal_scores_are_zero_on_every_action_token():
-    from ppokit.llm.rollout import Rollout
+    from ppokit.llm.rollout import TokenRollout
     from ppokit.llm.trainer import LLMConfig, compute_labels
 
     b, length = 8, 6
     am = torch.zeros(b, length, dtype=torch.bool)
     am[:, 2:] = True
-    roll = Rollout(torch.zeros(b, length, dtype=torch.long),
+    roll = TokenRollout(torch.zeros(b, length, dtype=torch.long),
                    torch.ones(b, length, dtype=torch.long), am, 2,
                    torch.zeros(b, dtype=torch.bool), [[1]] * b)
     cfg = LLMConfig(algo="grpo", prompts_per_iter=1, samples_per_prompt=8,

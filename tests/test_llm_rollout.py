@@ -12,11 +12,11 @@ from ppokit.llm.models import (
     build_char_tokenizer,
     build_tiny_model,
     count_parameters,
-    load_policy,
+    load_lm,
     load_tokenizer,
     save_policy,
 )
-from ppokit.llm.rollout import Rollout, encode_prompts, generate, sequence_logprobs
+from ppokit.llm.rollout import TokenRollout, encode_prompts, generate, sequence_logprobs
 from ppokit.llm.task import ReverseTask, reverse_score, score_one
 from ppokit.llm.trainer import LLMConfig, compute_labels
 
@@ -67,7 +67,7 @@ def test_tiny_model_saved_to_disk_loads_as_a_local_hf_dir(tok, tmp_path, arch):
     model = build_tiny_model(tok, arch=arch).eval()
     assert count_parameters(model) <= 2_000_000
     save_policy(model, tok, str(tmp_path))
-    loaded, tok2 = load_policy(str(tmp_path))
+    loaded, tok2 = load_lm(str(tmp_path))
     ids, mask = encode_prompts(tok2, ["123>", "45>"])
     a = sequence_logprobs(model, ids, mask)["logp"]
     b = sequence_logprobs(loaded.eval(), ids, mask)["logp"]
@@ -76,7 +76,7 @@ def test_tiny_model_saved_to_disk_loads_as_a_local_hf_dir(tok, tmp_path, arch):
 
 def test_loading_a_missing_model_is_a_usage_error(tmp_path):
     with pytest.raises(UsageError, match="--model"):
-        load_policy(str(tmp_path / "nope"))
+        load_lm(str(tmp_path / "nope"))
 
 
 def test_task_score_partial_credit():
@@ -166,13 +166,13 @@ def _hand_rollout():
                         [1, 1, 1, 1, 1, 1, 1]])
     am = torch.tensor([[0, 0, 0, 1, 1, 1, 0],
                        [0, 0, 0, 1, 1, 1, 1]], dtype=torch.bool)
-    return Rollout(ids, att, am, 3, torch.tensor([False, True]), [[7, 8], [7, 8, 9, 10]])
+    return TokenRollout(ids, att, am, 3, torch.tensor([False, True]), [[7, 8], [7, 8, 9, 10]])
 
 
 def _labels(trunc, beta=0.0, algo="ppo", old=None, ref=None, values_after=None, **kw):
     roll = _hand_rollout()
-    cfg = LLMConfig(algo=algo, truncation=trunc, gamma=1.0, gae_lambda=1.0, normalize_advantage=False,
-                    truncation_penalty=0.25, **kw).resolved()
+    cfg = LLMConfig(algo=algo, truncation=trunc, gamma=1.0, gae_lambda=1.0,
+                    normalize_advantage=False, truncation_penalty=0.25, **kw).resolved()
     shape = roll.input_ids.shape
     old = torch.zeros(shape) if old is None else old
     ref = torch.zeros(shape) if ref is None else ref
@@ -235,7 +235,7 @@ def test_kl_reward_is_k1_per_action_token_and_not_clamped():
 def _group_labels(algo, scores, **kw):
     # four rows of the same shape, two prompts x two samples
     r = _hand_rollout()
-    roll = Rollout(r.input_ids[[0, 0, 0, 0]], r.attention_mask[[0, 0, 0, 0]],
+    roll = TokenRollout(r.input_ids[[0, 0, 0, 0]], r.attention_mask[[0, 0, 0, 0]],
                    r.action_mask[[0, 0, 0, 0]], 3, torch.zeros(4, dtype=torch.bool), [[]] * 4)
     cfg = LLMConfig(algo=algo, samples_per_prompt=2, prompts_per_iter=2, kl_mode="none",
                     **kw).resolved()

@@ -230,7 +230,7 @@ def test_prompts_file_with_a_reward_callable_and_adaptive_beta(tmp_path, tok):
 @pytest.mark.parametrize("critic", ["separate", "shared"])
 def test_lora_policy_trains_adapters_only_and_exports_a_plain_model(tmp_path, tok, critic):
     pytest.importorskip("peft")
-    from ppokit.llm.models import load_policy
+    from ppokit.llm.models import load_lm
 
     tr = _trainer(tmp_path, tok, critic, lora_r=4, critic=critic, iterations=2,
                   checkpoint_every=1)
@@ -241,7 +241,7 @@ def test_lora_policy_trains_adapters_only_and_exports_a_plain_model(tmp_path, to
     tr.train(progress=False)
     trainable = [n for n, p in tr.policy.named_parameters() if p.requires_grad]
     assert trainable and all("lora" in n for n in trainable)
-    model, _ = load_policy(str(tmp_path / critic / "policy"))
+    model, _ = load_lm(str(tmp_path / critic / "policy"))
     assert not any("lora" in k for k in model.state_dict())
     assert any(not torch.equal(v, base[k]) for k, v in model.state_dict().items() if k in base)
     c = TokenTrainer(LLMConfig(prompts_per_iter=8, lora_r=4, critic=critic, iterations=3,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ppokit.cli import main
-from ppokit.diagnose import CODES, MetricsTable, Thresholds, diagnose, read_metrics, report
+from ppokit.diagnose import CODES, MetricsTable, Thresholds, diagnose, read_metrics_table, report
 
 
 def healthy_env_run(n: int = 120, seed: int = 0) -> list[dict]:
@@ -358,7 +358,7 @@ def test_codes_are_stable():
 def test_partial_last_line_is_skipped(tmp_path):
     recs = healthy_env_run(seed=0)
     d = write_run(tmp_path, recs, tail='{"iteration": 121, "clipfr')
-    table = read_metrics(d)
+    table = read_metrics_table(d)
     assert len(table) == len(recs)
     assert table.skipped_partial_line
     assert report(d) == []

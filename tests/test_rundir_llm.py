@@ -17,7 +17,7 @@ from _faults import _count_and_crash, _Crash, _snapshot
 from ppokit.cli import main
 from ppokit.errors import UsageError
 from ppokit.io import GracefulStop, Interrupted, latest_checkpoint, read_metrics
-from ppokit.llm.evaluate import evaluate_run
+from ppokit.llm.evaluate import evaluate_lm_run
 from ppokit.llm.models import build_char_tokenizer, build_tiny_model
 from ppokit.llm.trainer import LLMConfig, TokenTrainer
 
@@ -193,7 +193,7 @@ def test_one_writer_at_a_time_and_a_signal_checkpoints(tmp_path):
     with pytest.raises(UsageError, match="in use by pid"):
         _trainer(tmp_path / "run")
     with pytest.raises(UsageError, match="in use by pid"):
-        evaluate_run(str(tmp_path / "run"))
+        evaluate_lm_run(str(tmp_path / "run"))
     stop = GracefulStop()
     stop.signum = signal.SIGINT
     with pytest.raises(Interrupted) as exc:

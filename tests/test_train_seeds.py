@@ -5,7 +5,7 @@ import json
 import pytest
 
 from ppokit.cli import main
-from ppokit.commands.train import parse_seeds
+from ppokit.commands.seeds import parse_seeds
 from ppokit.errors import UsageError
 
 

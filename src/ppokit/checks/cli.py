@@ -76,9 +76,9 @@ def _lm_report(args):
     from .token_checks import run_token_checks
 
     if args.model is not None:
-        from ppokit.llm.models import load_policy
+        from ppokit.llm.models import load_lm
 
-        model, tok = load_policy(args.model)
+        model, tok = load_lm(args.model)
         target = args.model
     else:
         from ppokit.llm.models import build_char_tokenizer, build_tiny_model

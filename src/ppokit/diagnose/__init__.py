@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .metrics import MetricsTable, read_metrics
+from .metrics import MetricsTable, read_metrics_table
 from .rules import CODES, RULES, SEVERITIES, Finding, Thresholds, diagnose
 
 __all__ = ["CODES", "RULES", "SEVERITIES", "Finding", "MetricsTable", "Thresholds",
-           "diagnose", "read_metrics", "report"]
+           "diagnose", "read_metrics_table", "report"]
 
 
 def report(run: str | Path, thresholds: Thresholds | None = None) -> list[Finding]:
     """Findings for a run directory (or a ``metrics.jsonl`` path)."""
-    return diagnose(read_metrics(run), thresholds)
+    return diagnose(read_metrics_table(run), thresholds)

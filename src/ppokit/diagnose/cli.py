@@ -8,7 +8,7 @@ import sys
 
 from ppokit.errors import UsageError
 
-from .metrics import read_metrics
+from .metrics import read_metrics_table
 from .rules import RULES, Finding, diagnose
 
 
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         for code, (_, desc) in RULES.items():
             print(f"{code:24s} {desc}")
         return 0
-    table = read_metrics(args.run_dir)
+    table = read_metrics_table(args.run_dir)
     if len(table) == 0:
         raise UsageError(f"{args.run_dir}: metrics.jsonl has no complete line")
     findings = diagnose(table)

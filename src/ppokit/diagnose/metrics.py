@@ -18,7 +18,7 @@ import numpy as np
 
 from ppokit.errors import UsageError
 
-__all__ = ["MetricsTable", "read_metrics", "metrics_path"]
+__all__ = ["MetricsTable", "read_metrics_table", "metrics_path"]
 
 # A schedule counts as "annealed away" once it has fallen below this share of its peak: the
 # last iterations of a linear schedule legitimately show tiny clip fractions and KL.
@@ -40,7 +40,7 @@ def metrics_path(run: str | Path) -> Path:
     raise UsageError(f"{run}: no such run directory")
 
 
-def read_metrics(run: str | Path) -> MetricsTable:
+def read_metrics_table(run: str | Path) -> MetricsTable:
     """Read a run directory's (or a file's) metrics; skip a partial last line. A line that
     is not a JSON object (garbage, or nesting too deep to be a metrics record) is an error
     naming the line."""

@@ -19,15 +19,15 @@ Command line: ``ppokit llm train|eval|sft|rm|dpo|bench``.
 """
 
 from .demo import run_reward_hacking_demo
-from .evaluate import evaluate_run, score_policy
-from .models import build_char_tokenizer, build_tiny_model, load_policy, save_policy
-from .rollout import Rollout, encode_prompts, generate, sequence_logprobs
+from .evaluate import evaluate_lm_run, score_policy
+from .models import build_char_tokenizer, build_tiny_model, load_lm, save_policy
+from .rollout import TokenRollout, encode_prompts, generate, sequence_logprobs
 from .task import ReverseTask, reverse_score
 from .trainer import ALGOS, LLMConfig, TokenTrainer, compute_labels
 
 __all__ = [
-    "ALGOS", "LLMConfig", "ReverseTask", "Rollout", "TokenTrainer", "build_char_tokenizer",
-    "build_tiny_model", "compute_labels", "encode_prompts", "evaluate_run", "generate",
-    "load_policy", "reverse_score", "run_reward_hacking_demo", "save_policy", "score_policy",
+    "ALGOS", "LLMConfig", "ReverseTask", "TokenRollout", "TokenTrainer", "build_char_tokenizer",
+    "build_tiny_model", "compute_labels", "encode_prompts", "evaluate_lm_run", "generate",
+    "load_lm", "reverse_score", "run_reward_hacking_demo", "save_policy", "score_policy",
     "sequence_logprobs",
 ]

@@ -14,6 +14,7 @@ import sys
 import time
 from dataclasses import MISSING, fields
 
+from ppokit.cliutil import int_arg as _int
 from ppokit.errors import UsageError
 
 __all__ = ["add_arguments", "run"]
@@ -55,16 +56,6 @@ def _add_config_arguments(p: argparse.ArgumentParser) -> None:
                    help="TOML file of configuration keys (top level or an [llm] table)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override one configuration key (repeatable; keys below)")
-
-
-def _int(text: str) -> int:
-    try:
-        v = float(text)
-        if not v.is_integer():
-            raise ValueError
-        return int(v)
-    except (ValueError, OverflowError):
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
 
 
 def _flag_values(args) -> dict:
@@ -196,7 +187,7 @@ def _print_eval(ev: dict) -> None:
 def _train(args) -> int:
     from ppokit.io import GracefulStop, Interrupted, unique_run_dir
 
-    from .evaluate import evaluate_run
+    from .evaluate import evaluate_lm_run
     from .trainer import TokenTrainer, config_from_run
 
     fresh = False
@@ -240,7 +231,7 @@ def _train(args) -> int:
               f"length {last['response_length_mean']:.2f}  "
               f"({time.perf_counter() - t0:.1f} s)")
     if not args.no_eval:
-        _print_eval(evaluate_run(run_dir, reward=cfg.reward, reward_model=cfg.reward_model,
+        _print_eval(evaluate_lm_run(run_dir, reward=cfg.reward, reward_model=cfg.reward_model,
                                  log=lambda m: print(m, file=sys.stderr)))
     return 0
 
@@ -262,11 +253,11 @@ def _reward_flags(cfg) -> str:
 
 
 def _eval(args) -> int:
-    from .evaluate import evaluate_run
+    from .evaluate import evaluate_lm_run
 
     if not os.path.isdir(args.run_dir):
         raise UsageError(f"RUN_DIR: no such directory {args.run_dir!r}")
-    ev = evaluate_run(args.run_dir, n_prompts=args.n_prompts, temperature=args.temperature,
+    ev = evaluate_lm_run(args.run_dir, n_prompts=args.n_prompts, temperature=args.temperature,
                       seed=args.seed, reward=args.reward, reward_model=args.reward_model,
                       log=lambda m: print(m, file=sys.stderr))
     _print_eval(ev)
@@ -275,12 +266,12 @@ def _eval(args) -> int:
 
 
 def _sft(args) -> int:
-    from .models import build_char_tokenizer, build_tiny_model, load_policy, save_policy
+    from .models import build_char_tokenizer, build_tiny_model, load_lm, save_policy
     from .sft import builtin_sft, sft_train
     from .task import ReverseTask
 
     if args.model:
-        model, tok = load_policy(args.model)
+        model, tok = load_lm(args.model)
     else:
         tok = build_char_tokenizer()
         model = build_tiny_model(tok, seed=args.seed)
@@ -339,13 +330,13 @@ def _rm(args) -> int:
 
 def _dpo(args) -> int:
     from .dpo import dpo_train
-    from .models import build_char_tokenizer, build_tiny_model, load_policy, save_policy
+    from .models import build_char_tokenizer, build_tiny_model, load_lm, save_policy
     from .sft import builtin_sft
     from .task import ReverseTask
 
     train_pairs, eval_pairs = _pairs(args)
     if args.model:
-        model, tok = load_policy(args.model)
+        model, tok = load_lm(args.model)
     else:
         tok = build_char_tokenizer()
         model = build_tiny_model(tok, seed=args.seed)

@@ -425,25 +425,9 @@ def parse_sets(items: list[str], log=None) -> dict:
 
 def read_toml(path: str) -> dict:
     """The values of a TOML file (top level, or its ``[llm]`` table)."""
-    import tomllib
+    from ppokit.cliutil import read_toml as _read
 
-    try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
-    except FileNotFoundError:
-        raise UsageError(f"--config: no such file {path!r}") from None
-    except IsADirectoryError:
-        raise UsageError(f"--config: {path!r} is a directory, expected a TOML file") from None
-    except OSError as exc:
-        raise UsageError(f"--config: cannot read {path!r} ({exc.strerror})") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"--config: {path!r} is not UTF-8 text") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"--config: {path}: {exc}") from None
-    section = data.get("llm", data)
-    if not isinstance(section, dict):
-        raise UsageError(f"--config: {path}: 'llm' must be a table")
-    return dict(section)
+    return _read(path, "llm")
 
 
 def config_help() -> str:

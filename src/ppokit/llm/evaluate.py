@@ -13,7 +13,7 @@ from ppokit.io.atomic import atomic_write_text
 
 from .rollout import encode_prompts, generate
 
-__all__ = ["score_policy", "evaluate_run"]
+__all__ = ["score_policy", "evaluate_lm_run"]
 
 
 @torch.no_grad()
@@ -40,7 +40,7 @@ def score_policy(model, tokenizer, prompts: list[str], reward_fn, *, max_new_tok
             "truncated_frac": sum(trunc) / n, "samples": samples[:8], "n": n}
 
 
-def evaluate_run(run_dir: str, *, n_prompts: int | None = None, temperature: float | None = None,
+def evaluate_lm_run(run_dir: str, *, n_prompts: int | None = None, temperature: float | None = None,
                  seed: int = 1234, greedy: bool = True, log=print, reward: str | None = None,
                  reward_model: str | None = None, reward_fn=None) -> dict:
     """Score ``RUN_DIR``'s trained policy (its newest intact checkpoint) and its reference
@@ -54,7 +54,7 @@ def evaluate_run(run_dir: str, *, n_prompts: int | None = None, temperature: flo
     from ppokit.io import RunLock, check_tree, find_checkpoint, load_checkpoint
     from ppokit.io.checkpoint import no_checkpoint_message
 
-    from .models import load_policy
+    from .models import load_lm
     from .runfiles import config_from_run
     from .trainer import _check_reward_named_again, wrap_lora
 
@@ -78,7 +78,7 @@ def evaluate_run(run_dir: str, *, n_prompts: int | None = None, temperature: flo
         check_tree(ref_dir, "run dir")
         rcfg = cfg.resolved()
         holder = _EvalSetup(rcfg, run_dir, reward_fn)
-        reference, tok = load_policy(ref_dir)
+        reference, tok = load_lm(ref_dir)
         reference.eval()
         policy = copy.deepcopy(reference)
         if rcfg.lora_r > 0:

@@ -27,7 +27,7 @@ __all__ = [
     "build_tiny_model",
     "load_tokenizer",
     "load_causal_lm",
-    "load_policy",
+    "load_lm",
     "save_policy",
     "ValueModel",
     "frozen_copy",
@@ -152,7 +152,7 @@ def _local_dir(path: str, what: str = "--model") -> None:
                          "downloads models)")
 
 
-def load_policy(path: str):
+def load_lm(path: str):
     """``(model, tokenizer)`` from a local directory."""
     tok = load_tokenizer(path)
     model = load_causal_lm(path)
@@ -191,7 +191,7 @@ def save_policy(model, tokenizer, path: str, extra: dict | None = None) -> None:
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        if getattr(tokenizer, "_ppokit_builtin", False) or _is_builtin(tokenizer):
+        if _is_builtin(tokenizer):
             with open(os.path.join(tmp, PPOKIT_MARKER), "w") as f:
                 json.dump({"alphabet": ALPHABET, **(extra or {})}, f)
         replace_dir(tmp, path)

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
-    "Rollout",
+    "TokenRollout",
     "encode_prompts",
     "position_ids_from_mask",
     "generate",
@@ -34,7 +34,7 @@ __all__ = [
 
 
 @dataclass
-class Rollout:
+class TokenRollout:
     """One batch of sampled sequences (all ``[B, L]`` unless noted)."""
 
     input_ids: torch.Tensor
@@ -58,8 +58,8 @@ class Rollout:
         pos = torch.arange(self.action_mask.shape[1])
         return torch.where(self.action_mask, pos, torch.full_like(pos, -1)).amax(1)
 
-    def select(self, idx: torch.Tensor) -> Rollout:
-        return Rollout(self.input_ids[idx], self.attention_mask[idx], self.action_mask[idx],
+    def select(self, idx: torch.Tensor) -> TokenRollout:
+        return TokenRollout(self.input_ids[idx], self.attention_mask[idx], self.action_mask[idx],
                        self.prompt_len, self.truncated[idx],
                        [self.response_ids[i] for i in idx.tolist()])
 
@@ -99,7 +99,7 @@ def left_pad(rows: list[list[int]], pad_id: int):
 @torch.no_grad()
 def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
              max_new_tokens: int, eos_token_id: int, pad_token_id: int,
-             temperature: float = 1.0, generator: torch.Generator | None = None) -> Rollout:
+             temperature: float = 1.0, generator: torch.Generator | None = None) -> TokenRollout:
     """Sample completions with a KV cache; stop each row at EOS or ``max_new_tokens``."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: expected an integer >= 1, got {max_new_tokens}")
@@ -151,7 +151,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
         if ids and ids[-1] == eos_token_id:
             ids = ids[:-1]
         responses.append(ids)
-    return Rollout(seq, attention_mask, action_mask, prompt_ids.shape[1], ~has_eos, responses)
+    return TokenRollout(seq, attention_mask, action_mask, prompt_ids.shape[1], ~has_eos, responses)
 
 
 def _cache_keyword(model) -> str:

@@ -34,11 +34,10 @@ the critic's value of the final state; ``penalty``: the score is placed, minus
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -46,15 +45,7 @@ import torch
 from ppokit.core import (
     AdaptiveKLController,
     FixedKLController,
-    broadcast_to_tokens,
-    explained_variance,
-    kl_k1,
-    masked_mean,
-    masked_whiten,
-    reinforce_pp_advantages,
-    token_gae,
 )
-from ppokit.core.registry import GROUP_ADVANTAGES
 from ppokit.engine import Forward, LabelledBatch, UpdateSpec, eager_minibatch_step, run_update
 from ppokit.errors import UsageError
 from ppokit.io import (
@@ -87,15 +78,17 @@ from .config import (  # noqa: F401 (re-exported)
     load_prompts,
     prompt_sets,
 )
+from .labels import Labels, compute_labels  # noqa: F401 (re-exported)
 from .models import (
     ValueModel,
     build_char_tokenizer,
     build_tiny_model,
     frozen_copy,
-    load_policy,
+    load_lm,
     save_policy,
 )
-from .rollout import Rollout, encode_prompts, generate, sequence_logprobs, shift_to_tokens
+from .progress import Progress
+from .rollout import TokenRollout, encode_prompts, generate, sequence_logprobs, shift_to_tokens
 from .runfiles import (  # noqa: F401 (config_from_run re-exported)
     EVAL_PROMPTS,
     TRAIN_PROMPTS,
@@ -106,98 +99,6 @@ from .runfiles import (  # noqa: F401 (config_from_run re-exported)
 from .task import ReverseTask
 
 __all__ = ["LLMConfig", "ALGOS", "TokenTrainer", "Labels", "compute_labels", "load_prompts"]
-
-# --------------------------------------------------------------------------- labels
-
-
-@dataclass
-class Labels:
-    """Frozen per-rollout training labels (``[B, L]`` unless noted)."""
-
-    old_logp: torch.Tensor
-    ref_logp: torch.Tensor
-    loss_mask: torch.Tensor  # bool: action tokens that enter the losses
-    advantages: torch.Tensor
-    returns: torch.Tensor | None
-    values: torch.Tensor | None
-    scores: torch.Tensor  # [B] raw scores
-    token_rewards: torch.Tensor  # [B, L] what the advantage estimator saw (ppo/reinforce++)
-    kl_tokens: torch.Tensor  # [B, L] k1(old, ref) on action tokens
-    stats: dict = field(default_factory=dict)
-
-
-def compute_labels(cfg: LLMConfig, roll: Rollout, scores: torch.Tensor, old_logp, ref_logp,
-                   beta: float, values_after: torch.Tensor | None = None) -> Labels:
-    """Rewards, advantages and value targets for one rollout (pure tensor code).
-
-    ``values_after``: ``[B, L]`` critic output at each position (value of the state after
-    reading that token), ``ppo`` only. ``scores``: ``[B]`` raw sequence scores.
-    """
-    am = roll.action_mask
-    trunc = roll.truncated
-    bsz, length = am.shape
-    raw = scores.float()
-    s = raw.clone()
-    if cfg.score_norm == "batch":
-        s = masked_whiten(s)
-    if cfg.score_clip is not None:
-        s = s.clamp(-cfg.score_clip, cfg.score_clip)
-    loss_mask = am.clone()
-    place_score = torch.ones(bsz, dtype=torch.bool)
-    if cfg.truncation == "penalty":
-        s = s - cfg.truncation_penalty * trunc.float()
-    elif cfg.truncation == "mask":
-        loss_mask &= ~trunc[:, None]
-    elif cfg.truncation == "bootstrap":
-        place_score = ~trunc
-    zero = torch.zeros((), dtype=old_logp.dtype)
-    kl_tok = torch.where(am, kl_k1(old_logp, ref_logp), zero)
-    kl_seq = kl_tok.sum(1)
-    last = roll.last_action_index().clamp(min=0)
-    has_action = am.any(1)
-    score_tok = torch.zeros(bsz, length)
-    score_tok[torch.arange(bsz), last] = torch.where(place_score & has_action, s, 0.0)
-    use_kl_reward = cfg.kl_mode == "reward" and beta > 0
-    kl_reward = -beta * kl_tok if use_kl_reward else torch.zeros_like(kl_tok)
-    values = returns = None
-    est = cfg.advantage_estimator  # a config value is a registry name
-    token_rewards = score_tok + kl_reward
-    if est == "gae":
-        values = shift_to_tokens(values_after[:, :-1]).detach()
-        boot = None
-        if cfg.truncation == "bootstrap":
-            v_last = values_after.detach()[torch.arange(bsz), last]
-            boot = torch.where(trunc & has_action, v_last, torch.zeros_like(v_last))
-        adv, returns = token_gae(token_rewards, values, loss_mask, cfg.gamma, cfg.gae_lambda,
-                                 bootstrap_values=boot)
-        values = torch.where(loss_mask, values, zero)
-    elif est == "reinforce_pp":
-        adv = reinforce_pp_advantages(token_rewards, loss_mask, cfg.gamma)
-    else:  # a group estimator: one advantage per sequence, broadcast to its action tokens
-        seq = s - (beta * kl_seq if use_kl_reward else 0.0)
-        opts = {"normalize_std": cfg.normalize_std} if est == "grpo" else {}
-        seq_adv = GROUP_ADVANTAGES.get(est)(seq, cfg.samples_per_prompt, **opts)
-        adv = broadcast_to_tokens(seq_adv, loss_mask)
-    # whitening (normalize_advantage) happens in the update engine, batch scope
-    adv = torch.where(loss_mask, adv, zero)
-    non_score = (kl_reward.sum(1) if use_kl_reward else torch.zeros(bsz))
-    stats = {
-        "score_mean": float(raw.mean()),
-        "score_std": float(raw.std()) if bsz > 1 else 0.0,
-        "non_score_reward": float(non_score.mean()),
-        "kl_ref": float(kl_seq.mean()),
-        "kl_ref_token": float(masked_mean(kl_tok, am)),
-        "response_length_mean": float(am.sum(1).float().mean()),
-        "truncated_frac": float(trunc.float().mean()),
-        "advantage_mean": float(masked_mean(adv, loss_mask)),
-    }
-    if returns is not None:
-        stats["explained_variance"] = explained_variance(values, returns, loss_mask)
-        stats["return_mean"] = float(masked_mean(returns, loss_mask))
-    return Labels(old_logp.detach(), ref_logp.detach(), loss_mask, adv.detach(),
-                  None if returns is None else returns.detach(), values, raw, token_rewards,
-                  kl_tok, stats)
-
 
 # --------------------------------------------------------------------------- trainer
 
@@ -250,9 +151,9 @@ class TokenTrainer:
         if policy is None:
             if resume or os.path.isdir(ref_dir):
                 check_tree(ref_dir, "run dir")
-                policy, tokenizer = load_policy(ref_dir)
+                policy, tokenizer = load_lm(ref_dir)
             elif cfg.model is not None:
-                policy, tokenizer = load_policy(cfg.model)
+                policy, tokenizer = load_lm(cfg.model)
             else:
                 policy, tokenizer = self._warm_start()
         if not os.path.isdir(ref_dir) or os.path.islink(ref_dir):
@@ -332,7 +233,7 @@ class TokenTrainer:
             return self.task.train_prompts(n, self.py_rng)
         return [self.py_rng.choice(self.train_prompts) for _ in range(n)]
 
-    def decode(self, roll: Rollout) -> list[str]:
+    def decode(self, roll: TokenRollout) -> list[str]:
         return [self.tok.decode(r, skip_special_tokens=True) for r in roll.response_ids]
 
     def score(self, prompts, completions) -> torch.Tensor:
@@ -341,7 +242,7 @@ class TokenTrainer:
         return check_scores(self.reward_fn(prompts, completions), len(prompts))
 
     def rollout(self, prompts: list[str], temperature: float | None = None,
-                model=None) -> Rollout:
+                model=None) -> TokenRollout:
         ids, mask = encode_prompts(self.tok, prompts)
         return generate(model or self.policy, ids, mask, max_new_tokens=self.max_new_tokens,
                         eos_token_id=self.tok.eos_token_id, pad_token_id=self.tok.pad_token_id,
@@ -349,7 +250,7 @@ class TokenTrainer:
                         generator=self.gen)
 
     @torch.no_grad()
-    def frozen_forward(self, roll: Rollout):
+    def frozen_forward(self, roll: TokenRollout):
         """Old log-probs (policy), reference log-probs, critic values — no gradient."""
         t = self.cfg.temperature
         old = sequence_logprobs(self.policy, roll.input_ids, roll.attention_mask,
@@ -380,7 +281,7 @@ class TokenTrainer:
             minibatch_size=cfg.batch_size, grad_accum=cfg.grad_accum,
             normalize_advantage=bool(cfg.normalize_advantage), advantage_norm_scope="batch")
 
-    def labelled_batch(self, roll: Rollout, lab: Labels) -> LabelledBatch:
+    def labelled_batch(self, roll: TokenRollout, lab: Labels) -> LabelledBatch:
         """The rollout's frozen labels as the engine's batch: one row per sequence, the
         loss mask marking the action tokens that enter the losses; ``row`` indexes the
         rollout (the forward adapter reads the token ids from it)."""
@@ -391,7 +292,7 @@ class TokenTrainer:
             data["values"] = lab.values
         return LabelledBatch.build(data, lab.loss_mask)
 
-    def forward_adapter(self, roll: Rollout):
+    def forward_adapter(self, roll: TokenRollout):
         """The policy (and critic) on a set of the rollout's sequences: log-probs and
         entropies of the action tokens and the critic's values, each ``[M, L]``."""
         t = self.cfg.temperature
@@ -425,7 +326,7 @@ class TokenTrainer:
                                     clip_range=clip_range, kl_coef=spec.kl_coef,
                                     kl_limit=kl_limit)
 
-    def update(self, roll: Rollout, lab: Labels) -> dict:
+    def update(self, roll: TokenRollout, lab: Labels) -> dict:
         """One update of the engine (:func:`ppokit.engine.run_update`) on this rollout."""
         spec = self.update_spec(self.kl_ctl.value)
         forward = self.forward_adapter(roll)
@@ -486,7 +387,7 @@ class TokenTrainer:
         cfg = self.cfg
         recs = []
         self.rundir.reacquire()
-        bar = _Progress(cfg.iterations, self.iteration, enabled=progress)
+        bar = Progress(cfg.iterations, self.iteration, enabled=progress)
         try:
             self._train_loop(bar, recs, stop)
         finally:
@@ -597,44 +498,3 @@ def wrap_lora(model, r: int, alpha: float):
     cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules="all-linear",
                      task_type="CAUSAL_LM")
     return get_peft_model(model, cfg)
-
-
-class _Progress:
-    """A rich progress bar with the figures people watch (quiet when disabled)."""
-
-    def __init__(self, total: int, start: int, enabled: bool = True):
-        self.enabled = enabled
-        self.total, self.start = total, start
-        self._p = None
-
-    def __enter__(self):
-        if self.enabled:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-            )
-
-            self._p = Progress(TextColumn("[bold]llm train"), BarColumn(), MofNCompleteColumn(),
-                               TimeElapsedColumn(), TextColumn("{task.description}"))
-            self._p.__enter__()
-            self._task = self._p.add_task("", total=self.total, completed=self.start)
-        return self
-
-    def advance(self, rec: dict) -> None:
-        if self._p is None:
-            return
-        desc = (f"score {rec['score_mean']:.3f}  kl_ref {rec['kl_ref']:.3f}  "
-                f"len {rec['response_length_mean']:.1f}  clip {rec.get('clipfrac', 0):.3f}")
-        self._p.update(self._task, advance=1, description=desc)
-
-    def __exit__(self, *exc):
-        if self._p is not None:
-            self._p.__exit__(*exc)
-        return False
-
-
-def isfinite(x) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)

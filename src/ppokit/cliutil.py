@@ -1,0 +1,45 @@
+"""Small pieces both command lines (``ppokit train`` and ``ppokit llm``) share."""
+
+from __future__ import annotations
+
+import argparse
+
+from ppokit.errors import UsageError
+
+__all__ = ["int_arg", "read_toml"]
+
+
+def int_arg(text: str) -> int:
+    """argparse type: an integer, written plainly or as ``1e5``."""
+    try:
+        v = float(text)
+        if not v.is_integer():
+            raise ValueError
+        return int(v)
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def read_toml(path: str, table: str) -> dict:
+    """The values of a TOML file: its ``[table]`` when it has one, else the top level.
+    Every way the file can be unreadable is a :class:`UsageError` naming ``--config``."""
+    import tomllib
+
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise UsageError(f"--config: no such file {path!r}") from None
+    except IsADirectoryError:
+        raise UsageError(f"--config: {path!r} is a directory, expected a TOML file") from None
+    except OSError as exc:
+        raise UsageError(f"--config: cannot read {path!r} ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"--config: {path!r} is not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"--config: {path}: {exc}") from None
+    section = data.get(table, data)
+    if not isinstance(section, dict):
+        raise UsageError(f"--config: {path}: {table!r} must be a table, got "
+                         f"{type(section).__name__}")
+    return dict(section)
