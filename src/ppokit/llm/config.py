@@ -436,9 +436,9 @@ def config_help() -> str:
     lines = ["configuration keys (--set KEY=VALUE, --config FILE.toml, or --key VALUE):"]
     for f in fields(LLMConfig):
         default = "preset" if f.default is None and f.name in _PRESET_KEYS else f.default
-        lines.append(f"  {f.name} = {default!s:<10} {f.metadata.get('help', '')}")
-    lines.append("deprecated names (still accepted): "
-                 + ", ".join(f"{o} -> {n}" for o, n in DEPRECATED.items()))
+        lines.append(f"  {f.name + ' = ' + str(default):<34} {f.metadata.get('help', '')}")
+    lines.append("deprecated names (still accepted, with a message):")
+    lines.append("  " + ", ".join(f"{o} -> {n}" for o, n in DEPRECATED.items()))
     return "\n".join(lines)
 
 
