@@ -89,6 +89,22 @@ def test_batches_without_spread_whiten_to_exact_zero(dtype, exponent, value, n, 
     assert bool((core.reinforce_pp_advantages(r.to(dtype), m) == 0).all())
 
 
+@given(st.integers(1, 200), st.integers(0, 2**31 - 1), st.booleans())
+def test_masked_whiten_is_std_mean_of_the_shifted_valid_values(n, seed, masked):
+    """Bit for bit the statistics the fused minibatch step uses (first valid value as the
+    shift, ``torch.std_mean``), so the two paths whiten a minibatch identically."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g) * 2
+    m = (torch.rand(n, generator=g) < 0.7) if masked else torch.ones(n, dtype=torch.bool)
+    out = core.masked_whiten(x, m if masked else None)
+    valid = x[m]
+    if valid.numel() >= 2:
+        d = valid - valid[0]
+        std, mean = torch.std_mean(d)
+        assert torch.equal(out[m], (d - mean) / (std + 1e-8))
+    assert bool((out[~m] == 0).all())
+
+
 @given(st.integers(1, 5), st.integers(2, 12), st.integers(0, 2**31 - 1))
 def test_group_estimators_with_spread_match_the_float64_formula(p, g, seed):
     s = torch.rand(p, g, generator=torch.Generator().manual_seed(seed), dtype=f64)

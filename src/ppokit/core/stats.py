@@ -64,6 +64,18 @@ def masked_mean(x, mask=None, dim=None) -> Tensor:
     return masked_sum(x, m, dim) / count.clamp(min=1).to(x.dtype)
 
 
+def _std_mean(d: Tensor, m: Tensor | None, ddof: int) -> tuple[Tensor, Tensor]:
+    """``(std, mean)`` of the valid values of ``d`` (``torch.std_mean``, so exactly what a
+    caller without a mask gets); ``std`` is 0 with ``n ≤ ddof`` valid values, both are 0
+    with none."""
+    valid = d.reshape(-1) if m is None else d[m]
+    n = valid.numel()
+    zero = torch.zeros((), dtype=d.dtype, device=d.device)
+    if n > ddof:
+        return torch.std_mean(valid, correction=ddof)
+    return zero, (valid.mean() if n else zero)
+
+
 def masked_var(x, mask=None, ddof: int = 1) -> Tensor:
     """Variance over valid positions with ``ddof`` (1: unbiased, as ``torch.var``). Shapes:
     ``x``, ``mask`` alike, any ``[...]``; returns a scalar ``[]``.
@@ -78,12 +90,10 @@ def masked_var(x, mask=None, ddof: int = 1) -> Tensor:
     if dtype in _HALF:
         x = x.float()
     d = x - _shift(x, m)
-    n = d.new_tensor(float(d.numel())) if m is None else m.sum().to(d.dtype)
-    mean = masked_mean(d, m)
-    sq = masked_sum((d - mean) ** 2, m)
-    denom = n - ddof
-    var = torch.where(denom > 0, sq / denom.clamp(min=1), torch.zeros_like(sq))
-    return var.to(dtype)
+    valid = d.reshape(-1) if m is None else d[m]
+    if valid.numel() <= ddof:
+        return torch.zeros((), dtype=dtype, device=x.device)
+    return torch.var(valid, correction=ddof).to(dtype)
 
 
 def masked_whiten(x, mask=None, *, shift_mean: bool = True, ddof: int = 1,
@@ -95,7 +105,12 @@ def masked_whiten(x, mask=None, *, shift_mean: bool = True, ddof: int = 1,
     ``shift_mean=False`` only the scale is changed (the mean is added back). A single valid
     element whitens to 0 (centred) and never to NaN; so does a batch whose valid values are
     all equal, exactly, whatever the dtype and scale. The result has ``x``'s dtype.
+
+    The statistics are ``torch.std_mean`` of the valid values after the shift (module doc):
+    the same numbers the fused minibatch step computes.
     """
+    if ddof not in (0, 1):
+        raise ValueError(f"ddof: expected 0 or 1, got {ddof!r}")
     x, m = _prep(x, mask)
     check_finite(x if m is None else x[m], "x")
     dtype = x.dtype
@@ -103,10 +118,8 @@ def masked_whiten(x, mask=None, *, shift_mean: bool = True, ddof: int = 1,
         x = x.float()
     ref = _shift(x, m)
     d = x - ref
-    mean = masked_mean(d, m)
-    centred = d - mean
-    std = masked_var(d, m, ddof=ddof).sqrt()
-    out = centred / (std + eps)
+    std, mean = _std_mean(d, m, ddof)
+    out = (d - mean) / (std + eps)
     if not shift_mean:
         out = out + (mean + ref)
     if m is not None:
