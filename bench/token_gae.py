@@ -5,9 +5,9 @@ machine's default thread count.
                               [--gamma 0.99] [--lam 0.95] [--masks rlhf,random]
 
 For each mask pattern and each thread count, prints the median and min–max wall time of
-both, the speed ratio of the medians, and the max absolute difference (float32, and the
-float64 result for scale). The two sides are timed alternately (the loop after every other
-run of token_gae), so a burst of load from another process slows both. Mask patterns:
+both (steady state: consecutive calls, in two alternating rounds), the speed ratio of the
+medians, and the max absolute difference (float32, and the float64 result for scale). The
+first call after unrelated work is slower than these (memory cold). Mask patterns:
 ``rlhf`` (left-padded prompts, responses of random length, a masked tool span in half the
 rows) and ``random`` (each position an action with probability 0.9).
 """
@@ -42,16 +42,19 @@ def _inputs(pattern: str, b: int, n: int):
     return rewards, values, mask
 
 
-def _time_pair(fast, loop, repeats: int):
-    """``repeats`` timings of ``fast`` and, alternating with every other one, of ``loop``."""
-    fast()
-    loop()
+def _time_pair(fast, loop, repeats: int, rounds: int = 2):
+    """Steady-state timings: in each of ``rounds`` rounds, a warm-up call and ``repeats``
+    consecutive calls of ``fast``, then (at least two) consecutive calls of ``loop``. The
+    rounds alternate, so a burst of load from another process is unlikely to hit one side
+    only."""
     tf, tl = [], []
-    for i in range(max(repeats, 5)):
-        t0 = time.perf_counter()
+    for _ in range(rounds):
         fast()
-        tf.append(time.perf_counter() - t0)
-        if i % 2 == 0:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fast()
+            tf.append(time.perf_counter() - t0)
+        for _ in range(max(2, repeats // 4)):
             t0 = time.perf_counter()
             loop()
             tl.append(time.perf_counter() - t0)
