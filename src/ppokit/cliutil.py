@@ -43,3 +43,23 @@ def read_toml(path: str, table: str) -> dict:
         raise UsageError(f"--config: {path}: {table!r} must be a table, got "
                          f"{type(section).__name__}")
     return dict(section)
+
+
+def is_finite_number(v) -> bool:
+    """A real int or float (not a bool) that is finite (a huge int counts as not)."""
+    import math
+
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
+def in_range(v, integer: bool, lo: float, hi: float, lo_open: bool = False) -> bool:
+    """Whether ``v`` is an int (``integer``) in ``[lo, hi]``, or a finite number in
+    ``[lo, hi]`` (``(lo, hi]`` when ``lo_open``): the check both configurations use."""
+    if integer:
+        return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+    return is_finite_number(v) and (lo < v if lo_open else lo <= v) and v <= hi

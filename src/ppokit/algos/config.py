@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 import os
 import re
 import reprlib
@@ -23,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, get_type_hints
 
+from ppokit.cliutil import in_range
 from ppokit.core.registry import ENV_ADVANTAGES, POLICY_LOSSES
 from ppokit.errors import UsageError
 
@@ -200,13 +200,6 @@ def _fail(name: str, what: str, value: Any = None, *, show: bool = True):
     raise err
 
 
-def _finite(v: Any) -> bool:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return False
-    try:
-        return math.isfinite(v)
-    except OverflowError:  # an int too large for a float
-        return False
 
 
 def _range_text(name: str, integer: bool, optional: bool) -> str:
@@ -228,11 +221,7 @@ def _check_range(name: str, v: Any, integer: bool, optional: bool) -> None:
         hi = max_torch_threads()
     if v is None and optional:
         return
-    if integer:
-        ok = isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
-    else:
-        ok = _finite(v) and (lo < v if lo_open else lo <= v) and v <= hi
-    if not ok:
+    if not in_range(v, integer, lo, hi, lo_open):
         _fail(name, "expected " + _range_text(name, integer, optional), v)
 
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import reprlib
 from dataclasses import dataclass, field, fields, replace
 
 from ppokit.algos.config import SEED_MAX
+from ppokit.cliutil import in_range
 from ppokit.core.losses import AGGREGATION_MODES
 from ppokit.core.registry import GROUP_ADVANTAGES
 from ppokit.errors import UsageError
@@ -225,13 +225,6 @@ def _fail(name: str, what: str, value=None, *, show: bool = False):
     raise err
 
 
-def _finite(v) -> bool:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return False
-    try:
-        return math.isfinite(v)
-    except OverflowError:
-        return False
 
 
 def range_text(name: str) -> str:
@@ -249,11 +242,7 @@ def _check_fields(cfg: LLMConfig) -> None:
         v = getattr(cfg, name)
         if v is None and name in optional:
             continue
-        if integer:
-            ok = isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
-        else:
-            ok = _finite(v) and (lo < v if lo_open else lo <= v) and v <= hi
-        if not ok:
+        if not in_range(v, integer, lo, hi, lo_open):
             _fail(name, "expected " + range_text(name), v, show=True)
     for name, options in CHOICES.items():
         v = getattr(cfg, name)
