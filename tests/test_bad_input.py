@@ -403,7 +403,8 @@ def _bad_values(name: str) -> list:
 
 
 _CASES = [(n, v) for n in LIMITS for v in _bad_values(n)
-          if not (v is None and n in ("clip_range_vf", "max_grad_norm", "target_kl"))]
+          if not (v is None and n in ("clip_range_vf", "max_grad_norm", "target_kl",
+                                      "stop_at_return"))]
 
 
 @pytest.mark.parametrize("name, value", _CASES, ids=[f"{n}={v!r}"[:40] for n, v in _CASES])

@@ -38,7 +38,13 @@ def _f(default, help: str, **kw):  # noqa: A002
 @dataclass(frozen=True)
 class TrainConfig:
     # what to train
-    env_id: str = _f("CartPole-v1", "Gymnasium environment id")
+    env_id: str = _f("CartPole-v1", "Gymnasium environment id (module:Id imports module "
+                     "first; it is never imported because a run directory names it)")
+    env_kwargs: dict[str, Any] = field(
+        default_factory=dict, metadata={"help": "keyword arguments of the environment's "
+                                        "constructor (a table of plain values)"})
+    env_source: str = _f("id", "id (env_id is a Gymnasium id) or factory (trained from "
+                         "Python on a factory; env_id is only its label)")
     algo: str = _f("ppo", "algorithm preset the values came from (ppo, a2c, reinforce, ppo-kl)")
     total_timesteps: int = _f(100_000, "environment steps to train for (all envs together)")
     seed: int = _f(0, "seed of envs, network initialisation and sampling")
@@ -85,6 +91,15 @@ class TrainConfig:
     clip_reward: float = _f(10.0, "clip scaled rewards to +-clip_reward")
     vectorization: str = _f("auto", "auto, vector_entry_point, sync or async")
     autoreset_mode: str = _f("auto", "auto, same_step or next_step")
+    # evaluation during training
+    eval_every: int = _f(0, "evaluate the policy every this many iterations on separate "
+                         "environments, deterministic actions, results in metrics.jsonl and "
+                         "the best policy kept in best/ (0 = never)")
+    eval_episodes: int = _f(5, "episodes of each evaluation during training (the same seeds "
+                            "every time)")
+    stop_at_return: float | None = _f(None, "end training (with a checkpoint) once an "
+                                      "evaluation's mean return reaches this (needs "
+                                      "eval_every; none = off)")
     # run directory
     checkpoint_every: int = _f(50, "write a checkpoint every this many iterations (and at the end)")
     keep_checkpoints: int = _f(2, "number of most recent checkpoints kept")
@@ -132,6 +147,7 @@ CHOICES = {
     "activation": ("tanh", "relu"),
     "vectorization": ("auto", "vector_entry_point", "sync", "async"),
     "autoreset_mode": ("auto", "same_step", "next_step"),
+    "env_source": ("id", "factory"),
 }
 
 
@@ -162,6 +178,9 @@ LIMITS: dict[str, tuple[float, float, bool]] = {
     "log_std_init": (-20.0, 20.0, False),
     "clip_obs": (0.0, COEF_MAX, True),
     "clip_reward": (0.0, COEF_MAX, True),
+    "eval_every": (0, 10**9, False),
+    "eval_episodes": (1, 10**6, False),
+    "stop_at_return": (-1e12, 1e12, False),
     "checkpoint_every": (1, 10**9, False),
     "keep_checkpoints": (1, 10**6, False),
     "torch_threads": (0, 1024, False),  # and at most max_torch_threads() (0 = torch's default)
@@ -173,7 +192,7 @@ _ENV_ID = re.compile(r"[\w.:/-]+")
 
 # the ``ppokit train`` flags that set a configuration key directly
 FLAGS = {"env_id": "--env", "algo": "--algo", "total_timesteps": "--total-steps",
-         "seed": "--seed", "n_envs": "--num-envs"}
+         "seed": "--seed", "n_envs": "--num-envs", "env_kwargs": "--env-kwargs"}
 
 
 def max_torch_threads() -> int:
@@ -237,6 +256,15 @@ def _validate(c: TrainConfig) -> None:
             ok = isinstance(v, bool)
         elif t is str:
             ok = isinstance(v, str)
+        elif name == "env_kwargs":
+            from ppokit.envs.source import check_env_kwargs
+
+            try:
+                object.__setattr__(c, name, check_env_kwargs(v, name))
+            except UsageError as exc:
+                exc.field = name  # resolve_config names the flag that set it
+                raise
+            continue
         elif name == "net_arch":
             ok = (isinstance(v, tuple) and 1 <= len(v) <= NET_ARCH_MAX_LAYERS and all(
                 isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= NET_ARCH_MAX_WIDTH
@@ -255,6 +283,9 @@ def _validate(c: TrainConfig) -> None:
     if c.total_timesteps < c.rollout_size:
         _fail("total_timesteps", f"{c.total_timesteps} is smaller than one rollout "
               f"(n_steps * n_envs = {c.rollout_size})", show=False)
+    if c.stop_at_return is not None and c.eval_every == 0:
+        _fail("stop_at_return", "needs eval_every > 0 (it is compared with the evaluations "
+              "during training)", show=False)
     if not c.use_critic and c.advantage_estimator == "gae":
         _fail("use_critic", "false needs advantage_estimator = reward_to_go (GAE is defined "
               "through the critic)", show=False)
@@ -267,6 +298,8 @@ def _type_name(t, name: str = "") -> str:
                 f"[1, {NET_ARCH_MAX_WIDTH}]")
     if t == (float | None):
         return "a number or none"
+    if name == "env_kwargs":
+        return 'a JSON object such as {"size": 8}'
     return {bool: "true or false", int: "an integer", float: "a number",
             str: "a string"}.get(t, "a list of positive integers")
 
@@ -408,8 +441,12 @@ def config_help() -> str:
             bound = "; " + _range_text(f.name, t is int, t == (float | None)).removeprefix(
                 "a finite number ").removeprefix("an integer ")
         lines.append(f"  {f.name:<22} {f.metadata['help']} "
-                     f"[default: {_show(f.default)}{bound}]")
+                     f"[default: {_show(_default(f))}{bound}]")
     return "\n".join(lines)
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
 
 
 def _show(v) -> str:
@@ -419,6 +456,8 @@ def _show(v) -> str:
         return str(v).lower()
     if isinstance(v, tuple):
         return ",".join(map(str, v))
+    if isinstance(v, dict):
+        return "{}" if not v else str(v)
     return str(v)
 
 
@@ -481,6 +520,13 @@ def parse_value(key: str, text: str) -> Any:
             return float(s)
         if t is str:
             return s
+        if key == "env_kwargs":
+            import json
+
+            try:
+                return json.loads(s)
+            except (ValueError, RecursionError):
+                raise ValueError from None
         return tuple(int(x) for x in s.strip("[]()").replace(" ", "").split(",") if x)
     except ValueError:
         _fail(key, f"expected {_type_name(t, key)}", text)

@@ -8,48 +8,67 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from ppokit.envs import ObsNormalizer, make_vec
+from ppokit.envs import ObsNormalizer, env_for_run, make_vec
 from ppokit.errors import UsageError
 from ppokit.policies import make_policy
 
 from .config import TrainConfig
 from .trainer import load_run_checkpoint
 
-__all__ = ["load_policy", "evaluate_policy", "evaluate_run"]
+__all__ = ["load_policy", "policy_from_checkpoint", "evaluate_policy", "evaluate_run"]
 
 
-def load_policy(run_dir: str | Path):
-    """``(config, policy, obs_normalizer | None)`` from a run's latest good checkpoint."""
-    cfg, tensors, arrays, _ = load_run_checkpoint(run_dir)
-    env = make_vec(cfg.env_id, 1, vectorization="sync")
-    policy = make_policy(env.single_observation_space, env.single_action_space,
-                         hidden=cfg.net_arch, activation=cfg.activation,
-                         ortho_init=cfg.ortho_init, log_std_init=cfg.log_std_init)
+def load_policy(run_dir: str | Path, env=None, where: str = "--env", *, best: bool = False):
+    """``(config, policy, obs_normalizer | None, env_maker)`` from a run's latest good
+    checkpoint. ``env`` is what the user passed again (an id or a factory): a factory run
+    and a ``module:Id`` run need it (:func:`ppokit.envs.env_for_run`); ``env_maker`` is what
+    builds the run's environments. ``best``: the best policy kept by the evaluations during
+    training (``best/``) instead of the newest checkpoint."""
+    cfg, tensors, arrays, _ = load_run_checkpoint(run_dir, best=best)
+    maker = env_for_run(cfg.env_id, cfg.env_source, env, where)
+    policy, norm, _ = policy_from_checkpoint(cfg, tensors, arrays, maker)
+    return cfg, policy, norm, maker
+
+
+def policy_from_checkpoint(cfg: TrainConfig, tensors: dict, arrays: dict, maker):
+    """``(policy, obs_normalizer | None, (observation_space, action_space))`` rebuilt from a
+    checkpoint's tensors and arrays; ``maker`` builds one env to read the spaces."""
+    env = make_vec(maker, 1, vectorization="sync", env_kwargs=cfg.env_kwargs)
+    obs_space, act_space = env.single_observation_space, env.single_action_space
     env.close()
-    policy.load_state_dict(tensors["model"])
+    policy = make_policy(obs_space, act_space, hidden=cfg.net_arch, activation=cfg.activation,
+                         ortho_init=cfg.ortho_init, log_std_init=cfg.log_std_init)
+    try:
+        policy.load_state_dict(tensors["model"])
+        norm = None
+        if cfg.normalize_obs:
+            norm = ObsNormalizer(tuple(arrays["obs_norm"]["mean"].shape), cfg.clip_obs)
+            norm.load_state_dict(arrays["obs_norm"])
+    except (KeyError, RuntimeError, ValueError) as exc:
+        raise UsageError(f"run dir: the checkpoint does not fit {cfg.env_id}'s spaces "
+                         f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
     policy.eval()
-    norm = None
-    if cfg.normalize_obs:
-        norm = ObsNormalizer(tuple(arrays["obs_norm"]["mean"].shape), cfg.clip_obs)
-        norm.load_state_dict(arrays["obs_norm"])
-    return cfg, policy, norm
+    return policy, norm, (obs_space, act_space)
 
 
 def evaluate_policy(policy, cfg: TrainConfig, *, episodes: int = 10, seed: int = 0,
                     deterministic: bool = True, obs_norm: ObsNormalizer | None = None,
-                    batch: int = 16) -> list[float]:
+                    batch: int = 16, env=None) -> list[float]:
     """Undiscounted returns of ``episodes`` whole episodes (raw rewards).
 
     Episodes run ``batch`` at a time, one per env, each env seeded ``seed + k`` for the
-    k-th episode, so the result does not favour short episodes.
+    k-th episode, so the result does not favour short episodes. ``env`` (an id or a
+    factory) builds them instead of ``cfg.env_id``.
     """
+    maker = cfg.env_id if env is None else env
     if episodes < 1:
         raise UsageError(f"--episodes: expected an integer >= 1, got {episodes}")
     gen = torch.Generator().manual_seed(seed)
     returns: list[float] = []
     while len(returns) < episodes:
         n = min(batch, episodes - len(returns))
-        env = make_vec(cfg.env_id, n, vectorization=cfg.vectorization, autoreset="auto")
+        env = make_vec(maker, n, vectorization=cfg.vectorization, autoreset="auto",
+                       env_kwargs=cfg.env_kwargs)
         space = env.single_action_space
         obs, _ = env.reset(seed=seed + len(returns))
         total = np.zeros(n)
@@ -74,11 +93,13 @@ def evaluate_policy(policy, cfg: TrainConfig, *, episodes: int = 10, seed: int =
 
 
 def evaluate_run(run_dir: str | Path, *, episodes: int = 10, seed: int | None = None,
-                 deterministic: bool = True) -> dict:
-    cfg, policy, norm = load_policy(run_dir)
+                 deterministic: bool = True, env=None, best: bool = False) -> dict:
+    """Evaluate a run's newest intact checkpoint (``best``: its ``best/`` policy); ``env``
+    as for :func:`load_policy`."""
+    cfg, policy, norm, maker = load_policy(run_dir, env, best=best)
     seed = cfg.seed + 1_000_000 if seed is None else seed
     rets = evaluate_policy(policy, cfg, episodes=episodes, seed=seed,
-                           deterministic=deterministic, obs_norm=norm)
+                           deterministic=deterministic, obs_norm=norm, env=maker)
     return {"mean_return": float(np.mean(rets)), "std_return": float(np.std(rets)),
             "episodes": episodes, "returns": rets, "seed": seed,
             "deterministic": deterministic, "env_id": cfg.env_id}

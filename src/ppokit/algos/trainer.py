@@ -36,9 +36,11 @@ learning rate and clip range.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -80,7 +82,11 @@ from ppokit.rollout import Collector, Rollout
 from .config import TrainConfig, check_memory, config_from_dict
 from .optim import Adam
 
-__all__ = ["Trainer", "load_run_config", "load_run_checkpoint"]
+__all__ = ["Trainer", "load_run_config", "load_run_checkpoint", "RETURN_WINDOW"]
+
+RETURN_WINDOW = 100  # finished training episodes in the summary's mean return (as SB3)
+BEST_DIR = "best"  # the best policy of the evaluations during training (a checkpoint root)
+EVAL_SEED_OFFSET = 3_000_000  # evaluations during training: episode seeds seed + this + k
 
 
 
@@ -100,15 +106,19 @@ def update_spec(c: TrainConfig) -> UpdateSpec:
         advantage_norm_scope=c.advantage_norm_scope)
 
 
-def load_run_checkpoint(run_dir: str | Path, log: Callable[[str], None] | None = None
-                        ) -> tuple[TrainConfig, dict, dict, dict]:
-    """``(config, tensors, arrays, state)`` of a run's newest intact checkpoint. The config
-    is the checkpoint's own (verified with it), never ``config.json``, which is a copy for
-    people to read."""
+def load_run_checkpoint(run_dir: str | Path, log: Callable[[str], None] | None = None,
+                        *, best: bool = False) -> tuple[TrainConfig, dict, dict, dict]:
+    """``(config, tensors, arrays, state)`` of a run's newest intact checkpoint (``best``:
+    of the best policy the evaluations during training kept, ``best/``). The config is the
+    checkpoint's own (verified with it), never ``config.json``, which is a copy for people
+    to read."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UsageError(f"RUN_DIR: no such run directory {str(run_dir)!r}")
-    ckpt, damaged = find_checkpoint(run_dir / "checkpoints", log=log)
+    if best and not (run_dir / BEST_DIR).is_dir():
+        raise UsageError(f"--best: {run_dir} has no best/ policy (it is kept when the run "
+                         "evaluates during training: eval_every > 0)")
+    ckpt, damaged = find_checkpoint(run_dir / (BEST_DIR if best else "checkpoints"), log=log)
     if ckpt is None:
         raise UsageError(no_checkpoint_message(run_dir, damaged))
     tensors, arrays, st = load_checkpoint(ckpt)
@@ -126,15 +136,22 @@ class Trainer:
     """Trains ``config`` into ``run_dir``; ``resume=True`` continues from its checkpoint.
 
     ``log`` receives one-line human messages (resume notices); the per-iteration
-    ``on_iteration(metrics)`` callback drives progress displays.
+    ``on_iteration(metrics)`` callback drives progress displays. ``env`` builds the
+    environments instead of ``config.env_id``: a factory ``() -> gymnasium.Env`` (required
+    when ``config.env_source`` is ``factory``: a run directory cannot record one).
     """
 
     def __init__(self, config: TrainConfig, run_dir: str | Path, *, resume: bool = False,
-                 log: Callable[[str], None] = print, fresh: bool = False):
+                 log: Callable[[str], None] = print, fresh: bool = False,
+                 env: str | Callable | None = None):
         self.cfg = c = config
         self.run_dir = Path(run_dir)
         self.log = log
         self.env = None
+        if c.env_source == "factory" and not callable(env):
+            raise UsageError("env: this run trains on an environment factory, which a run "
+                             "directory cannot record; pass the factory (env=make_env)")
+        self.env_maker = env if env is not None else c.env_id
         # the lock first: a second writer fails before any work; a failed start leaves
         # nothing behind (RunDir.abort)
         self.rundir = RunDir(self.run_dir, new=not resume, fresh=fresh)
@@ -162,8 +179,8 @@ class Trainer:
         random.seed(c.seed)
         np.random.seed(c.seed % 2**32)  # noqa: NPY002 (legacy global state, saved too)
         torch.manual_seed(c.seed)
-        self.env = make_vec(c.env_id, c.n_envs, vectorization=c.vectorization,
-                            autoreset=c.autoreset_mode)
+        self.env = make_vec(self.env_maker, c.n_envs, vectorization=c.vectorization,
+                            autoreset=c.autoreset_mode, env_kwargs=c.env_kwargs)
         obs_space = self.env.single_observation_space
         # the memory bound again, now with the real observation and action sizes
         check_memory(c, int(np.prod(obs_space.shape or (1,))),
@@ -208,6 +225,23 @@ class Trainer:
         self.global_step = 0
         self.elapsed = 0.0
         self.last_return: float | None = None
+        # the last RETURN_WINDOW finished training episodes' raw returns (SB3's window)
+        self.recent_returns: deque[float] = deque(maxlen=RETURN_WINDOW)
+        self.stopped_early = False
+        self.stop_reason: str | None = None
+        self.best_eval_return: float | None = None  # of the evaluations during training
+
+    @property
+    def mean_recent_return(self) -> float | None:
+        """Mean raw return of the last ``RETURN_WINDOW`` (100) finished training episodes."""
+        return float(np.mean(self.recent_returns)) if self.recent_returns else None
+
+    def extend(self, more_steps: int) -> None:
+        """Train ``more_steps`` beyond the steps done so far: ``total_timesteps`` becomes
+        ``global_step + more_steps`` (a linear schedule is stretched to the new total)."""
+        total = self.global_step + more_steps
+        self.cfg = dataclasses.replace(self.cfg, total_timesteps=max(total,
+                                                                     self.cfg.rollout_size))
 
     # ------------------------------------------------------------------ schedules
     def progress_remaining(self) -> float:
@@ -294,6 +328,7 @@ class Trainer:
         length = float(np.mean([e[1] for e in eps])) if eps else None
         if ret is not None:
             self.last_return = ret
+        self.recent_returns.extend(e[0] for e in eps)
         rec = {
             "iteration": self.iteration,
             "global_step": self.global_step,
@@ -314,24 +349,64 @@ class Trainer:
             "early_stop_minibatch": upd["early_stop_minibatch"],
             "n_updates": upd["n_updates"],
         }
+        if c.eval_every:
+            rec.update(self._evaluate_during_training())
         self.metrics.write(rec)
         if (self.iteration % c.checkpoint_every == 0
                 or self.iteration == c.num_iterations):
             self.save()
         return rec
 
-    def train(self, on_iteration: Callable[[dict], None] | None = None, *,
+    def _evaluate_during_training(self) -> dict[str, Any]:
+        """Every ``eval_every`` iterations: ``eval_episodes`` deterministic episodes on
+        separate environments (the same seeds each time, so evaluations compare), and the
+        policy written to ``best/`` when its mean return is the best so far."""
+        c = self.cfg
+        out = {"eval_return_mean": None, "eval_return_std": None, "eval_best": None}
+        if self.iteration % c.eval_every != 0:
+            return out
+        from .evaluate import evaluate_policy
+
+        rets = evaluate_policy(self.policy, c, episodes=c.eval_episodes,
+                               seed=c.seed + EVAL_SEED_OFFSET, deterministic=True,
+                               obs_norm=self.obs_norm, env=self.env_maker)
+        mean = float(np.mean(rets))
+        out["eval_return_mean"], out["eval_return_std"] = mean, float(np.std(rets))
+        if self.best_eval_return is None or mean > self.best_eval_return:
+            self.best_eval_return = mean
+            self.save(self.run_dir / BEST_DIR, keep=1)
+        out["eval_best"] = self.best_eval_return
+        return out
+
+    def train(self, on_iteration: Callable[[dict], Any] | None = None, *,
               stop: GracefulStop | None = None) -> None:
-        """Iterate until ``num_iterations``. With ``stop`` (a :class:`GracefulStop`), a
-        signal ends training at the next iteration boundary: a checkpoint is written and
+        """Iterate until ``num_iterations``. ``on_iteration(metrics)`` runs after each
+        iteration; when it returns ``False`` or ``"stop"``, training ends there with a
+        checkpoint (``stopped_early`` is then True). With ``stop`` (a :class:`GracefulStop`),
+        a signal ends training at the next iteration boundary: a checkpoint is written and
         :class:`ppokit.io.Interrupted` raised. The run directory's lock is held until
         training returns."""
         self.rundir.reacquire()
+        if self.metrics.fh.closed:  # training again after an earlier train() returned
+            self.metrics = MetricsWriter(self.run_dir, tensorboard=self.cfg.tensorboard)
+        self.stopped_early, self.stop_reason = False, None
         try:
             while self.iteration < self.cfg.num_iterations:
                 rec = self.iterate()
+                reason = None
+                target = self.cfg.stop_at_return
+                got = rec.get("eval_return_mean")
+                if target is not None and got is not None and got >= target:
+                    reason = f"evaluation return {got:.1f} reached stop_at_return {target:g}"
                 if on_iteration is not None:
-                    on_iteration(rec)
+                    r = on_iteration(rec)
+                    if r is False or (isinstance(r, str) and r == "stop"):
+                        reason = reason or "a callback asked to stop"
+                if reason is not None:
+                    if self._saved_iteration != self.iteration:
+                        self.save()
+                    self.stopped_early, self.stop_reason = True, reason
+                    break
                 if stop is not None and stop.requested:
                     ckpt = self.save() if self._saved_iteration != self.iteration else None
                     raise Interrupted(stop.signum, self.iteration, ckpt)
@@ -347,7 +422,9 @@ class Trainer:
         self.rundir.close()
 
     # ------------------------------------------------------------------ checkpoints
-    def save(self) -> Path:
+    def save(self, root: str | Path | None = None, keep: int | None = None) -> Path:
+        """Write a checkpoint of the whole training state under ``root`` (default: the run
+        directory's ``checkpoints/``)."""
         opt_t, opt_meta = optimizer_to_flat(self.opt.state_dict())
         rng_t, rng_meta = capture_rng({"sample": self.sample_gen,
                                        "shuffle": self.shuffle_gen})
@@ -361,15 +438,20 @@ class Trainer:
             "global_step": self.global_step,
             "elapsed": self.elapsed,
             "last_return": self.last_return,
+            "recent_returns": list(self.recent_returns),
+            "best_eval_return": self.best_eval_return,
             "optimizer": opt_meta,
             "rng": rng_meta,
             "kl_controller": self.kl_ctl.state_dict() if self.kl_ctl is not None else None,
             "env_state": env_state(self.env),
             "config": self.cfg.to_dict(),
         }
-        path = save_checkpoint(self.run_dir / "checkpoints", self.iteration, tensors=tensors,
-                               arrays=arrays, state=state, keep=self.cfg.keep_checkpoints)
-        self._saved_iteration = self.iteration
+        own = root is None
+        root = self.run_dir / "checkpoints" if own else Path(root)
+        path = save_checkpoint(root, self.iteration, tensors=tensors, arrays=arrays,
+                               state=state, keep=keep or self.cfg.keep_checkpoints)
+        if own:
+            self._saved_iteration = self.iteration
         return path
 
     def _resume(self) -> None:
@@ -396,6 +478,16 @@ class Trainer:
             self.iteration, self.global_step = iteration, step
             self.elapsed = float(st["elapsed"])
             self.last_return = st["last_return"]
+            recent = st.get("recent_returns", [])  # absent in older checkpoints
+            if not isinstance(recent, list) or not all(
+                    isinstance(x, (int, float)) and not isinstance(x, bool) for x in recent):
+                raise ValueError("recent_returns is not a list of numbers")
+            self.recent_returns.extend(float(x) for x in recent)
+            best = st.get("best_eval_return")
+            if best is not None and (isinstance(best, bool)
+                                     or not isinstance(best, (int, float))):
+                raise ValueError("best_eval_return is not a number")
+            self.best_eval_return = None if best is None else float(best)
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
             raise UsageError(f"--resume: checkpoint {ckpt} does not fit this run "
                              f"({type(exc).__name__}: {exc}); nothing was changed") from None

@@ -15,8 +15,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="check the policy trained in this run directory, environment "
                              "or language-model run (default: a freshly initialised policy "
                              "for --env)")
-    parser.add_argument("--env", default="CartPole-v1",
-                        help="Gymnasium id for the default policy (default: CartPole-v1)")
+    parser.add_argument("--env", default=None,
+                        help="Gymnasium id for the default policy (default: CartPole-v1); "
+                             "with RUN_DIR, the run's module:Id again when it has one")
     parser.add_argument("--model", metavar="PATH",
                         help="check a local Hugging Face causal LM directory (token layout)")
     parser.add_argument("--lm", action="store_true",
@@ -43,16 +44,17 @@ def _env_report(args):
 
         if not Path(args.run_dir).is_dir():
             raise UsageError(f"{args.run_dir}: no such run directory")
-        cfg, policy, norm = load_policy(args.run_dir)
+        cfg, policy, norm, _ = load_policy(args.run_dir, args.env, "--env")
         env_id, target = cfg.env_id, f"{args.run_dir} ({cfg.env_id})"
         base = cfg.to_dict()
         transform = None if norm is None else (lambda o: norm(o))
     else:
         from ppokit.algos.config import resolve_config
         from ppokit.envs import make_vec
+        from ppokit.envs.source import import_env_module
         from ppokit.policies import make_policy
 
-        cfg = resolve_config(env_id=args.env)
+        cfg = resolve_config(env_id=import_env_module(args.env or "CartPole-v1", "--env"))
         env = make_vec(cfg.env_id, 1, vectorization="sync")
         torch.manual_seed(args.seed)
         policy = make_policy(env.single_observation_space, env.single_action_space,

@@ -70,7 +70,9 @@ def collect_batch(policy, env_id: str = "CartPole-v1", n: int = 256, seed: int =
     import gymnasium as gym
     from gymnasium import spaces
 
-    env = gym.make_vec(env_id, num_envs=num_envs)
+    from ppokit.envs.source import gym_id
+
+    env = gym.make_vec(gym_id(env_id), num_envs=num_envs)  # a module:Id the user named
     gen = torch.Generator().manual_seed(seed)
     try:
         raw, _ = env.reset(seed=seed)

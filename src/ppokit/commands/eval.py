@@ -1,4 +1,6 @@
-"""``ppokit eval RUN_DIR``: play the saved policy and write RUN_DIR/eval.json."""
+"""``ppokit eval RUN_DIR``: play the saved policy and write RUN_DIR/eval.json
+(``--stochastic``: eval_stochastic.json, so the deterministic result stays; ``--best``: the
+best/ policy of the evaluations during training, eval_best.json)."""
 
 from __future__ import annotations
 
@@ -14,8 +16,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--episodes", type=int, default=10, help="episodes to play (default 10)")
     p.add_argument("--seed", type=int, default=None,
                    help="first episode seed (default: the run's seed + 1000000)")
+    p.add_argument("--env", dest="env_id", metavar="MODULE:ID",
+                   help="the run's environment id again; required for a run trained on a "
+                        "module:Id (its module is imported only because you name it here)")
+    p.add_argument("--best", action="store_true",
+                   help="evaluate the best policy the evaluations during training kept "
+                        "(best/, eval_every > 0); writes eval_best.json")
     p.add_argument("--stochastic", action="store_true",
-                   help="sample actions instead of taking the most likely / mean action")
+                   help="sample actions instead of taking the most likely / mean action; "
+                        "writes eval_stochastic.json instead of eval.json")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,9 +42,13 @@ def run(args: argparse.Namespace) -> int:
 
     with RunLock(run_dir, "eval"):
         res = evaluate_run(run_dir, episodes=args.episodes, seed=args.seed,
-                           deterministic=not args.stochastic)
-        atomic_write_text(run_dir / "eval.json", json.dumps(res, indent=2) + "\n")
+                           deterministic=not args.stochastic, env=args.env_id,
+                           best=args.best)
+        name = ("eval_best" if args.best else "eval") + \
+            ("_stochastic.json" if args.stochastic else ".json")
+        atomic_write_text(run_dir / name, json.dumps(res, indent=2) + "\n")
     kind = "stochastic" if args.stochastic else "deterministic"
+    kind += " (best/ policy)" if args.best else ""
     print(f"{res['env_id']}: mean return {res['mean_return']:.2f} ± {res['std_return']:.2f} "
           f"over {res['episodes']} {kind} episodes (seed {res['seed']})")
     return 0

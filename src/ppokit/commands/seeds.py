@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ppokit.errors import UsageError
 
-from .train import _parse_sets, _read_toml
+from .train import _parse_env_kwargs, _parse_sets, _read_toml
 
 __all__ = ["parse_seeds", "run_seeds", "MAX_SEEDS", "MAX_SEED"]
 
@@ -66,10 +66,13 @@ def run_seeds(args: argparse.Namespace) -> int:
     if parallel < 1:
         raise UsageError(f"--parallel: expected an integer >= 1, got {parallel}")
     flags = {"env_id": args.env_id, "algo": args.algo, "total_timesteps": args.total_timesteps,
-             "n_envs": args.n_envs}
+             "n_envs": args.n_envs, "env_kwargs": _parse_env_kwargs(args.env_kwargs)}
     toml_values = _read_toml(args.config) if args.config else {}
     cfg = resolve_config(toml_values=toml_values, overrides=_parse_sets(args.sets),
                          flags=flags)  # validates everything once, before any process starts
+    from ppokit.envs.source import import_env_module
+
+    import_env_module(cfg.env_id, "--env")  # named on the command line: fails here, once
     from ppokit.io.rundir import RunLock, holds_run, unique_run_dir
 
     if args.run_dir:
@@ -92,7 +95,7 @@ def run_seeds(args: argparse.Namespace) -> int:
             "--eval-episodes", str(args.eval_episodes)]
     for flag, val in (("--env", args.env_id), ("--algo", args.algo),
                       ("--total-steps", args.total_timesteps), ("--num-envs", args.n_envs),
-                      ("--config", args.config)):
+                      ("--env-kwargs", args.env_kwargs), ("--config", args.config)):
         if val is not None:
             base += [flag, str(val)]
     for item in args.sets:

@@ -18,7 +18,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.epilog = (f"algorithms: {', '.join(ALGORITHMS)}\n"
                 f"tuned environment presets (ppo): {', '.join(ENV_PRESETS)}\n\n"
                 + config_help())
-    p.add_argument("--env", dest="env_id", help="Gymnasium id (default: CartPole-v1)")
+    p.add_argument("--env", dest="env_id",
+                   help="Gymnasium id (default: CartPole-v1), or module:Id to import module "
+                        "(from the current directory too) so that it registers Id; with "
+                        "--resume, the run's own module:Id again")
+    p.add_argument("--env-kwargs", metavar="JSON",
+                   help='keyword arguments of the environment, a JSON object such as '
+                        '\'{"size": 8}\' (TOML: an env_kwargs table)')
     p.add_argument("--algo", help="ppo (default), a2c, reinforce or ppo-kl")
     p.add_argument("--total-steps", dest="total_timesteps", type=_int, metavar="N",
                    help="environment steps to train for (default: the preset's)")
@@ -44,6 +50,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _read_toml(path: str) -> dict:
     return read_toml(path, "train")  # an optional [train] table
+
+
+def _parse_env_kwargs(text: str | None) -> dict | None:
+    import json
+
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        value = None
+    if not isinstance(value, dict):
+        raise UsageError(f"--env-kwargs: expected a JSON object such as '{{\"size\": 8}}', "
+                         f"got {text[:60]!r}")
+    return value
 
 
 def _parse_sets(items: list[str]) -> dict:
@@ -73,23 +94,30 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--eval-episodes: expected an integer in [0, 1000000], got "
                          f"{args.eval_episodes}")
 
+    from ppokit.envs.source import env_for_run, import_env_module
+
     flags = {"env_id": args.env_id, "algo": args.algo, "total_timesteps": args.total_timesteps,
-             "seed": args.seed, "n_envs": args.n_envs}
+             "seed": args.seed, "n_envs": args.n_envs,
+             "env_kwargs": _parse_env_kwargs(args.env_kwargs)}
     fresh = False
     if args.resume:
-        if any(v is not None for v in flags.values()) or args.sets or args.config \
-                or args.run_dir:
+        if any(v is not None for k, v in flags.items() if k != "env_id") or args.sets \
+                or args.config or args.run_dir:
             raise UsageError("--resume continues a run with its saved configuration; it "
-                             "cannot be combined with --env/--algo/--total-steps/--seed/"
-                             "--num-envs/--run-dir/--config/--set")
+                             "cannot be combined with --algo/--total-steps/--seed/"
+                             "--num-envs/--env-kwargs/--run-dir/--config/--set")
         run_dir = Path(args.resume)
         if not run_dir.is_dir():
             raise UsageError(f"--resume: no such run directory {str(run_dir)!r}")
         cfg = load_run_config(run_dir)
+        # a module:Id is imported only because it is named here again, never because the
+        # checkpoint says so
+        env = env_for_run(cfg.env_id, cfg.env_source, args.env_id, "--resume")
     else:
         toml_values = _read_toml(args.config) if args.config else {}
         cfg = resolve_config(toml_values=toml_values, overrides=_parse_sets(args.sets),
                              flags=flags)
+        env = import_env_module(cfg.env_id, "--env")  # named on the command line
         if args.run_dir:
             run_dir = Path(args.run_dir)
         else:
@@ -99,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    trainer = Trainer(cfg, run_dir, resume=bool(args.resume), log=log, fresh=fresh)
+    trainer = Trainer(cfg, run_dir, resume=bool(args.resume), log=log, fresh=fresh, env=env)
     show = not args.no_progress and sys.stderr.isatty()
     try:
         with GracefulStop(log) as stop:
@@ -120,8 +148,14 @@ def run(args: argparse.Namespace) -> int:
         summary = (f"{cfg.algo} on {cfg.env_id}: {trainer.global_step} steps, "
                    f"{trainer.iteration} iterations in {trainer.elapsed:.1f} s "
                    f"({trainer.global_step / max(trainer.elapsed, 1e-9):.0f} steps/s)")
-        if trainer.last_return is not None:
-            summary += f", last training return {trainer.last_return:.1f}"
+        if trainer.recent_returns:
+            summary += (f", mean training return {trainer.mean_recent_return:.1f} (last "
+                        f"{len(trainer.recent_returns)} episodes)")
+        if trainer.best_eval_return is not None:
+            summary += (f", best evaluation during training {trainer.best_eval_return:.1f} "
+                        "(kept in best/)")
+        if trainer.stop_reason is not None:
+            summary += f", stopped early: {trainer.stop_reason}"
         if args.eval_episodes:
             import json
 
@@ -130,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
             from ppokit.io.atomic import atomic_write_text
 
             with RunLock(run_dir, "eval"):
-                res = evaluate_run(run_dir, episodes=args.eval_episodes)
+                res = evaluate_run(run_dir, episodes=args.eval_episodes, env=env)
                 atomic_write_text(run_dir / "eval.json", json.dumps(res, indent=2) + "\n")
             summary += (f", eval {res['mean_return']:.1f} ± {res['std_return']:.1f} "
                         f"({res['episodes']} deterministic episodes)")
@@ -144,7 +178,9 @@ def _fmt(v, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-def _train_with_progress(trainer, stop=None) -> None:
+def _train_with_progress(trainer, stop=None, on_iteration=None) -> None:
+    """``trainer.train`` with a live progress bar; ``on_iteration`` runs after the bar's
+    update and its result is passed on (a callback may stop training)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     total = trainer.cfg.num_iterations * trainer.cfg.rollout_size
@@ -156,8 +192,10 @@ def _train_with_progress(trainer, stop=None) -> None:
                              completed=trainer.global_step, info="")
 
         def on_iter(r: dict) -> None:
-            info = (f"{_fmt(r['sps'], '.0f')} sps  return {_fmt(trainer.last_return, '.1f')}"
+            info = (f"{_fmt(r['sps'], '.0f')} sps  return "
+                    f"{_fmt(trainer.mean_recent_return, '.1f')}"
                     f"  kl {_fmt(r['approx_kl'], '.4f')}  clip {_fmt(r['clipfrac'], '.3f')}")
             prog.update(task, completed=r["global_step"], info=info)
+            return on_iteration(r) if on_iteration is not None else None
 
         trainer.train(on_iter, stop=stop)

@@ -15,13 +15,16 @@ other environment ``env_state`` returns ``None`` and a resumed run resets its en
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 
 from ppokit.errors import UsageError
+
+from .source import gym_id
 
 __all__ = ["make_vec", "autoreset_mode_of", "env_state", "load_env_state", "check_env_id"]
 
@@ -32,9 +35,11 @@ _MODE_NAMES = {AutoresetMode.SAME_STEP: "same_step", AutoresetMode.NEXT_STEP: "n
 
 
 def check_env_id(env_id: str) -> gym.envs.registration.EnvSpec:
-    """The registered spec of ``env_id``, or a :class:`UsageError` naming the problem."""
+    """The registered spec of ``env_id``, or a :class:`UsageError` naming the problem. The
+    module part of a ``module:Id`` is never imported here (see :mod:`ppokit.envs.source`)."""
+    bare = gym_id(env_id)
     try:
-        return gym.spec(env_id)
+        return gym.spec(bare)
     except (gym.error.Error, ModuleNotFoundError, ImportError) as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UsageError(f"env: unknown or unavailable environment {env_id!r} ({msg})") from None
@@ -45,16 +50,22 @@ def autoreset_mode_of(env: VectorEnv) -> AutoresetMode:
     return AutoresetMode(mode) if not isinstance(mode, AutoresetMode) else mode
 
 
-def make_vec(env_id: str, num_envs: int, *, vectorization: str = "auto",
-             autoreset: str = "auto", env_kwargs: dict | None = None) -> VectorEnv:
-    """A vector env of ``num_envs`` copies of ``env_id`` (see the module documentation)."""
+def make_vec(env_id: str | Callable[[], gym.Env], num_envs: int, *,
+             vectorization: str = "auto", autoreset: str = "auto",
+             env_kwargs: dict | None = None) -> VectorEnv:
+    """A vector env of ``num_envs`` copies of ``env_id`` (see the module documentation):
+    a registered id, a ``module:Id`` whose module the user named (:mod:`.source`), or a
+    factory ``() -> gym.Env`` (sync or async vectorisation; ``env_kwargs`` do not apply)."""
     if vectorization not in VECTORIZATIONS:
         raise UsageError(f"vectorization: expected one of {', '.join(VECTORIZATIONS)}, "
                          f"got {vectorization!r}")
     if autoreset not in AUTORESET_MODES:
         raise UsageError(f"autoreset_mode: expected one of {', '.join(AUTORESET_MODES)}, "
                          f"got {autoreset!r}")
+    if callable(env_id):
+        return _make_vec_factory(env_id, num_envs, vectorization, autoreset)
     spec = check_env_id(env_id)
+    gid = gym_id(env_id)
     mode = vectorization
     if mode == "auto":
         mode = "vector_entry_point" if spec.vector_entry_point is not None else "sync"
@@ -63,7 +74,7 @@ def make_vec(env_id: str, num_envs: int, *, vectorization: str = "auto",
     kwargs: dict[str, Any] = dict(env_kwargs or {})
     try:
         if mode == "vector_entry_point":
-            env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode, **kwargs)
+            env = gym.make_vec(gid, num_envs=num_envs, vectorization_mode=mode, **kwargs)
             have = _MODE_NAMES[autoreset_mode_of(env)]
             if autoreset != "auto" and have != autoreset:
                 env.close()
@@ -73,7 +84,7 @@ def make_vec(env_id: str, num_envs: int, *, vectorization: str = "auto",
         else:
             want = (AutoresetMode.NEXT_STEP if autoreset == "next_step"
                     else AutoresetMode.SAME_STEP)
-            env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode,
+            env = gym.make_vec(gid, num_envs=num_envs, vectorization_mode=mode,
                                vector_kwargs={"autoreset_mode": want}, **kwargs)
             if isinstance(env, SyncVectorEnv) and LeanSyncVectorEnv.applies(env):
                 env.__class__ = LeanSyncVectorEnv
@@ -81,6 +92,29 @@ def make_vec(env_id: str, num_envs: int, *, vectorization: str = "auto",
         raise
     except (gym.error.Error, ModuleNotFoundError, ImportError) as exc:
         raise UsageError(f"env: cannot build {env_id!r}: {str(exc).splitlines()[0]}") from None
+    except TypeError as exc:  # e.g. an env_kwargs name the environment does not take
+        raise UsageError(f"env_kwargs: {env_id!r} does not accept them ({exc})") from None
+    return env
+
+
+def _make_vec_factory(factory: Callable[[], gym.Env], num_envs: int, vectorization: str,
+                      autoreset: str) -> VectorEnv:
+    if vectorization == "vector_entry_point":
+        raise UsageError("vectorization: an environment factory has no vectorised entry "
+                         "point; use sync or async")
+    want = AutoresetMode.NEXT_STEP if autoreset == "next_step" else AutoresetMode.SAME_STEP
+    fns = [factory] * num_envs
+    try:
+        if vectorization == "async":
+            env = AsyncVectorEnv(fns, autoreset_mode=want)
+        else:
+            env = SyncVectorEnv(fns, autoreset_mode=want)
+    except (gym.error.Error, AssertionError) as exc:
+        raise UsageError(f"env: the factory's environments cannot be vectorised "
+                         f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+                         ) from None
+    if isinstance(env, SyncVectorEnv) and LeanSyncVectorEnv.applies(env):
+        env.__class__ = LeanSyncVectorEnv
     return env
 
 

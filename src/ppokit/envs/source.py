@@ -1,0 +1,131 @@
+"""Where a run's environments come from, and the one rule about code in an env id.
+
+An environment is either a registered Gymnasium id (``CartPole-v1``), Gymnasium's
+``module:Id`` form (importing ``module`` registers ``Id``), or — from Python only — a
+factory ``() -> gymnasium.Env``.
+
+The module part of an env id is code. ppokit imports it only because the user named it in
+this process (``--env module:Id`` on the command line, ``ppokit.train("module:Id")`` or
+``env=`` in Python), through :func:`import_env_module`; never because a run directory's
+checkpoint or configuration says so. :func:`gym_id` is the one place that turns an env id
+into what Gymnasium is given: the bare ``Id`` once its module was imported that way, and a
+:class:`UsageError` otherwise — so Gymnasium itself never imports anything named by a
+string ppokit passes it. A factory cannot be recorded in a run directory; a run trained on
+one needs the factory again to resume, evaluate or load (:func:`env_for_run`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ppokit.errors import UsageError
+
+__all__ = ["split_env_id", "import_env_module", "gym_id", "env_for_run", "check_env_kwargs",
+           "FACTORY"]
+
+FACTORY = "factory"  # TrainConfig.env_source of a run trained on a Python factory
+_IMPORTED: set[str] = set()  # modules the user named in this process
+
+
+def split_env_id(env_id: str) -> tuple[str | None, str]:
+    """``"mod.sub:MyEnv-v0"`` → ``("mod.sub", "MyEnv-v0")``; ``"CartPole-v1"`` → ``(None, ...)``."""
+    if ":" in env_id:
+        mod, name = env_id.split(":", 1)
+        return mod, name
+    return None, env_id
+
+
+def import_env_module(env_id: str, where: str = "--env") -> str:
+    """Import the module part of ``env_id`` (the user named it), with the current
+    directory importable, and allow :func:`gym_id` to use it. Returns ``env_id``."""
+    mod, name = split_env_id(env_id)
+    if mod is None:
+        return env_id
+    if not mod or not name or not all(p.isidentifier() for p in mod.split(".")):
+        raise UsageError(f"{where}: expected module:Id with a Python module name, got "
+                         f"{env_id!r}")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        importlib.import_module(mod)
+    except Exception as exc:  # noqa: BLE001 - any failure of the user's module, said once
+        msg = str(exc).splitlines()[0] if str(exc) else ""
+        raise UsageError(f"{where}: cannot import module {mod!r} of {env_id!r} "
+                         f"({type(exc).__name__}{': ' + msg if msg else ''})") from None
+    _IMPORTED.add(mod)
+    return env_id
+
+
+def gym_id(env_id: str) -> str:
+    """The id to give Gymnasium: the bare ``Id`` of ``module:Id`` once the user named it
+    (:func:`import_env_module`); a registered id as it is."""
+    mod, name = split_env_id(env_id)
+    if mod is None:
+        return env_id
+    if mod not in _IMPORTED:
+        raise UsageError(f"env: {env_id!r} names the Python module {mod!r}, which ppokit "
+                         f"imports only when you name it: pass --env {env_id} (Python: "
+                         f"env={env_id!r})")
+    return name
+
+
+def env_for_run(env_id: str, env_source: str, given: Any, where: str
+                ) -> str | Callable[[], Any]:
+    """What builds the environments of a run read from a run directory (its checkpoint's
+    ``env_id`` / ``env_source``) given what the user passed again (``given``: an id, a
+    factory, or None). A factory run needs its factory; a ``module:Id`` run needs the id
+    named again, which is then imported; a registered id works as it is."""
+    if callable(given):
+        return given
+    if given is not None and not isinstance(given, str):
+        raise UsageError(f"{where}: expected an environment id or a factory, got "
+                         f"{type(given).__name__}")
+    if env_source == FACTORY:
+        raise UsageError(f"{where}: this run was trained on an environment factory "
+                         f"({env_id}), which a run directory cannot record; pass the factory "
+                         "again (Python: env=make_env)")
+    mod, _ = split_env_id(env_id)
+    if given is not None and given != env_id:
+        raise UsageError(f"{where}: the run was trained on {env_id!r}, not {given!r}")
+    if mod is not None:
+        if given is None:
+            raise UsageError(f"{where}: the run's environment {env_id!r} is imported from "
+                             f"the Python module {mod!r}; ppokit imports code only when you "
+                             f"name it: pass --env {env_id} again (Python: env={env_id!r})")
+        import_env_module(env_id, "--env")
+    return env_id
+
+
+_KW_MAX = 64 * 1024
+_RESERVED = frozenset({"num_envs", "vectorization_mode", "vector_kwargs", "wrappers", "id",
+                       "vectorization", "autoreset_mode"})
+
+
+def check_env_kwargs(value: Any, where: str = "env_kwargs") -> dict[str, Any]:
+    """A copy of ``value`` if it is a table of keyword arguments whose values are plain
+    data (JSON-able: numbers, strings, booleans, null, lists, tables)."""
+    import json
+
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and k.isidentifier()
+                                              for k in value):
+        raise UsageError(f"{where}: expected a table of keyword arguments (names to values), "
+                         f"got {str(value)[:60]!r}")
+    reserved = sorted(set(value) & _RESERVED)
+    if reserved:
+        raise UsageError(f"{where}: {reserved[0]!r} is set by ppokit's own configuration, "
+                         "not an environment argument")
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise UsageError(f"{where}: values must be plain data (numbers, strings, booleans, "
+                         f"lists, tables) ({type(exc).__name__})") from None
+    if len(text) > _KW_MAX:
+        raise UsageError(f"{where}: at most {_KW_MAX} characters as JSON, got {len(text)}")
+    return json.loads(text)
