@@ -140,6 +140,24 @@ def test_eval_during_training_keeps_the_best_and_stops_at_a_return(tmp_path, cap
     assert "stop_at_return: needs eval_every > 0" in capsys.readouterr().err
 
 
+def test_a_resumed_run_replaces_best_only_with_a_better_policy(tmp_path):
+    from ppokit.io import load_checkpoint, save_checkpoint
+
+    rd = tmp_path / "r"
+    ppokit.train("CartPole-v1", total_steps=512, run_dir=rd, eval_every=1, eval_episodes=1,
+                 **TINY).close()
+    # best/ holds a policy evaluated after the newest checkpoint (as when a run stops
+    # between the two), here with a better evaluation than any to come
+    ck = latest_checkpoint(rd / "best")
+    tensors, arrays, state = load_checkpoint(ck)
+    state["best_eval_return"] = 1e9
+    save_checkpoint(rd / "best", 5, tensors=tensors, arrays=arrays, state=state, keep=1)
+    agent = ppokit.load(rd).learn(512, progress=False)
+    assert latest_checkpoint(rd / "best").name == "iter_000000005"
+    assert [r["eval_best"] for r in read_metrics(rd)][-2:] == [1e9, 1e9]
+    agent.close()
+
+
 class _NotAFactory:
     pass
 
@@ -180,4 +198,13 @@ def test_instances_and_bad_observations_are_refused(tmp_path):
     agent.save(tmp_path / "r2")
     with pytest.raises(UsageError, match="already holds a run"):
         agent.save(tmp_path / "r2")
+    agent.close()
+
+
+def test_cartpole_from_python_reaches_500_and_stops_there(tmp_path):
+    agent = ppokit.train("CartPole-v1", run_dir=tmp_path / "r", seed=0, eval_every=5,
+                         eval_episodes=5, stop_at_return=500, **TINY)
+    assert agent.stopped_early and agent.num_timesteps < 100_000
+    best = ppokit.load(tmp_path / "r", best=True)
+    assert best.evaluate(episodes=10)["mean_return"] >= 475
     agent.close()

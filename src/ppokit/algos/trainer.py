@@ -357,6 +357,21 @@ class Trainer:
             self.save()
         return rec
 
+    def _best_of_best_dir(self) -> None:
+        """After a resume: ``best/`` may hold a policy evaluated after the checkpoint resumed
+        from (the run was stopped between the two); its recorded evaluation counts, so that
+        only a better policy replaces it."""
+        root = self.run_dir / BEST_DIR
+        if not root.is_dir():
+            return
+        ckpt, _ = find_checkpoint(root)
+        if ckpt is None:
+            return
+        best = load_checkpoint(ckpt)[2].get("best_eval_return")
+        if isinstance(best, (int, float)) and not isinstance(best, bool) and np.isfinite(best) \
+                and (self.best_eval_return is None or best > self.best_eval_return):
+            self.best_eval_return = float(best)
+
     def _evaluate_during_training(self) -> dict[str, Any]:
         """Every ``eval_every`` iterations: ``eval_episodes`` deterministic episodes on
         separate environments (the same seeds each time, so evaluations compare), and the
@@ -488,6 +503,7 @@ class Trainer:
                                      or not isinstance(best, (int, float))):
                 raise ValueError("best_eval_return is not a number")
             self.best_eval_return = None if best is None else float(best)
+            self._best_of_best_dir()
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
             raise UsageError(f"--resume: checkpoint {ckpt} does not fit this run "
                              f"({type(exc).__name__}: {exc}); nothing was changed") from None

@@ -63,16 +63,18 @@ class Batch:
 
 
 def collect_batch(policy, env_id: str = "CartPole-v1", n: int = 256, seed: int = 0,
-                  num_envs: int = 8, obs_transform: Callable | None = None) -> Batch:
-    """Step ``env_id`` with ``policy.act`` (under inference mode, as a collector does) until
-    ``n`` transitions are recorded. ``obs_transform`` maps raw observations to what the
-    policy sees (e.g. a trained run's observation normaliser)."""
+                  num_envs: int = 8, obs_transform: Callable | None = None,
+                  env_kwargs: dict | None = None) -> Batch:
+    """Step ``env_id`` (built with ``env_kwargs``) with ``policy.act`` (under inference mode,
+    as a collector does) until ``n`` transitions are recorded. ``obs_transform`` maps raw
+    observations to what the policy sees (e.g. a trained run's observation normaliser)."""
     import gymnasium as gym
     from gymnasium import spaces
 
     from ppokit.envs.source import gym_id
 
-    env = gym.make_vec(gym_id(env_id), num_envs=num_envs)  # a module:Id the user named
+    # gym_id: the bare Id of a module:Id the user named (its module is not imported here)
+    env = gym.make_vec(gym_id(env_id), num_envs=num_envs, **(env_kwargs or {}))
     gen = torch.Generator().manual_seed(seed)
     try:
         raw, _ = env.reset(seed=seed)
