@@ -127,11 +127,15 @@ def _check_pair_args(args) -> None:
 
 
 def _check_paths(args, *names: str) -> None:
+    from .models import check_output_dir
+
     for name in names:
         v = getattr(args, name, None)
         if v is not None and (not v.strip() or "\0" in v):
             raise UsageError(f"--{name.replace('_', '-')}: expected a non-empty path, "
                              f"got {v!r}")
+        if name == "out" and v is not None:
+            check_output_dir(v)  # before any training: nothing saved may be lost
 
 
 def check_cli_args(args) -> None:

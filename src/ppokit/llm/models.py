@@ -161,6 +161,19 @@ def load_lm(path: str):
     return model, tok
 
 
+def check_output_dir(path: str, what: str = "--out") -> None:
+    """Refuse an output path that would lose something: an existing file, or a directory
+    holding anything but a saved model (which is replaced whole). Checked before any
+    training, and again when saving."""
+    if os.path.lexists(path) and not os.path.islink(path):
+        if not os.path.isdir(path):
+            raise UsageError(f"{what}: {path!r} exists and is not a directory")
+        entries = set(os.listdir(path))
+        if entries and "config.json" not in entries:
+            raise UsageError(f"{what}: {path!r} is a directory that holds something other "
+                             "than a saved model; choose a new path")
+
+
 def save_policy(model, tokenizer, path: str, extra: dict | None = None) -> None:
     """Save a model (safetensors) and its tokenizer as a local Hugging Face directory;
     mark ppokit's built-in tokenizer. Written in a temporary directory beside ``path`` and
@@ -175,13 +188,7 @@ def save_policy(model, tokenizer, path: str, extra: dict | None = None) -> None:
         raise UsageError(f"model: {len(bad)} weight tensor(s) hold NaN or inf (first: "
                          f"{bad[0]}); not saved to {path!r}")
     path = os.path.normpath(path)
-    if os.path.lexists(path) and not os.path.islink(path):
-        if not os.path.isdir(path):
-            raise UsageError(f"--out: {path!r} exists and is not a directory")
-        entries = set(os.listdir(path))
-        if entries and "config.json" not in entries:
-            raise UsageError(f"--out: {path!r} is a directory that holds something other "
-                             "than a saved model; choose a new path")
+    check_output_dir(path)
     parent = os.path.dirname(path) or "."
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(path)}.tmp-{os.getpid()}")
