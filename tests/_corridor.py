@@ -14,16 +14,18 @@ import numpy as np
 {marker}
 
 class Corridor(gym.Env):
-    """Position 0..size; action 1 steps right, 0 left; -0.1 a step, +1 at the end."""
+    """Position 0..size; action 1 steps right, 0 left; -0.1 a step, +1 at the end. The
+    observation is the relative position, ``width`` times."""
 
-    def __init__(self, size=3):
+    def __init__(self, size=3, width=1):
         self.size = int(size)
-        self.observation_space = gym.spaces.Box(0.0, 1.0, (1,), np.float32)
+        self.width = int(width)
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (self.width,), np.float32)
         self.action_space = gym.spaces.Discrete(2)
         self.pos = 0
 
     def _obs(self):
-        return np.array([self.pos / self.size], np.float32)
+        return np.full(self.width, self.pos / self.size, np.float32)
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)

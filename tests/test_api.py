@@ -189,6 +189,9 @@ def test_instances_and_bad_observations_are_refused(tmp_path):
     with pytest.raises(UsageError, match="environment instance .*pass a factory"):
         ppokit.train(gym.make("CartPole-v1"))
     agent = ppokit.train("CartPole-v1", total_steps=256, run_dir=tmp_path / "r", **TINY)
+    with pytest.raises(UsageError, match="run_dir: .* already holds a run; continue it with "
+                       "ppokit.train"):
+        ppokit.train("CartPole-v1", total_steps=256, run_dir=tmp_path / "r", **TINY)
     with pytest.raises(UsageError, match=r"observation: expected shape \(4,\)"):
         agent.predict(np.zeros(3))
     with pytest.raises(UsageError, match="episodes: expected an integer"):

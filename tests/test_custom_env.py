@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 
+import numpy as np
 import pytest
 
 from _corridor import best_return, write_module
@@ -67,6 +68,23 @@ def test_a_module_env_run_needs_its_id_named_again(in_tmp, capsys):
         _err_line(capsys)
     assert main(["eval", str(rd), "--env", env_id, "--episodes", "2"]) == 0
     assert main(["train", "--resume", str(rd), "--env", env_id, *FAST[2:]]) == 0
+
+
+def test_env_kwargs_from_a_toml_file(in_tmp, capsys):
+    write_module(in_tmp, "ppk_corr_toml", "PpkCorridorToml-v0")
+    (in_tmp / "c.toml").write_text('env_id = "ppk_corr_toml:PpkCorridorToml-v0"\n'
+                                   "n_envs = 2\nn_steps = 64\n[env_kwargs]\nwidth = 3\n")
+    rd = in_tmp / "run"
+    assert main(["train", "--config", "c.toml", "--total-steps", "128", "--run-dir", str(rd),
+                 "--eval-episodes", "1", *FAST]) == 0
+    cfg = json.loads((rd / "config.json").read_text())
+    assert cfg["env_kwargs"] == {"width": 3}
+    # the kwargs reached the environment: the policy was built for 3-wide observations
+    import ppokit
+
+    agent = ppokit.load(rd, env="ppk_corr_toml:PpkCorridorToml-v0")
+    assert agent.observation_space.shape == (3,)
+    assert agent.predict(np.zeros((2, 3), np.float32))[0].shape == (2,)
 
 
 def _name_a_module(run_dir, env_id: str, **more) -> None:

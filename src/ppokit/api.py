@@ -398,7 +398,14 @@ def train(env, algo: str = "ppo", total_steps: int | None = None,
             fresh = True
         else:
             run_dir = _check_path(run_dir, "run_dir")
-    trainer = Trainer(cfg, run_dir, resume=resume, log=_log, fresh=fresh, env=maker)
+    try:
+        trainer = Trainer(cfg, run_dir, resume=resume, log=_log, fresh=fresh, env=maker)
+    except UsageError as exc:
+        if "already holds a run" not in str(exc):
+            raise
+        raise UsageError(f"run_dir: {run_dir} already holds a run; continue it with "
+                         "ppokit.train(env, run_dir=..., resume=True) or choose another "
+                         "directory") from None
     agent = Agent(cfg, trainer.run_dir, trainer.policy, trainer.obs_norm,
                   (trainer.env.single_observation_space, trainer.env.single_action_space),
                   maker, trainer=trainer)
@@ -415,7 +422,8 @@ def load(path: str | os.PathLike, env=None, *, best: bool = False) -> Agent:
     normaliser, read-only (safetensors and JSON only; nothing in the directory is imported
     or executed). ``env`` is needed again for a run trained on a factory (``env=make_env``)
     or on a ``"module:Id"`` (``env="module:Id"``: imported because you name it here).
-    ``best=True``: the best policy the evaluations during training kept (``best/``)."""
+    ``best=True``: the best policy the evaluations during training kept (``best/``); its
+    ``learn`` continues the run itself, from the newest checkpoint."""
     from ppokit.algos.evaluate import policy_from_checkpoint
     from ppokit.algos.trainer import load_run_checkpoint
     from ppokit.envs.source import env_for_run
