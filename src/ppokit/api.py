@@ -206,12 +206,15 @@ class Agent:
         return (a if batched else a[0]), state
 
     def evaluate(self, episodes: int = 10, *, deterministic: bool = True,
-                 seed: int | None = None) -> dict:
+                 seed: int | None = None, video: str | os.PathLike | None = None) -> dict:
         """Play ``episodes`` whole episodes (seeds ``seed + k``; default: the run's seed +
         1000000, as ``ppokit eval``) and return ``mean_return``, ``std_return``,
         ``returns``, ... A trained agent also writes them to its run directory's
         ``eval.json`` (``eval_stochastic.json`` with ``deterministic=False``); a loaded
-        agent writes nothing."""
+        agent writes nothing. ``video``: a directory (new, empty or a previous video
+        output) that also receives an MP4 of each episode, the same seeds and policy, and
+        ``video.json``; the result then has a ``"video"`` entry with the file names (needs
+        ``pip install 'ppokit[video]'``)."""
         import json
 
         from ppokit.algos.evaluate import evaluate_policy
@@ -223,6 +226,11 @@ class Agent:
             raise UsageError(f"seed: expected an integer in [0, {2**32 - 1}], got {seed!r}")
         if not isinstance(deterministic, bool):
             raise UsageError(f"deterministic: expected True or False, got {deterministic!r}")
+        if video is not None:
+            from ppokit.algos.video import check_video_dir, require_video_extra
+
+            check_video_dir(video, "video")
+            require_video_extra("video")
         seed = self.cfg.seed + 1_000_000 if seed is None else seed
         rets = evaluate_policy(self.policy, self.cfg, episodes=episodes, seed=seed,
                                deterministic=deterministic, obs_norm=self.obs_norm,
@@ -237,6 +245,13 @@ class Agent:
             name = "eval.json" if deterministic else "eval_stochastic.json"
             with RunLock(self.run_dir, "eval"):
                 atomic_write_text(self.run_dir / name, json.dumps(res, indent=2) + "\n")
+        if video is not None:
+            from ppokit.algos.video import record_episodes
+
+            res["video"] = record_episodes(self.policy, self.cfg, self._env, video,
+                                           episodes=episodes, seed=seed,
+                                           deterministic=deterministic,
+                                           obs_norm=self.obs_norm, where="video")
         return res
 
     # ------------------------------------------------------------------ training

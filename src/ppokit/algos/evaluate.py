@@ -58,16 +58,20 @@ def evaluate_policy(policy, cfg: TrainConfig, *, episodes: int = 10, seed: int =
 
     Episodes run ``batch`` at a time, one per env, each env seeded ``seed + k`` for the
     k-th episode, so the result does not favour short episodes. ``env`` (an id or a
-    factory) builds them instead of ``cfg.env_id``.
+    factory) builds them instead of ``cfg.env_id``. The envs are separate copies (sync, or
+    async when the run is), never a vectorised entry point, whose one generator for all
+    copies would make episode k depend on the batch: so episode k is the episode a single
+    env reset with ``seed + k`` plays (what :mod:`.video` records).
     """
     maker = cfg.env_id if env is None else env
     if episodes < 1:
         raise UsageError(f"--episodes: expected an integer >= 1, got {episodes}")
+    mode = "async" if cfg.vectorization == "async" else "sync"
     gen = torch.Generator().manual_seed(seed)
     returns: list[float] = []
     while len(returns) < episodes:
         n = min(batch, episodes - len(returns))
-        env = make_vec(maker, n, vectorization=cfg.vectorization, autoreset="auto",
+        env = make_vec(maker, n, vectorization=mode, autoreset="auto",
                        env_kwargs=cfg.env_kwargs)
         space = env.single_action_space
         obs, _ = env.reset(seed=seed + len(returns))
@@ -93,13 +97,31 @@ def evaluate_policy(policy, cfg: TrainConfig, *, episodes: int = 10, seed: int =
 
 
 def evaluate_run(run_dir: str | Path, *, episodes: int = 10, seed: int | None = None,
-                 deterministic: bool = True, env=None, best: bool = False) -> dict:
+                 deterministic: bool = True, env=None, best: bool = False,
+                 video: str | Path | None = None) -> dict:
     """Evaluate a run's newest intact checkpoint (``best``: its ``best/`` policy); ``env``
-    as for :func:`load_policy`."""
+    as for :func:`load_policy`. ``video``: a directory that receives an MP4 of each
+    episode (:func:`ppokit.algos.video.record_episodes`), described under ``"video"``."""
+    if video is not None:
+        from .video import check_video_dir, require_video_extra
+
+        check_video_dir(video)
+        require_video_extra()
     cfg, policy, norm, maker = load_policy(run_dir, env, best=best)
     seed = cfg.seed + 1_000_000 if seed is None else seed
     rets = evaluate_policy(policy, cfg, episodes=episodes, seed=seed,
                            deterministic=deterministic, obs_norm=norm, env=maker)
+    res = _result(rets, episodes, seed, deterministic, cfg.env_id)
+    if video is not None:
+        from .video import record_episodes
+
+        res["video"] = record_episodes(policy, cfg, maker, video, episodes=episodes,
+                                       seed=seed, deterministic=deterministic, obs_norm=norm)
+    return res
+
+
+def _result(rets: list[float], episodes: int, seed: int, deterministic: bool,
+            env_id: str) -> dict:
     return {"mean_return": float(np.mean(rets)), "std_return": float(np.std(rets)),
             "episodes": episodes, "returns": rets, "seed": seed,
-            "deterministic": deterministic, "env_id": cfg.env_id}
+            "deterministic": deterministic, "env_id": env_id}

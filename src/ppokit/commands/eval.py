@@ -1,6 +1,7 @@
 """``ppokit eval RUN_DIR``: play the saved policy and write RUN_DIR/eval.json
 (``--stochastic``: eval_stochastic.json, so the deterministic result stays; ``--best``: the
-best/ policy of the evaluations during training, eval_best.json)."""
+best/ policy of the evaluations during training, eval_best.json; ``--video DIR``: an MP4 of
+each episode in DIR, with DIR/video.json, see :mod:`ppokit.algos.video`)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stochastic", action="store_true",
                    help="sample actions instead of taking the most likely / mean action; "
                         "writes eval_stochastic.json instead of eval.json")
+    p.add_argument("--video", metavar="DIR", default=None,
+                   help="also write an MP4 of each episode (the same seeds and policy) into "
+                        "DIR, created if missing, with DIR/video.json; needs the video extra "
+                        "(pip install 'ppokit[video]')")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,12 +43,23 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--episodes: expected an integer >= 1, got {args.episodes}")
     if args.seed is not None and args.seed < 0:
         raise UsageError(f"--seed: expected an integer >= 0, got {args.seed}")
+    if args.video is not None:
+        from ppokit.algos.video import check_video_dir, require_video_extra
+
+        check_video_dir(args.video)
+        require_video_extra()
+        # rgb_array rendering needs no display; without one SDL (pygame) would print a
+        # warning about XDG_RUNTIME_DIR. This process only renders into arrays.
+        import os
+
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     from ppokit.io import RunLock
 
     with RunLock(run_dir, "eval"):
         res = evaluate_run(run_dir, episodes=args.episodes, seed=args.seed,
                            deterministic=not args.stochastic, env=args.env_id,
-                           best=args.best)
+                           best=args.best, video=args.video)
+        video = res.pop("video", None)
         name = ("eval_best" if args.best else "eval") + \
             ("_stochastic.json" if args.stochastic else ".json")
         atomic_write_text(run_dir / name, json.dumps(res, indent=2) + "\n")
@@ -51,4 +67,7 @@ def run(args: argparse.Namespace) -> int:
     kind += " (best/ policy)" if args.best else ""
     print(f"{res['env_id']}: mean return {res['mean_return']:.2f} ± {res['std_return']:.2f} "
           f"over {res['episodes']} {kind} episodes (seed {res['seed']})")
+    if video is not None:
+        print(f"videos: {len(video['files'])} MP4 files in {video['dir']} "
+              f"({video['files'][0]} ...; returns in video.json)")
     return 0
