@@ -51,6 +51,19 @@ def policy_from_checkpoint(cfg: TrainConfig, tensors: dict, arrays: dict, maker)
     return policy, norm, (obs_space, act_space)
 
 
+def policy_actions(policy, obs, space, obs_norm, deterministic: bool, gen) -> np.ndarray:
+    """Actions ``[n, ...]`` of ``policy`` for a batch of raw observations ``[n, ...]``: the
+    run's normalisation applied, the most likely / mean action or a sample, Box actions
+    clipped to the space (the one place evaluation and video recording take actions)."""
+    o = obs if obs_norm is None else obs_norm(obs)
+    o = torch.as_tensor(np.asarray(o, np.float32))
+    a = policy.deterministic_action(o) if deterministic else policy.act(o, gen)[0]
+    a = a.numpy()
+    if isinstance(space, spaces.Box):
+        a = np.clip(a.reshape(a.shape[0], *space.shape), space.low, space.high)
+    return a
+
+
 def evaluate_policy(policy, cfg: TrainConfig, *, episodes: int = 10, seed: int = 0,
                     deterministic: bool = True, obs_norm: ObsNormalizer | None = None,
                     batch: int = 16, env=None) -> list[float]:
@@ -79,15 +92,7 @@ def evaluate_policy(policy, cfg: TrainConfig, *, episodes: int = 10, seed: int =
         done = np.zeros(n, bool)
         with torch.inference_mode():
             while not done.all():
-                o = obs if obs_norm is None else obs_norm(obs)
-                o = torch.as_tensor(np.asarray(o, np.float32))
-                if deterministic:
-                    a = policy.deterministic_action(o)
-                else:
-                    a = policy.act(o, gen)[0]
-                a = a.numpy()
-                if isinstance(space, spaces.Box):
-                    a = np.clip(a.reshape(n, *space.shape), space.low, space.high)
+                a = policy_actions(policy, obs, space, obs_norm, deterministic, gen)
                 obs, r, te, tr, _ = env.step(a)
                 total += np.where(done, 0.0, r)
                 done |= te | tr

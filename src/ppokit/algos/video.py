@@ -28,6 +28,8 @@ from gymnasium import spaces
 
 from ppokit.errors import UsageError
 
+from .evaluate import policy_actions
+
 __all__ = ["NAME_PREFIX", "check_video_dir", "require_video_extra", "record_episodes"]
 
 NAME_PREFIX = "eval"
@@ -123,17 +125,9 @@ def record_episodes(policy, cfg, maker, out: str | os.PathLike, *, episodes: int
                     obs, _ = env.reset(seed=seed + k)
                     total, done = 0.0, False
                     while not done:
-                        o = np.asarray(obs)[None]
-                        o = o if obs_norm is None else obs_norm(o)
-                        o = torch.as_tensor(np.asarray(o, np.float32))
-                        if deterministic:
-                            a = policy.deterministic_action(o)
-                        else:
-                            a = policy.act(o, gen)[0]
-                        a = a.numpy()
-                        if isinstance(space, spaces.Box):
-                            a = np.clip(a.reshape(space.shape), space.low, space.high)
-                        else:
+                        a = policy_actions(policy, np.asarray(obs)[None], space, obs_norm,
+                                           deterministic, gen)[0]
+                        if not isinstance(space, spaces.Box):
                             a = a.reshape(()).item()
                         obs, r, te, tr, _ = env.step(a)
                         total += float(r)
