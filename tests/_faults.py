@@ -67,3 +67,11 @@ def _count_and_crash(monkeypatch, k):
 
     monkeypatch.setattr(ckmod, "shutil", _Shutil)
     return fake
+
+
+def count_write_steps(monkeypatch, write) -> int:
+    """How many file-system steps one checkpoint write (``write()``) takes."""
+    fake = _count_and_crash(monkeypatch, None)
+    write()
+    monkeypatch.undo()
+    return fake.calls

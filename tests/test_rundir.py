@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from _faults import _count_and_crash, _Crash, _snapshot
+from _faults import _count_and_crash, _Crash, _snapshot, count_write_steps
 from ppokit.algos import Trainer, resolve_config
 from ppokit.cli import main
 from ppokit.errors import UsageError
@@ -242,10 +242,7 @@ def test_env_run_crashed_at_every_step_of_a_checkpoint_write_resumes(tmp_path, m
     # how many file-system steps one checkpoint write takes (replacing an older one)
     probe = Trainer(cfg, tmp_path / "probe", log=lambda m: None)
     probe.iterate()
-    fake = _count_and_crash(monkeypatch, None)
-    probe.iterate()
-    steps = fake.calls
-    monkeypatch.undo()
+    steps = count_write_steps(monkeypatch, probe.iterate)
     probe.close()
     assert steps >= 8
     for k in range(1, steps + 1):

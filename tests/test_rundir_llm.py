@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from _faults import _count_and_crash, _Crash, _snapshot
+from _faults import _count_and_crash, _Crash, _snapshot, count_write_steps
 from ppokit.cli import main
 from ppokit.errors import UsageError
 from ppokit.io import GracefulStop, Interrupted, latest_checkpoint, read_metrics
@@ -163,10 +163,7 @@ def test_llm_run_crashed_at_every_step_of_a_checkpoint_write_resumes(tmp_path, m
     # how many file-system steps one checkpoint write takes
     probe = _trainer(tmp_path / "probe", iterations=1)
     probe.train_iteration()
-    fake = _count_and_crash(monkeypatch, None)
-    probe.save_checkpoint()
-    steps = fake.calls
-    monkeypatch.undo()
+    steps = count_write_steps(monkeypatch, probe.save_checkpoint)
     probe.close()
     assert steps >= 8
     for k in range(1, steps + 1):
