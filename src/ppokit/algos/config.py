@@ -104,6 +104,9 @@ class TrainConfig:
     checkpoint_every: int = _f(50, "write a checkpoint every this many iterations (and at the end)")
     keep_checkpoints: int = _f(2, "number of most recent checkpoints kept")
     tensorboard: bool = _f(True, "also write TensorBoard scalars when tensorboard is installed")
+    track: str = _f("none", "experiment tracker besides metrics.jsonl: none or wandb (the "
+                    "wandb extra; WANDB_MODE=offline works without an account)")
+    wandb_project: str = _f("ppokit", "W&B project of the run (with track = wandb)")
     torch_threads: int = _f(1, "torch intra-op threads (0 = leave torch's default)")
     fast: bool = _f(True, "fast paths where the policy and loss allow them: the fused "
                     "minibatch step (compiled, hand-written backward, flat fused Adam) and "
@@ -148,6 +151,7 @@ CHOICES = {
     "vectorization": ("auto", "vector_entry_point", "sync", "async"),
     "autoreset_mode": ("auto", "same_step", "next_step"),
     "env_source": ("id", "factory"),
+    "track": ("none", "wandb"),
 }
 
 
@@ -192,7 +196,8 @@ _ENV_ID = re.compile(r"[\w.:/-]+")
 
 # the ``ppokit train`` flags that set a configuration key directly
 FLAGS = {"env_id": "--env", "algo": "--algo", "total_timesteps": "--total-steps",
-         "seed": "--seed", "n_envs": "--num-envs", "env_kwargs": "--env-kwargs"}
+         "seed": "--seed", "n_envs": "--num-envs", "env_kwargs": "--env-kwargs",
+         "track": "--track"}
 
 
 def max_torch_threads() -> int:
@@ -244,6 +249,9 @@ def _check_range(name: str, v: Any, integer: bool, optional: bool) -> None:
         _fail(name, "expected " + _range_text(name, integer, optional), v)
 
 
+_PROJECT = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+
+
 def _validate(c: TrainConfig) -> None:
     hints = get_type_hints(TrainConfig)
     for f in fields(c):
@@ -277,6 +285,9 @@ def _validate(c: TrainConfig) -> None:
             _fail(name, f"expected one of {', '.join(CHOICES[name])}", v)
     if not (0 < len(c.env_id) <= ENV_ID_MAX_LEN and _ENV_ID.fullmatch(c.env_id)):
         _fail("env_id", "expected a Gymnasium environment id such as CartPole-v1", c.env_id)
+    if not _PROJECT.fullmatch(c.wandb_project):
+        _fail("wandb_project", "expected a W&B project name: 1 to 128 letters, digits, "
+              "'-', '_' or '.'", c.wandb_project)
     if c.batch_size > c.rollout_size:
         _fail("batch_size", f"{c.batch_size} is larger than the rollout (n_steps * n_envs = "
               f"{c.n_steps} * {c.n_envs} = {c.rollout_size})", show=False)

@@ -76,6 +76,7 @@ from ppokit.io.checkpoint import (
 from ppokit.io.metrics import MetricsWriter, truncate_metrics
 from ppokit.io.rundir import RunDir
 from ppokit.io.signals import GracefulStop, Interrupted
+from ppokit.io.tracking import check_tracker, make_tracker
 from ppokit.policies import make_policy
 from ppokit.rollout import Collector, Rollout
 
@@ -164,7 +165,7 @@ class Trainer:
                                   json.dumps(c.to_dict(), indent=2) + "\n")
                 truncate_metrics(self.run_dir / "metrics.jsonl", 0)
                 self.collector.reset(seed=c.seed)
-            self.metrics = MetricsWriter(self.run_dir, tensorboard=c.tensorboard)
+            self.metrics = self._open_metrics(resume)
         except BaseException:
             if self.env is not None:
                 self.env.close()
@@ -173,7 +174,14 @@ class Trainer:
         self.rundir.started()
         self._saved_iteration = self.iteration if resume else None
 
+    def _open_metrics(self, resume: bool) -> MetricsWriter:
+        c = self.cfg
+        tracker = make_tracker(c.track, self.run_dir, project=c.wandb_project,
+                               config=c.to_dict(), resume=resume, log=self.log)
+        return MetricsWriter(self.run_dir, tensorboard=c.tensorboard, tracker=tracker)
+
     def _setup(self, c: TrainConfig) -> None:
+        check_tracker(c.track)
         if c.torch_threads:
             torch.set_num_threads(c.torch_threads)
         random.seed(c.seed)
@@ -403,7 +411,7 @@ class Trainer:
         training returns."""
         self.rundir.reacquire()
         if self.metrics.fh.closed:  # training again after an earlier train() returned
-            self.metrics = MetricsWriter(self.run_dir, tensorboard=self.cfg.tensorboard)
+            self.metrics = self._open_metrics(resume=True)
         self.stopped_early, self.stop_reason = False, None
         try:
             while self.iteration < self.cfg.num_iterations:

@@ -66,7 +66,8 @@ def run_seeds(args: argparse.Namespace) -> int:
     if parallel < 1:
         raise UsageError(f"--parallel: expected an integer >= 1, got {parallel}")
     flags = {"env_id": args.env_id, "algo": args.algo, "total_timesteps": args.total_timesteps,
-             "n_envs": args.n_envs, "env_kwargs": _parse_env_kwargs(args.env_kwargs)}
+             "n_envs": args.n_envs, "env_kwargs": _parse_env_kwargs(args.env_kwargs),
+             "track": args.track}
     toml_values = _read_toml(args.config) if args.config else {}
     cfg = resolve_config(toml_values=toml_values, overrides=_parse_sets(args.sets),
                          flags=flags)  # validates everything once, before any process starts
@@ -95,7 +96,8 @@ def run_seeds(args: argparse.Namespace) -> int:
             "--eval-episodes", str(args.eval_episodes)]
     for flag, val in (("--env", args.env_id), ("--algo", args.algo),
                       ("--total-steps", args.total_timesteps), ("--num-envs", args.n_envs),
-                      ("--env-kwargs", args.env_kwargs), ("--config", args.config)):
+                      ("--env-kwargs", args.env_kwargs), ("--config", args.config),
+                      ("--track", args.track)):
         if val is not None:
             base += [flag, str(val)]
     for item in args.sets:

@@ -45,6 +45,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="continue the run in RUN_DIR from its latest good checkpoint")
     p.add_argument("--eval-episodes", type=_int, default=10, metavar="N",
                    help="deterministic evaluation episodes at the end (0: none; default 10)")
+    p.add_argument("--track", choices=("none", "wandb"), default=None,
+                   help="also log to Weights & Biases (the wandb extra; WANDB_MODE=offline "
+                        "writes under RUN_DIR/wandb without an account); same as --set "
+                        "track=wandb")
     p.add_argument("--no-progress", action="store_true", help="no live progress bar")
 
 
@@ -98,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
 
     flags = {"env_id": args.env_id, "algo": args.algo, "total_timesteps": args.total_timesteps,
              "seed": args.seed, "n_envs": args.n_envs,
-             "env_kwargs": _parse_env_kwargs(args.env_kwargs)}
+             "env_kwargs": _parse_env_kwargs(args.env_kwargs), "track": args.track}
     fresh = False
     if args.resume:
         if any(v is not None for k, v in flags.items() if k != "env_id") or args.sets \

@@ -84,12 +84,15 @@ def _iteration(rec: dict) -> float:
 
 
 class MetricsWriter:
-    """Appends records to ``metrics.jsonl`` and, when available, TensorBoard."""
+    """Appends records to ``metrics.jsonl`` and, when available, TensorBoard; ``tracker``
+    (see :mod:`ppokit.io.tracking`) gets a copy of every record and is closed with the
+    writer."""
 
     def __init__(self, run_dir: str | Path, tensorboard: bool = True, *,
-                 name: str = "metrics.jsonl", step_key: str = "global_step"):
+                 name: str = "metrics.jsonl", step_key: str = "global_step", tracker=None):
         self.path = Path(run_dir) / name
         self.step_key = step_key
+        self.tracker = tracker
         self.fh = open_append(self.path)
         self.tb = None
         if tensorboard:
@@ -109,6 +112,8 @@ class MetricsWriter:
             for k, v in rec.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and k != self.step_key:
                     self.tb.add_scalar(f"train/{k}", v, step)
+        if self.tracker is not None:
+            self.tracker.log(rec, step=int(rec[self.step_key]))
 
     def close(self) -> None:
         if self.fh.closed:
@@ -116,3 +121,5 @@ class MetricsWriter:
         self.fh.close()
         if self.tb is not None:
             self.tb.close()
+        if self.tracker is not None:
+            self.tracker.close()
