@@ -412,3 +412,54 @@ def test_cli_bad_run_dir_exits_2(tmp_path, capsys, make):
     assert main(["report", str(d)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("ppokit report: error:") and err.count("\n") == 1
+
+
+# -- return-collapse: recorded real runs (tests/data/README.md) and synthetic shapes -----
+
+DATA = __import__("pathlib").Path(__file__).parent / "data"
+
+
+@pytest.mark.parametrize("seed,fires", [(0, False), (11, False), (18, True)])
+def test_return_collapse_on_recorded_cartpole_runs(seed, fires):
+    found = [f for f in report(DATA / f"cartpole_seed{seed}.metrics.jsonl")
+             if f.code == "return-collapse"]
+    assert bool(found) == fires
+    if fires:
+        (f,) = found
+        s = f.evidence[0]["summary"]
+        assert s["plateau"] == 500.0 and 100 < s["tail_median"] < 160
+        assert s["lost_fraction"] > 0.7
+        assert "plateau of 500" in f.message and "eval_every" in f.message
+
+
+def _with_returns(rets):
+    recs = healthy_env_run(n=len(rets))
+    for r, v in zip(recs, rets):
+        r["episode_return_mean"] = v
+    return recs
+
+
+def test_return_collapse_synthetic_shapes():
+    rng = np.random.default_rng(0)
+    rise = list(np.linspace(20, 500, 40))
+    noise = lambda n, s: list(rng.normal(0, s, n))  # noqa: E731
+    plateau = [500 + e for e in noise(40, 5)]
+    fell = [150 + e for e in noise(40, 10)]
+    assert "return-collapse" in codes(_with_returns(rise + plateau + fell))
+    # recovered within the tail: not sustained
+    back = [150] * 20 + [495] * 20
+    assert "return-collapse" not in codes(_with_returns(rise + plateau + back))
+    # a short dip at the very end (less than the tail window)
+    assert "return-collapse" not in codes(_with_returns(rise + plateau + [500] * 36 + [60] * 4))
+    # a small sag (20 % of what was learned) is not a collapse
+    assert "return-collapse" not in codes(_with_returns(rise + plateau + [404] * 40))
+    # never learned anything: nothing to lose
+    assert "return-collapse" not in codes(_with_returns([20 + e for e in noise(120, 2)]))
+    # a single high spike is not a plateau
+    spike = [20.0] * 30 + [500.0] + [20.0] * 89
+    assert "return-collapse" not in codes(_with_returns(spike))
+
+
+def test_list_codes_needs_no_run_dir(capsys):
+    assert main(["report", "--list-codes"]) == 0
+    assert "return-collapse" in capsys.readouterr().out

@@ -92,3 +92,12 @@ def test_reward_hacking_run_flags_length_reward_coupling(tmp_path):
     found = warnings(str(out / "beta0"))
     assert "length-reward-coupling" in found
     assert "truncation-high" in found
+
+
+@pytest.mark.slow
+def test_collapsed_seed_is_reported_and_said_at_the_end(tmp_path, capsys):
+    """Seed 18 of the preset collapses after reaching 500 (tests/data/README.md); the
+    fresh run gets the return-collapse finding and train's last lines say so."""
+    run = train(tmp_path, "s18", 100_000, seed=18)
+    assert "return-collapse" in warnings(run)
+    assert "the final policy is not the best" in capsys.readouterr().err

@@ -13,7 +13,7 @@ from .rules import RULES, Finding, diagnose
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", metavar="RUN_DIR",
+    parser.add_argument("run_dir", metavar="RUN_DIR", nargs="?",
                         help="a run directory holding metrics.jsonl (or the file itself)")
     parser.add_argument("--json", action="store_true",
                         help="print the findings as a JSON list of {code, severity, message, "
@@ -59,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
         for code, (_, desc) in RULES.items():
             print(f"{code:24s} {desc}")
         return 0
+    if args.run_dir is None:
+        raise UsageError("RUN_DIR: expected a run directory (or its metrics.jsonl); "
+                         "--list-codes alone lists the finding codes")
     table = read_metrics_table(args.run_dir)
     if len(table) == 0:
         raise UsageError(f"{args.run_dir}: metrics.jsonl has no complete line")
