@@ -36,3 +36,29 @@ def test_train_eval_plot(tmp_path, capsys):
     assert main(["train", "--run-dir", str(runs[0]), "--total-steps", "2048"]) == 2
     assert "already holds a run" in capsys.readouterr().err
     assert main(["eval", str(tmp_path / "missing")]) == 2
+
+
+def test_progress_bar_keeps_its_fields_at_80_columns(tmp_path):
+    """The live bar on an 80-column terminal: every field visible (no '…'), time labelled
+    as what is left."""
+    import io
+    import re
+
+    from rich.console import Console
+
+    from ppokit.algos import Trainer, resolve_config
+    from ppokit.commands.train import _train_with_progress
+
+    for width in (80, 132):
+        buf = io.StringIO()
+        con = Console(file=buf, width=width, force_terminal=True, color_system=None)
+        cfg = resolve_config(overrides={"tensorboard": False, "n_envs": 2, "n_steps": 64,
+                                        "batch_size": 64},
+                             flags={"total_timesteps": 512})
+        tr = Trainer(cfg, tmp_path / f"w{width}", log=lambda m: None)
+        _train_with_progress(tr, console=con)
+        tr.close()
+        last = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", buf.getvalue()).split("\r")[-1].strip()
+        assert "…" not in last and len(last) <= width, last
+        assert last.endswith("left") and "kl " in last and "clip " in last
+        assert ("ret " if width == 80 else "return ") in last

@@ -175,31 +175,77 @@ def run(args: argparse.Namespace) -> int:
     finally:
         trainer.close()
     print(f"{summary}; run dir {run_dir} (curve: {png.name})", flush=True)
+    _say_if_collapsed(run_dir, log)
     return 0
+
+
+def _say_if_collapsed(run_dir: Path, log) -> None:
+    """A run whose return fell after a plateau says so in its last lines: the final policy
+    is then not the best one the run had (``ppokit report`` gives the evidence)."""
+    from ppokit.diagnose.metrics import read_metrics_table
+    from ppokit.diagnose.rules import Thresholds, rule_return_collapse
+
+    try:
+        found = rule_return_collapse(read_metrics_table(run_dir), Thresholds())
+    except UsageError:
+        return
+    for f in found:
+        s = f.evidence[0]["summary"]
+        log(f"note: the training return reached {s['plateau']:g} and then fell to "
+            f"{s['tail_median']:g} (median of the last {s['tail_points']} iterations with "
+            f"episodes): the final policy is not the best this run had. Details: ppokit "
+            f"report {run_dir}; eval_every keeps the best policy in best/.")
 
 
 def _fmt(v, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-def _train_with_progress(trainer, stop=None, on_iteration=None) -> None:
-    """``trainer.train`` with a live progress bar; ``on_iteration`` runs after the bar's
-    update and its result is passed on (a callback may stop training)."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+def _progress_columns(width: int) -> tuple[list, bool]:
+    """The bar's columns for a terminal ``width`` columns wide; the second value says
+    whether the compact layout (for about 80 columns) was chosen."""
+    from rich.progress import BarColumn, TextColumn, TimeRemainingColumn
 
+    if width >= 110:
+        return [TextColumn("[bold]{task.description}"), BarColumn(),
+                TextColumn("{task.completed:>9,.0f}/{task.total:,.0f} steps"),
+                TextColumn("{task.fields[info]}"), TimeRemainingColumn(),
+                TextColumn("left")], False
+    return [TextColumn("[bold]{task.fields[short]}"), BarColumn(bar_width=10),
+            TextColumn("{task.percentage:>3.0f}%"), TextColumn("{task.fields[info]}"),
+            TimeRemainingColumn(), TextColumn("left")], True
+
+
+def _info(r: dict, mean_return, compact: bool) -> str:
+    if compact:
+        sps = r["sps"]
+        rate = "-" if sps is None else (f"{sps / 1000:.1f}k/s" if sps >= 1000
+                                        else f"{sps:.0f}/s")
+        return (f"ret {_fmt(mean_return, '.1f')} kl {_fmt(r['approx_kl'], '.4f')} "
+                f"clip {_fmt(r['clipfrac'], '.3f')} {rate}")
+    return (f"{_fmt(r['sps'], '.0f')} sps  return {_fmt(mean_return, '.1f')}"
+            f"  kl {_fmt(r['approx_kl'], '.4f')}  clip {_fmt(r['clipfrac'], '.3f')}")
+
+
+def _train_with_progress(trainer, stop=None, on_iteration=None, console=None) -> None:
+    """``trainer.train`` with a live progress bar (steps done, the latest figures, and the
+    estimated time left; a compact layout on terminals narrower than 110 columns);
+    ``on_iteration`` runs after the bar's update and its result is passed on (a callback
+    may stop training)."""
+    from rich.console import Console
+    from rich.progress import Progress
+
+    console = console or Console(stderr=True)
+    cols, compact = _progress_columns(console.width)
     total = trainer.cfg.num_iterations * trainer.cfg.rollout_size
-    cols = [TextColumn("[bold]{task.description}"), BarColumn(),
-            TextColumn("{task.completed:>9,.0f}/{task.total:,.0f} steps"),
-            TextColumn("{task.fields[info]}"), TimeRemainingColumn()]
-    with Progress(*cols, transient=False) as prog:
+    with Progress(*cols, console=console, transient=False) as prog:
         task = prog.add_task(f"{trainer.cfg.algo} {trainer.cfg.env_id}", total=total,
-                             completed=trainer.global_step, info="")
+                             completed=trainer.global_step, info="",
+                             short=trainer.cfg.env_id[:24])
 
         def on_iter(r: dict) -> None:
-            info = (f"{_fmt(r['sps'], '.0f')} sps  return "
-                    f"{_fmt(trainer.mean_recent_return, '.1f')}"
-                    f"  kl {_fmt(r['approx_kl'], '.4f')}  clip {_fmt(r['clipfrac'], '.3f')}")
-            prog.update(task, completed=r["global_step"], info=info)
+            prog.update(task, completed=r["global_step"],
+                        info=_info(r, trainer.mean_recent_return, compact))
             return on_iteration(r) if on_iteration is not None else None
 
         trainer.train(on_iter, stop=stop)
