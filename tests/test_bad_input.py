@@ -350,6 +350,33 @@ def test_plot_leaves_out_unplottable_runs_and_replaces_a_link(capsys, scratch):
     assert (scratch / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_plot_runs_of_different_lengths_are_labelled_not_cut(capsys, scratch, monkeypatch):
+
+    cfg = json.dumps({"algo": "ppo", "env_id": "CartPole-v1"})
+    for name, n in (("short", 5), ("long", 12)):
+        _metrics(scratch / name, [{"iteration": i, "global_step": 100 * i,
+                                   "episode_return_mean": float(i)} for i in range(1, n + 1)])
+        (scratch / name / "config.json").write_text(cfg)
+    drawn = []
+    import matplotlib.axes
+
+    real_plot = matplotlib.axes.Axes.plot
+
+    def spy(ax, *args, **kw):
+        drawn.append((list(args[0]), kw.get("label")))
+        return real_plot(ax, *args, **kw)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", spy)
+    assert main(["plot", "short", "long", "--out", "c.png"]) == 0
+    err = capsys.readouterr().err
+    assert "runs end at different steps (1,200, 500)" in err
+    assert "mean covers steps up to 500" in err
+    labels = [lab for _, lab in drawn if lab]
+    assert labels == ["ppo CartPole-v1 (mean of 2 up to step 500)"]
+    # the longer run's steps beyond 500 are drawn (not silently cut)
+    assert max(max(x) for x, _ in drawn) == 1200
+
+
 def test_report_deeply_nested_line(capsys, scratch):
     _metrics(scratch / "run", [{"iteration": 1}, "[" * 100_000 + "]" * 100_000,
                                {"iteration": 2}])

@@ -4,7 +4,9 @@ Every argument is checked before anything is drawn: each RUN_DIR must hold a rea
 ``metrics.jsonl`` and ``--out`` must name a file in an existing directory, in an image
 format matplotlib writes. Runs with no row that has both ``global_step`` and
 ``episode_return_mean`` are named on stderr and left out; when no run has one there is
-nothing to plot and no file is written (exit status 2).
+nothing to plot and no file is written (exit status 2). Runs of one configuration that end
+at different steps are averaged only where all of them have data; the legend says up to
+which step, the longer runs' remainders are drawn on their own, and a note on stderr says so.
 """
 
 from __future__ import annotations
@@ -65,6 +67,9 @@ def run(args: argparse.Namespace) -> int:
     for d in lacking:
         print(f"ppokit plot: {d}: no row with both global_step and episode_return_mean; "
               "left out", file=sys.stderr)
-    plot_runs(have, out, title=args.title)
+    notes: list[str] = []
+    plot_runs(have, out, title=args.title, notes=notes)
+    for note in notes:
+        print(f"ppokit plot: {note}", file=sys.stderr)
     print(f"wrote {out}")
     return 0

@@ -74,10 +74,13 @@ def _smooth(y: np.ndarray, k: int = 5) -> np.ndarray:
     return out
 
 
-def plot_runs(run_dirs: list[str | Path], out: str | Path, title: str | None = None) -> Path:
+def plot_runs(run_dirs: list[str | Path], out: str | Path, title: str | None = None,
+              notes: list[str] | None = None) -> Path:
     """Overlay runs; runs with the same algorithm and env are one curve: the mean over
-    seeds (interpolated on a common step grid) with the min–max spread shaded. The image
-    format follows ``out``'s suffix (PNG without one)."""
+    seeds (interpolated on the step range all of them cover) with the min–max spread
+    shaded. Runs of one group that end at different steps are not cut silently: the mean's
+    label says where it stops, each run's part beyond it is drawn on its own, and a line is
+    appended to ``notes``. The image format follows ``out``'s suffix (PNG without one)."""
     fmt = figure_format(out)
     import matplotlib
 
@@ -100,10 +103,23 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, title: str | None = N
             continue
         lo = max(r[0][0] for r in runs)
         hi = min(r[0][-1] for r in runs)
+        longest = max(r[0][-1] for r in runs)
         grid = np.linspace(lo, hi, 200) if hi > lo else np.array([lo])
         ys = np.stack([np.interp(grid, x, y) for x, y in runs])
-        ax.plot(grid, ys.mean(0), label=f"{label} (mean of {len(runs)})")
-        ax.fill_between(grid, ys.min(0), ys.max(0), alpha=0.25)
+        text = f"{label} (mean of {len(runs)})"
+        if longest > hi:
+            text = f"{label} (mean of {len(runs)} up to step {hi:,.0f})"
+            if notes is not None:
+                ends = sorted({f"{r[0][-1]:,.0f}" for r in runs})
+                notes.append(f"{label}: runs end at different steps ({', '.join(ends)}); "
+                             f"the mean covers steps up to {hi:,.0f}, beyond that each "
+                             "longer run is drawn on its own (thin lines)")
+        line, = ax.plot(grid, ys.mean(0), label=text)
+        ax.fill_between(grid, ys.min(0), ys.max(0), alpha=0.25, color=line.get_color())
+        for x, y in runs:
+            beyond = x >= hi
+            if x[-1] > hi and beyond.sum() > 0:
+                ax.plot(x[beyond], y[beyond], lw=0.8, alpha=0.7, color=line.get_color())
     ax.set_xlabel("environment steps")
     ax.set_ylabel("episode return (mean per iteration, smoothed)")
     if title:
