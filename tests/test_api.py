@@ -211,3 +211,52 @@ def test_cartpole_from_python_reaches_500_and_stops_there(tmp_path):
     best = ppokit.load(tmp_path / "r", best=True)
     assert best.evaluate(episodes=10)["mean_return"] >= 475
     agent.close()
+
+
+def test_ctrl_c_in_python_writes_a_checkpoint_and_learn_continues(tmp_path, capsys):
+    """SIGINT during ppokit.train: the iteration finishes, a checkpoint is written, then
+    KeyboardInterrupt reaches the caller; the run continues from that checkpoint."""
+    import os
+    import signal
+
+    def interrupt_at_3(rec, agent):
+        if rec["iteration"] == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    rd = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        ppokit.train("CartPole-v1", total_steps=4096, run_dir=rd, n_envs=4, n_steps=64,
+                     callbacks=[interrupt_at_3], **TINY)
+    err = capsys.readouterr().err
+    assert "received SIGINT" in err and "continue with agent.learn" in err
+    assert latest_checkpoint(rd / "checkpoints").name == "iter_000000003"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    agent = ppokit.train("CartPole-v1", run_dir=rd, resume=True, progress=False)
+    assert agent.num_timesteps == 4096
+    assert [r["iteration"] for r in read_metrics(rd)] == list(range(1, 17))
+    agent.close()
+
+
+def test_a_gymnasium_vector_env_trains_as_it_is(tmp_path):
+    import gymnasium as gym
+
+    vec = gym.make_vec("CartPole-v1", num_envs=4, vectorization_mode="sync")
+    agent = ppokit.train(vec, total_steps=1024, run_dir=tmp_path / "r", n_steps=64, **TINY)
+    assert agent.cfg.n_envs == 4 and agent.cfg.env_source == "factory"
+    assert agent.num_timesteps == 1024
+    res = agent.evaluate(episodes=3)  # single copies built from the vector env's env_fns
+    assert len(res["returns"]) == 3 and res["mean_return"] > 0
+    agent.close()
+    assert vec.closed  # ppokit closes the vector env with the agent
+    with pytest.raises(UsageError, match="n_envs: 8, but the VectorEnv given has 2"):
+        ppokit.train(gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync"),
+                     n_envs=8, run_dir=tmp_path / "r2", **TINY)
+    # a vector env with its own vectorised implementation: single copies from its spec
+    vec = gym.make_vec("CartPole-v1", num_envs=4, vectorization_mode="vector_entry_point")
+    agent = ppokit.train(vec, total_steps=512, run_dir=tmp_path / "r3", n_steps=64, **TINY)
+    assert len(agent.evaluate(episodes=2)["returns"]) == 2
+    # loading the run needs the environment again (a vector env or a factory)
+    agent.close()
+    loaded = ppokit.load(tmp_path / "r3",
+                         env=gym.make_vec("CartPole-v1", 2, vectorization_mode="sync"))
+    assert len(loaded.evaluate(episodes=2)["returns"]) == 2

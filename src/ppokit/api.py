@@ -12,15 +12,19 @@
 Training writes the run directory the command line writes (``metrics.jsonl``,
 checkpoints, ``learning_curve.png``; ``eval.json`` from :meth:`Agent.evaluate`), with the
 same guarantees (docs/training.md). An environment is a registered Gymnasium id, Gymnasium's
-``module:Id`` (``module`` is imported because you named it), or a factory
-``() -> gymnasium.Env``. A factory cannot be recorded in a run directory, so resuming,
-evaluating or loading such a run needs it again: ``ppokit.load(path, env=make_env)``.
+``module:Id`` (``module`` is imported because you named it), a factory
+``() -> gymnasium.Env``, or a ``gymnasium.vector.VectorEnv`` (trained as it is, its
+``num_envs`` being the run's; evaluation builds single copies from its ``env_fns`` or
+registered spec). A factory or a vector env cannot be recorded in a run directory, so
+resuming, evaluating or loading such a run needs it again: ``ppokit.load(path,
+env=make_env)``.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -46,10 +50,15 @@ def _env_arg(env: Any) -> tuple[Any, str, str]:
     if isinstance(env, type):
         raise UsageError(f"env: got the class {env.__name__}; pass a factory that builds one "
                          f"(env=lambda: {env.__name__}(...)) or a registered id")
-    if isinstance(env, (gym.Env, gym.vector.VectorEnv)):
+    if isinstance(env, gym.vector.VectorEnv):
+        from ppokit.envs.source import GivenVectorEnv
+
+        given = GivenVectorEnv(env)
+        return given, given.__qualname__, "factory"
+    if isinstance(env, gym.Env):
         raise UsageError(f"env: got an environment instance ({type(env).__name__}); ppokit "
                          "builds n_envs copies itself, so pass a factory that makes one "
-                         "(env=lambda: MyEnv()) or a registered id")
+                         "(env=lambda: MyEnv()), a gymnasium VectorEnv, or a registered id")
     if callable(env):
         name = getattr(env, "__qualname__", None) or type(env).__name__
         label = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._-")[:100] or "factory"
@@ -87,7 +96,7 @@ def _check_path(value: Any, name: str) -> Path:
 
 
 def _resolve(env_id: str, algo: Any, total_steps: Any, env_kwargs: Any, env_source: str,
-             config: dict):
+             config: dict, maker: Any = None):
     from ppokit.algos.config import _unknown_key, resolve_config, valid_keys
 
     for k in config:
@@ -105,6 +114,14 @@ def _resolve(env_id: str, algo: Any, total_steps: Any, env_kwargs: Any, env_sour
             raise UsageError("env_kwargs: apply to a registered id; a factory takes its own "
                              "arguments (env=lambda: MyEnv(size=8))")
         overrides["env_source"] = "factory"
+    from ppokit.envs.source import GivenVectorEnv
+
+    if isinstance(maker, GivenVectorEnv):
+        n = maker.vec.num_envs
+        if "n_envs" in config and config["n_envs"] != n:
+            raise UsageError(f"n_envs: {config['n_envs']!r}, but the VectorEnv given has {n} "
+                             "environments (leave n_envs out)")
+        overrides["n_envs"] = n
     try:
         return resolve_config(env_id=env_id, toml_values={}, overrides=overrides)
     except UsageError as exc:
@@ -290,12 +307,26 @@ class Agent:
                     stop = True
             return "stop" if stop else None
 
-        if show:
-            from ppokit.commands.train import _train_with_progress
+        from ppokit.io import GracefulStop, Interrupted
 
-            _train_with_progress(tr, on_iteration=on_iteration)
-        else:
-            tr.train(on_iteration)
+        try:
+            # Ctrl-C (or SIGTERM) ends training at the iteration boundary with a checkpoint,
+            # as on the command line; then KeyboardInterrupt (SystemExit for SIGTERM)
+            # reaches the caller and the agent is still usable (learn continues it)
+            with GracefulStop(_log) as stop:
+                if show:
+                    from ppokit.commands.train import _train_with_progress
+
+                    _train_with_progress(tr, stop, on_iteration=on_iteration)
+                else:
+                    tr.train(on_iteration, stop=stop)
+        except Interrupted as exc:
+            where = exc.checkpoint.name if exc.checkpoint else "a checkpoint"
+            _log(f"{exc}; {where} written in {self.run_dir}; continue with agent.learn(...) "
+                 f"or ppokit.train(env, run_dir={str(self.run_dir)!r}, resume=True)")
+            if exc.signum == signal.SIGINT:
+                raise KeyboardInterrupt from None
+            raise SystemExit(exc.exit_code) from None
         self.cfg = tr.cfg
         from ppokit.io.plots import plot_learning_curve
 
@@ -368,8 +399,10 @@ def train(env, algo: str = "ppo", total_steps: int | None = None,
     """Train an agent and return it.
 
     ``env``: a registered Gymnasium id, ``"module:Id"`` (``module`` is imported first, the
-    current directory included), or a factory ``() -> gymnasium.Env`` (a class or an
-    instance is refused: pass ``lambda: MyEnv()``). ``algo``: ppo, a2c, reinforce or
+    current directory included), a factory ``() -> gymnasium.Env``, or a
+    ``gymnasium.vector.VectorEnv`` (trained as it is; ``n_envs`` is its ``num_envs``;
+    ppokit closes it with the agent). A class or a single env instance is refused: pass
+    ``lambda: MyEnv()``. ``algo``: ppo, a2c, reinforce or
     ppo-kl. ``total_steps``: environment steps (default: the preset's). ``run_dir``: where
     the run is written (default: a new ``runs/ENV-ALGO-sSEED-TIME``); an existing run is
     continued only with ``resume=True`` (then ``env`` must be the run's: its id, or its
@@ -407,7 +440,7 @@ def train(env, algo: str = "ppo", total_steps: int | None = None,
     else:
         if not isinstance(algo, str):
             raise UsageError(f"algo: expected a string, got {algo!r}")
-        cfg = _resolve(env_id, algo, total_steps, env_kwargs, source, config)
+        cfg = _resolve(env_id, algo, total_steps, env_kwargs, source, config, maker)
         if run_dir is None:
             run_dir = unique_run_dir("runs", f"{cfg.env_id}-{cfg.algo}-s{cfg.seed}")
             fresh = True

@@ -57,8 +57,8 @@ from ppokit.envs import (
     RewardScaler,
     env_state,
     load_env_state,
-    make_vec,
 )
+from ppokit.envs.vec import training_vec
 from ppokit.errors import UsageError
 from ppokit.io.atomic import atomic_write_text
 from ppokit.io.checkpoint import (
@@ -187,8 +187,8 @@ class Trainer:
         random.seed(c.seed)
         np.random.seed(c.seed % 2**32)  # noqa: NPY002 (legacy global state, saved too)
         torch.manual_seed(c.seed)
-        self.env = make_vec(self.env_maker, c.n_envs, vectorization=c.vectorization,
-                            autoreset=c.autoreset_mode, env_kwargs=c.env_kwargs)
+        self.env = training_vec(self.env_maker, c.n_envs, vectorization=c.vectorization,
+                                autoreset=c.autoreset_mode, env_kwargs=c.env_kwargs)
         obs_space = self.env.single_observation_space
         # the memory bound again, now with the real observation and action sizes
         check_memory(c, int(np.prod(obs_space.shape or (1,))),

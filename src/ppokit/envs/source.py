@@ -24,8 +24,8 @@ from typing import Any
 
 from ppokit.errors import UsageError
 
-__all__ = ["split_env_id", "import_env_module", "gym_id", "env_for_run", "check_env_kwargs",
-           "FACTORY"]
+__all__ = ["GivenVectorEnv", "split_env_id", "import_env_module", "gym_id", "env_for_run",
+           "check_env_kwargs", "FACTORY"]
 
 FACTORY = "factory"  # TrainConfig.env_source of a run trained on a Python factory
 _IMPORTED: set[str] = set()  # modules the user named in this process
@@ -104,6 +104,39 @@ def env_for_run(env_id: str, env_source: str, given: Any, where: str
 _KW_MAX = 64 * 1024
 _RESERVED = frozenset({"num_envs", "vectorization_mode", "vector_kwargs", "wrappers", "id",
                        "vectorization", "autoreset_mode"})
+
+
+class GivenVectorEnv:
+    """A user's ``gymnasium.vector.VectorEnv`` instance: training steps it as it is (its
+    ``num_envs`` is the run's ``n_envs``; ppokit closes it with the run). Evaluation needs
+    fresh single environments: calling this object builds one from the vector env's own
+    ``env_fns`` (Sync/AsyncVectorEnv keep them) or from its registered ``spec``; a vector
+    env with neither cannot be evaluated (a clear error then)."""
+
+    def __init__(self, vec: Any):
+        self.vec = vec
+        self.__qualname__ = type(vec).__name__
+        fns = getattr(vec, "env_fns", None)
+        spec = getattr(vec, "spec", None)
+        if fns:
+            self._single = fns[0]
+        elif spec is not None and getattr(spec, "id", None):
+            import gymnasium as gym
+
+            # the spec of a vector env also holds make_vec's own arguments
+            kwargs = {k: v for k, v in (getattr(spec, "kwargs", None) or {}).items()
+                      if k not in _RESERVED}
+            self._single = lambda: gym.make(spec.id, **kwargs)
+        else:
+            self._single = None
+
+    def __call__(self):
+        if self._single is None:
+            raise UsageError(f"env: the {type(self.vec).__name__} given for training keeps "
+                             "no env_fns and no registered spec, so no single copy can be "
+                             "built for evaluation; pass a factory () -> gymnasium.Env "
+                             "instead (evaluation needs one)")
+        return self._single()
 
 
 def check_env_kwargs(value: Any, where: str = "env_kwargs") -> dict[str, Any]:

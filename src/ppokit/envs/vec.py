@@ -26,7 +26,8 @@ from ppokit.errors import UsageError
 
 from .source import gym_id
 
-__all__ = ["make_vec", "autoreset_mode_of", "env_state", "load_env_state", "check_env_id"]
+__all__ = ["make_vec", "training_vec", "autoreset_mode_of", "env_state", "load_env_state",
+           "check_env_id"]
 
 VECTORIZATIONS = ("auto", "vector_entry_point", "sync", "async")
 AUTORESET_MODES = ("auto", "same_step", "next_step")
@@ -62,7 +63,7 @@ def make_vec(env_id: str | Callable[[], gym.Env], num_envs: int, *,
     if autoreset not in AUTORESET_MODES:
         raise UsageError(f"autoreset_mode: expected one of {', '.join(AUTORESET_MODES)}, "
                          f"got {autoreset!r}")
-    if callable(env_id):
+    if callable(env_id):  # a factory (a GivenVectorEnv builds single copies too)
         return _make_vec_factory(env_id, num_envs, vectorization, autoreset)
     spec = check_env_id(env_id)
     gid = gym_id(env_id)
@@ -95,6 +96,27 @@ def make_vec(env_id: str | Callable[[], gym.Env], num_envs: int, *,
     except TypeError as exc:  # e.g. an env_kwargs name the environment does not take
         raise UsageError(f"env_kwargs: {env_id!r} does not accept them ({exc})") from None
     return env
+
+
+def training_vec(maker, num_envs: int, *, vectorization: str = "auto",
+                 autoreset: str = "auto", env_kwargs: dict | None = None) -> VectorEnv:
+    """The training envs of a run: the user's own VectorEnv as it is (a
+    :class:`ppokit.envs.source.GivenVectorEnv`, checked against ``num_envs`` and
+    ``autoreset``), else :func:`make_vec`."""
+    from .source import GivenVectorEnv
+
+    if not isinstance(maker, GivenVectorEnv):
+        return make_vec(maker, num_envs, vectorization=vectorization, autoreset=autoreset,
+                        env_kwargs=env_kwargs)
+    vec = maker.vec
+    if vec.num_envs != num_envs:
+        raise UsageError(f"n_envs: {num_envs}, but the VectorEnv given has {vec.num_envs} "
+                         "environments")
+    have = _MODE_NAMES[autoreset_mode_of(vec)]
+    if autoreset != "auto" and have != autoreset:
+        raise UsageError(f"autoreset_mode: the VectorEnv given runs in {have} mode, not "
+                         f"{autoreset}")
+    return vec
 
 
 def _make_vec_factory(factory: Callable[[], gym.Env], num_envs: int, vectorization: str,
