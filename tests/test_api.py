@@ -260,3 +260,29 @@ def test_a_gymnasium_vector_env_trains_as_it_is(tmp_path):
     loaded = ppokit.load(tmp_path / "r3",
                          env=gym.make_vec("CartPole-v1", 2, vectorization_mode="sync"))
     assert len(loaded.evaluate(episodes=2)["returns"]) == 2
+
+
+def test_scalars_logged_from_a_callback_join_that_iterations_record(tmp_path):
+    def mine(rec, agent):
+        agent.log("custom/twice_iteration", 2 * rec["iteration"])
+
+    rd = tmp_path / "run"
+    agent = ppokit.train("CartPole-v1", total_steps=1024, run_dir=rd, n_envs=4, n_steps=64,
+                         callbacks=[mine], progress=False)
+    recs = read_metrics(rd)
+    assert [r["custom/twice_iteration"] for r in recs] == [2.0 * r["iteration"] for r in recs]
+    with pytest.raises(UsageError, match="log: scalars are logged"):
+        agent.log("custom/x", 1.0)  # outside a callback
+
+    def clash(rec, agent):
+        agent.log("approx_kl", 1.0)
+
+    with pytest.raises(UsageError, match="'approx_kl' is one of ppokit's own metrics"):
+        agent.learn(256, callbacks=[clash])
+
+    def not_a_number(rec, agent):
+        agent.log("custom/x", float("nan"))
+
+    with pytest.raises(UsageError, match="custom/x: expected a finite number"):
+        agent.learn(256, callbacks=[not_a_number])
+    agent.close()

@@ -271,6 +271,14 @@ class Agent:
                                            obs_norm=self.obs_norm, where="video")
         return res
 
+    def log(self, name: str, value: float) -> None:
+        """Log a scalar of your own from a callback: it joins the iteration's metrics
+        record (``metrics.jsonl``, TensorBoard, W&B) under ``name``, which may not be one of
+        ppokit's own metric names."""
+        if self._trainer is None:
+            raise UsageError("log: scalars are logged during training, from a callback")
+        self._trainer.record(name, value)
+
     # ------------------------------------------------------------------ training
     def learn(self, more_steps: int, *, callbacks: Iterable[Callable] = (),
               progress: bool | None = None) -> Agent:

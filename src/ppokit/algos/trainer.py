@@ -38,7 +38,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import random
+import re
 import time
 from collections import deque
 from collections.abc import Callable
@@ -82,6 +84,8 @@ from ppokit.rollout import Collector, Rollout
 
 from .config import TrainConfig, check_memory, config_from_dict
 from .optim import Adam
+
+_SCALAR_NAME = re.compile(r"[A-Za-z0-9_./-]{1,100}")
 
 __all__ = ["Trainer", "load_run_config", "load_run_checkpoint", "RETURN_WINDOW"]
 
@@ -238,6 +242,29 @@ class Trainer:
         self.stopped_early = False
         self.stop_reason: str | None = None
         self.best_eval_return: float | None = None  # of the evaluations during training
+        self._user_scalars: dict[str, float] = {}
+        self._building: dict | None = None
+        self.last_verdict: Any = None
+
+    def record(self, name: str, value) -> None:
+        """Log a scalar of your own into this iteration's metrics record (metrics.jsonl,
+        TensorBoard, W&B): only from a callback, which runs before the record is written."""
+        if self._building is None:
+            raise UsageError("log: scalars are logged from a callback, while an iteration's "
+                             "record is being written")
+        if not (isinstance(name, str) and _SCALAR_NAME.fullmatch(name)):
+            raise UsageError(f"log: name: expected 1 to 100 letters, digits, '_', '.', '/' or "
+                             f"'-', got {name!r}")
+        if name in self._building:
+            raise UsageError(f"log: {name!r} is one of ppokit's own metrics; choose another "
+                             "name (e.g. 'custom/{name}')")
+        try:
+            ok = not isinstance(value, bool) and math.isfinite(float(value))
+        except (TypeError, ValueError, OverflowError):
+            ok = False
+        if not ok:
+            raise UsageError(f"log: {name}: expected a finite number, got {value!r}")
+        self._user_scalars[name] = float(value)
 
     @property
     def mean_recent_return(self) -> float | None:
@@ -311,7 +338,7 @@ class Trainer:
         return out
 
     # ------------------------------------------------------------------ loop
-    def iterate(self) -> dict[str, Any]:
+    def iterate(self, on_record: Callable[[dict], Any] | None = None) -> dict[str, Any]:
         c = self.cfg
         t0 = time.perf_counter()
         lr = self.current_lr()
@@ -359,6 +386,15 @@ class Trainer:
         }
         if c.eval_every:
             rec.update(self._evaluate_during_training())
+        # callbacks see the record before it is written, so that the scalars they log
+        # (record) land in this iteration's line
+        self._building = rec
+        try:
+            self.last_verdict = on_record(rec) if on_record is not None else None
+        finally:
+            self._building = None
+        rec.update(self._user_scalars)
+        self._user_scalars = {}
         self.metrics.write(rec)
         if (self.iteration % c.checkpoint_every == 0
                 or self.iteration == c.num_iterations):
@@ -404,27 +440,27 @@ class Trainer:
     def train(self, on_iteration: Callable[[dict], Any] | None = None, *,
               stop: GracefulStop | None = None) -> None:
         """Iterate until ``num_iterations``. ``on_iteration(metrics)`` runs after each
-        iteration; when it returns ``False`` or ``"stop"``, training ends there with a
-        checkpoint (``stopped_early`` is then True). With ``stop`` (a :class:`GracefulStop`),
-        a signal ends training at the next iteration boundary: a checkpoint is written and
-        :class:`ppokit.io.Interrupted` raised. The run directory's lock is held until
-        training returns."""
+        iteration's update, before its record is written (scalars it logs with
+        :meth:`record` join that record); when it returns ``False`` or ``"stop"``, training
+        ends there with a checkpoint (``stopped_early`` is then True). With ``stop`` (a
+        :class:`GracefulStop`), a signal ends training at the next iteration boundary: a
+        checkpoint is written and :class:`ppokit.io.Interrupted` raised. The run
+        directory's lock is held until training returns."""
         self.rundir.reacquire()
         if self.metrics.fh.closed:  # training again after an earlier train() returned
             self.metrics = self._open_metrics(resume=True)
         self.stopped_early, self.stop_reason = False, None
         try:
             while self.iteration < self.cfg.num_iterations:
-                rec = self.iterate()
+                rec = self.iterate(on_iteration)
                 reason = None
                 target = self.cfg.stop_at_return
                 got = rec.get("eval_return_mean")
                 if target is not None and got is not None and got >= target:
                     reason = f"evaluation return {got:.1f} reached stop_at_return {target:g}"
-                if on_iteration is not None:
-                    r = on_iteration(rec)
-                    if r is False or (isinstance(r, str) and r == "stop"):
-                        reason = reason or "a callback asked to stop"
+                r = self.last_verdict
+                if r is False or (isinstance(r, str) and r == "stop"):
+                    reason = reason or "a callback asked to stop"
                 if reason is not None:
                     if self._saved_iteration != self.iteration:
                         self.save()
