@@ -192,11 +192,16 @@ def _counts(rows: dict[str, Tensor]) -> dict[str, Any]:
 def eager_minibatch_step(spec: UpdateSpec, forward: Callable[[dict], Forward],
                          optimizer, params: list[Tensor], mb: dict[str, Tensor], *,
                          clip_range: float, kl_coef: float = 0.0,
-                         kl_limit: float | None = None) -> dict[str, Tensor] | None:
+                         kl_limit: float | None = None, dp=None) -> dict[str, Tensor] | None:
     """Loss, backward, global gradient clipping and optimiser step for one minibatch
     (split into ``spec.grad_accum`` micro-batches). Returns detached statistics keyed by
     :data:`STAT_KEYS`, or ``None`` when ``kl_limit`` is given and the minibatch's
-    ``approx_kl`` exceeds it: then no step is taken."""
+    ``approx_kl`` exceeds it: then no step is taken.
+
+    ``dp`` (a :class:`ppokit.engine.dist.DataParallel`): ``mb`` is the whole global
+    minibatch on every rank, its ``owner`` entry the rank of each row; this rank computes
+    its own rows only (micro-batches of the global minibatch, dividing by its global
+    counts), then gradients and statistics are summed across ranks."""
     surrogate = POLICY_LOSSES.get(spec.policy_loss)
     n = mb["logp"].shape[0]
     m_all = mb.get("mask")
@@ -205,8 +210,14 @@ def eager_minibatch_step(spec: UpdateSpec, forward: Callable[[dict], Forward],
         mb["advantages"] = masked_whiten(mb["advantages"], m_all)
     accum = spec.grad_accum
     agg_kw: dict[str, Any] = {"agg": spec.agg, "norm_length": spec.norm_length}
-    if accum > 1:  # each micro-batch divides by the minibatch's counts
+    split = accum > 1 or dp is not None
+    if split:  # each micro-batch divides by the minibatch's counts
         agg_kw.update(_counts(mb))
+    if dp is not None:
+        mine = torch.nonzero(mb["owner"] == dp.rank).squeeze(1)
+        chunks = mine.chunk(accum) if len(mine) else ()
+    else:
+        chunks = torch.arange(n).chunk(accum) if accum > 1 else (None,)
     pol_kw: dict[str, Any] = {}
     if spec.policy_loss == "clip":
         pol_kw = {"clip_eps": clip_range, "clip_eps_high": spec.clip_range_high,
@@ -214,12 +225,12 @@ def eager_minibatch_step(spec: UpdateSpec, forward: Callable[[dict], Forward],
     optimizer.zero_grad(set_to_none=True)
     sums: dict[str, Tensor] = {}
     total_tokens = _counts(mb)["num_tokens"]
-    for idx in (torch.arange(n).chunk(accum) if accum > 1 else (None,)):
+    for idx in chunks:
         micro = mb if idx is None else {k: v[idx] for k, v in mb.items()}
         m = micro.get("mask")
         f = forward(micro)
         pl = surrogate(f.logp, micro["logp"], micro["advantages"], m, **pol_kw, **agg_kw)
-        if kl_limit is not None and accum == 1 and float(pl.stats["approx_kl"]) > kl_limit:
+        if kl_limit is not None and not split and float(pl.stats["approx_kl"]) > kl_limit:
             return None
         terms = LossTerms(policy=pl.loss, entropy=entropy_bonus(f.entropy, m, **agg_kw))
         if spec.use_critic:
@@ -236,13 +247,39 @@ def eager_minibatch_step(spec: UpdateSpec, forward: Callable[[dict], Forward],
         total.backward()
         w = 1.0 if idx is None else _counts(micro)["num_tokens"] / total_tokens
         _accumulate(sums, pl, terms, w)
-    if kl_limit is not None and accum > 1 and float(sums["approx_kl"]) > kl_limit:
+    if dp is not None:
+        sums = _sum_across_ranks(dp, sums, spec)
+    if kl_limit is not None and split and float(sums["approx_kl"]) > kl_limit:
         optimizer.zero_grad(set_to_none=True)
         return None
+    if dp is not None:
+        dp.sum_grads_(params)
     max_norm = spec.max_grad_norm if spec.max_grad_norm is not None else float("inf")
     sums["grad_norm"] = torch.nn.utils.clip_grad_norm_(params, max_norm).detach()
     optimizer.step()
     return sums
+
+
+_SUMMED = ("policy_loss", "entropy", "value_loss", "kl_loss", "approx_kl", "approx_kl_k1",
+           "clipfrac", "clip_active_frac")
+
+
+def _sum_across_ranks(dp, sums: dict[str, Tensor], spec: UpdateSpec) -> dict[str, Tensor]:
+    """This rank's share of the minibatch statistics → the minibatch's (identical on every
+    rank). Each share is already weighted by the global counts, so the shares add up; a
+    rank that owned no row of the minibatch contributes zeros (and ±inf to the ratio
+    extremes). A term the spec does not have stays NaN."""
+    absent = {"value_loss": not spec.use_critic, "kl_loss": spec.kl_anchor == "none"}
+    vec = torch.stack([torch.zeros(()) if absent.get(k) else
+                       sums.get(k, torch.zeros(())).float().reshape(()) for k in _SUMMED])
+    dp.sum_(vec)
+    out = {k: (torch.tensor(float("nan")) if absent.get(k) else vec[i])
+           for i, k in enumerate(_SUMMED)}
+    out["ratio_min"] = dp.min_(sums.get("ratio_min", torch.tensor(float("inf"))).float()
+                               .reshape(()).clone())
+    out["ratio_max"] = dp.max_(sums.get("ratio_max", torch.tensor(float("-inf"))).float()
+                               .reshape(()).clone())
+    return out
 
 
 def _accumulate(sums: dict[str, Tensor], pl, terms: LossTerms, w: float) -> None:
@@ -263,7 +300,7 @@ def _accumulate(sums: dict[str, Tensor], pl, terms: LossTerms, w: float) -> None
 def run_update(spec: UpdateSpec, batch: LabelledBatch, forward: Callable[[dict], Forward],
                optimizer, params: list[Tensor], *, generator: torch.Generator,
                clip_range: float | None = None, kl_coef: float | None = None,
-               step_fn: Callable | None = None) -> dict[str, Any]:
+               step_fn: Callable | None = None, dp=None) -> dict[str, Any]:
     """``spec.n_epochs`` passes over ``batch`` in shuffled minibatches of
     ``spec.minibatch_size`` rows (one unshuffled minibatch when it covers the batch).
 
@@ -273,6 +310,11 @@ def run_update(spec: UpdateSpec, batch: LabelledBatch, forward: Callable[[dict],
     as a dict or as a vector ordered as :data:`STAT_KEYS`' first entries, or ``None`` for
     an early stop). Returns the mean of each statistic over the steps taken (``ratio_min``
     / ``ratio_max``: min / max; ``None`` when no step was taken) and :data:`UPDATE_KEYS`.
+
+    ``dp`` (data parallelism, :mod:`ppokit.engine.dist`): every rank passes the whole
+    batch (with an ``owner`` row entry) and a ``generator`` in the same state, so all
+    ranks form the same minibatches; the default step then computes each rank's rows and
+    sums across ranks.
     """
     clip = spec.clip_range if clip_range is None else float(clip_range)
     beta = spec.kl_coef if kl_coef is None else float(kl_coef)
@@ -288,7 +330,7 @@ def run_update(spec: UpdateSpec, batch: LabelledBatch, forward: Callable[[dict],
         def step_fn(mb, clip_range, kl_limit):
             return eager_minibatch_step(spec, forward, optimizer, params, mb,
                                         clip_range=clip_range, kl_coef=beta,
-                                        kl_limit=kl_limit)
+                                        kl_limit=kl_limit, dp=dp)
     stats: list = []
     stop_epoch = stop_mb = None
     for epoch in range(spec.n_epochs):

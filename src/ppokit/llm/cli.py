@@ -97,6 +97,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation at the end")
+    p.add_argument("--nproc", type=int, default=None, metavar="N",
+                   help="data-parallel training on N processes of this machine (launches "
+                        "torchrun --standalone --nproc_per_node N -m ppokit llm train ...; "
+                        "gloo on CPU, NCCL on GPUs); under torchrun, ranks come from it")
 
     p = sub.add_parser("eval", help="score the trained and the reference policy on held-out "
                        "prompts; writes RUN_DIR/eval.json")
@@ -184,12 +188,72 @@ def _print_eval(ev: dict) -> None:
               f"{ev['reference_greedy_score_mean']:.4f}")
 
 
+def _launch(nproc: int) -> int:
+    """``--nproc N``: run this same command under torchrun on N local processes."""
+    import subprocess
+
+    argv = list(sys.argv[1:])
+    out, skip = [], False
+    for a in argv:  # drop --nproc N / --nproc=N
+        if skip:
+            skip = False
+            continue
+        if a == "--nproc":
+            skip = True
+            continue
+        if a.startswith("--nproc="):
+            continue
+        out.append(a)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={nproc}", "-m", "ppokit", *out]
+    print(f"launching: torchrun --standalone --nproc_per_node={nproc} -m ppokit "
+          + " ".join(out), file=sys.stderr, flush=True)
+    rc = subprocess.call(cmd)
+    if rc != 0:
+        print(f"ppokit llm train: the {nproc}-process job failed (exit status {rc}); the "
+              "first failing rank's error is above. Checkpoints are written atomically by "
+              "rank 0: the last one in the run directory is intact and --resume continues "
+              "from it.", file=sys.stderr, flush=True)
+    return rc
+
+
 def _train(args) -> int:
+    from ppokit.engine.dist import init_from_env, world_from_env
+
+    if args.nproc is not None:
+        if not 1 <= args.nproc <= 1024:
+            raise UsageError(f"--nproc: expected an integer in [1, 1024], got {args.nproc}")
+        if world_from_env()[1] > 1:
+            raise UsageError("--nproc: already running under torchrun (its --nproc_per_node "
+                             "sets the number of ranks)")
+        if args.nproc > 1:
+            return _launch(args.nproc)
+    dp = init_from_env()
+    try:
+        return _train_ranks(args, dp)
+    except Exception as exc:
+        if dp is None or isinstance(exc, UsageError):
+            raise
+        # a collective failed: another rank died (its own error names the cause)
+        print(f"ppokit llm train (rank {dp.rank}): stopped because the job lost a rank "
+              f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); the "
+              "last checkpoint in the run directory is intact", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        if dp is not None:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+def _train_ranks(args, dp) -> int:
     from ppokit.io import GracefulStop, Interrupted, unique_run_dir
 
     from .evaluate import evaluate_lm_run
     from .trainer import TokenTrainer, config_from_run
 
+    main_rank = dp is None or dp.is_main
     fresh = False
     if args.resume:
         if args.run_dir:
@@ -206,17 +270,26 @@ def _train(args) -> int:
         if args.run_dir:
             run_dir = args.run_dir
         else:
-            run_dir = str(unique_run_dir("runs", f"llm-{cfg.algo}"))
+            run_dir = str(unique_run_dir("runs", f"llm-{cfg.algo}")) if main_rank else None
             fresh = True
-    tr = TokenTrainer(cfg, run_dir, resume=bool(args.resume), fresh=fresh,
-                      log=lambda m: print(m, file=sys.stderr, flush=True))
-    print(f"run dir: {run_dir}")
+            if dp is not None:  # rank 0 names (and creates) it
+                run_dir = dp.gather_objects(run_dir)[0]
+
+    def log(m: str) -> None:
+        if main_rank:
+            print(m, file=sys.stderr, flush=True)
+
+    tr = TokenTrainer(cfg, run_dir, resume=bool(args.resume), fresh=fresh, log=log, dp=dp)
+    if main_rank:
+        print(f"run dir: {run_dir}" + (f" ({dp.world} ranks)" if dp is not None else ""))
     t0 = time.perf_counter()
     try:
         with GracefulStop() as stop:
             try:
                 recs = tr.train(progress=not args.no_progress, stop=stop)
             except Interrupted as exc:
+                if not main_rank:
+                    return exc.exit_code
                 print(f"{exc}; checkpoint {exc.checkpoint.name} written; run dir {run_dir}",
                       file=sys.stderr)
                 print(f"resume with: ppokit llm train --resume {run_dir}"
@@ -224,6 +297,8 @@ def _train(args) -> int:
                 return exc.exit_code
     finally:
         tr.close()
+    if not main_rank:
+        return 0
     if recs:
         last = recs[-1]
         print(f"iteration {last['iteration']}: score_mean {last['score_mean']:.4f}  kl_ref "

@@ -87,6 +87,7 @@ from .models import (
     load_lm,
     save_policy,
 )
+from .parallel import NoRunDir, gather_rollout, shard
 from .progress import Progress
 from .rollout import TokenRollout, encode_prompts, generate, sequence_logprobs, shift_to_tokens
 from .runfiles import (  # noqa: F401 (config_from_run re-exported)
@@ -108,8 +109,17 @@ class TokenTrainer:
 
     def __init__(self, cfg: LLMConfig, run_dir: str, *, policy=None, tokenizer=None,
                  reference=None, log=print, resume: bool = False, monitors=None,
-                 reward_fn=None, fresh: bool = False):
+                 reward_fn=None, fresh: bool = False, dp=None):
         self.cfg = cfg = cfg.resolved()
+        # data parallelism (ppokit.engine.dist.DataParallel; None: one process). Only rank
+        # 0 owns the run directory: lock, metrics, samples, checkpoints, exported policy.
+        self.dp = dp
+        self.rank, self.world = (dp.rank, dp.world) if dp is not None else (0, 1)
+        self.is_main = self.rank == 0
+        if cfg.prompts_per_iter % self.world:
+            raise UsageError(f"prompts_per_iter: {cfg.prompts_per_iter} is not divisible by "
+                             f"the {self.world} ranks (each rank takes whole prompts with "
+                             "all their samples)")
         # monitors: callables (prompts, completions) -> {name: float}, logged each iteration
         # (e.g. a true task score while training against a learned reward model)
         self.monitors = list(monitors or [])
@@ -118,7 +128,8 @@ class TokenTrainer:
         self.metrics = None
         # the lock first: a second writer fails before any work; a failed start leaves
         # nothing behind (RunDir.abort)
-        self.rundir = RunDir(self.run_dir, new=not resume, kind="llm", fresh=fresh)
+        self.rundir = (RunDir(self.run_dir, new=not resume, kind="llm", fresh=fresh)
+                       if self.is_main else NoRunDir())
         try:
             self._setup(cfg, policy, tokenizer, reference, reward_fn, resume)
         except BaseException:
@@ -130,16 +141,24 @@ class TokenTrainer:
         run_dir = self.run_dir
         ckpt = None
         if resume:  # verify before anything is loaded or changed
-            ckpt, damaged = find_checkpoint(os.path.join(run_dir, "checkpoints"),
-                                            log=self.log)
-            if ckpt is None:
-                raise UsageError(no_checkpoint_message(run_dir, damaged))
+            ckpt, damaged, problem = None, [], None
+            if self.is_main:
+                ckpt, damaged = find_checkpoint(os.path.join(run_dir, "checkpoints"),
+                                                log=self.log)
+                if ckpt is None:
+                    problem = no_checkpoint_message(run_dir, damaged)
+            if self.dp is not None:  # every rank loads the checkpoint rank 0 verified
+                ckpt, problem = self.dp.gather_objects((ckpt, problem))[0]
+            if problem is not None:
+                raise UsageError(problem)
             self._ckpt = load_checkpoint(ckpt)
             self._damaged = damaged
             _check_reward_named_again(cfg, self._ckpt[2].get("config"), reward_fn)
         torch.manual_seed(cfg.seed)
-        self.py_rng = random.Random(cfg.seed)
-        self.gen = torch.Generator().manual_seed(cfg.seed)
+        self.py_rng = random.Random(cfg.seed)  # the prompts: the same on every rank
+        # sampling: one stream per rank; shuffling minibatches: the same on every rank
+        self.gen = torch.Generator().manual_seed(cfg.seed + 1_000_003 * self.rank)
+        self.shuffle_gen = torch.Generator().manual_seed(cfg.seed + 17)
         self.task = ReverseTask() if cfg.prompts is None else None
         # reward and prompts before any model work: a bad one fails fast
         self.reward_fn = reward_fn if reward_fn is not None else self._reward_fn()
@@ -149,14 +168,14 @@ class TokenTrainer:
             self.train_prompts, self.eval_prompt_list = prompt_sets(cfg)
         ref_dir = os.path.join(run_dir, "reference")
         if policy is None:
-            if resume or os.path.isdir(ref_dir):
+            if resume or (self.is_main and os.path.isdir(ref_dir)):
                 check_tree(ref_dir, "run dir")
                 policy, tokenizer = load_lm(ref_dir)
             elif cfg.model is not None:
                 policy, tokenizer = load_lm(cfg.model)
             else:
                 policy, tokenizer = self._warm_start()
-        if not os.path.isdir(ref_dir) or os.path.islink(ref_dir):
+        if self.is_main and (not os.path.isdir(ref_dir) or os.path.islink(ref_dir)):
             save_policy(policy, tokenizer, ref_dir)
         self.policy, self.tok = policy, tokenizer
         self.policy.eval()  # no dropout anywhere: old and new log-probs must agree
@@ -171,6 +190,8 @@ class TokenTrainer:
             self.critic = ValueModel(self.policy, separate=False)
         if self.critic is not None:
             self.critic.eval()
+        if self.dp is not None:  # every rank starts from rank 0's weights
+            self.dp.broadcast_([p.data for p in self.trained_parameters()])
         groups = [{"params": [p for p in self.policy.parameters() if p.requires_grad],
                    "lr": cfg.learning_rate}]
         if self.critic is not None:
@@ -186,7 +207,7 @@ class TokenTrainer:
         self._saved_iteration = None
         if resume:
             self._load_checkpoint(ckpt)
-        else:
+        elif self.is_main:
             atomic_write_text(os.path.join(run_dir, "config.json"),
                               json.dumps(asdict(cfg), indent=2) + "\n")
             if cfg.prompts is not None:  # the run's own copy: resume and eval read it
@@ -194,6 +215,9 @@ class TokenTrainer:
                 write_prompts(os.path.join(run_dir, EVAL_PROMPTS), self.eval_prompt_list)
             truncate_metrics(os.path.join(run_dir, "metrics.jsonl"), 0)
             truncate_metrics(os.path.join(run_dir, "samples.jsonl"), 0)
+        if not self.is_main:
+            self.samples = None
+            return
         self.metrics = MetricsWriter(run_dir, tensorboard=False, step_key="iteration")
         self.samples = MetricsWriter(run_dir, tensorboard=False, name="samples.jsonl",
                                      step_key="iteration")
@@ -208,7 +232,8 @@ class TokenTrainer:
                  "noisy demonstrations)")
         info = builtin_sft(self.task, model, tok, steps=self.cfg.sft_steps, lr=self.cfg.sft_lr,
                            seed=self.cfg.seed)
-        atomic_write_text(os.path.join(self.run_dir, "warm_start.json"),
+        if self.is_main:
+            atomic_write_text(os.path.join(self.run_dir, "warm_start.json"),
                           json.dumps(info, indent=2) + "\n")
         return model, tok
 
@@ -228,6 +253,8 @@ class TokenTrainer:
 
     # ------------------------------------------------------------------ phases
     def sample_prompts(self) -> list[str]:
+        """This iteration's prompts: the global list (the same on every rank); with several
+        ranks, :meth:`train_iteration` takes this rank's block of it."""
         n = self.cfg.prompts_per_iter
         if self.task is not None:
             return self.task.train_prompts(n, self.py_rng)
@@ -285,8 +312,11 @@ class TokenTrainer:
         """The rollout's frozen labels as the engine's batch: one row per sequence, the
         loss mask marking the action tokens that enter the losses; ``row`` indexes the
         rollout (the forward adapter reads the token ids from it)."""
-        data = {"row": torch.arange(roll.input_ids.shape[0]), "logp": lab.old_logp,
+        n = roll.input_ids.shape[0]
+        data = {"row": torch.arange(n), "logp": lab.old_logp,
                 "advantages": lab.advantages, "ref_logp": lab.ref_logp}
+        if self.dp is not None:  # contiguous blocks of rows, in rank order
+            data["owner"] = torch.arange(self.world).repeat_interleave(n // self.world)
         if lab.returns is not None:
             data["returns"] = lab.returns
             data["values"] = lab.values
@@ -324,7 +354,7 @@ class TokenTrainer:
         """The engine's eager minibatch step (a subclass may override it)."""
         return eager_minibatch_step(spec, forward, self.opt, self.trained_parameters(), mb,
                                     clip_range=clip_range, kl_coef=spec.kl_coef,
-                                    kl_limit=kl_limit)
+                                    kl_limit=kl_limit, dp=self.dp)
 
     def update(self, roll: TokenRollout, lab: Labels) -> dict:
         """One update of the engine (:func:`ppokit.engine.run_update`) on this rollout."""
@@ -338,19 +368,30 @@ class TokenTrainer:
             return self.update_minibatch(mb, clip_range, kl_limit, spec=spec, forward=forward)
 
         return run_update(spec, self.labelled_batch(roll, lab), forward, self.opt,
-                          self.trained_parameters(), generator=self.gen, step_fn=step)
+                          self.trained_parameters(), generator=self.shuffle_gen,
+                          step_fn=step, dp=self.dp)
 
     # ------------------------------------------------------------------ loop
-    def train_iteration(self) -> dict:
+    def train_iteration(self, roll: TokenRollout | None = None) -> dict:
+        """One iteration. ``roll``: this rank's rollout of this iteration's prompts,
+        generated elsewhere (tests); by default it is sampled here."""
         cfg = self.cfg
         prompts = self.sample_prompts()
+        if self.dp is not None:
+            prompts = shard(prompts, self.rank, self.world)
         prompts = [p for p in prompts for _ in range(cfg.samples_per_prompt)]
         t0 = time.perf_counter()
-        roll = self.rollout(prompts)
+        if roll is None:
+            roll = self.rollout(prompts)
         t1 = time.perf_counter()
         comps = self.decode(roll)
         scores = self.score(prompts, comps)
         old, ref, values_after = self.frozen_forward(roll)
+        if self.dp is not None:  # the whole iteration batch on every rank (llm/parallel.py)
+            roll, (old, ref, values_after), (scores,) = gather_rollout(
+                self.dp, roll, [old, ref, values_after], [scores], self.tok.pad_token_id)
+            prompts = [p for part in self.dp.gather_objects(prompts) for p in part]
+            comps = [c for part in self.dp.gather_objects(comps) for c in part]
         beta = self.kl_ctl.value
         lab = compute_labels(cfg, roll, scores, old, ref, beta, values_after)
         t2 = time.perf_counter()
@@ -367,9 +408,13 @@ class TokenTrainer:
                "tokens_per_s_training": ntok / max(t3 - t2, 1e-9),
                "time_generation": t1 - t0, "time_scoring": t2 - t1, "time_training": t3 - t2,
                "response_tokens": ntok, "wall_time": self.elapsed}
-        for mon in self.monitors:
+        if self.dp is not None:
+            rec["ranks"] = self.world
+        for mon in (self.monitors if self.is_main else ()):
             rec.update({k: float(v) for k, v in mon(prompts, comps).items()})
         rec = {k: (float(v) if isinstance(v, float) else v) for k, v in rec.items()}
+        if not self.is_main:
+            return rec
         self.metrics.write(rec)
         for i in range(min(cfg.samples_logged, len(prompts))):
             self.samples.write({"iteration": self.iteration, "prompt": prompts[i],
@@ -387,7 +432,7 @@ class TokenTrainer:
         cfg = self.cfg
         recs = []
         self.rundir.reacquire()
-        bar = Progress(cfg.iterations, self.iteration, enabled=progress)
+        bar = Progress(cfg.iterations, self.iteration, enabled=progress and self.is_main)
         try:
             self._train_loop(bar, recs, stop)
         finally:
@@ -398,7 +443,7 @@ class TokenTrainer:
         cfg = self.cfg
         with bar:
             while self.iteration < cfg.iterations:
-                if cfg.time_limit is not None and self.elapsed >= cfg.time_limit:
+                if self._agree(cfg.time_limit is not None and self.elapsed >= cfg.time_limit):
                     self.log(f"time limit of {cfg.time_limit:.0f} s reached at iteration "
                              f"{self.iteration}")
                     break
@@ -407,11 +452,19 @@ class TokenTrainer:
                 bar.advance(rec)
                 if self.iteration % cfg.checkpoint_every == 0:
                     self.save_checkpoint()
-                if stop is not None and stop.requested:
+                if self._agree(stop is not None and stop.requested):
                     ckpt = self.save_checkpoint()
-                    raise Interrupted(stop.signum, self.iteration, ckpt)
+                    raise Interrupted(stop.signum or 2, self.iteration, ckpt)
         self.save_checkpoint()
-        self.export_policy(os.path.join(self.run_dir, "policy"))
+        if self.is_main:
+            self.export_policy(os.path.join(self.run_dir, "policy"))
+
+    def _agree(self, flag: bool) -> bool:
+        """``flag`` on any rank (one all-reduce): decisions that end the loop are taken by
+        all ranks together (a signal or a clock may reach them at different moments)."""
+        if self.dp is None:
+            return bool(flag)
+        return bool(self.dp.max_(torch.tensor(float(flag))) > 0)
 
     def close(self) -> None:
         """Close the metrics files and release the run directory's lock."""
@@ -436,14 +489,24 @@ class TokenTrainer:
         root = Path(self.run_dir) / "checkpoints"
         if self._saved_iteration == self.iteration:
             return root / f"iter_{self.iteration:09d}"
+        ranks = None
+        if self.dp is not None:  # every rank's sampling stream, written by rank 0
+            ranks = self.dp.gather_objects(self.gen.get_state())
+            if not self.is_main:
+                self._saved_iteration = self.iteration
+                return root / f"iter_{self.iteration:09d}"
         opt_t, opt_meta = optimizer_to_flat(self.opt.state_dict())
-        rng_t, rng_meta = capture_rng({"generator": self.gen}, {"prompts": self.py_rng})
+        rng_t, rng_meta = capture_rng({"generator": self.gen, "shuffle": self.shuffle_gen},
+                                      {"prompts": self.py_rng})
         tensors = {"policy": dict(self.policy.state_dict()), "optimizer": opt_t,
                    "rng": rng_t}
+        if ranks is not None:
+            tensors["rank_rng"] = {f"rank{r}": st for r, st in enumerate(ranks)}
         if self.critic is not None:
             tensors["critic"] = dict(self.critic.state_dict())
         state = {"elapsed": self.elapsed, "kl_controller": self.kl_ctl.state_dict(),
-                 "optimizer": opt_meta, "rng": rng_meta, "config": asdict(self.cfg)}
+                 "optimizer": opt_meta, "rng": rng_meta, "config": asdict(self.cfg),
+                 "ranks": self.world}
         path = save_checkpoint(root, self.iteration, tensors=tensors, arrays={}, state=state)
         self._saved_iteration = self.iteration
         return path
@@ -457,8 +520,20 @@ class TokenTrainer:
                 self.critic.load_state_dict(tensors["critic"])
             self.opt.load_state_dict(optimizer_from_flat(tensors["optimizer"],
                                                          state["optimizer"]))
-            restore_rng(tensors["rng"], state["rng"], {"generator": self.gen},
-                        {"prompts": self.py_rng})
+            rng = tensors["rng"]
+            restore_rng(rng, state["rng"], {"generator": self.gen}, {"prompts": self.py_rng})
+            if "gen/shuffle" in rng:  # (checkpoints before data parallelism lack it)
+                self.shuffle_gen.set_state(rng["gen/shuffle"])
+            saved_world = int(state.get("ranks", 1))
+            if saved_world != self.world:
+                if self.world > 1 or saved_world > 1:
+                    self.log(f"resumed with {self.world} rank(s); the run was written by "
+                             f"{saved_world}: each rank's sampling stream restarts from the "
+                             "seed (everything else is restored exactly)")
+                if self.rank:
+                    self.gen.manual_seed(self.cfg.seed + 1_000_003 * self.rank)
+            elif self.world > 1:
+                self.gen.set_state(tensors["rank_rng"][f"rank{self.rank}"])
             self.kl_ctl.load_state_dict(state["kl_controller"])
             self.iteration = int(state["iteration"])
             self.elapsed = float(state["elapsed"])
@@ -466,6 +541,8 @@ class TokenTrainer:
             raise UsageError(f"--resume: checkpoint {ckpt} does not fit this run "
                              f"({type(exc).__name__}: {exc}); nothing was changed") from None
         self._saved_iteration = self.iteration
+        if not self.is_main:
+            return
         root = Path(self.run_dir) / "checkpoints"
         set_aside_newer(root, ckpt, self._damaged, self.log)
         remove_leftovers(root)
