@@ -41,6 +41,7 @@ def local_rows(roll, rank: int, world: int):
 def one_update(rank: int, world: int, port: int, work: str) -> None:
     """Every case of ``work/cases.json``: a trainer on this rank's rows of the global
     rollout ``work/roll_{i}.pt``; rank 0 saves the parameters and the record."""
+    from ppokit.llm.fsdp import full_state_dict
     from ppokit.llm.models import load_lm
     from ppokit.llm.trainer import LLMConfig, TokenTrainer
 
@@ -53,11 +54,10 @@ def one_update(rank: int, world: int, port: int, work: str) -> None:
         tr = TokenTrainer(LLMConfig(**case), str(work / f"dp_{i}"), policy=model,
                           tokenizer=tok, log=lambda *a: None, dp=dp)
         rec = tr.train_iteration(roll=local_rows(roll, rank, world))
+        params = full_state_dict(tr.policy)  # gathered from the shards with fsdp
+        if tr.critic is not None:
+            params.update({f"critic.{k}": v for k, v in full_state_dict(tr.critic).items()})
         if rank == 0:
-            params = {k: v.detach().clone() for k, v in tr.policy.state_dict().items()}
-            if tr.critic is not None:
-                params.update({f"critic.{k}": v.detach().clone()
-                               for k, v in tr.critic.state_dict().items()})
             torch.save({"params": params,
                         "rec": {k: v for k, v in rec.items() if k not in TIMING}},
                        work / f"dp_{i}.pt")
@@ -67,6 +67,7 @@ def one_update(rank: int, world: int, port: int, work: str) -> None:
 
 def train_and_resume(rank: int, world: int, port: int, work: str) -> None:
     """A straight 2-rank run of 4 iterations, and one stopped after 2 and resumed."""
+    from ppokit.llm.fsdp import full_state_dict
     from ppokit.llm.models import load_lm
     from ppokit.llm.trainer import LLMConfig, TokenTrainer
 
@@ -88,13 +89,13 @@ def train_and_resume(rank: int, world: int, port: int, work: str) -> None:
     tr = trainer("resumed", resume=True, iterations=4)
     assert tr.iteration == 2
     tr.train(progress=False)
+    params = full_state_dict(tr.policy)
     if rank == 0:
-        torch.save({k: v.detach().clone() for k, v in tr.policy.state_dict().items()},
-                   work / "resumed_params.pt")
+        torch.save(params, work / "resumed_params.pt")
     tr.close()
     tr = trainer("straight", resume=True, iterations=4)  # reads the final checkpoint
+    params = full_state_dict(tr.policy)
     if rank == 0:
-        torch.save({k: v.detach().clone() for k, v in tr.policy.state_dict().items()},
-                   work / "straight_params.pt")
+        torch.save(params, work / "straight_params.pt")
     tr.close()
     dp.barrier()

@@ -29,13 +29,16 @@ CASES = [
     {"algo": "grpo", "batch_size": 8},
     {"algo": "dr-grpo", "batch_size": 8},
     {"algo": "rloo", "batch_size": 8},
-    {"algo": "reinforce++", "batch_size": 2},
+    {"algo": "reinforce++", "batch_size": 2, "ent_coef": 0.01},
     {"algo": "grpo", "agg": "token-mean", "batch_size": 8},
     {"algo": "grpo", "agg": "seq-mean-token-sum", "batch_size": 8},
     {"algo": "rloo", "agg": "seq-mean-token-mean", "batch_size": 8, "ent_coef": 0.01},
     {"algo": "ppo", "agg": "seq-mean-token-sum-norm", "batch_size": 4, "grad_accum": 2},
     {"algo": "grpo", "batch_size": 8, "grad_accum": 2, "score_norm": "batch"},
     {"algo": "ppo", "batch_size": 2, "target_kl": 1e-4, "n_epochs": 4},
+    # the models sharded across the two ranks (FSDP2): the same update again
+    {"algo": "grpo", "batch_size": 8, "fsdp": True},
+    {"algo": "ppo", "batch_size": 4, "grad_accum": 2, "fsdp": True},
 ]
 COMPARED = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "grad_norm",
             "kl_loss", "score_mean", "kl_ref", "advantage_mean", "n_updates",
@@ -66,20 +69,27 @@ def _one_process(work, i: int, case: dict):
     from ppokit.llm.models import load_lm
 
     model, tok = load_lm(str(work / "model"))
-    tr = TokenTrainer(LLMConfig(**case), str(work / f"one_{i}"), policy=model, tokenizer=tok,
+    one = {k: v for k, v in case.items() if k != "fsdp"}  # one process: nothing to shard
+    tr = TokenTrainer(LLMConfig(**one), str(work / f"one_{i}"), policy=model, tokenizer=tok,
                       log=lambda *a: None)
     state = tr.py_rng.getstate()
     prompts = [p for p in tr.sample_prompts() for _ in range(tr.cfg.samples_per_prompt)]
     tr.py_rng.setstate(state)  # train_iteration draws the same prompts again
     roll = tr.rollout(prompts)
     torch.save(roll, work / f"roll_{i}.pt")
+
+    def params():
+        out = {k: v.detach().clone() for k, v in tr.policy.state_dict().items()}
+        if tr.critic is not None:
+            out.update({f"critic.{k}": v.detach().clone()
+                        for k, v in tr.critic.state_dict().items()})
+        return out
+
+    start = params()
     rec = tr.train_iteration(roll=roll)
-    params = {k: v.detach().clone() for k, v in tr.policy.state_dict().items()}
-    if tr.critic is not None:
-        params.update({f"critic.{k}": v.detach().clone()
-                       for k, v in tr.critic.state_dict().items()})
+    after = params()
     tr.close()
-    return params, rec
+    return start, after, rec
 
 
 def test_two_ranks_compute_the_update_of_one_process(model_dir):
@@ -88,21 +98,25 @@ def test_two_ranks_compute_the_update_of_one_process(model_dir):
     (work / "cases.json").write_text(json.dumps(cases))
     ones = [_one_process(work, i, c) for i, c in enumerate(cases)]
     _spawn(_dist_worker.one_update, work)
-    for i, (case, (p1, r1)) in enumerate(zip(cases, ones)):
+    for i, (case, (start, p1, r1)) in enumerate(zip(cases, ones)):
         got = torch.load(work / f"dp_{i}.pt")
         p2, r2 = got["params"], got["rec"]
         assert p1.keys() == p2.keys()
+        # what the update changed, compared tightly relative to how much it changed
         for k in p1:
-            assert torch.allclose(p1[k], p2[k], atol=2e-6, rtol=1e-4), (case, k)
+            d1, d2 = p1[k] - start[k], p2[k] - start[k]
+            scale = float(d1.abs().max())
+            assert torch.allclose(d1, d2, atol=1e-3 * scale + 1e-9, rtol=0), (CASES[i], k)
+        assert max(float((p1[k] - start[k]).abs().max()) for k in start) > 0, CASES[i]
         for key in COMPARED:
             a, b = r1.get(key), r2.get(key)
             if a is None or b is None:
                 assert a is None and b is None, (case, key, a, b)
             else:
-                assert b == pytest.approx(a, rel=1e-4, abs=1e-6), (case, key, a, b)
+                assert b == pytest.approx(a, rel=1e-4, abs=1e-6), (CASES[i], key, a, b)
         assert r2["n_updates"] >= 1
     # the cases really update and really stop early where they should
-    stopped = [r for (_, r), c in zip(ones, CASES) if "target_kl" in c]
+    stopped = [r for (_, _, r), c in zip(ones, CASES) if "target_kl" in c]
     assert all(r["early_stop_epoch"] is not None for r in stopped)
 
 
@@ -120,12 +134,16 @@ def test_group_advantages_stay_within_a_rank():
         TokenTrainer(LLMConfig(prompts_per_iter=6), "unused", dp=_DP())
 
 
-def test_resume_of_a_two_rank_run_is_exact(model_dir, tmp_path):
+@pytest.mark.parametrize("fsdp", [False, True])
+def test_resume_of_a_two_rank_run_is_exact(model_dir, tmp_path, fsdp):
+    """Straight vs stopped-and-resumed, both on 2 ranks; with fsdp the checkpoint holds
+    full model tensors and each rank's optimiser shard, and the exported policy is a
+    plain model directory."""
     work = tmp_path
     (work / "model").symlink_to(model_dir / "model")
     (work / "case.json").write_text(json.dumps({"algo": "grpo", "prompts_per_iter": 4,
                                                 "checkpoint_every": 2, "max_new_tokens": 10,
-                                                "batch_size": 8}))
+                                                "batch_size": 8, "fsdp": fsdp}))
     _spawn(_dist_worker.train_and_resume, work)
 
     def rows(name):
@@ -141,6 +159,11 @@ def test_resume_of_a_two_rank_run_is_exact(model_dir, tmp_path):
     pa, pb = torch.load(work / "straight_params.pt"), torch.load(work / "resumed_params.pt")
     for k in pa:
         assert torch.allclose(pa[k], pb[k], atol=1e-6), k
+    from ppokit.llm.models import load_lm
+
+    exported = load_lm(str(work / "resumed" / "policy"))[0].state_dict()
+    for k in pa:
+        assert torch.allclose(exported[k], pb[k], atol=1e-6), k
 
 
 def test_a_rank_that_dies_ends_the_job_with_a_message_and_an_intact_checkpoint(tmp_path):

@@ -76,9 +76,15 @@ class DataParallel:
         self._d.all_reduce(t, op=self._d.ReduceOp.MAX)
         return t
 
+    lockstep = False  # sharded models (FSDP): every rank runs the same passes
+
     def sum_grads_(self, params: list[Tensor]) -> None:
         """Sum every parameter's gradient across ranks, in one flat buffer (a parameter
-        without a gradient on this rank counts as zeros)."""
+        without a gradient on this rank counts as zeros). Sharded parameters (FSDP's
+        DTensors) are skipped: their reduce-scatter has summed them already."""
+        params = [p for p in params if not hasattr(p, "device_mesh")]
+        if not params:
+            return
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
                           for p in params])
         self.sum_(flat)
@@ -91,6 +97,27 @@ class DataParallel:
             else:
                 p.grad.copy_(g)
             off += n
+
+    def clip_grad_norm_(self, params: list[Tensor], max_norm: float) -> Tensor:
+        """``torch.nn.utils.clip_grad_norm_`` over parameters of which some are sharded
+        (FSDP's DTensors: each rank holds a part, the squares are summed across ranks)
+        and some replicated (the same gradient on every rank). The same norm and the same
+        scaling on every rank."""
+        grads = [p.grad for p in params if p.grad is not None]
+        sharded = [g for g in grads if hasattr(g, "to_local")]
+        plain = [g for g in grads if not hasattr(g, "to_local")]
+        sq = torch.zeros((), dtype=torch.float64)
+        for g in sharded:
+            sq += g.to_local().double().pow(2).sum()
+        self.sum_(sq)  # every rank calls it, with or without sharded gradients
+        for g in plain:
+            sq += g.double().pow(2).sum()
+        norm = sq.sqrt().float()
+        coef = float(max_norm) / (float(norm) + 1e-6)
+        if coef < 1.0:
+            for g in grads:
+                g.mul_(coef)
+        return norm
 
     def broadcast_(self, tensors: list[Tensor], src: int = 0) -> None:
         for t in tensors:

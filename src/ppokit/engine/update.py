@@ -216,6 +216,8 @@ def eager_minibatch_step(spec: UpdateSpec, forward: Callable[[dict], Forward],
     if dp is not None:
         mine = torch.nonzero(mb["owner"] == dp.rank).squeeze(1)
         chunks = mine.chunk(accum) if len(mine) else ()
+        if getattr(dp, "lockstep", False):  # sharded models: the same passes on every rank
+            chunks = tuple(chunks) + (_IDLE,) * (accum - len(chunks))
     else:
         chunks = torch.arange(n).chunk(accum) if accum > 1 else (None,)
     pol_kw: dict[str, Any] = {}
@@ -226,6 +228,9 @@ def eager_minibatch_step(spec: UpdateSpec, forward: Callable[[dict], Forward],
     sums: dict[str, Tensor] = {}
     total_tokens = _counts(mb)["num_tokens"]
     for idx in chunks:
+        idle = idx is _IDLE  # a zero-weight pass on one row: collectives only
+        if idle:
+            idx = torch.zeros(1, dtype=torch.long)
         micro = mb if idx is None else {k: v[idx] for k, v in mb.items()}
         m = micro.get("mask")
         f = forward(micro)
@@ -244,6 +249,9 @@ def eager_minibatch_step(spec: UpdateSpec, forward: Callable[[dict], Forward],
             terms.kl = kl_penalty_loss(f.logp, micro["ref_logp"], m, estimator="k3",
                                        **agg_kw)
         total = terms.total(vf_coef=spec.vf_coef, ent_coef=spec.ent_coef, kl_coef=kl_coef)
+        if idle:
+            (0.0 * total).backward()
+            continue
         total.backward()
         w = 1.0 if idx is None else _counts(micro)["num_tokens"] / total_tokens
         _accumulate(sums, pl, terms, w)
@@ -255,10 +263,15 @@ def eager_minibatch_step(spec: UpdateSpec, forward: Callable[[dict], Forward],
     if dp is not None:
         dp.sum_grads_(params)
     max_norm = spec.max_grad_norm if spec.max_grad_norm is not None else float("inf")
-    sums["grad_norm"] = torch.nn.utils.clip_grad_norm_(params, max_norm).detach()
+    if dp is not None and getattr(dp, "lockstep", False):  # sharded parameters
+        sums["grad_norm"] = dp.clip_grad_norm_(params, max_norm)
+    else:
+        sums["grad_norm"] = torch.nn.utils.clip_grad_norm_(params, max_norm).detach()
     optimizer.step()
     return sums
 
+
+_IDLE = object()  # marks a lockstep pass of a rank without rows (engine.dist)
 
 _SUMMED = ("policy_loss", "entropy", "value_loss", "kl_loss", "approx_kl", "approx_kl_k1",
            "clipfrac", "clip_active_frac")

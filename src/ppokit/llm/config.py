@@ -110,6 +110,8 @@ class LLMConfig:
     truncation_penalty: float = _f(0.5, "subtracted from a truncated response's score")
     critic: str = _f("separate", "separate backbone copy | shared policy backbone")
     lora_r: int = _f(0, "LoRA rank for the policy (0: full fine-tuning; needs peft)")
+    fsdp: bool = _f(False, "with several ranks (torchrun / --nproc): shard the policy, "
+                    "reference and critic across them with FSDP2 (docs/llm_distributed.md)")
     lora_alpha: float = _f(16.0, "LoRA scaling alpha")
     sft_steps: int = _f(150, "warm-start SFT steps for the built-in model")
     sft_lr: float = _f(3e-3, "warm-start SFT learning rate")
@@ -148,6 +150,9 @@ class LLMConfig:
 
             if importlib.util.find_spec("peft") is None:
                 raise UsageError("lora_r: LoRA needs peft (pip install peft)")
+        if cfg.fsdp and cfg.lora_r > 0:
+            raise UsageError("fsdp: not with LoRA (lora_r > 0): the adapters are small, "
+                             "plain data parallelism replicates them")
         if cfg.reward and cfg.reward_model:
             raise UsageError("reward: give --reward or --reward-model, not both")
         batch = cfg.prompts_per_iter * cfg.samples_per_prompt

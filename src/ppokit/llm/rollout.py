@@ -99,8 +99,12 @@ def left_pad(rows: list[list[int]], pad_id: int):
 @torch.no_grad()
 def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
              max_new_tokens: int, eos_token_id: int, pad_token_id: int,
-             temperature: float = 1.0, generator: torch.Generator | None = None) -> TokenRollout:
-    """Sample completions with a KV cache; stop each row at EOS or ``max_new_tokens``."""
+             temperature: float = 1.0, generator: torch.Generator | None = None,
+             all_done=None) -> TokenRollout:
+    """Sample completions with a KV cache; stop each row at EOS or ``max_new_tokens``.
+    ``all_done(flag) -> bool`` (sharded models, :mod:`ppokit.llm.fsdp`): whether every
+    rank's rows have finished; the loop runs until they have, so that every rank makes
+    the same number of forward passes (finished rows only receive padding)."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: expected an integer >= 1, got {max_new_tokens}")
     if temperature < 0:
@@ -129,7 +133,10 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
         toks.append(tok)
         alive_cols.append(alive)
         finished = finished | (tok == eos_token_id)
-        if bool(finished.all()) or step == max_new_tokens - 1:
+        done = bool(finished.all())
+        if all_done is not None:
+            done = all_done(done)
+        if done or step == max_new_tokens - 1:
             break
         attn = torch.cat([attn, alive.long()[:, None]], dim=1)
         out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None],

@@ -192,6 +192,9 @@ class TokenTrainer:
             self.critic.eval()
         if self.dp is not None:  # every rank starts from rank 0's weights
             self.dp.broadcast_([p.data for p in self.trained_parameters()])
+        self.fsdp = bool(cfg.fsdp)
+        if self.fsdp:
+            self._shard_models(resume)
         groups = [{"params": [p for p in self.policy.parameters() if p.requires_grad],
                    "lr": cfg.learning_rate}]
         if self.critic is not None:
@@ -223,6 +226,29 @@ class TokenTrainer:
                                      step_key="iteration")
 
     # ------------------------------------------------------------------ setup
+    def _shard_models(self, resume: bool) -> None:
+        """``fsdp``: the policy, the reference and a separate critic's body sharded across
+        the ranks (ppokit/llm/fsdp.py); a resumed run's full weights go in first."""
+        from .fsdp import shard_model
+
+        if self.dp is None:
+            raise UsageError("fsdp: needs several ranks (torchrun --nproc_per_node N, or "
+                             "ppokit llm train --nproc N)")
+        if resume:
+            tensors = self._ckpt[0]
+            self.policy.load_state_dict(tensors["policy"])
+            if self.critic is not None:
+                self.critic.load_state_dict(tensors["critic"])
+        shard_model(self.policy)
+        shard_model(self.reference)
+        if self.critic is not None and self.critic.separate:
+            shard_model(self.critic.body)
+        self.dp.lockstep = True
+
+    def _all_done(self, flag: bool) -> bool:
+        """Every rank's generation finished (sharded models generate in step)."""
+        return bool(self.dp.min_(torch.tensor(float(flag))) > 0)
+
     def _warm_start(self):
         from .sft import builtin_sft
 
@@ -274,7 +300,8 @@ class TokenTrainer:
         return generate(model or self.policy, ids, mask, max_new_tokens=self.max_new_tokens,
                         eos_token_id=self.tok.eos_token_id, pad_token_id=self.tok.pad_token_id,
                         temperature=self.cfg.temperature if temperature is None else temperature,
-                        generator=self.gen)
+                        generator=self.gen,
+                        all_done=self._all_done if self.fsdp else None)
 
     @torch.no_grad()
     def frozen_forward(self, roll: TokenRollout):
@@ -456,8 +483,7 @@ class TokenTrainer:
                     ckpt = self.save_checkpoint()
                     raise Interrupted(stop.signum or 2, self.iteration, ckpt)
         self.save_checkpoint()
-        if self.is_main:
-            self.export_policy(os.path.join(self.run_dir, "policy"))
+        self.export_policy(os.path.join(self.run_dir, "policy"))
 
     def _agree(self, flag: bool) -> bool:
         """``flag`` on any rank (one all-reduce): decisions that end the loop are taken by
@@ -479,6 +505,15 @@ class TokenTrainer:
         import copy
 
         model = self.policy
+        if self.fsdp:  # gathered from the shards on every rank, written by rank 0
+            from .fsdp import full_state_dict, plain_copy
+
+            state = full_state_dict(self.policy)
+            if not self.is_main:
+                return
+            model = plain_copy(self.policy, state)
+        if not self.is_main:
+            return
         if self.cfg.lora_r > 0:
             model = copy.deepcopy(self.policy).merge_and_unload()
         save_policy(model, self.tok, path)
@@ -489,21 +524,35 @@ class TokenTrainer:
         root = Path(self.run_dir) / "checkpoints"
         if self._saved_iteration == self.iteration:
             return root / f"iter_{self.iteration:09d}"
-        ranks = None
+        ranks = opt_shards = None
+        if self.fsdp:  # full model tensors (a collective), each rank's optimiser shard
+            from .fsdp import full_state_dict, local_optimizer_state
+
+            policy_sd = full_state_dict(self.policy)
+            critic_sd = full_state_dict(self.critic) if self.critic is not None else None
+            opt_shards = self.dp.gather_objects(
+                optimizer_to_flat(local_optimizer_state(self.opt)))
+        else:
+            policy_sd = dict(self.policy.state_dict())
+            critic_sd = dict(self.critic.state_dict()) if self.critic is not None else None
         if self.dp is not None:  # every rank's sampling stream, written by rank 0
             ranks = self.dp.gather_objects(self.gen.get_state())
             if not self.is_main:
                 self._saved_iteration = self.iteration
                 return root / f"iter_{self.iteration:09d}"
-        opt_t, opt_meta = optimizer_to_flat(self.opt.state_dict())
+        if opt_shards is None:
+            opt_t, opt_meta = optimizer_to_flat(self.opt.state_dict())
+        else:
+            opt_t = {f"rank{r}/{k}": v for r, (t, _) in enumerate(opt_shards)
+                     for k, v in t.items()}
+            opt_meta = {"ranks": [m for _, m in opt_shards]}
         rng_t, rng_meta = capture_rng({"generator": self.gen, "shuffle": self.shuffle_gen},
                                       {"prompts": self.py_rng})
-        tensors = {"policy": dict(self.policy.state_dict()), "optimizer": opt_t,
-                   "rng": rng_t}
+        tensors = {"policy": policy_sd, "optimizer": opt_t, "rng": rng_t}
         if ranks is not None:
             tensors["rank_rng"] = {f"rank{r}": st for r, st in enumerate(ranks)}
-        if self.critic is not None:
-            tensors["critic"] = dict(self.critic.state_dict())
+        if critic_sd is not None:
+            tensors["critic"] = critic_sd
         state = {"elapsed": self.elapsed, "kl_controller": self.kl_ctl.state_dict(),
                  "optimizer": opt_meta, "rng": rng_meta, "config": asdict(self.cfg),
                  "ranks": self.world}
@@ -515,11 +564,24 @@ class TokenTrainer:
         tensors, _, state = self._ckpt
         del self._ckpt
         try:
-            self.policy.load_state_dict(tensors["policy"])
-            if self.critic is not None:
-                self.critic.load_state_dict(tensors["critic"])
-            self.opt.load_state_dict(optimizer_from_flat(tensors["optimizer"],
-                                                         state["optimizer"]))
+            if self.fsdp:  # the weights went in before sharding (_shard_models)
+                from .fsdp import load_local_optimizer_state
+
+                shards = state["optimizer"].get("ranks") or []
+                if len(shards) != self.world:
+                    raise ValueError(f"an fsdp run resumes on the same number of ranks "
+                                     f"({len(shards)}), not {self.world}")
+                pre = f"rank{self.rank}/"
+                mine = {k[len(pre):]: v for k, v in tensors["optimizer"].items()
+                        if k.startswith(pre)}
+                load_local_optimizer_state(self.opt,
+                                           optimizer_from_flat(mine, shards[self.rank]))
+            else:
+                self.policy.load_state_dict(tensors["policy"])
+                if self.critic is not None:
+                    self.critic.load_state_dict(tensors["critic"])
+                self.opt.load_state_dict(optimizer_from_flat(tensors["optimizer"],
+                                                             state["optimizer"]))
             rng = tensors["rng"]
             restore_rng(rng, state["rng"], {"generator": self.gen}, {"prompts": self.py_rng})
             if "gen/shuffle" in rng:  # (checkpoints before data parallelism lack it)
