@@ -34,17 +34,18 @@ def world_from_env() -> tuple[int, int]:
         return 0, 1
 
 
-def init_from_env(timeout_s: float = 600.0) -> DataParallel | None:
+def init_from_env(timeout_s: float = 600.0, device: str = "cpu") -> DataParallel | None:
     """Join the job torchrun started (``MASTER_ADDR``/``MASTER_PORT``/``RANK``/
-    ``WORLD_SIZE`` in the environment): NCCL when CUDA is available, gloo on CPU. ``None``
-    for a single process."""
+    ``WORLD_SIZE`` in the environment): NCCL for tensors on CUDA devices, gloo for tensors
+    on the CPU (the token trainer keeps its tensors on the CPU today, so it uses gloo).
+    ``None`` for a single process."""
     import torch.distributed as dist
 
     rank, world = world_from_env()
     if world <= 1:
         return None
     if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        backend = "nccl" if device.startswith("cuda") and torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
     return DataParallel()
 

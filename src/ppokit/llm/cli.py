@@ -100,7 +100,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc", type=int, default=None, metavar="N",
                    help="data-parallel training on N processes of this machine (launches "
                         "torchrun --standalone --nproc_per_node N -m ppokit llm train ...; "
-                        "gloo on CPU, NCCL on GPUs); under torchrun, ranks come from it")
+                        "gloo between the ranks); under torchrun, ranks come from it")
 
     p = sub.add_parser("eval", help="score the trained and the reference policy on held-out "
                        "prompts; writes RUN_DIR/eval.json")
