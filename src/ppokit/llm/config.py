@@ -213,7 +213,7 @@ CHOICES = {"agg": AGGREGATION_MODES, "kl_mode": ("reward", "loss", "none"),
            "truncation": TRUNCATION, "critic": ("separate", "shared"),
            "score_norm": ("none", "batch"), "advantage_estimator": ADVANTAGE_ESTIMATORS}
 PATHS = ("model", "prompts", "eval_prompts", "reward", "reward_model")
-FLAGS_BOOL = ("normalize_advantage", "normalize_std", "use_critic")
+FLAGS_BOOL = ("normalize_advantage", "normalize_std", "use_critic", "fsdp")
 
 _repr = reprlib.Repr()
 _repr.maxstring = _repr.maxother = 60
