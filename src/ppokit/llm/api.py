@@ -61,9 +61,20 @@ def train(model, reward_funcs, train_dataset, algo: str = "grpo", eval_dataset=N
     funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     if not funcs:
         raise UsageError("reward_funcs: expected at least one reward function")
-    model_dir = None
-    if isinstance(model, (str, os.PathLike)):
-        model_dir = os.fspath(model)
+    train_rows = load_rows(train_dataset, "train_dataset")
+    eval_rows = None if eval_dataset is None else load_rows(eval_dataset, "eval_dataset")
+    model_dir = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
+    values = {"algo": algo, "model": model_dir, "reward": tuple(funcs),
+              "prompts": (os.fspath(train_dataset) if isinstance(train_dataset,
+                                                                   (str, os.PathLike))
+                          else f"<{type(train_dataset).__name__} of {len(train_rows)} rows>")}
+    if eval_dataset is not None:
+        values["eval_prompts"] = (os.fspath(eval_dataset) if isinstance(eval_dataset,
+                                                                        (str, os.PathLike))
+                                  else f"<{type(eval_dataset).__name__}>")
+    cfg = config_from_values(("train()", values), ("train()", config))
+    cfg = cfg.resolved()
+    if model_dir is not None:
         policy, tok = load_lm(model_dir)
         if tokenizer is not None:
             tok = _prepare_tokenizer(tokenizer)
@@ -83,22 +94,6 @@ def train(model, reward_funcs, train_dataset, algo: str = "grpo", eval_dataset=N
     else:
         raise UsageError(f"model: expected a local model directory or a transformers model, "
                          f"got {type(model).__name__}")
-    train_rows = load_rows(train_dataset, "train_dataset")
-    eval_rows = None if eval_dataset is None else load_rows(eval_dataset, "eval_dataset")
-    values = {"algo": algo, "model": model_dir, "reward": tuple(funcs),
-              "prompts": (os.fspath(train_dataset) if isinstance(train_dataset,
-                                                                   (str, os.PathLike))
-                          else f"<{type(train_dataset).__name__} of {len(train_rows)} rows>")}
-    if eval_dataset is not None:
-        values["eval_prompts"] = (os.fspath(eval_dataset) if isinstance(eval_dataset,
-                                                                        (str, os.PathLike))
-                                  else f"<{type(eval_dataset).__name__}>")
-    cfg = config_from_values(("train()", values), ("train()", config))
-    cfg = cfg.resolved()
-    if eval_rows is None:
-        from .data import split_rows
-
-        train_rows, eval_rows = split_rows(train_rows, cfg.eval_fraction, "train_dataset")
     fresh = run_dir is None
     run_dir = str(unique_run_dir("runs", f"llm-{cfg.algo}")) if fresh else str(run_dir)
     tr = TokenTrainer(cfg, run_dir, policy=policy, tokenizer=tok, log=log, fresh=fresh,
@@ -145,9 +140,9 @@ class LLMRun:
         from .data import render_prompt
         from .rollout import encode_prompts, generate
 
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts
-                                        and isinstance(prompts[0], dict)):
-            prompts = [prompts]
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and all(
+                isinstance(m, dict) and "role" in m for m in prompts)):
+            prompts = [prompts]  # one prompt (plain, or one conversation)
         texts = [render_prompt(self.tokenizer, p) for p in prompts]
         ids, mask = encode_prompts(self.tokenizer, texts)
         roll = generate(self.model, ids, mask,

@@ -161,7 +161,11 @@ class TokenTrainer:
         if resume:
             self.train_rows, self.eval_rows = run_prompt_sets(run_dir, cfg)
         elif train_rows is not None:
-            self.train_rows, self.eval_rows = list(train_rows), list(eval_rows or [])
+            from .data import split_rows
+
+            self.train_rows, self.eval_rows = ((list(train_rows), list(eval_rows))
+                                               if eval_rows is not None else
+                                               split_rows(list(train_rows), cfg.eval_fraction))
         else:
             self.train_rows, self.eval_rows = prompt_sets(cfg)
         if self.train_rows is not None and not resume:
