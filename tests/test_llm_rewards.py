@@ -278,6 +278,19 @@ def test_cli_rewards_from_the_current_directory_repeatable_and_named_again(tmp_p
                  "--reward", "qs_rewards:has_answer"]) == 0
     ev = json.loads((tmp_path / "r" / "eval.json").read_text())
     assert {"reward/length", "reference_reward/has_answer"} <= set(ev)
+    # the environment commands on a language-model run: work, or point to `ppokit llm`
+    capsys.readouterr()
+    assert main(["eval", "r"]) == 2
+    err = capsys.readouterr().err
+    assert "ppokit llm eval r" in err and len(err.splitlines()) == 1
+    assert main(["plot", "r", "--out", "curves.png"]) == 0
+    assert (tmp_path / "curves.png").stat().st_size > 10_000
+    assert main(["report", "r"]) == 0
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        return
+    assert any((tmp_path / "r" / "tb").iterdir())  # TensorBoard scalars, as env runs
 
 
 # ------------------------------------------------------------------ Python API

@@ -122,7 +122,8 @@ class LLMConfig:
     critic: str = _f("separate", "separate backbone copy | shared policy backbone")
     lora_r: int = _f(0, "LoRA rank for the policy (0: full fine-tuning; needs peft)")
     lora_alpha: float = _f(16.0, "LoRA scaling alpha")
-    sft_steps: int = _f(150, "warm-start SFT steps for the built-in model")
+    sft_steps: int | None = _f(None, "warm-start SFT steps for the built-in model (None: "
+                                     "the task's, 150 for reverse, 600 for arithmetic)")
     sft_lr: float = _f(3e-3, "warm-start SFT learning rate")
     seed: int = _f(0, "seed for everything")
     n_eval_prompts: int = _f(128, "held-out prompts for `ppokit llm eval`")

@@ -92,6 +92,7 @@ class ReverseTask:
 
     rewards = (reverse_score,)
     reward_weights = (1.0,)
+    sft_steps = 150  # the warm start's SFT steps
     score = staticmethod(reverse_score)
 
 
@@ -191,6 +192,7 @@ class ArithmeticTask:
 
     rewards = (correct_answer, answer_format)
     reward_weights = (1.0, 0.2)
+    sft_steps = 600  # the warm start's SFT steps: enough to learn the sums in part
 
 
 TASKS = {"reverse": ReverseTask, "arithmetic": ArithmeticTask}

@@ -238,9 +238,10 @@ class TokenTrainer:
 
         tok = build_char_tokenizer()
         model = build_tiny_model(tok, seed=self.cfg.seed)
-        self.log(f"warm start: SFT of the built-in tiny model ({self.cfg.sft_steps} steps on "
+        steps = self.cfg.sft_steps or self.task.sft_steps
+        self.log(f"warm start: SFT of the built-in tiny model ({steps} steps on "
                  "noisy demonstrations)")
-        info = builtin_sft(self.task, model, tok, steps=self.cfg.sft_steps, lr=self.cfg.sft_lr,
+        info = builtin_sft(self.task, model, tok, steps=steps, lr=self.cfg.sft_lr,
                            seed=self.cfg.seed)
         atomic_write_text(os.path.join(self.run_dir, "warm_start.json"),
                           json.dumps(info, indent=2) + "\n")
