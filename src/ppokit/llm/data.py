@@ -76,7 +76,7 @@ def check_rows(rows: list, what: str) -> list[dict]:
                                 and isinstance(m.get("content"), str) for m in p):
                 raise UsageError(f"{what}: row {i}: a conversational prompt is a non-empty "
                                  "list of {'role': str, 'content': str} messages")
-            r = {**r, "prompt": [{"role": m["role"], "content": m["content"]} for m in p]}
+            r = {**r, "prompt": [dict(m) for m in p]}
         else:
             raise UsageError(f"{what}: row {i}: 'prompt' must be a string or a list of "
                              f"{{role, content}} messages, got {type(p).__name__}")
