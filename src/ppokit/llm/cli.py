@@ -156,6 +156,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--length", type=int, default=4096)
     p.add_argument("--iterations", type=int, default=5)
     p.add_argument("--algo", default="grpo")
+    p.add_argument("--model-size", default="tiny", choices=("tiny", "10m"),
+                   help="tiny: the built-in 0.1M-parameter model; 10m: a Qwen2-architecture "
+                        "model of about 10M parameters (random init)")
 
 
 def run(args) -> int:
@@ -363,5 +366,6 @@ def _dpo(args) -> int:
 def _bench(args) -> int:
     from .bench import run_bench
 
-    run_bench(batch=args.batch, length=args.length, iterations=args.iterations, algo=args.algo)
+    run_bench(batch=args.batch, length=args.length, iterations=args.iterations, algo=args.algo,
+              model_size=args.model_size)
     return 0
