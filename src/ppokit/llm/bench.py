@@ -87,7 +87,11 @@ def bench_trainer(algo: str = "grpo", iterations: int = 5, model_size: str = "ti
     try:
         tr = TokenTrainer(cfg, tmp, policy=model, tokenizer=tok, log=lambda *a: None)
         tr.train_iteration()  # warm-up
-        recs = [tr.train_iteration() for _ in range(iterations)]
+        recs, cpu = [], []
+        for _ in range(iterations):
+            c0 = time.process_time()
+            recs.append(tr.train_iteration())
+            cpu.append(time.process_time() - c0)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     out = {"algo": algo, "sequences_per_iter": tr.cfg.prompts_per_iter * tr.cfg.samples_per_prompt}
@@ -98,6 +102,9 @@ def bench_trainer(algo: str = "grpo", iterations: int = 5, model_size: str = "ti
     tot = sum(r["time_generation"] + r["time_scoring"] + r["time_training"] for r in recs)
     out["tokens_per_s_total"] = sum(r["response_tokens"] for r in recs) / tot
     out["seconds_per_iteration"] = tot / len(recs)
+    # CPU seconds of this process: on a shared machine, less sensitive to other jobs than
+    # wall time (with one torch thread they measure the work itself)
+    out["cpu_seconds_per_iteration"] = statistics.median(cpu)
     return out
 
 
@@ -142,10 +149,11 @@ def _trl_run(tmp, task, tok, iterations, prompts_per_iter, samples_per_prompt, m
 
         class Clock(TrainerCallback):
             def __init__(self):
-                self.t = []
+                self.t, self.cpu = [], []
 
             def on_step_end(self, args, state, control, **kw):  # noqa: ARG002
                 self.t.append(time.perf_counter())
+                self.cpu.append(time.process_time())
 
         clock = Clock()
         n = prompts_per_iter * samples_per_prompt
@@ -162,11 +170,15 @@ def _trl_run(tmp, task, tok, iterations, prompts_per_iter, samples_per_prompt, m
         from transformers.trainer_callback import PrinterCallback
 
         trainer.remove_callback(PrinterCallback)  # keep the log dicts off stdout
-        t_start = time.perf_counter()
+        t_start, c_start = time.perf_counter(), time.process_time()
         trainer.train()
-        ends = [t_start] + clock.t
-        cycles = [ends[i + steps_per_cycle] - ends[i]
-                  for i in range(0, len(ends) - steps_per_cycle, steps_per_cycle)][1:]
+
+        def per_cycle(ends):
+            return [ends[i + steps_per_cycle] - ends[i]
+                    for i in range(0, len(ends) - steps_per_cycle, steps_per_cycle)][1:]
+
+        cycles = per_cycle([t_start] + clock.t)
+        cpu_cycles = per_cycle([c_start] + clock.cpu)
         lengths = [h["completions/mean_length"] for h in trainer.state.log_history
                    if "completions/mean_length" in h][1:]
     finally:
@@ -174,7 +186,8 @@ def _trl_run(tmp, task, tok, iterations, prompts_per_iter, samples_per_prompt, m
     sec = statistics.median(cycles)
     toks = statistics.mean(lengths) * n
     return {"seconds_per_iteration": sec, "completion_tokens_per_iteration": toks,
-            "tokens_per_s_total": toks / sec, "sequences_per_iter": n}
+            "tokens_per_s_total": toks / sec, "sequences_per_iter": n,
+            "cpu_seconds_per_iteration": statistics.median(cpu_cycles)}
 
 
 def run_bench(batch: int = 64, length: int = 4096, iterations: int = 5,
@@ -209,8 +222,12 @@ def run_bench(batch: int = 64, length: int = 4096, iterations: int = 5,
               f"{trl_res['tokens_per_s_total']:.0f} tokens/s "
               f"({trl_res['seconds_per_iteration'] * 1e3:.1f} ms/iteration)")
         per_it = trl_res["seconds_per_iteration"] / t["seconds_per_iteration"]
+        cpu_it = trl_res["cpu_seconds_per_iteration"] / t["cpu_seconds_per_iteration"]
         print(f"ppokit / TRL throughput ratio: {ratio:.2f}  (seconds per iteration: "
-              f"TRL / ppokit = {per_it:.2f})")
+              f"TRL / ppokit = {per_it:.2f}; CPU seconds per iteration: TRL "
+              f"{trl_res['cpu_seconds_per_iteration']:.2f} / ppokit "
+              f"{t['cpu_seconds_per_iteration']:.2f} = {cpu_it:.2f})")
+        res["cpu_ratio"] = cpu_it
         res["trl"] = trl_res
         res["ratio"] = ratio
     return res
