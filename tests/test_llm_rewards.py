@@ -246,6 +246,25 @@ def test_the_eval_split_is_said_and_a_penalty_that_dwarfs_the_rewards_is_warned(
     assert LLMConfig().truncation == "none"
 
 
+def test_a_kl_term_that_dwarfs_the_rewards_is_warned_once(tmp_path, tok):
+    msgs = []
+    tr = _trainer(tmp_path, tok, _rows(), [lambda completions, **k: [0.0] * len(completions)],
+                  log=msgs.append)
+    rec = {"score_std": 0.01, "beta": 0.5, "kl_ref": 2.0, "truncated_frac": 0.0}
+    tr._check_scales(rec)
+    tr._check_scales(rec)
+    tr._check_scales({**rec, "kl_ref": 0.1})
+    tr.close()
+    warned = [m for m in msgs if "the KL term" in m]
+    assert len(warned) == 1 and "100x the spread" in warned[0]
+    msgs.clear()
+    tr = _trainer(tmp_path, tok, _rows(), [lambda completions, **k: [0.0] * len(completions)],
+                  name="small", log=msgs.append)
+    tr._check_scales({**rec, "kl_ref": 0.1})  # 0.05 vs 0.01: not ten times
+    tr.close()
+    assert not [m for m in msgs if "warning" in m]
+
+
 # ------------------------------------------------------------------ command line
 
 def test_cli_rewards_from_the_current_directory_repeatable_and_named_again(tmp_path,

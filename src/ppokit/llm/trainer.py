@@ -425,7 +425,7 @@ class TokenTrainer:
         for mon in self.monitors:
             rec.update({k: float(v) for k, v in mon(prompts, comps).items()})
         rec = {k: (float(v) if isinstance(v, float) else v) for k, v in rec.items()}
-        self._check_scales(rec, lab)
+        self._check_scales(rec)
         self.metrics.write(rec)
         for i in range(min(cfg.samples_logged, len(prompts))):
             self.samples.write({"iteration": self.iteration, "prompt": prompts[i],
@@ -473,7 +473,7 @@ class TokenTrainer:
         self.save_checkpoint()
         self.export_policy(os.path.join(self.run_dir, "policy"))
 
-    def _check_scales(self, rec: dict, lab: Labels) -> None:
+    def _check_scales(self, rec: dict) -> None:
         """Warn (once each) when a fixed term of the objective dwarfs the rewards: the
         truncation penalty, or the KL term, more than 10 times the scores' spread."""
         cfg, spread = self.cfg, rec.get("score_std", 0.0)
