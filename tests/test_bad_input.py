@@ -250,6 +250,13 @@ LLM_TRAIN = [
     (["--time-limit", "nan"], "time_limit"),
     (["--samples-logged", "-1"], "samples_logged"),
     (["--model", ""], "model"),
+    (["--eval-fraction", "1"], "eval_fraction"),
+    (["--task", "sorting"], "task"),
+    (["--reward-weights", "1,x"], "reward_weights"),
+    (["--reward-weights", "nan"], "reward_weights"),
+    (["--reward", "ppokit.llm.task:correct_answer", "--reward-weights", "1,2"],
+     "reward_weights"),
+    (["--reward", "nocolon_no_dir"], "reward"),
     (["--algo", "grpo", "--prompts-per-iter", "4096", "--samples-per-prompt", "256",
       "--max-new-tokens", "4096"], "tokens per iteration need"),
 ]
@@ -515,9 +522,10 @@ def test_llm_config_fields_are_finite_and_in_range(data):
 
 
 def test_llm_config_every_field_has_a_rule():
-    from ppokit.llm.config import CHOICES, FLAGS_BOOL, PATHS, LLMConfig
+    from ppokit.llm.config import CHOICES, FLAGS_BOOL, PATHS, SPECIAL, LLMConfig
 
-    ruled = set(_llm_limits()) | set(CHOICES) | set(PATHS) | set(FLAGS_BOOL) | {"algo"}
+    ruled = (set(_llm_limits()) | set(CHOICES) | set(PATHS) | set(FLAGS_BOOL) | {"algo"}
+             | set(SPECIAL))
     assert {f.name for f in fields(LLMConfig)} == ruled
 
 

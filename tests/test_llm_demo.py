@@ -32,6 +32,7 @@ def test_trainer_benchmark_reports_each_phase():
     assert t["sequences_per_iter"] == 8
     for phase in ("generation", "scoring", "training"):
         assert t[f"tokens_per_s_{phase}"] > 0
+    assert t["cpu_seconds_per_iteration"] > 0
 
 
 def test_trl_grpo_comparison_runs_when_trl_is_installed():
@@ -42,3 +43,13 @@ def test_trl_grpo_comparison_runs_when_trl_is_installed():
 
     r = bench_trl_grpo(iterations=1, prompts_per_iter=4, samples_per_prompt=2)
     assert r["sequences_per_iter"] == 8 and r["tokens_per_s_total"] > 0
+    assert r["cpu_seconds_per_iteration"] > 0
+
+
+def test_the_10m_benchmark_model_is_a_qwen2_of_about_ten_million_parameters():
+    from ppokit.llm.bench import build_bench_model
+    from ppokit.llm.models import build_char_tokenizer, count_parameters
+
+    m = build_bench_model("10m", build_char_tokenizer())
+    assert type(m).__name__ == "Qwen2ForCausalLM"
+    assert 9e6 < count_parameters(m) < 12e6

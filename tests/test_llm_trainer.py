@@ -145,8 +145,9 @@ def test_run_dir_holds_metrics_samples_and_checkpoint(tmp_path, tok):
 
 
 def test_target_kl_stops_the_update(tmp_path, tok):
+    # a truncation penalty gives the untrained model's scores a spread (so a gradient)
     tr = _trainer(tmp_path, tok, target_kl=1e-12, learning_rate=0.05, n_epochs=4,
-                  batch_size=4)
+                  batch_size=4, truncation="penalty")
     roll, lab = _rollout_and_labels(tr)
     out = tr.update(roll, lab)
     # the first step sees ratio 1 (approx_kl 0) and is taken; a later one trips the check
@@ -222,7 +223,8 @@ def test_prompts_file_with_a_reward_callable_and_adaptive_beta(tmp_path, tok):
     recs = tr.train(progress=False)
     assert recs[0]["beta"] == 0.1 and recs[0]["kl_ref"] == 0.0
     assert recs[1]["beta"] == pytest.approx(0.05)  # KL 0 < target / 1.5: beta halved
-    assert tr.eval_prompt_list == ["78>"] and "78>" not in tr.train_prompts  # held out
+    assert tr.eval_rows == [{"prompt": "78>"}]  # eval_fraction 0.1 of 8 rows: the last one
+    assert {"prompt": "78>"} not in tr.train_rows
     with pytest.raises(UsageError, match="reward"):
         _trainer(tmp_path, tok, "r2", prompts=str(pf))
 

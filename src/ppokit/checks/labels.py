@@ -263,7 +263,10 @@ def check_token_labels_frozen(model, tokenizer, *, trainer_cls=None, seed: int =
     cfg = trainer_mod.LLMConfig(algo="ppo", iterations=1, n_epochs=2, batch_size=8,
                                 grad_accum=1, prompts_per_iter=4, samples_per_prompt=2,
                                 max_new_tokens=8, checkpoint_every=10**9, time_limit=None,
-                                samples_logged=0, seed=seed)
+                                samples_logged=0, seed=seed,
+                                # a truncation penalty gives even an untrained model's
+                                # scores a spread, so the update moves the policy
+                                truncation="penalty")
     n = 8
     seen: dict = {}
     rec = _Recorder(n)

@@ -39,6 +39,12 @@ def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         raise UsageError(f"no such run directory {str(run_dir)!r}")
+    from ppokit.llm.plots import is_llm_run
+
+    if is_llm_run(run_dir):
+        raise UsageError(f"{run_dir} is a language-model run: evaluate it with `ppokit llm "
+                         f"eval {run_dir}` (naming its --reward again if it was trained "
+                         "with a reward function)")
     if args.episodes < 1:
         raise UsageError(f"--episodes: expected an integer >= 1, got {args.episodes}")
     if args.seed is not None and args.seed < 0:

@@ -7,6 +7,8 @@ format matplotlib writes. Runs with no row that has both ``global_step`` and
 nothing to plot and no file is written (exit status 2). Runs of one configuration that end
 at different steps are averaged only where all of them have data; the legend says up to
 which step, the longer runs' remainders are drawn on their own, and a note on stderr says so.
+Language-model run directories (``ppokit llm train``) get their own panels: reward, KL to
+the reference, response length and truncated share per iteration (:mod:`ppokit.llm.plots`).
 """
 
 from __future__ import annotations
@@ -49,6 +51,20 @@ def run(args: argparse.Namespace) -> int:
     from ppokit.io.plots import curve, plot_runs
 
     out = _check_out(args.out)
+    from ppokit.llm.plots import is_llm_run, plot_llm_runs
+
+    llm_runs = [d for d in args.run_dirs if is_llm_run(d)]
+    if llm_runs:  # language-model runs: reward, KL, length and truncation per iteration
+        if len(llm_runs) != len(args.run_dirs):
+            raise UsageError("cannot draw environment runs and language-model runs in one "
+                             f"figure ({llm_runs[0]} is a language-model run); plot them "
+                             "separately")
+        for d in llm_runs:
+            if not (Path(d) / "metrics.jsonl").is_file():
+                raise UsageError(f"{d}: no metrics.jsonl yet (no finished iteration)")
+        plot_llm_runs(llm_runs, out, title=args.title)
+        print(f"wrote {out}")
+        return 0
     have, lacking = [], []
     for d in args.run_dirs:
         m = Path(d) / "metrics.jsonl"

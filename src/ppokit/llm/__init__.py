@@ -2,6 +2,10 @@
 
 Where to start:
 
+* :func:`train` (``api.py``): your model, your reward functions (TRL's calling convention,
+  ``rewards.py``) and your prompt dataset (plain or chat, ``data.py``) -> an
+  :class:`LLMRun` with ``generate``, ``evaluate`` and ``save`` (docs/llm_quickstart.md).
+
 * :class:`LLMConfig` + :class:`TokenTrainer` (``trainer.py``): one token-level loop whose
   presets are ``ppo`` (critic + :func:`ppokit.core.token_gae`, per-token k1 KL reward),
   ``grpo``, ``dr-grpo``, ``rloo`` and ``reinforce++``; :func:`compute_labels` is the pure
@@ -18,15 +22,17 @@ Where to start:
 Command line: ``ppokit llm train|eval|sft|rm|dpo|bench``.
 """
 
+from .api import LLMRun, train
 from .demo import run_reward_hacking_demo
 from .evaluate import evaluate_lm_run, score_policy
 from .models import build_char_tokenizer, build_tiny_model, load_lm, save_policy
 from .rollout import TokenRollout, encode_prompts, generate, sequence_logprobs
-from .task import ReverseTask, reverse_score
+from .task import ArithmeticTask, ReverseTask, answer_format, correct_answer, reverse_score
 from .trainer import ALGOS, LLMConfig, TokenTrainer, compute_labels
 
 __all__ = [
-    "ALGOS", "LLMConfig", "ReverseTask", "TokenRollout", "TokenTrainer", "build_char_tokenizer",
+    "ALGOS", "ArithmeticTask", "LLMConfig", "LLMRun", "ReverseTask", "answer_format",
+    "correct_answer", "train", "TokenRollout", "TokenTrainer", "build_char_tokenizer",
     "build_tiny_model", "compute_labels", "encode_prompts", "evaluate_lm_run", "generate",
     "load_lm", "reverse_score", "run_reward_hacking_demo", "save_policy", "score_policy",
     "sequence_logprobs",

@@ -1,5 +1,8 @@
 """``ppokit llm bench``: ``token_gae`` against the position loop, and the token-level
-trainer's throughput per phase (generation / scoring / training) on the built-in task."""
+trainer's throughput per phase (generation / scoring / training) on the built-in task, side
+by side with TRL's GRPO trainer when it is installed. ``--model-size 10m`` runs both on a
+Qwen2-architecture model of about 10M parameters (random init, saved in a temporary
+directory) instead of the 110k-parameter built-in one."""
 
 from __future__ import annotations
 
@@ -15,7 +18,35 @@ import torch
 
 from .guards import check_bench_args, check_int
 
-__all__ = ["bench_token_gae", "bench_trainer", "bench_trl_grpo", "run_bench"]
+__all__ = ["bench_token_gae", "bench_trainer", "bench_trl_grpo", "run_bench",
+           "build_bench_model", "MODEL_SIZES"]
+
+MODEL_SIZES = ("tiny", "10m")
+
+
+def build_bench_model(size: str, tok):
+    """The benchmark's model: the built-in tiny Llama (``tiny``, about 0.1M parameters) or
+    a Qwen2-architecture model of about 10M parameters (``10m``: width 256, 10 layers,
+    4 heads of 64, MLP 1024), random init, seed 0, over the character tokenizer."""
+    from .models import build_tiny_model, quiet_transformers
+
+    if size == "tiny":
+        return build_tiny_model(tok)
+    if size != "10m":
+        from ppokit.errors import UsageError
+
+        raise UsageError(f"--model-size: expected one of {', '.join(MODEL_SIZES)}, got "
+                         f"{size!r}")
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    quiet_transformers()
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=256, num_hidden_layers=10,
+                      num_attention_heads=4, num_key_value_heads=4, intermediate_size=1024,
+                      max_position_embeddings=128, tie_word_embeddings=True,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id)
+    return Qwen2ForCausalLM(cfg)
 
 
 def bench_token_gae(batch: int = 64, length: int = 4096, repeats: int = 3) -> dict:
@@ -43,19 +74,24 @@ def bench_token_gae(batch: int = 64, length: int = 4096, repeats: int = 3) -> di
             "speedup": t_loop / t_vec, "max_abs_diff": float((a1 - a2).abs().max())}
 
 
-def bench_trainer(algo: str = "grpo", iterations: int = 5, **overrides) -> dict:
-    from .models import build_char_tokenizer, build_tiny_model
+def bench_trainer(algo: str = "grpo", iterations: int = 5, model_size: str = "tiny",
+                  **overrides) -> dict:
+    from .models import build_char_tokenizer
     from .trainer import LLMConfig, TokenTrainer
 
     tok = build_char_tokenizer()
-    model = build_tiny_model(tok)
+    model = build_bench_model(model_size, tok)
     cfg = replace(LLMConfig(algo=algo, iterations=iterations, checkpoint_every=10**9),
                   **overrides)
     tmp = tempfile.mkdtemp(prefix="ppokit-bench-")
     try:
         tr = TokenTrainer(cfg, tmp, policy=model, tokenizer=tok, log=lambda *a: None)
         tr.train_iteration()  # warm-up
-        recs = [tr.train_iteration() for _ in range(iterations)]
+        recs, cpu = [], []
+        for _ in range(iterations):
+            c0 = time.process_time()
+            recs.append(tr.train_iteration())
+            cpu.append(time.process_time() - c0)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     out = {"algo": algo, "sequences_per_iter": tr.cfg.prompts_per_iter * tr.cfg.samples_per_prompt}
@@ -66,11 +102,15 @@ def bench_trainer(algo: str = "grpo", iterations: int = 5, **overrides) -> dict:
     tot = sum(r["time_generation"] + r["time_scoring"] + r["time_training"] for r in recs)
     out["tokens_per_s_total"] = sum(r["response_tokens"] for r in recs) / tot
     out["seconds_per_iteration"] = tot / len(recs)
+    # CPU seconds of this process: on a shared machine, less sensitive to other jobs than
+    # wall time (with one torch thread they measure the work itself)
+    out["cpu_seconds_per_iteration"] = statistics.median(cpu)
     return out
 
 
 def bench_trl_grpo(iterations: int = 5, prompts_per_iter: int = 16,
-                   samples_per_prompt: int = 4, max_new_tokens: int | None = None) -> dict:
+                   samples_per_prompt: int = 4, max_new_tokens: int | None = None,
+                   model_size: str = "tiny") -> dict:
     """TRL's GRPO trainer on the same tiny model, task and batch geometry as ppokit's
     ``grpo`` preset: 64 completions per generation, 4 optimiser steps of 32 completions each
     (``steps_per_generation`` 2 x ``num_iterations`` 2), k3 KL loss with beta 0.02, plain
@@ -84,22 +124,24 @@ def bench_trl_grpo(iterations: int = 5, prompts_per_iter: int = 16,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # deprecations inside TRL's stack
         return _trl_run(tmp, task, tok, iterations, prompts_per_iter, samples_per_prompt,
-                        max_new_tokens)
+                        max_new_tokens, model_size)
 
 
-def _trl_run(tmp, task, tok, iterations, prompts_per_iter, samples_per_prompt, max_new_tokens):
+def _trl_run(tmp, task, tok, iterations, prompts_per_iter, samples_per_prompt, max_new_tokens,
+             model_size="tiny"):
     import random
 
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from .models import build_tiny_model, save_policy
+    from .models import save_policy
     from .task import reverse_score
 
     try:
         model_dir = f"{tmp}/model"
-        save_policy(build_tiny_model(tok), tok, model_dir)  # TRL builds its reference from a path
+        # TRL builds its reference from a path
+        save_policy(build_bench_model(model_size, tok), tok, model_dir)
         ds = Dataset.from_dict({"prompt": task.train_prompts(4096, random.Random(0))})
 
         def reward(prompts, completions, **_):
@@ -107,10 +149,11 @@ def _trl_run(tmp, task, tok, iterations, prompts_per_iter, samples_per_prompt, m
 
         class Clock(TrainerCallback):
             def __init__(self):
-                self.t = []
+                self.t, self.cpu = [], []
 
             def on_step_end(self, args, state, control, **kw):  # noqa: ARG002
                 self.t.append(time.perf_counter())
+                self.cpu.append(time.process_time())
 
         clock = Clock()
         n = prompts_per_iter * samples_per_prompt
@@ -127,11 +170,15 @@ def _trl_run(tmp, task, tok, iterations, prompts_per_iter, samples_per_prompt, m
         from transformers.trainer_callback import PrinterCallback
 
         trainer.remove_callback(PrinterCallback)  # keep the log dicts off stdout
-        t_start = time.perf_counter()
+        t_start, c_start = time.perf_counter(), time.process_time()
         trainer.train()
-        ends = [t_start] + clock.t
-        cycles = [ends[i + steps_per_cycle] - ends[i]
-                  for i in range(0, len(ends) - steps_per_cycle, steps_per_cycle)][1:]
+
+        def per_cycle(ends):
+            return [ends[i + steps_per_cycle] - ends[i]
+                    for i in range(0, len(ends) - steps_per_cycle, steps_per_cycle)][1:]
+
+        cycles = per_cycle([t_start] + clock.t)
+        cpu_cycles = per_cycle([c_start] + clock.cpu)
         lengths = [h["completions/mean_length"] for h in trainer.state.log_history
                    if "completions/mean_length" in h][1:]
     finally:
@@ -139,19 +186,25 @@ def _trl_run(tmp, task, tok, iterations, prompts_per_iter, samples_per_prompt, m
     sec = statistics.median(cycles)
     toks = statistics.mean(lengths) * n
     return {"seconds_per_iteration": sec, "completion_tokens_per_iteration": toks,
-            "tokens_per_s_total": toks / sec, "sequences_per_iter": n}
+            "tokens_per_s_total": toks / sec, "sequences_per_iter": n,
+            "cpu_seconds_per_iteration": statistics.median(cpu_cycles)}
 
 
 def run_bench(batch: int = 64, length: int = 4096, iterations: int = 5,
-              algo: str = "grpo") -> dict:
+              algo: str = "grpo", model_size: str = "tiny") -> dict:
     check_bench_args(batch=batch, length=length, iterations=iterations, algo=algo)
+    if model_size not in MODEL_SIZES:
+        from ppokit.errors import UsageError
+
+        raise UsageError(f"--model-size: expected one of {', '.join(MODEL_SIZES)}, got "
+                         f"{model_size!r}")
     g = bench_token_gae(batch, length)
     print(f"token_gae B={g['batch']} L={g['length']}: vectorised {g['token_gae_s'] * 1e3:.1f} ms, "
           f"position loop {g['loop_s'] * 1e3:.1f} ms  (x{g['speedup']:.1f}; max |diff| "
           f"{g['max_abs_diff']:.2e})")
-    t = bench_trainer(algo, iterations)
-    print(f"trainer ({t['algo']}, {t['sequences_per_iter']} sequences/iteration, "
-          f"torch threads {torch.get_num_threads()}):")
+    t = bench_trainer(algo, iterations, model_size=model_size)
+    print(f"trainer ({t['algo']}, model {model_size}, {t['sequences_per_iter']} "
+          f"sequences/iteration, torch threads {torch.get_num_threads()}):")
     for phase in ("generation", "scoring", "training"):
         print(f"  {phase:<10} {t[f'tokens_per_s_{phase}']:>10.0f} tokens/s   "
               f"{t[f'time_{phase}'] * 1e3:7.1f} ms/iteration")
@@ -163,12 +216,18 @@ def run_bench(batch: int = 64, length: int = 4096, iterations: int = 5,
     elif algo != "grpo":
         print("the TRL comparison runs with --algo grpo only")
     else:
-        trl_res = bench_trl_grpo(iterations)
+        trl_res = bench_trl_grpo(iterations, model_size=model_size)
         ratio = t["tokens_per_s_total"] / trl_res["tokens_per_s_total"]
         print(f"TRL GRPOTrainer, same model, task and batch geometry: "
               f"{trl_res['tokens_per_s_total']:.0f} tokens/s "
               f"({trl_res['seconds_per_iteration'] * 1e3:.1f} ms/iteration)")
-        print(f"ppokit / TRL throughput ratio: {ratio:.2f}")
+        per_it = trl_res["seconds_per_iteration"] / t["seconds_per_iteration"]
+        cpu_it = trl_res["cpu_seconds_per_iteration"] / t["cpu_seconds_per_iteration"]
+        print(f"ppokit / TRL throughput ratio: {ratio:.2f}  (seconds per iteration: "
+              f"TRL / ppokit = {per_it:.2f}; CPU seconds per iteration: TRL "
+              f"{trl_res['cpu_seconds_per_iteration']:.2f} / ppokit "
+              f"{t['cpu_seconds_per_iteration']:.2f} = {cpu_it:.2f})")
+        res["cpu_ratio"] = cpu_it
         res["trl"] = trl_res
         res["ratio"] = ratio
     return res

@@ -39,8 +39,12 @@ def _add_config_arguments(p: argparse.ArgumentParser) -> None:
             types[f.name] = None
             continue
         base = ann.split("|")[0].strip()
-        typ = {"int": _int, "float": float, "str": str}[base]
+        typ = {"int": _int, "float": float, "str": str, "tuple": str}[base]
         types[f.name] = typ
+        if f.name == "reward":  # repeatable: one reward function each
+            p.add_argument(flag, dest=f.name, action="append", default=None,
+                           metavar="MODULE:FUNCTION", help=f"{h} (repeatable)")
+            continue
         p.add_argument(flag, dest=f.name, type=typ, default=None,
                        help=f"{h} (default: {default})")
     for old, new in DEPRECATED.items():
@@ -64,6 +68,8 @@ def _flag_values(args) -> dict:
 
     out = {f.name: getattr(args, f.name) for f in fields(LLMConfig)
            if getattr(args, f.name, None) is not None}
+    if isinstance(out.get("reward"), list):
+        out["reward"] = ",".join(out["reward"])
     for old, new in DEPRECATED.items():
         v = getattr(args, f"deprecated_{old}", None)
         if v is not None:
@@ -108,9 +114,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--n-prompts", type=int, help="number of held-out prompts (default: config)")
     p.add_argument("--temperature", type=float, help="sampling temperature (default: training's)")
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--reward", metavar="MODULE:FUNCTION",
-                   help="the reward function the run was trained with (a run directory never "
-                        "names code that ppokit imports)")
+    p.add_argument("--reward", metavar="MODULE:FUNCTION", action="append",
+                   help="the reward function(s) the run was trained with, repeatable (a run "
+                        "directory never names code that ppokit imports)")
     p.add_argument("--reward-model", metavar="DIR",
                    help="the reward model the run was trained with")
 
@@ -154,6 +160,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--length", type=int, default=4096)
     p.add_argument("--iterations", type=int, default=5)
     p.add_argument("--algo", default="grpo")
+    p.add_argument("--model-size", default="tiny", choices=("tiny", "10m"),
+                   help="tiny: the built-in 0.1M-parameter model; 10m: a Qwen2-architecture "
+                        "model of about 10M parameters (random init)")
 
 
 def run(args) -> int:
@@ -186,6 +195,9 @@ def _print_eval(ev: dict) -> None:
     if "greedy_score_mean" in ev:
         print(f"  greedy: trained {ev['greedy_score_mean']:.4f}  reference "
               f"{ev['reference_greedy_score_mean']:.4f}")
+    for k in ev:
+        if k.startswith("reward/"):
+            print(f"  {k:<24} trained {ev[k]:.4f}  reference {ev['reference_' + k]:.4f}")
 
 
 def _launch(nproc: int) -> int:
@@ -321,7 +333,7 @@ def _config_overrides(args) -> dict:
 
 def _reward_flags(cfg) -> str:
     if cfg.reward:
-        return f" --reward {cfg.reward}"
+        return "".join(f" --reward {e}" for e in str(cfg.reward).split(","))
     if cfg.reward_model:
         return f" --reward-model {cfg.reward_model}"
     return ""
@@ -332,8 +344,9 @@ def _eval(args) -> int:
 
     if not os.path.isdir(args.run_dir):
         raise UsageError(f"RUN_DIR: no such directory {args.run_dir!r}")
+    reward = ",".join(args.reward) if args.reward else None
     ev = evaluate_lm_run(args.run_dir, n_prompts=args.n_prompts, temperature=args.temperature,
-                      seed=args.seed, reward=args.reward, reward_model=args.reward_model,
+                      seed=args.seed, reward=reward, reward_model=args.reward_model,
                       log=lambda m: print(m, file=sys.stderr))
     _print_eval(ev)
     print(f"wrote {os.path.join(args.run_dir, 'eval.json')}")
@@ -428,5 +441,6 @@ def _dpo(args) -> int:
 def _bench(args) -> int:
     from .bench import run_bench
 
-    run_bench(batch=args.batch, length=args.length, iterations=args.iterations, algo=args.algo)
+    run_bench(batch=args.batch, length=args.length, iterations=args.iterations, algo=args.algo,
+              model_size=args.model_size)
     return 0

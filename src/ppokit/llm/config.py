@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import os
 import reprlib
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from ppokit.algos.config import SEED_MAX
 from ppokit.cliutil import in_range
@@ -13,14 +12,14 @@ from ppokit.core.losses import AGGREGATION_MODES
 from ppokit.core.registry import GROUP_ADVANTAGES
 from ppokit.errors import UsageError
 
-from .task import ReverseTask
+from .task import TASKS, make_task
 
 __all__ = ["ALGOS", "TRUNCATION", "PRESETS", "DEPRECATED", "ADVANTAGE_ESTIMATORS",
            "LLMConfig", "prompt_sets", "load_prompts", "config_help", "config_from_values",
-           "parse_sets", "read_toml"]
+           "parse_sets", "read_toml", "config_dict"]
 
 ALGOS = ("ppo", "grpo", "dr-grpo", "rloo", "reinforce++")
-TRUNCATION = ("bootstrap", "penalty", "mask")
+TRUNCATION = ("none", "bootstrap", "penalty", "mask")
 # how the advantage is estimated: token-level GAE with a critic, REINFORCE++'s whitened
 # token returns, or a group estimator of the registry (the names are the config values)
 TOKEN_ESTIMATORS = ("gae", "reinforce_pp")
@@ -68,9 +67,19 @@ class LLMConfig:
     algo: str = _f("ppo", "algorithm preset: ppo | grpo | dr-grpo | rloo | reinforce++")
     model: str | None = _f(None, "local HF causal LM dir (None: built-in tiny model + warm "
                                  "start)")
-    prompts: str | None = _f(None, "JSONL with {\"prompt\": ...} (None: the built-in task)")
-    eval_prompts: str | None = _f(None, "JSONL of held-out prompts (with --prompts)")
-    reward: str | None = _f(None, "module:function (None: the built-in task's rule)")
+    task: str = _f("reverse", "built-in task when no prompts are given: reverse | "
+                              "arithmetic")
+    prompts: str | None = _f(None, "prompt dataset: JSONL/JSON/CSV/Parquet rows with a "
+                                   "'prompt' column (None: the built-in task)")
+    eval_prompts: str | None = _f(None, "held-out prompt dataset (default: eval_fraction "
+                                        "of prompts)")
+    eval_fraction: float = _f(0.1, "share of the prompt rows held out for evaluation when "
+                                   "no eval_prompts are given (0: none)")
+    reward: str | None = _f(None, "reward function(s) module:function, comma-separated or "
+                                  "repeated --reward; in Python also callables (None: the "
+                                  "built-in task's rewards)")
+    reward_weights: tuple | None = _f(None, "one weight per reward function, "
+                                            "comma-separated (None: all 1)")
     reward_model: str | None = _f(None, "dir saved by `ppokit llm rm`")
     iterations: int = _f(400, "training iterations (rollout + update)")
     time_limit: float | None = _f(480.0, "stop training after this many seconds (<= 0: no "
@@ -106,14 +115,17 @@ class LLMConfig:
     normalize_std: bool | None = _f(None, "grpo: divide by the group std")
     score_norm: str = _f("none", "none | batch: whiten scores over the batch first")
     score_clip: float | None = _f(None, "clip scores to [-c, c] after normalisation")
-    truncation: str = _f("penalty", "bootstrap | penalty | mask")
-    truncation_penalty: float = _f(0.5, "subtracted from a truncated response's score")
+    truncation: str = _f("none", "a response cut at max_new_tokens: none (scored as it "
+                                 "is) | penalty | mask | bootstrap (docs/training.md)")
+    truncation_penalty: float = _f(0.5, "truncation=penalty: subtracted from a truncated "
+                                        "response's score")
     critic: str = _f("separate", "separate backbone copy | shared policy backbone")
     lora_r: int = _f(0, "LoRA rank for the policy (0: full fine-tuning; needs peft)")
     fsdp: bool = _f(False, "with several ranks (torchrun / --nproc): shard the policy, "
                     "reference and critic across them with FSDP2 (docs/llm_distributed.md)")
     lora_alpha: float = _f(16.0, "LoRA scaling alpha")
-    sft_steps: int = _f(150, "warm-start SFT steps for the built-in model")
+    sft_steps: int | None = _f(None, "warm-start SFT steps for the built-in model (None: "
+                                     "the task's, 150 for reverse, 600 for arithmetic)")
     sft_lr: float = _f(3e-3, "warm-start SFT learning rate")
     seed: int = _f(0, "seed for everything")
     n_eval_prompts: int = _f(128, "held-out prompts for `ppokit llm eval`")
@@ -153,8 +165,14 @@ class LLMConfig:
         if cfg.fsdp and cfg.lora_r > 0:
             raise UsageError("fsdp: not with LoRA (lora_r > 0): the adapters are small, "
                              "plain data parallelism replicates them")
-        if cfg.reward and cfg.reward_model:
-            raise UsageError("reward: give --reward or --reward-model, not both")
+        cfg = replace(cfg, reward_weights=_weights(cfg.reward_weights))
+        if cfg.reward_weights is not None:
+            from .rewards import reward_entries
+
+            n = len(reward_entries(cfg.reward)) + bool(cfg.reward_model)
+            if n and len(cfg.reward_weights) != n:
+                _fail("reward_weights", f"expected {n} weights (one per reward function)",
+                      cfg.reward_weights, show=True)
         batch = cfg.prompts_per_iter * cfg.samples_per_prompt
         if batch > MAX_SEQUENCES:
             raise UsageError(f"prompts_per_iter: prompts_per_iter * samples_per_prompt = "
@@ -206,13 +224,18 @@ LIMITS: dict[str, tuple[bool, float, float, bool]] = {
     "sft_lr": (False, 0.0, 10.0, True),
     "seed": (True, 0, SEED_MAX, False),
     "n_eval_prompts": (True, 1, 10**6, False),
+    "eval_fraction": (False, 0.0, 0.99, False),
     "checkpoint_every": (True, 1, 10**9, False),
     "samples_logged": (True, 0, 10**6, False),
 }
 CHOICES = {"agg": AGGREGATION_MODES, "kl_mode": ("reward", "loss", "none"),
            "truncation": TRUNCATION, "critic": ("separate", "shared"),
-           "score_norm": ("none", "batch"), "advantage_estimator": ADVANTAGE_ESTIMATORS}
-PATHS = ("model", "prompts", "eval_prompts", "reward", "reward_model")
+           "score_norm": ("none", "batch"), "advantage_estimator": ADVANTAGE_ESTIMATORS,
+           "task": tuple(TASKS)}
+PATHS = ("model", "prompts", "eval_prompts", "reward_model")
+# checked by their own rules: reward entries (module:function, a directory or a callable)
+# in _check_fields, reward_weights (finite numbers, one per reward) in resolved()
+SPECIAL = ("reward", "reward_weights")
 FLAGS_BOOL = ("normalize_advantage", "normalize_std", "use_critic", "fsdp")
 
 _repr = reprlib.Repr()
@@ -260,6 +283,33 @@ def _check_fields(cfg: LLMConfig) -> None:
     for name in FLAGS_BOOL:
         if not isinstance(getattr(cfg, name), bool):
             _fail(name, "expected true or false", getattr(cfg, name), show=True)
+    from .rewards import reward_entries
+
+    for e in reward_entries(cfg.reward):
+        if not callable(e) and not (isinstance(e, str) and "\0" not in e and (
+                ":" in e.strip(":") or os.path.isdir(e))):
+            _fail("reward", "expected 'module:function', a reward-model directory or a "
+                  "callable", e, show=True)
+
+
+def _weights(w):
+    """``reward_weights`` as a tuple of finite floats (from a list or '1,0.5')."""
+    import math
+
+    if w is None:
+        return None
+    if isinstance(w, str):
+        try:
+            w = [float(x) for x in w.split(",") if x.strip()]
+        except ValueError:
+            _fail("reward_weights", "expected comma-separated numbers", w, show=True)
+    if isinstance(w, (int, float)) and not isinstance(w, bool):
+        w = [w]
+    if not isinstance(w, (list, tuple)) or not w or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+            and abs(x) <= COEF_MAX for x in w):
+        _fail("reward_weights", "expected a non-empty list of finite numbers", w, show=True)
+    return tuple(float(x) for x in w)
 
 
 def _check_memory(cfg: LLMConfig) -> None:
@@ -282,45 +332,39 @@ def _check_memory(cfg: LLMConfig) -> None:
           "available")
 
 
-def prompt_sets(cfg: LLMConfig) -> tuple[list[str] | None, list[str]]:
-    """``(train_prompts, held_out_prompts)``. Built-in task: train prompts are drawn on the
-    fly (``None``) and the held-out set is fixed. A prompts file without ``eval_prompts``
-    keeps its last ``min(n_eval_prompts, 10 %)`` lines (at least one) out of training."""
+def prompt_sets(cfg: LLMConfig) -> tuple[list[dict] | None, list[dict]]:
+    """``(train_rows, held_out_rows)``. Built-in task: train rows are drawn on the fly
+    (``None``) and the held-out set is fixed. A prompts dataset without ``eval_prompts``
+    holds out its last ``eval_fraction`` of rows (:func:`ppokit.llm.data.split_rows`)."""
+    from .data import load_rows, split_rows
+
     if cfg.prompts is None:
-        return None, ReverseTask().heldout_prompts(cfg.n_eval_prompts)
-    prompts = load_prompts(cfg.prompts)
+        task = make_task(cfg.task)
+        return None, [task.row(p) for p in task.heldout_prompts(cfg.n_eval_prompts)]
+    rows = load_rows(cfg.prompts, "prompts")
     if cfg.eval_prompts:
-        return prompts, load_prompts(cfg.eval_prompts)
-    if len(prompts) < 2:
-        raise UsageError("prompts: need at least 2 prompts to hold one out (or give "
-                         "--eval-prompts)")
-    n = max(1, min(cfg.n_eval_prompts, len(prompts) // 10))
-    return prompts[:-n], prompts[-n:]
+        return rows, load_rows(cfg.eval_prompts, "eval_prompts")
+    return split_rows(rows, cfg.eval_fraction, "prompts")
 
 
-def load_prompts(path: str) -> list[str]:
-    """Prompts from JSONL (one ``{"prompt": ...}`` object a line) or plain text lines."""
-    if not os.path.exists(path):
-        raise UsageError(f"prompts: no such file {path!r}")
-    out = []
-    with open(path) as f:
-        for i, line in enumerate(f, 1):
-            line = line.rstrip("\n")
-            if not line.strip():
-                continue
-            if line.lstrip().startswith("{"):
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise UsageError(f"prompts: {path}:{i}: bad JSON: {exc}") from None
-                if "prompt" not in obj:
-                    raise UsageError(f"prompts: {path}:{i}: no 'prompt' key")
-                out.append(str(obj["prompt"]))
-            else:
-                out.append(line)
-    if not out:
-        raise UsageError(f"prompts: {path!r} holds no prompts")
-    return out
+def load_prompts(path: str) -> list:
+    """The prompts of a dataset file (strings, or message lists for conversations)."""
+    from .data import load_rows
+
+    return [r["prompt"] for r in load_rows(path, "prompts")]
+
+
+def config_dict(cfg: LLMConfig) -> dict:
+    """The configuration as JSON values: a callable reward is recorded by its name
+    (``python:module.function``), never as something to import."""
+    from .rewards import reward_entries, reward_label
+
+    d = asdict(cfg)
+    if cfg.reward is not None and not isinstance(cfg.reward, str):
+        d["reward"] = ",".join(reward_label(e) for e in reward_entries(cfg.reward))
+    if d.get("reward_weights") is not None:
+        d["reward_weights"] = list(d["reward_weights"])
+    return d
 
 
 # ------------------------------------------------------------------ resolution and help

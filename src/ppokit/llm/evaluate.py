@@ -17,27 +17,43 @@ __all__ = ["score_policy", "evaluate_lm_run"]
 
 
 @torch.no_grad()
-def score_policy(model, tokenizer, prompts: list[str], reward_fn, *, max_new_tokens: int,
+def score_policy(model, tokenizer, prompts: list, reward_fn, *, max_new_tokens: int,
                  temperature: float = 1.0, seed: int = 0, batch_size: int = 128) -> dict:
-    """Mean score, mean response length and truncated share of one policy on ``prompts``."""
-    from .rewards import check_scores
+    """Mean score (and each reward function's mean, ``reward/NAME``), mean response
+    length and truncated share of one policy on ``prompts`` (prompt rows, or plain
+    strings); ``reward_fn``: a :class:`ppokit.llm.rewards.RewardSet`, a reward function or
+    a list of them."""
+    from .data import render_prompt
+    from .rewards import RewardSet, per_function_stats
+    from .trainer import reward_arguments
 
+    rewards = reward_fn if isinstance(reward_fn, RewardSet) else RewardSet(
+        list(reward_fn) if isinstance(reward_fn, (list, tuple)) else [reward_fn])
+    rows = [{"prompt": p} if isinstance(p, str) else p for p in prompts]
     gen = torch.Generator().manual_seed(seed)
-    scores, lengths, trunc, samples = [], [], [], []
-    for i in range(0, len(prompts), batch_size):
-        chunk = prompts[i:i + batch_size]
-        ids, mask = encode_prompts(tokenizer, chunk)
+    scores, lengths, trunc, samples, per_all = [], [], [], [], {}
+    for i in range(0, len(rows), batch_size):
+        chunk = rows[i:i + batch_size]
+        texts = [render_prompt(tokenizer, r["prompt"]) for r in chunk]
+        ids, mask = encode_prompts(tokenizer, texts)
         roll = generate(model, ids, mask, max_new_tokens=max_new_tokens,
                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                         temperature=temperature, generator=gen)
-        comps = [tokenizer.decode(r, skip_special_tokens=True) for r in roll.response_ids]
-        scores += check_scores(reward_fn(chunk, comps), len(chunk)).tolist()
+        decoded = [tokenizer.decode(r, skip_special_tokens=True) for r in roll.response_ids]
+        _, kwargs = reward_arguments(chunk, decoded, roll.response_ids)
+        total, per = rewards(kwargs.pop("prompts"), kwargs.pop("completions"),
+                             kwargs.pop("completion_ids"), kwargs)
+        scores += total.tolist()
+        for k, v in per.items():
+            per_all.setdefault(k, []).append(v)
         lengths += roll.lengths.tolist()
         trunc += roll.truncated.tolist()
-        samples += list(zip(chunk, comps))
+        samples += list(zip(texts, decoded))
     n = len(scores)
+    stats = per_function_stats({k: torch.cat(v) for k, v in per_all.items()})
     return {"score_mean": sum(scores) / n, "response_length_mean": sum(lengths) / n,
-            "truncated_frac": sum(trunc) / n, "samples": samples[:8], "n": n}
+            "truncated_frac": sum(trunc) / n, "samples": samples[:8], "n": n,
+            **{k: v for k, v in stats.items() if not k.endswith("_std")}}
 
 
 def evaluate_lm_run(run_dir: str, *, n_prompts: int | None = None, temperature: float | None = None,
@@ -99,6 +115,9 @@ def evaluate_lm_run(run_dir: str, *, n_prompts: int | None = None, temperature: 
                            **kw)
         ref = score_policy(reference, tok, holder.prompts, holder.reward_fn, temperature=temp,
                            **kw)
+        per = {k: pol[k] for k in pol if k.startswith("reward/")}
+        per.update({"reference_" + k: ref[k] for k in ref if k.startswith("reward/")})
+        out.update(per)
         out.update({"score_mean": pol["score_mean"], "reference_score_mean": ref["score_mean"],
                     "response_length_mean": pol["response_length_mean"],
                     "reference_response_length_mean": ref["response_length_mean"],
@@ -120,18 +139,14 @@ class _EvalSetup:
     """Held-out prompts, reward function and generation cap of a run's config."""
 
     def __init__(self, cfg, run_dir: str, reward_fn=None):
-        from .rewards import RewardModelScorer, load_reward_callable
         from .runfiles import run_prompt_sets
-        from .task import ReverseTask, reverse_score
+        from .task import make_task
+        from .trainer import reward_set
 
-        task = ReverseTask() if cfg.prompts is None else None
-        if reward_fn is not None:
-            self.reward_fn = reward_fn
-        elif cfg.reward_model:
-            self.reward_fn = RewardModelScorer(cfg.reward_model)
-        elif cfg.reward:
-            self.reward_fn = load_reward_callable(cfg.reward)
-        else:
-            self.reward_fn = reverse_score
+        task = make_task(cfg.task) if cfg.prompts is None else None
+        self.reward_fn = reward_set(cfg, reward_fn, task)
         self.prompts = run_prompt_sets(run_dir, cfg)[1][: cfg.n_eval_prompts]
+        if not self.prompts:
+            raise UsageError(f"eval: {run_dir!r} holds no held-out prompts (it was trained "
+                             "with eval_fraction=0 and no eval prompts)")
         self.max_new_tokens = cfg.max_new_tokens or (task.max_new_tokens if task else 64)

@@ -30,23 +30,31 @@ RESUMABLE = ("iterations", "time_limit", "checkpoint_every", "samples_logged", "
              "reward_model", "n_eval_prompts", "temperature")
 
 
-def write_prompts(path: str, prompts: list[str]) -> None:
-    atomic_write_text(path, "".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+def write_prompts(path: str, rows: list) -> None:
+    """The run's copy of its prompt rows (a plain string is written as ``{"prompt": s}``)."""
+    atomic_write_text(path, "".join(json.dumps({"prompt": r} if isinstance(r, str) else r)
+                                    + "\n" for r in rows))
 
 
-def _read_prompts(path: str) -> list[str]:
+def _read_prompts(path: str) -> list[dict]:
+    from .data import check_rows
+
     if not os.path.lexists(path):
         raise UsageError(f"run dir: {os.path.dirname(path)} has no {os.path.basename(path)}")
     out = []
     for i, line in enumerate(read_regular(path, MAX_PROMPTS_FILE).decode().splitlines(), 1):
         try:
-            out.append(str(json.loads(line)["prompt"]))
+            row = json.loads(line)
+            row["prompt"]  # noqa: B018 - a row without a prompt is not a prompt line
         except (ValueError, KeyError, TypeError, RecursionError):
             raise UsageError(f"run dir: {path}:{i}: not a prompt line") from None
-    return out
+        out.append(row)
+    if not out:
+        return []
+    return check_rows(out, f"run dir: {os.path.basename(path)}")
 
 
-def run_prompt_sets(run_dir: str, cfg: LLMConfig) -> tuple[list[str] | None, list[str]]:
+def run_prompt_sets(run_dir: str, cfg: LLMConfig) -> tuple[list[dict] | None, list[dict]]:
     """``(train_prompts, held_out_prompts)`` of an existing run: its own copies for a
     prompts file, the fixed sets of the built-in task otherwise."""
     if cfg.prompts is None:

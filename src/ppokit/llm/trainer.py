@@ -26,9 +26,16 @@ One iteration (docs/theory.md#the-ppo-iteration, in this order):
    it means for environment training (docs/architecture.md, glossary).
 
 Truncation (a response that reached ``max_new_tokens`` without EOS) is an explicit option:
-``bootstrap`` (a critic only): the score is not placed; the return after the last token is
-the critic's value of the final state; ``penalty``: the score is placed, minus
-``truncation_penalty``; ``mask``: the row is left out of every loss.
+``none`` (the default): the response is scored like any other, so the objective is the
+reward itself; ``bootstrap`` (a critic only): the score is not placed; the return after
+the last token is the critic's value of the final state; ``penalty``: the score is placed,
+minus ``truncation_penalty``; ``mask``: the row is left out of every loss.
+
+Prompts and rewards (ppokit.llm.data, ppokit.llm.rewards): a prompt row is plain text or a
+conversation rendered with the tokenizer's chat template; each reward function is called
+with TRL's keyword arguments (``prompts``, ``completions``, ``completion_ids`` and every
+other column of the rows), and is probed once on a small batch before training starts, so
+that a wrong signature or return value stops the run before any update.
 """
 
 from __future__ import annotations
@@ -37,7 +44,6 @@ import json
 import os
 import random
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -75,6 +81,7 @@ from .config import (  # noqa: F401 (re-exported)
     PRESETS,
     TRUNCATION,
     LLMConfig,
+    config_dict,
     load_prompts,
     prompt_sets,
 )
@@ -89,6 +96,7 @@ from .models import (
 )
 from .parallel import NoRunDir, gather_rollout, shard
 from .progress import Progress
+from .rewards import per_function_stats
 from .rollout import TokenRollout, encode_prompts, generate, sequence_logprobs, shift_to_tokens
 from .runfiles import (  # noqa: F401 (config_from_run re-exported)
     EVAL_PROMPTS,
@@ -97,7 +105,7 @@ from .runfiles import (  # noqa: F401 (config_from_run re-exported)
     run_prompt_sets,
     write_prompts,
 )
-from .task import ReverseTask
+from .task import make_task
 
 __all__ = ["LLMConfig", "ALGOS", "TokenTrainer", "Labels", "compute_labels", "load_prompts"]
 
@@ -109,7 +117,8 @@ class TokenTrainer:
 
     def __init__(self, cfg: LLMConfig, run_dir: str, *, policy=None, tokenizer=None,
                  reference=None, log=print, resume: bool = False, monitors=None,
-                 reward_fn=None, fresh: bool = False, dp=None):
+                 reward_fn=None, fresh: bool = False, train_rows=None, eval_rows=None,
+                 callbacks=(), dp=None):
         self.cfg = cfg = cfg.resolved()
         # data parallelism (ppokit.engine.dist.DataParallel; None: one process). Only rank
         # 0 owns the run directory: lock, metrics, samples, checkpoints, exported policy.
@@ -123,6 +132,10 @@ class TokenTrainer:
         # monitors: callables (prompts, completions) -> {name: float}, logged each iteration
         # (e.g. a true task score while training against a learned reward model)
         self.monitors = list(monitors or [])
+        # callbacks: called with each iteration's record; one that returns True stops
+        # training at that iteration boundary (a checkpoint is written)
+        self.callbacks = list(callbacks or [])
+        self._warned: set = set()
         self.run_dir = str(run_dir)
         self.log = log
         self.metrics = None
@@ -131,13 +144,15 @@ class TokenTrainer:
         self.rundir = (RunDir(self.run_dir, new=not resume, kind="llm", fresh=fresh)
                        if self.is_main else NoRunDir())
         try:
-            self._setup(cfg, policy, tokenizer, reference, reward_fn, resume)
+            self._setup(cfg, policy, tokenizer, reference, reward_fn, resume, train_rows,
+                        eval_rows)
         except BaseException:
             self.rundir.abort()
             raise
         self.rundir.started()
 
-    def _setup(self, cfg, policy, tokenizer, reference, reward_fn, resume: bool) -> None:
+    def _setup(self, cfg, policy, tokenizer, reference, reward_fn, resume: bool,
+               train_rows=None, eval_rows=None) -> None:
         run_dir = self.run_dir
         ckpt = None
         if resume:  # verify before anything is loaded or changed
@@ -159,13 +174,27 @@ class TokenTrainer:
         # sampling: one stream per rank; shuffling minibatches: the same on every rank
         self.gen = torch.Generator().manual_seed(cfg.seed + 1_000_003 * self.rank)
         self.shuffle_gen = torch.Generator().manual_seed(cfg.seed + 17)
-        self.task = ReverseTask() if cfg.prompts is None else None
+        self.task = make_task(cfg.task) if cfg.prompts is None else None
         # reward and prompts before any model work: a bad one fails fast
-        self.reward_fn = reward_fn if reward_fn is not None else self._reward_fn()
+        self.rewards = self._reward_set(reward_fn)
         if resume:
-            self.train_prompts, self.eval_prompt_list = run_prompt_sets(run_dir, cfg)
+            self.train_rows, self.eval_rows = run_prompt_sets(run_dir, cfg)
+        elif train_rows is not None:
+            from .data import split_rows
+
+            self.train_rows, self.eval_rows = ((list(train_rows), list(eval_rows))
+                                               if eval_rows is not None else
+                                               split_rows(list(train_rows), cfg.eval_fraction))
         else:
-            self.train_prompts, self.eval_prompt_list = prompt_sets(cfg)
+            self.train_rows, self.eval_rows = prompt_sets(cfg)
+        if self.train_rows is not None and not resume:
+            how = ("eval_prompts" if cfg.eval_prompts or eval_rows is not None
+                   else f"eval_fraction={cfg.eval_fraction:g}, the last rows")
+            self.log(f"prompts: {len(self.train_rows)} rows for training, "
+                     f"{len(self.eval_rows)} held out for evaluation ({how})")
+        columns = sorted({k for r in (self.train_rows or [self.task.row(
+            self.task.heldout_prompts(1)[0])]) for k in r})
+        self.rewards.check_signatures(columns)
         ref_dir = os.path.join(run_dir, "reference")
         if policy is None:
             if resume or (self.is_main and os.path.isdir(ref_dir)):
@@ -179,6 +208,10 @@ class TokenTrainer:
             save_policy(policy, tokenizer, ref_dir)
         self.policy, self.tok = policy, tokenizer
         self.policy.eval()  # no dropout anywhere: old and new log-probs must agree
+        if self.train_rows is not None:  # a missing chat template fails here, not later
+            self._train_texts = [self.render(r["prompt"]) for r in self.train_rows]
+            for r in self.eval_rows:
+                self.render(r["prompt"])
         self.reference = reference if reference is not None else frozen_copy(policy)
         self.critic = None
         if cfg.use_critic and cfg.critic == "separate":
@@ -205,6 +238,7 @@ class TokenTrainer:
                        else FixedKLController(cfg.kl_coef))
         self.max_new_tokens = cfg.max_new_tokens or (self.task.max_new_tokens if self.task
                                                      else 64)
+        self.probe_rewards()
         self.iteration = 0
         self.elapsed = 0.0
         self._saved_iteration = None
@@ -212,16 +246,16 @@ class TokenTrainer:
             self._load_checkpoint(ckpt)
         elif self.is_main:
             atomic_write_text(os.path.join(run_dir, "config.json"),
-                              json.dumps(asdict(cfg), indent=2) + "\n")
-            if cfg.prompts is not None:  # the run's own copy: resume and eval read it
-                write_prompts(os.path.join(run_dir, TRAIN_PROMPTS), self.train_prompts)
-                write_prompts(os.path.join(run_dir, EVAL_PROMPTS), self.eval_prompt_list)
+                              json.dumps(config_dict(cfg), indent=2) + "\n")
+            if self.train_rows is not None:  # the run's own copy: resume and eval read it
+                write_prompts(os.path.join(run_dir, TRAIN_PROMPTS), self.train_rows)
+                write_prompts(os.path.join(run_dir, EVAL_PROMPTS), self.eval_rows)
             truncate_metrics(os.path.join(run_dir, "metrics.jsonl"), 0)
             truncate_metrics(os.path.join(run_dir, "samples.jsonl"), 0)
         if not self.is_main:
             self.samples = None
             return
-        self.metrics = MetricsWriter(run_dir, tensorboard=False, step_key="iteration")
+        self.metrics = MetricsWriter(run_dir, tensorboard=True, step_key="iteration")
         self.samples = MetricsWriter(run_dir, tensorboard=False, name="samples.jsonl",
                                      step_key="iteration")
 
@@ -254,53 +288,73 @@ class TokenTrainer:
 
         tok = build_char_tokenizer()
         model = build_tiny_model(tok, seed=self.cfg.seed)
-        self.log(f"warm start: SFT of the built-in tiny model ({self.cfg.sft_steps} steps on "
+        steps = self.cfg.sft_steps or self.task.sft_steps
+        self.log(f"warm start: SFT of the built-in tiny model ({steps} steps on "
                  "noisy demonstrations)")
-        info = builtin_sft(self.task, model, tok, steps=self.cfg.sft_steps, lr=self.cfg.sft_lr,
+        info = builtin_sft(self.task, model, tok, steps=steps, lr=self.cfg.sft_lr,
                            seed=self.cfg.seed)
         if self.is_main:
             atomic_write_text(os.path.join(self.run_dir, "warm_start.json"),
                           json.dumps(info, indent=2) + "\n")
         return model, tok
 
-    def _reward_fn(self):
-        from .rewards import RewardModelScorer, load_reward_callable
-        from .task import reverse_score
+    def _reward_set(self, reward_fn):
+        return reward_set(self.cfg, reward_fn, self.task, log=self.log)
 
-        cfg = self.cfg
-        if cfg.reward_model:
-            return RewardModelScorer(cfg.reward_model)
-        if cfg.reward:
-            return load_reward_callable(cfg.reward)
-        if cfg.prompts is not None:
-            raise UsageError("reward: with --prompts give --reward module:function or "
-                             "--reward-model PATH")
-        return reverse_score
+    def probe_rewards(self) -> None:
+        """Call every reward function once on completions of two training prompts (own
+        random generator: the run's streams are untouched), so that a wrong signature or
+        return value is an error before any training."""
+        rows = self.sample_rows(2, random.Random(self.cfg.seed + 1))
+        gen = torch.Generator().manual_seed(self.cfg.seed + 1)
+        roll = self.rollout([self.prompt_text(r) for r in rows], generator=gen)
+        self.score_rows(rows, roll)
 
     # ------------------------------------------------------------------ phases
-    def sample_prompts(self) -> list[str]:
-        """This iteration's prompts: the global list (the same on every rank); with several
-        ranks, :meth:`train_iteration` takes this rank's block of it."""
-        n = self.cfg.prompts_per_iter
+    def render(self, prompt) -> str:
+        from .data import render_prompt
+
+        return render_prompt(self.tok, prompt)
+
+    def prompt_text(self, row: dict) -> str:
+        return self.render(row["prompt"])
+
+    def sample_rows(self, n: int | None = None, rng: random.Random | None = None
+                    ) -> list[dict]:
+        """``n`` (default ``prompts_per_iter``) training rows, drawn with replacement: the
+        global list, the same on every rank (with several ranks, :meth:`train_iteration`
+        takes this rank's block of it)."""
+        n = self.cfg.prompts_per_iter if n is None else n
+        rng = rng or self.py_rng
         if self.task is not None:
-            return self.task.train_prompts(n, self.py_rng)
-        return [self.py_rng.choice(self.train_prompts) for _ in range(n)]
+            return [self.task.row(p) for p in self.task.train_prompts(n, rng)]
+        return [self.train_rows[rng.randrange(len(self.train_rows))] for _ in range(n)]
+
+    def sample_prompts(self) -> list[str]:
+        """The texts of :meth:`sample_rows` (what the model is given)."""
+        return [self.prompt_text(r) for r in self.sample_rows()]
 
     def decode(self, roll: TokenRollout) -> list[str]:
         return [self.tok.decode(r, skip_special_tokens=True) for r in roll.response_ids]
 
     def score(self, prompts, completions) -> torch.Tensor:
-        from .rewards import check_scores
+        """Total scores of plain-text prompts and completions (no other columns)."""
+        return self.rewards(list(prompts), list(completions))[0]
 
-        return check_scores(self.reward_fn(prompts, completions), len(prompts))
+    def score_rows(self, rows: list[dict], roll: TokenRollout):
+        """``(completions, total [B], {name: [B]})`` of a rollout of ``rows``."""
+        comps, kwargs = reward_arguments(rows, self.decode(roll), roll.response_ids)
+        total, per = self.rewards(kwargs.pop("prompts"), kwargs.pop("completions"),
+                                  kwargs.pop("completion_ids"), kwargs)
+        return comps, total, per
 
     def rollout(self, prompts: list[str], temperature: float | None = None,
-                model=None) -> TokenRollout:
+                model=None, generator: torch.Generator | None = None) -> TokenRollout:
         ids, mask = encode_prompts(self.tok, prompts)
         return generate(model or self.policy, ids, mask, max_new_tokens=self.max_new_tokens,
                         eos_token_id=self.tok.eos_token_id, pad_token_id=self.tok.pad_token_id,
                         temperature=self.cfg.temperature if temperature is None else temperature,
-                        generator=self.gen,
+                        generator=self.gen if generator is None else generator,
                         all_done=self._all_done if self.fsdp else None)
 
     @torch.no_grad()
@@ -403,22 +457,25 @@ class TokenTrainer:
         """One iteration. ``roll``: this rank's rollout of this iteration's prompts,
         generated elsewhere (tests); by default it is sampled here."""
         cfg = self.cfg
-        prompts = self.sample_prompts()
+        rows = self.sample_rows()
         if self.dp is not None:
-            prompts = shard(prompts, self.rank, self.world)
-        prompts = [p for p in prompts for _ in range(cfg.samples_per_prompt)]
+            rows = shard(rows, self.rank, self.world)
+        rows = [r for r in rows for _ in range(cfg.samples_per_prompt)]
+        prompts = [self.prompt_text(r) for r in rows]
         t0 = time.perf_counter()
         if roll is None:
             roll = self.rollout(prompts)
         t1 = time.perf_counter()
-        comps = self.decode(roll)
-        scores = self.score(prompts, comps)
+        comps, scores, per_func = self.score_rows(rows, roll)
+        comps = [c if isinstance(c, str) else c[0]["content"] for c in comps]
         old, ref, values_after = self.frozen_forward(roll)
         if self.dp is not None:  # the whole iteration batch on every rank (llm/parallel.py)
             roll, (old, ref, values_after), (scores,) = gather_rollout(
                 self.dp, roll, [old, ref, values_after], [scores], self.tok.pad_token_id)
             prompts = [p for part in self.dp.gather_objects(prompts) for p in part]
             comps = [c for part in self.dp.gather_objects(comps) for c in part]
+            per_func = {k: self.dp.all_gather_rows(v.contiguous())
+                        for k, v in sorted(per_func.items())}
         beta = self.kl_ctl.value
         lab = compute_labels(cfg, roll, scores, old, ref, beta, values_after)
         t2 = time.perf_counter()
@@ -434,7 +491,8 @@ class TokenTrainer:
                "tokens_per_s_scoring": ntok / max(t2 - t1, 1e-9),
                "tokens_per_s_training": ntok / max(t3 - t2, 1e-9),
                "time_generation": t1 - t0, "time_scoring": t2 - t1, "time_training": t3 - t2,
-               "response_tokens": ntok, "wall_time": self.elapsed}
+               "response_tokens": ntok, "wall_time": self.elapsed,
+               **per_function_stats(per_func)}
         if self.dp is not None:
             rec["ranks"] = self.world
         for mon in (self.monitors if self.is_main else ()):
@@ -442,6 +500,7 @@ class TokenTrainer:
         rec = {k: (float(v) if isinstance(v, float) else v) for k, v in rec.items()}
         if not self.is_main:
             return rec
+        self._check_scales(rec)
         self.metrics.write(rec)
         for i in range(min(cfg.samples_logged, len(prompts))):
             self.samples.write({"iteration": self.iteration, "prompt": prompts[i],
@@ -477,6 +536,11 @@ class TokenTrainer:
                 rec = self.train_iteration()
                 recs.append(rec)
                 bar.advance(rec)
+                # callbacks run where the record is written (rank 0); all ranks stop together
+                asked = [cb(rec) is True for cb in self.callbacks] if self.is_main else []
+                if self._agree(any(asked)):
+                    self.log(f"a callback stopped training at iteration {self.iteration}")
+                    break
                 if self.iteration % cfg.checkpoint_every == 0:
                     self.save_checkpoint()
                 if self._agree(stop is not None and stop.requested):
@@ -491,6 +555,28 @@ class TokenTrainer:
         if self.dp is None:
             return bool(flag)
         return bool(self.dp.max_(torch.tensor(float(flag))) > 0)
+
+    def _check_scales(self, rec: dict) -> None:
+        """Warn (once each) when a fixed term of the objective dwarfs the rewards: the
+        truncation penalty, or the KL term, more than 10 times the scores' spread."""
+        cfg, spread = self.cfg, rec.get("score_std", 0.0)
+        if not spread or spread <= 0:
+            return
+        if (cfg.truncation == "penalty" and rec.get("truncated_frac", 0) > 0
+                and cfg.truncation_penalty > 10 * spread and "penalty" not in self._warned):
+            self._warned.add("penalty")
+            self.log(f"warning: truncation_penalty {cfg.truncation_penalty:g} is "
+                     f"{cfg.truncation_penalty / spread:.0f}x the spread of the rewards "
+                     f"(std {spread:.3g}): the penalty, not the reward, decides what is "
+                     "learned (shorter responses); consider truncation=none or mask, or a "
+                     "smaller penalty")
+        kl_term = abs(rec.get("beta", 0.0)) * abs(rec.get("kl_ref", 0.0))
+        if cfg.kl_mode != "none" and kl_term > 10 * spread and "kl" not in self._warned:
+            self._warned.add("kl")
+            self.log(f"warning: the KL term (beta {rec['beta']:.3g} x kl_ref "
+                     f"{rec['kl_ref']:.3g} nats = {kl_term:.3g}) is {kl_term / spread:.0f}x "
+                     f"the spread of the rewards (std {spread:.3g}): staying near the "
+                     "reference dominates the objective; consider a smaller kl_coef")
 
     def close(self) -> None:
         """Close the metrics files and release the run directory's lock."""
@@ -554,7 +640,7 @@ class TokenTrainer:
         if critic_sd is not None:
             tensors["critic"] = critic_sd
         state = {"elapsed": self.elapsed, "kl_controller": self.kl_ctl.state_dict(),
-                 "optimizer": opt_meta, "rng": rng_meta, "config": asdict(self.cfg),
+                 "optimizer": opt_meta, "rng": rng_meta, "config": config_dict(self.cfg),
                  "ranks": self.world}
         path = save_checkpoint(root, self.iteration, tensors=tensors, arrays={}, state=state)
         self._saved_iteration = self.iteration
@@ -625,9 +711,55 @@ def _check_reward_named_again(cfg: LLMConfig, saved: dict | None, reward_fn) -> 
     for key, flag in (("reward", "--reward"), ("reward_model", "--reward-model")):
         old = saved.get(key)
         if old and not getattr(cfg, key) and not (cfg.reward or cfg.reward_model):
+            if key == "reward" and "python:" in str(old):
+                again = ("the reward functions again (reward_funcs= in Python, or "
+                         "--reward module:function)")
+            elif key == "reward":
+                again = " ".join(f"--reward {e}" for e in str(old).split(","))
+                again += " again (or reward_funcs= in Python)"
+            else:
+                again = f"{flag} {old} again (or reward_funcs= in Python)"
             raise UsageError(f"{flag}: this run was trained with {key} {old!r}; ppokit does "
                              "not load code or models named inside a run directory: pass "
-                             f"{flag} {old} again (or reward_fn= in Python)")
+                             f"{again}")
+
+
+def reward_set(cfg: LLMConfig, reward_fn=None, task=None, log=print):
+    """The :class:`ppokit.llm.rewards.RewardSet` of a configuration: ``reward_fn`` (a
+    callable or a list) when given, else the config's ``reward`` entries and
+    ``reward_model``, else the built-in task's rewards and weights."""
+    from .rewards import RewardModelScorer, RewardSet, reward_entries
+
+    weights = cfg.reward_weights
+    if reward_fn is not None:
+        entries = list(reward_fn) if isinstance(reward_fn, (list, tuple)) else [reward_fn]
+    else:
+        entries = reward_entries(cfg.reward)
+        if cfg.reward_model:
+            entries.append(RewardModelScorer(cfg.reward_model))
+    if not entries:
+        if cfg.prompts is not None:
+            raise UsageError("reward: with --prompts give --reward module:function or "
+                             "--reward-model PATH")
+        task = task or make_task(cfg.task)
+        entries, weights = list(task.rewards), weights or task.reward_weights
+    return RewardSet(entries, weights, log=log)
+
+
+def reward_arguments(rows: list[dict], texts: list[str], completion_ids) -> tuple[list, dict]:
+    """``(completions, keyword arguments)`` of the reward functions for one batch: a
+    conversational prompt's completion is ``[{"role": "assistant", "content": text}]``;
+    every column other than ``prompt`` is passed under its own name."""
+    from .data import is_conversation
+    from .rewards import BASE_KEYS
+
+    comps = [[{"role": "assistant", "content": t}] if is_conversation(r["prompt"]) else t
+             for r, t in zip(rows, texts)]
+    kwargs = {"prompts": [r["prompt"] for r in rows], "completions": comps,
+              "completion_ids": [list(i) for i in completion_ids]}
+    for k in sorted({k for r in rows for k in r} - {"prompt", *BASE_KEYS}):
+        kwargs[k] = [r.get(k) for r in rows]
+    return comps, kwargs
 
 
 def wrap_lora(model, r: int, alpha: float):
