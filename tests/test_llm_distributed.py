@@ -23,7 +23,7 @@ from ppokit.llm.models import build_char_tokenizer, build_tiny_model, save_polic
 from ppokit.llm.trainer import LLMConfig, TokenTrainer
 
 BASE = {"prompts_per_iter": 8, "iterations": 1, "checkpoint_every": 1000, "n_epochs": 2,
-        "max_new_tokens": 12}
+        "max_new_tokens": 12, "truncation": "penalty"}
 CASES = [
     {"algo": "ppo", "batch_size": 2},
     {"algo": "grpo", "batch_size": 8},
