@@ -1,0 +1,189 @@
+"""vectorization=ray: remote rollouts against the local collector, reproducibility, a killed
+actor, resume; ``--backend ray`` for seeds. One local Ray (2 CPUs) for the whole module:
+starting Ray is slow."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")  # installed by `make test` (the ray extra)
+
+from ppokit.algos import Trainer, resolve_config  # noqa: E402
+from ppokit.distributed import RayCollector  # noqa: E402
+from ppokit.distributed.rollout import FIELDS, merge_moments  # noqa: E402
+from ppokit.envs import ObsNormalizer, RewardScaler, RunningMeanStd, make_vec  # noqa: E402
+from ppokit.envs.slow import ENV_ID as SLOW_ID  # noqa: E402
+from ppokit.io import WALL_CLOCK_FIELDS, read_metrics  # noqa: E402
+from ppokit.policies import make_policy  # noqa: E402
+from ppokit.rollout import Collector  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _cfg(**over):
+    base = dict(tensorboard=False, checkpoint_every=100, total_timesteps=512, n_envs=4,
+                n_steps=64, batch_size=64, n_epochs=2)
+    base.update(over)
+    return resolve_config(overrides=base)
+
+
+@pytest.mark.parametrize("over", [
+    # CartPole: vectorised NEXT_STEP envs (dummy rows), both normalisers
+    dict(normalize_obs=True, normalize_reward=True),
+    # Pendulum: sync SAME_STEP envs, Gaussian actions, truncation at 200 steps inside the
+    # second window (bootstrapped from info["final_obs"] on the actor)
+    dict(env_id="Pendulum-v1", n_envs=2, n_steps=128, normalize_obs=True),
+    # the reference path (policy.act per step) on the actor
+    dict(fast=False),
+])
+def test_one_actor_rollout_equals_the_local_collector(over):
+    c = _cfg(vectorization="ray", num_workers=1, **over)
+    remote = RayCollector(c, c.env_id, log=lambda m: None)
+    try:
+        env = make_vec(c.env_id, c.n_envs)
+        torch.manual_seed(3)
+        policy = make_policy(env.single_observation_space, env.single_action_space)
+        shape = env.single_observation_space.shape
+        norm_l = ObsNormalizer(shape) if c.normalize_obs else None
+        norm_r = ObsNormalizer(shape) if c.normalize_obs else None
+        scal_l = RewardScaler(c.n_envs, c.gamma) if c.normalize_reward else None
+        scal_r = RewardScaler(c.n_envs, c.gamma) if c.normalize_reward else None
+        local = Collector(env, policy, generator=torch.Generator().manual_seed(2 * c.seed + 1),
+                          obs_normalizer=norm_l, reward_scaler=scal_l, fast=c.fast)
+        remote.attach(policy, norm_r, scal_r)
+        local.reset(seed=c.seed)
+        remote.reset(seed=c.seed)
+        for window in range(2):
+            a, b = local.collect(c.n_steps), remote.collect(c.n_steps)
+            for f in FIELDS:
+                assert torch.equal(getattr(a, f), getattr(b, f)), (window, f)
+            assert sorted(local.pop_finished()) == sorted(remote.pop_finished())
+            if norm_l is not None:
+                assert norm_l.rms.state_dict().keys() == norm_r.rms.state_dict().keys()
+                for k, v in norm_l.rms.state_dict().items():
+                    np.testing.assert_array_equal(v, norm_r.rms.state_dict()[k])
+            with torch.no_grad():  # a new policy for the next window: weights are broadcast
+                for p in policy.parameters():
+                    p.add_(0.01 * torch.randn_like(p))
+        if c.env_id == "Pendulum-v1":  # a truncation was bootstrapped (not a zero target)
+            assert bool((a.episode_end & ~a.terminated).any())
+        env.close()
+    finally:
+        remote.close()
+
+
+def test_merged_moments_equal_moments_of_everything():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        base, parts = rng.normal(size=(rng.integers(1, 20), 3)), []
+        rms = RunningMeanStd((3,))
+        rms.update(base)
+        ref = RunningMeanStd((3,))
+        ref.update(base)
+        for _ in range(rng.integers(1, 4)):
+            x = rng.normal(rng.normal(), rng.uniform(0.1, 3), size=(rng.integers(1, 30), 3))
+            parts.append(x)
+            ref.update(x)
+            seen = RunningMeanStd((3,), epsilon=0.0)
+            seen.update(x)
+            merge_moments(rms, seen.state_dict())
+        np.testing.assert_allclose(rms.mean, ref.mean, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(rms.var, ref.var, rtol=1e-9)
+        assert rms.count == pytest.approx(ref.count)
+
+
+def _train(tmp_path, name, log=None, **over):
+    cfg = _cfg(**over)
+    tr = Trainer(cfg, tmp_path / name, log=log or (lambda m: None))
+    try:
+        tr.train()
+        params = [p.detach().clone() for p in tr.policy.parameters()]
+    finally:
+        tr.close()
+    recs = [{k: v for k, v in r.items() if k not in WALL_CLOCK_FIELDS}
+            for r in read_metrics(tmp_path / name)]
+    return recs, params
+
+
+def test_one_actor_training_equals_local_training(tmp_path):
+    a, pa = _train(tmp_path, "local", normalize_obs=True)
+    b, pb = _train(tmp_path, "ray", normalize_obs=True, vectorization="ray", num_workers=1)
+    assert a == b
+    assert all(torch.equal(x, y) for x, y in zip(pa, pb))
+
+
+def test_two_actors_reproducible_from_the_seed(tmp_path):
+    over = dict(vectorization="ray", num_workers=2, envs_per_worker=2, normalize_obs=True)
+    a, pa = _train(tmp_path, "a", seed=5, **over)
+    b, pb = _train(tmp_path, "b", seed=5, **over)
+    c, _ = _train(tmp_path, "c", seed=6, **over)
+    assert a == b and all(torch.equal(x, y) for x, y in zip(pa, pb))
+    assert a != c
+    assert len(a) == 2 and a[-1]["global_step"] == 512
+
+
+def test_envs_per_worker_sets_n_envs_and_bad_splits_are_refused():
+    from ppokit.errors import UsageError
+
+    c = resolve_config(overrides=dict(vectorization="ray", num_workers=4, envs_per_worker=4))
+    assert c.n_envs == 16
+    with pytest.raises(UsageError, match="n_envs"):
+        resolve_config(overrides=dict(vectorization="ray", num_workers=3, n_envs=8))
+    with pytest.raises(UsageError, match="num_workers"):
+        resolve_config(overrides=dict(vectorization="ray", num_workers=0))
+
+
+def test_a_killed_actor_does_not_stop_the_run(tmp_path):
+    logs: list[str] = []
+    cfg = _cfg(env_id=SLOW_ID, env_kwargs={"work_ms": 2.0}, vectorization="ray",
+               num_workers=2, n_envs=2, n_steps=64, total_timesteps=128 * 4)
+    tr = Trainer(cfg, tmp_path / "kill", log=logs.append)
+    killed = []
+
+    def kill_later():  # during the next iteration's rollout (~130 ms of env work)
+        time.sleep(0.03)
+        victim = tr.collector.workers[0]
+        ray.kill(victim)
+        killed.append(victim)
+
+    def on_iteration(rec):
+        if rec["iteration"] == 1:
+            threading.Thread(target=kill_later).start()
+
+    try:
+        tr.train(on_iteration)
+    finally:
+        tr.close()
+    recs = read_metrics(tmp_path / "kill")
+    assert killed and [r["iteration"] for r in recs] == [1, 2, 3, 4]
+    assert recs[-1]["global_step"] == 512
+    assert tr.collector.restarts >= 1
+    assert any("died" in m and "new actor" in m for m in logs)
+
+
+def test_resume_starts_new_episodes_on_new_actors(tmp_path):
+    logs: list[str] = []
+    over = dict(vectorization="ray", num_workers=2, checkpoint_every=1)
+    cfg = _cfg(**over)
+    tr = Trainer(cfg, tmp_path / "r", log=logs.append)
+    try:
+        tr.train(lambda rec: rec["iteration"] < 1 or "stop")
+    finally:
+        tr.close()
+    tr = Trainer(cfg, tmp_path / "r", resume=True, log=logs.append)
+    try:
+        assert tr.iteration == 1
+        tr.train()
+    finally:
+        tr.close()
+    assert [r["iteration"] for r in read_metrics(tmp_path / "r")] == [1, 2]
+    assert any("Ray actors" in m and "reset" in m for m in logs)
