@@ -223,7 +223,7 @@ class RayCollector:
         self._reset_count = 0
         self.iteration = 0
         try:
-            info = self._get(self.workers[0].info.remote(), "starting Ray actors")
+            info = self._wait_for_actors()
         except BaseException:
             self.close()
             raise
@@ -233,6 +233,22 @@ class RayCollector:
         self.reward_scaler: RewardScaler | None = None
         self.finished: list[tuple[float, int]] = []
         log(f"vectorization=ray: {self.num_workers} actor(s) x {self.per_worker} env(s)")
+
+    def _wait_for_actors(self) -> dict[str, Any]:
+        """The first actor's spaces, once every actor runs; said once in the log while the
+        cluster lacks the CPUs (one per actor) to place them."""
+        refs = [w.info.remote() for w in self.workers]
+        waited = 0.0
+        while True:
+            ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=10.0)
+            if len(ready) == len(refs):
+                return self._get(refs[0], "starting Ray actors")
+            waited += 10.0
+            if waited == 10.0:
+                cpus = self.ray.cluster_resources().get("CPU", 0)
+                self.log(f"vectorization=ray: waiting for {len(refs) - len(ready)} of "
+                         f"{len(refs)} actors to start (each asks for 1 CPU; the Ray "
+                         f"cluster has {cpus:g} CPUs in all)")
 
     def _new_worker(self):
         return self._remote_cls.remote(self.env_maker, self.per_worker, self.spec)
