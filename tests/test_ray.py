@@ -187,3 +187,45 @@ def test_resume_starts_new_episodes_on_new_actors(tmp_path):
         tr.close()
     assert [r["iteration"] for r in read_metrics(tmp_path / "r")] == [1, 2]
     assert any("Ray actors" in m and "reset" in m for m in logs)
+
+
+def test_seeds_as_ray_tasks(tmp_path, capsys):
+    import json
+
+    from ppokit.cli import main
+
+    root = tmp_path / "seeds"
+    rc = main(["train", "--seeds", "0,1", "--backend", "ray", "--total-steps", "512",
+               "--run-dir", str(root), "--eval-episodes", "2", "--set", "tensorboard=false"])
+    assert rc == 0
+    summary = json.loads((root / "summary.json").read_text())
+    assert summary["seeds"] == [0, 1] and summary["failed"] == []
+    assert len(summary["eval_mean_returns"]) == 2
+    assert (root / "summary.png").is_file()
+    a, b = (read_metrics(root / f"s{s}") for s in (0, 1))
+    assert a[-1]["global_step"] == b[-1]["global_step"] == 512
+    assert a != b  # two seeds, two runs
+    assert "as Ray tasks" in capsys.readouterr().out
+
+
+def test_run_archives_unpack_regular_files_only(tmp_path):
+    import io
+    import tarfile
+
+    from ppokit.distributed.tasks import unpack_run
+    from ppokit.errors import UsageError
+
+    for kind in ("link", "escape"):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            if kind == "link":
+                m = tarfile.TarInfo("metrics.jsonl")
+                m.type, m.linkname = tarfile.SYMTYPE, "/etc/passwd"
+                tar.addfile(m)
+            else:
+                m = tarfile.TarInfo("../outside.txt")
+                m.size = 1
+                tar.addfile(m, io.BytesIO(b"x"))
+        with pytest.raises(UsageError, match="refusing"):
+            unpack_run(buf.getvalue(), tmp_path / kind)
+    assert not (tmp_path / "outside.txt").exists()

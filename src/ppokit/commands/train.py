@@ -35,6 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parallel", type=_int, metavar="N",
                    help="with --seeds: runs at a time, each in its own process "
                         "(default: the number of CPU cores; 1 = one after another)")
+    p.add_argument("--backend", choices=("local", "ray"), default="local",
+                   help="with --seeds: local (one process per seed, default) or ray (each "
+                        "seed a Ray task: RAY_ADDRESS's cluster, else a local Ray)")
     p.add_argument("--num-envs", dest="n_envs", type=_int, metavar="N",
                    help="parallel environments (default: the preset's)")
     p.add_argument("--run-dir", help="run directory (default: runs/ENV-ALGO-sSEED-TIME)")
@@ -90,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
         return run_seeds(args)
     if args.parallel is not None:
         raise UsageError("--parallel only applies with --seeds")
+    if args.backend != "local":
+        raise UsageError("--backend only applies with --seeds")
     if not 0 <= args.eval_episodes <= 10**6:
         raise UsageError(f"--eval-episodes: expected an integer in [0, 1000000], got "
                          f"{args.eval_episodes}")
