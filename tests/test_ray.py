@@ -229,3 +229,25 @@ def test_run_archives_unpack_regular_files_only(tmp_path):
         with pytest.raises(UsageError, match="refusing"):
             unpack_run(buf.getvalue(), tmp_path / kind)
     assert not (tmp_path / "outside.txt").exists()
+
+
+def test_tune_trials_as_ray_tasks(tmp_path, capsys):
+    import csv
+
+    pytest.importorskip("optuna")
+    from ppokit.cli import main
+
+    search = tmp_path / "s.toml"
+    search.write_text("[search]\nlearning_rate = {low = 1e-4, high = 1e-2, log = true}\n"
+                      "[fixed]\nn_envs = 4\nn_steps = 32\nbatch_size = 64\n"
+                      "[tune]\neval_every = 1\neval_episodes = 2\nstartup_trials = 1\n"
+                      "warmup_evals = 2\n")
+    root = tmp_path / "tune"
+    rc = main(["tune", "--search", str(search), "--trials", "3", "--backend", "ray",
+               "--total-steps", "512", "--run-dir", str(root), "--eval-episodes", "2"])
+    assert rc == 0
+    rows = list(csv.DictReader((root / "trials.csv").open()))
+    assert len(rows) == 3 and any(r["state"] == "complete" for r in rows)
+    for r in rows:  # each trial's run directory came back from its task
+        assert (root / f"trial_{int(r['number']):03d}" / "metrics.jsonl").is_file()
+    assert (root / "best.toml").is_file() and (root / "search.png").is_file()
