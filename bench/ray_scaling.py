@@ -194,8 +194,9 @@ def main(argv=None) -> None:
     for name, v in sps.items():
         med = statistics.median(v)
         ratio = med / base
+        eff = f"{ratio / procs[name]:.2f}" if "ray" in name else "-"
         print(f"{name:<14} {procs[name]:>5} {med:>17.0f} {min(v):>7.0f}-{max(v):<7.0f} "
-              f"{ratio:>8.2f}x {ratio / procs[name] if 'ray' in name else float('nan'):>10.2f}")
+              f"{ratio:>8.2f}x {eff:>10}")
     ideal = 1e3 / per_step
     print(f"one process's ceiling at {per_step:.2f} ms/step: {ideal:.0f} steps/s")
     print(f"per iteration: weights broadcast {weights / 1024:.1f} KiB, rollout back "

@@ -251,3 +251,20 @@ def test_tune_trials_as_ray_tasks(tmp_path, capsys):
     for r in rows:  # each trial's run directory came back from its task
         assert (root / f"trial_{int(r['number']):03d}" / "metrics.jsonl").is_file()
     assert (root / "best.toml").is_file() and (root / "search.png").is_file()
+
+
+@pytest.mark.slow
+def test_cartpole_learns_with_two_actors(tmp_path):
+    """The CartPole-v1 preset (RL Zoo), environments in two Ray actors of four each."""
+    from ppokit.algos.evaluate import evaluate_run
+
+    cfg = resolve_config(env_id="CartPole-v1", overrides=dict(
+        vectorization="ray", num_workers=2, envs_per_worker=4, tensorboard=False))
+    assert cfg.n_envs == 8 and cfg.total_timesteps == 100_000
+    tr = Trainer(cfg, tmp_path / "cp", log=lambda m: None)
+    try:
+        tr.train()
+    finally:
+        tr.close()
+    res = evaluate_run(tmp_path / "cp", episodes=10)
+    assert res["mean_return"] >= 475, res
