@@ -450,7 +450,10 @@ def _plot(path: Path, rows: list[dict], space: SearchSpace, title: str) -> Path 
             ax.set_xticks(range(len(s["choices"])))
             ax.set_xticklabels([str(v) for v in s["choices"]], fontsize=7)
         elif s.get("log"):
+            from matplotlib.ticker import NullFormatter
+
             ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())  # (crowded on a short range)
         ax.set_xlabel(k)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
