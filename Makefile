@@ -34,6 +34,7 @@ bench: setup  ## Benchmarks (side-by-side ratios; SB3 and TRL from the bench ext
 	$(PIP) install -q -e ".[bench]"
 	$(PY) -m bench.token_gae
 	$(PY) -m bench.vs_sb3
+	$(PY) -m bench.ray_scaling
 
 clean:
 	rm -rf $(VENV) build *.egg-info
