@@ -145,6 +145,9 @@ def test_envs_per_worker_sets_n_envs_and_bad_splits_are_refused():
         resolve_config(overrides=dict(vectorization="ray", num_workers=3, n_envs=8))
     with pytest.raises(UsageError, match="num_workers"):
         resolve_config(overrides=dict(vectorization="ray", num_workers=0))
+    for key, v in (("num_workers", 2), ("envs_per_worker", 4)):
+        with pytest.raises(UsageError, match=f"{key}: applies only with vectorization=ray"):
+            resolve_config(overrides={key: v})
 
 
 def test_a_killed_actor_does_not_stop_the_run(tmp_path):

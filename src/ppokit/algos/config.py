@@ -293,6 +293,10 @@ def _validate(c: TrainConfig) -> None:
     if c.stop_at_return is not None and c.eval_every == 0:
         _fail("stop_at_return", "needs eval_every > 0 (it is compared with the evaluations "
               "during training)", show=False)
+    if c.vectorization != "ray" and (c.num_workers != 1 or c.envs_per_worker):
+        _fail("num_workers" if c.num_workers != 1 else "envs_per_worker",
+              "applies only with vectorization=ray (the environments in Ray actors)",
+              show=False)
     if c.vectorization == "ray" and c.n_envs % c.num_workers:
         _fail("n_envs", f"{c.n_envs} environments do not split evenly over num_workers = "
               f"{c.num_workers} Ray actors (vectorization=ray)", show=False)
