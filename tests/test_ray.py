@@ -7,20 +7,19 @@ import time
 
 import numpy as np
 import pytest
+import ray  # the ray extra, which `make test` installs
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-ray = pytest.importorskip("ray")  # installed by `make test` (the ray extra)
-
-from ppokit.algos import Trainer, resolve_config  # noqa: E402
-from ppokit.distributed import RayCollector  # noqa: E402
-from ppokit.distributed.rollout import FIELDS, merge_moments  # noqa: E402
-from ppokit.envs import ObsNormalizer, RewardScaler, RunningMeanStd, make_vec  # noqa: E402
-from ppokit.envs.slow import ENV_ID as SLOW_ID  # noqa: E402
-from ppokit.io import WALL_CLOCK_FIELDS, read_metrics  # noqa: E402
-from ppokit.policies import make_policy  # noqa: E402
-from ppokit.rollout import Collector  # noqa: E402
+from ppokit.algos import Trainer, resolve_config
+from ppokit.distributed import RayCollector
+from ppokit.distributed.rollout import FIELDS, merge_moments
+from ppokit.envs import ObsNormalizer, RewardScaler, RunningMeanStd, make_vec
+from ppokit.envs.slow import ENV_ID as SLOW_ID
+from ppokit.io import WALL_CLOCK_FIELDS, read_metrics
+from ppokit.policies import make_policy
+from ppokit.rollout import Collector
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -242,7 +241,6 @@ def test_run_archives_unpack_regular_files_only(tmp_path):
 def test_tune_trials_as_ray_tasks(tmp_path, capsys):
     import csv
 
-    pytest.importorskip("optuna")
     from ppokit.cli import main
 
     search = tmp_path / "s.toml"

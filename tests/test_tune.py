@@ -2,14 +2,13 @@
 
 import csv
 
+import optuna  # noqa: F401 - the tune extra, which `make test` installs
 import pytest
 import tomllib
 
-pytest.importorskip("optuna")  # installed by `make test` (the tune extra)
-
-from ppokit.cli import main  # noqa: E402
-from ppokit.commands.tune import read_search, to_toml  # noqa: E402
-from ppokit.errors import UsageError  # noqa: E402
+from ppokit.cli import main
+from ppokit.commands.tune import read_search, to_toml
+from ppokit.errors import UsageError
 
 SMALL = """
 [search]
