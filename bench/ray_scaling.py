@@ -22,7 +22,8 @@ before and after (other processes on the machine lower every figure), the bytes 
 the actors per iteration (the weights) and back (one rollout), and the learner's time for
 one PPO update of that rollout — the quantities of the scaling model in
 docs/performance.md — and, as the yardstick for the 2-actor figure, the speed-up two plain
-processes doing the same work get on the machine at that moment.
+processes doing the same work get on the machine, measured in every round between the
+setups.
 """
 
 from __future__ import annotations
@@ -90,13 +91,12 @@ def _burn_steps(work_ms: float, n: int) -> None:
         burn(work_ms)
 
 
-def _machine_speedup(work_ms: float, n: int = 300) -> float:
-    """What the machine gives two plain processes right now: the work rate of two
-    processes burning ``work_ms`` steps over that of one (2.0 on two idle cores)."""
+def _machine_round(work_ms: float, n: int, rates: dict[int, list[float]]) -> None:
+    """What the machine gives plain processes right now: the work rate (steps of
+    ``work_ms`` per second) of one process and of two, appended to ``rates``."""
     import multiprocessing as mp
 
-    rates = {1: [], 2: []}
-    for k in (1, 2, 1, 2):
+    for k in (1, 2):
         procs = [mp.Process(target=_burn_steps, args=(work_ms, n)) for _ in range(k)]
         t = time.perf_counter()
         for p in procs:
@@ -104,7 +104,6 @@ def _machine_speedup(work_ms: float, n: int = 300) -> float:
         for p in procs:
             p.join()
         rates[k].append(k * n / (time.perf_counter() - t))
-    return statistics.median(rates[2]) / statistics.median(rates[1])
 
 
 def _bytes(obj) -> int:
@@ -159,7 +158,9 @@ def main(argv=None) -> None:
         n = args.steps
         size = args.envs * n
         ro = None
+        plain: dict[int, list[float]] = {1: [], 2: []}
         for _ in range(args.rounds):
+            _machine_round(args.work_ms, size, plain)
             for name, s in live.items():
                 s.collect(n)  # warm-up (first window after the others ran)
                 for _ in range(args.windows):
@@ -181,7 +182,7 @@ def main(argv=None) -> None:
             upd.append(time.perf_counter() - t)
         tr.close()
     ray.shutdown()
-    machine = _machine_speedup(args.work_ms)
+    machine = statistics.median(plain[2]) / statistics.median(plain[1])
     load1 = os.getloadavg()
     base = statistics.median(sps["ray 1 actor"])
     print(f"SlowCartPole-v0: {args.work_ms:g} ms of work per step (measured "
@@ -204,9 +205,9 @@ def main(argv=None) -> None:
           f"ms (n_epochs 10, batch 64)")
     print(f"ray 2 actors / ray 1 actor: "
           f"{statistics.median(sps['ray 2 actors']) / base:.2f}x")
-    print(f"the machine's own speed-up of 2 plain processes over 1 (no Ray, measured "
-          f"after the setups): {machine:.2f}x (2.00 on two idle cores; lower when other "
-          "work shares them)")
+    print(f"the machine's own speed-up of 2 plain processes over 1 doing the same work "
+          f"(no Ray; measured in every round, between the setups): {machine:.2f}x "
+          f"(2.00 on two idle cores; lower when other work shares them)")
 
 
 if __name__ == "__main__":
