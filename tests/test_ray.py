@@ -2,6 +2,7 @@
 actor, resume; ``--backend ray`` for seeds. One local Ray (2 CPUs) for the whole module:
 starting Ray is slow."""
 
+import json
 import threading
 import time
 
@@ -274,3 +275,15 @@ def test_cartpole_learns_with_two_actors(tmp_path):
         tr.close()
     res = evaluate_run(tmp_path / "cp", episodes=10)
     assert res["mean_return"] >= 475, res
+
+
+def test_set_takes_several_keys_at_once(tmp_path, capsys):
+    """The issue's form: --set vectorization=ray num_workers=2 envs_per_worker=2."""
+    from ppokit.cli import main
+
+    rc = main(["train", "--total-steps", "256", "--set", "vectorization=ray", "num_workers=2",
+               "envs_per_worker=2", "n_steps=64", "batch_size=64", "tensorboard=false",
+               "--run-dir", str(tmp_path / "r"), "--eval-episodes", "1", "--no-progress"])
+    assert rc == 0
+    cfg = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert (cfg["vectorization"], cfg["num_workers"], cfg["n_envs"]) == ("ray", 2, 4)

@@ -42,8 +42,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="parallel environments (default: the preset's)")
     p.add_argument("--run-dir", help="run directory (default: runs/ENV-ALGO-sSEED-TIME)")
     p.add_argument("--config", metavar="FILE.toml", help="TOML file of configuration keys")
-    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one configuration key (repeatable; see the list below)")
+    p.add_argument("--set", dest="sets", action="extend", nargs="+", default=[],
+                   metavar="KEY=VALUE",
+                   help="override configuration keys: --set a=1 b=2 (repeatable; see the list "
+                        "below)")
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="continue the run in RUN_DIR from its latest good checkpoint")
     p.add_argument("--eval-episodes", type=_int, default=10, metavar="N",

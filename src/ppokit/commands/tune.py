@@ -63,8 +63,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="environment steps of each trial (default: the preset's)")
     p.add_argument("--seed", type=_int, help="training seed of every trial (default 0)")
     p.add_argument("--config", metavar="FILE.toml", help="TOML file of configuration keys")
-    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                   help="fix one configuration key in every trial (repeatable)")
+    p.add_argument("--set", dest="sets", action="extend", nargs="+", default=[],
+                   metavar="KEY=VALUE",
+                   help="fix configuration keys in every trial: --set a=1 b=2 (repeatable)")
     p.add_argument("--trials", type=_int, default=20, metavar="N",
                    help="trials to run (default 20)")
     p.add_argument("--backend", choices=("local", "ray"), default="local",
