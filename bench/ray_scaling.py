@@ -36,11 +36,17 @@ import time
 import torch
 
 
+def _kwargs(args) -> dict:
+    """The environment's arguments: the same number of work units in every process (the
+    driver's calibration of ``--work-ms``)."""
+    return {"work_ms": args.work_ms, "work_units": args.units}
+
+
 def _cfg(args, **over):
     from ppokit.algos import resolve_config
     from ppokit.envs.slow import ENV_ID
 
-    base = dict(env_id=ENV_ID, env_kwargs={"work_ms": args.work_ms}, n_envs=args.envs,
+    base = dict(env_id=ENV_ID, env_kwargs=_kwargs(args), n_envs=args.envs,
                 n_steps=args.steps, batch_size=64, n_epochs=10, tensorboard=False,
                 total_timesteps=args.envs * args.steps)
     base.update(over)
@@ -53,8 +59,7 @@ class _Local:
         from ppokit.envs.slow import ENV_ID
         from ppokit.rollout import Collector
 
-        self.env = make_vec(ENV_ID, args.envs, vectorization=mode,
-                            env_kwargs={"work_ms": args.work_ms})
+        self.env = make_vec(ENV_ID, args.envs, vectorization=mode, env_kwargs=_kwargs(args))
         self.c = Collector(self.env, policy, generator=torch.Generator().manual_seed(1),
                            fast=True)
         self.c.reset(seed=0)
@@ -84,20 +89,20 @@ class _Ray:
         self.c.close()
 
 
-def _burn_steps(work_ms: float, n: int) -> None:
-    from ppokit.envs.slow import burn
+def _burn_steps(units: int, n: int) -> None:
+    from ppokit.envs.slow import burn_units
 
     for _ in range(n):
-        burn(work_ms)
+        burn_units(units)
 
 
-def _machine_round(work_ms: float, n: int, rates: dict[int, list[float]]) -> None:
+def _machine_round(units: int, n: int, rates: dict[int, list[float]]) -> None:
     """What the machine gives plain processes right now: the work rate (steps of
-    ``work_ms`` per second) of one process and of two, appended to ``rates``."""
+    ``units`` work units per second) of one process and of two, appended to ``rates``."""
     import multiprocessing as mp
 
     for k in (1, 2):
-        procs = [mp.Process(target=_burn_steps, args=(work_ms, n)) for _ in range(k)]
+        procs = [mp.Process(target=_burn_steps, args=(units, n)) for _ in range(k)]
         t = time.perf_counter()
         for p in procs:
             p.start()
@@ -130,14 +135,15 @@ def main(argv=None) -> None:
     import ray
 
     from ppokit.algos import Trainer
-    from ppokit.envs.slow import ENV_ID, burn
+    from ppokit.envs.slow import ENV_ID, burn_units, units_per_ms
     from ppokit.envs.source import import_env_module
 
     import_env_module(ENV_ID)
     load0 = os.getloadavg()
+    args.units = max(1, round(args.work_ms * units_per_ms()))
     t0 = time.process_time()
     for _ in range(200):
-        burn(args.work_ms)
+        burn_units(args.units)
     per_step = (time.process_time() - t0) / 200 * 1e3
     # Ray runs its worker processes at niceness 15 unless told otherwise; on a machine that
     # other work shares, that alone would starve the actors against the local setups
@@ -160,7 +166,7 @@ def main(argv=None) -> None:
         ro = None
         plain: dict[int, list[float]] = {1: [], 2: []}
         for _ in range(args.rounds):
-            _machine_round(args.work_ms, size, plain)
+            _machine_round(args.units, size, plain)
             for name, s in live.items():
                 s.collect(n)  # warm-up (first window after the others ran)
                 for _ in range(args.windows):
@@ -185,8 +191,9 @@ def main(argv=None) -> None:
     machine = statistics.median(plain[2]) / statistics.median(plain[1])
     load1 = os.getloadavg()
     base = statistics.median(sps["ray 1 actor"])
-    print(f"SlowCartPole-v0: {args.work_ms:g} ms of work per step (measured "
-          f"{per_step:.2f} ms CPU), rollouts of {args.envs} envs x {n} steps, "
+    print(f"SlowCartPole-v0: {args.work_ms:g} ms of work per step ({args.units} work units "
+          f"in every process; measured {per_step:.2f} ms CPU here), rollouts of "
+          f"{args.envs} envs x {n} steps, "
           f"{args.rounds} rounds x {args.windows} windows, local Ray of {args.cpus} logical CPUs, "
           f"actors at niceness {os.environ['RAY_worker_niceness']}; "
           f"{os.cpu_count()} cores, load average {load0[0]:.2f} before, {load1[0]:.2f} after")

@@ -287,3 +287,21 @@ def test_set_takes_several_keys_at_once(tmp_path, capsys):
     assert rc == 0
     cfg = json.loads((tmp_path / "r" / "config.json").read_text())
     assert (cfg["vectorization"], cfg["num_workers"], cfg["n_envs"]) == ("ray", 2, 4)
+
+
+def test_slow_cartpole_is_cartpole_plus_work():
+    import gymnasium as gym
+
+    from ppokit.envs.slow import SlowCartPole
+
+    for bad in (dict(work_ms=-1), dict(work_ms=True), dict(work_units=-3),
+                dict(work_units=1.5)):
+        with pytest.raises(ValueError, match="work_"):
+            SlowCartPole(**bad)
+    slow, plain = SlowCartPole(work_units=5), gym.make("CartPole-v1").unwrapped
+    a, _ = slow.reset(seed=4)
+    b, _ = plain.reset(seed=4)
+    for t in range(8):  # (alternating pushes: the pole stays up)
+        a, ra, ta, _, _ = slow.step(t % 2)
+        b, rb, tb, _, _ = plain.step(t % 2)
+        assert np.array_equal(a, b) and ra == rb and ta == tb and not ta
