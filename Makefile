@@ -5,7 +5,7 @@ TORCH_VERSION ?= 2.13.0
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-EXTRAS ?= dev,box2d,mujoco,tb,llm,lora,video,wandb
+EXTRAS ?= dev,box2d,mujoco,tb,llm,lora,video,wandb,ray,tune
 
 .PHONY: setup train test test-slow lint bench clean
 
@@ -34,6 +34,7 @@ bench: setup  ## Benchmarks (side-by-side ratios; SB3 and TRL from the bench ext
 	$(PIP) install -q -e ".[bench]"
 	$(PY) -m bench.token_gae
 	$(PY) -m bench.vs_sb3
+	$(PY) -m bench.ray_scaling
 
 clean:
 	rm -rf $(VENV) build *.egg-info

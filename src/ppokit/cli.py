@@ -19,6 +19,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
              "run the worked experiments (GAE, clip, bandit, KL, ...) and print their figures"),
     "llm": ("ppokit.llm.cli", "token-level RLHF on language models (train, eval, sft, rm, dpo)"),
     "train": ("ppokit.commands.train", "train an agent on a Gymnasium environment"),
+    "tune": ("ppokit.commands.tune",
+             "hyperparameter search with Optuna (trials local or as Ray tasks)"),
     "eval": ("ppokit.commands.eval", "evaluate a trained run's policy, write eval.json"),
     "plot": ("ppokit.commands.plot", "overlay learning curves of runs"),
     "report": ("ppokit.diagnose.cli", "read a run's metrics and name what looks wrong"),

@@ -89,7 +89,12 @@ class TrainConfig:
     normalize_reward: bool = _f(False, "scale rewards by the running std of the discounted return")
     clip_obs: float = _f(10.0, "clip normalised observations to +-clip_obs")
     clip_reward: float = _f(10.0, "clip scaled rewards to +-clip_reward")
-    vectorization: str = _f("auto", "auto, vector_entry_point, sync or async")
+    vectorization: str = _f("auto", "auto, vector_entry_point, sync, async, or ray (the "
+                            "environments in Ray actors: num_workers, envs_per_worker)")
+    num_workers: int = _f(1, "vectorization=ray: Ray actors stepping environments (each its "
+                          "own vector env and a copy of the actor)")
+    envs_per_worker: int = _f(0, "vectorization=ray: environments per actor (0 = n_envs / "
+                              "num_workers; else n_envs becomes num_workers * envs_per_worker)")
     autoreset_mode: str = _f("auto", "auto, same_step or next_step")
     # evaluation during training
     eval_every: int = _f(0, "evaluate the policy every this many iterations on separate "
@@ -148,7 +153,7 @@ CHOICES = {
     "advantage_norm_scope": ("minibatch", "batch"),
     "target_kl_check": ("minibatch", "epoch"),
     "activation": ("tanh", "relu"),
-    "vectorization": ("auto", "vector_entry_point", "sync", "async"),
+    "vectorization": ("auto", "vector_entry_point", "sync", "async", "ray"),
     "autoreset_mode": ("auto", "same_step", "next_step"),
     "env_source": ("id", "factory"),
     "track": ("none", "wandb"),
@@ -188,6 +193,8 @@ LIMITS: dict[str, tuple[float, float, bool]] = {
     "checkpoint_every": (1, 10**9, False),
     "keep_checkpoints": (1, 10**6, False),
     "torch_threads": (0, 1024, False),  # and at most max_torch_threads() (0 = torch's default)
+    "num_workers": (1, 4096, False),
+    "envs_per_worker": (0, 65_536, False),
 }
 NET_ARCH_MAX_LAYERS = 64
 NET_ARCH_MAX_WIDTH = 65_536
@@ -297,6 +304,17 @@ def _validate(c: TrainConfig) -> None:
     if c.stop_at_return is not None and c.eval_every == 0:
         _fail("stop_at_return", "needs eval_every > 0 (it is compared with the evaluations "
               "during training)", show=False)
+    if c.vectorization != "ray" and (c.num_workers != 1 or c.envs_per_worker):
+        _fail("num_workers" if c.num_workers != 1 else "envs_per_worker",
+              "applies only with vectorization=ray (the environments in Ray actors)",
+              show=False)
+    if c.vectorization == "ray" and c.n_envs % c.num_workers:
+        _fail("n_envs", f"{c.n_envs} environments do not split evenly over num_workers = "
+              f"{c.num_workers} Ray actors (vectorization=ray)", show=False)
+    if c.vectorization == "ray" and c.envs_per_worker \
+            and c.n_envs != c.num_workers * c.envs_per_worker:
+        _fail("n_envs", f"{c.n_envs} is not num_workers * envs_per_worker = "
+              f"{c.num_workers} * {c.envs_per_worker} (vectorization=ray)", show=False)
     if not c.use_critic and c.advantage_estimator == "gae":
         _fail("use_critic", "false needs advantage_estimator = reward_to_go (GAE is defined "
               "through the critic)", show=False)
@@ -616,6 +634,19 @@ def resolve_config(*, env_id: str | None = None, algo: str | None = None,
         raise err from None
 
 
+def _ray_envs(merged: dict[str, Any], sources: tuple[dict, ...]) -> None:
+    """vectorization=ray with envs_per_worker > 0: n_envs is num_workers * envs_per_worker
+    unless the user set n_envs too (then the two must agree; validation says so)."""
+    if merged.get("vectorization") != "ray" or not merged.get("envs_per_worker"):
+        return
+    if any(src.get("n_envs") is not None for src in sources):
+        return
+    try:
+        merged["n_envs"] = int(merged.get("num_workers", 1)) * int(merged["envs_per_worker"])
+    except (TypeError, ValueError, OverflowError):
+        return  # validation names the key
+
+
 def _resolve(env_id, algo, toml_values, overrides, flags) -> TrainConfig:
     sources = (flags, overrides, toml_values)
     algo = _first("algo", sources, algo, "ppo")
@@ -637,6 +668,7 @@ def _resolve(env_id, algo, toml_values, overrides, flags) -> TrainConfig:
     merged.update(toml_values)
     merged.update(overrides)
     merged.update(flags)
+    _ray_envs(merged, sources)
     merged["algo"] = algo
     merged["env_id"] = env_id
     return config_from_dict(merged)

@@ -191,8 +191,15 @@ class Trainer:
         random.seed(c.seed)
         np.random.seed(c.seed % 2**32)  # noqa: NPY002 (legacy global state, saved too)
         torch.manual_seed(c.seed)
-        self.env = training_vec(self.env_maker, c.n_envs, vectorization=c.vectorization,
-                                autoreset=c.autoreset_mode, env_kwargs=c.env_kwargs)
+        remote = None
+        if c.vectorization == "ray":  # the environments in Ray actors (ppokit.distributed)
+            from ppokit.distributed import RayCollector
+
+            remote = RayCollector(c, self.env_maker, log=self.log)
+            self.env = remote.env
+        else:
+            self.env = training_vec(self.env_maker, c.n_envs, vectorization=c.vectorization,
+                                    autoreset=c.autoreset_mode, env_kwargs=c.env_kwargs)
         obs_space = self.env.single_observation_space
         # the memory bound again, now with the real observation and action sizes
         check_memory(c, int(np.prod(obs_space.shape or (1,))),
@@ -225,10 +232,13 @@ class Trainer:
                          else None)
         self.reward_scaler = (RewardScaler(c.n_envs, c.gamma, c.clip_reward)
                               if c.normalize_reward else None)
-        self.collector = Collector(self.env, self.policy, generator=self.sample_gen,
-                                   obs_normalizer=self.obs_norm,
-                                   reward_scaler=self.reward_scaler, use_critic=c.use_critic,
-                                   fast=c.fast)
+        if remote is not None:
+            self.collector = remote.attach(self.policy, self.obs_norm, self.reward_scaler)
+        else:
+            self.collector = Collector(self.env, self.policy, generator=self.sample_gen,
+                                       obs_normalizer=self.obs_norm,
+                                       reward_scaler=self.reward_scaler,
+                                       use_critic=c.use_critic, fast=c.fast)
         self.kl_ctl = (AdaptiveKLController(c.kl_coef, c.kl_target)
                        if c.policy_loss == "kl_penalty" else None)
         self._fused = None
@@ -567,6 +577,8 @@ class Trainer:
             self.collector.reset(seed=self.cfg.seed + 7919 * self.iteration)
             if self.reward_scaler is not None:
                 self.reward_scaler.ret[:] = 0.0
+            why = (f"{self.cfg.env_id}'s state cannot be saved" if self.cfg.vectorization
+                   != "ray" else "the environments live in Ray actors (not checkpointed)")
             self.log(f"resumed from {ckpt.name} (iteration {self.iteration}, "
-                     f"step {self.global_step}); {self.cfg.env_id}'s state cannot be saved, "
-                     "so the environments were reset and the episodes in progress are lost")
+                     f"step {self.global_step}); {why}, so the environments were reset and "
+                     "the episodes in progress are lost")

@@ -1,5 +1,6 @@
 """``ppokit train --seeds SPEC``: independent seeds, each in its own ``ppokit train``
-process, ``--parallel`` at a time; then ``summary.json`` and a mean/spread plot."""
+process (``--backend ray``: each a Ray task, :mod:`ppokit.distributed.tasks`),
+``--parallel`` at a time; then ``summary.json`` and a mean/spread plot."""
 
 from __future__ import annotations
 
@@ -51,8 +52,8 @@ def parse_seeds(spec: str) -> list[int]:
 
 
 def run_seeds(args: argparse.Namespace) -> int:
-    """Train each seed in its own ``ppokit train`` process, ``--parallel`` at a time."""
-    import json
+    """Train each seed in its own ``ppokit train`` process (``--backend ray``: a Ray task),
+    ``--parallel`` at a time."""
     import os
     import subprocess
 
@@ -62,7 +63,14 @@ def run_seeds(args: argparse.Namespace) -> int:
         raise UsageError("--seeds cannot be combined with --seed or --resume (resume each "
                          "seed's run directory on its own)")
     seeds = parse_seeds(args.seeds)
-    parallel = args.parallel if args.parallel is not None else (os.cpu_count() or 1)
+    backend = getattr(args, "backend", "local")
+    ray = None
+    if backend == "ray":
+        from ppokit.distributed import ensure_ray
+
+        ray = ensure_ray(lambda m: print(m, flush=True), "--backend ray")
+    cpus = (os.cpu_count() or 1) if ray is None else int(ray.cluster_resources().get("CPU", 1))
+    parallel = args.parallel if args.parallel is not None else max(1, cpus)
     if parallel < 1:
         raise UsageError(f"--parallel: expected an integer >= 1, got {parallel}")
     flags = {"env_id": args.env_id, "algo": args.algo, "total_timesteps": args.total_timesteps,
@@ -92,16 +100,19 @@ def run_seeds(args: argparse.Namespace) -> int:
     else:
         root = unique_run_dir("runs", f"{cfg.env_id}-{cfg.algo}-seeds")
     root_lock = RunLock(root, "train --seeds")  # summary.json and the plot are ours
-    base = [sys.executable, "-m", "ppokit.cli", "train", "--no-progress",
-            "--eval-episodes", str(args.eval_episodes)]
+    cli_args = ["--no-progress", "--eval-episodes", str(args.eval_episodes)]
     for flag, val in (("--env", args.env_id), ("--algo", args.algo),
                       ("--total-steps", args.total_timesteps), ("--num-envs", args.n_envs),
                       ("--env-kwargs", args.env_kwargs), ("--config", args.config),
                       ("--track", args.track)):
         if val is not None:
-            base += [flag, str(val)]
+            cli_args += [flag, str(val)]
     for item in args.sets:
-        base += ["--set", item]
+        cli_args += ["--set", item]
+    base = [sys.executable, "-m", "ppokit.cli", "train", *cli_args]
+    if ray is not None:
+        return _finish(root, root_lock, cfg, seeds, parallel,
+                       *_run_on_ray(ray, root, cfg, seeds, parallel, cli_args))
     pending = list(seeds)
     running: dict[int, tuple[subprocess.Popen, object]] = {}
     failed: list[int] = []
@@ -147,7 +158,52 @@ def run_seeds(args: argparse.Namespace) -> int:
         for proc, _ in running.values():
             proc.terminate()
         raise
-    wall = time.perf_counter() - t0
+    return _finish(root, root_lock, cfg, seeds, parallel, failed,
+                   time.perf_counter() - t0)
+
+
+def _run_on_ray(ray, root: Path, cfg, seeds: list[int], parallel: int,
+                cli_args: list[str]) -> tuple[list[int], float]:
+    """Each seed a Ray task (:func:`ppokit.distributed.tasks.train_task`), ``parallel`` at
+    a time; each finished run directory is unpacked to ``root/sSEED`` with its log."""
+    from ppokit.distributed.tasks import train_task, unpack_run
+
+    task = ray.remote(num_cpus=1, max_retries=1)(train_task)
+    env_named = cfg.env_id if ":" in cfg.env_id else None
+    pending = list(seeds)
+    running: dict = {}
+    failed: list[int] = []
+    t0 = time.perf_counter()
+    print(f"training {len(seeds)} seeds of {cfg.algo} on {cfg.env_id} as Ray tasks, "
+          f"{parallel} at a time, into {root}", flush=True)
+    while pending or running:
+        while pending and len(running) < parallel:
+            s = pending.pop(0)
+            running[task.remote([*cli_args, "--seed", str(s)], env_named)] = s
+        done, _ = ray.wait(list(running), num_returns=1)
+        s = running.pop(done[0])
+        try:
+            rc, text, data = ray.get(done[0])
+        except ray.exceptions.RayError as exc:
+            rc, text, data = 1, f"Ray task failed: {type(exc).__name__}: {exc}\n", b""
+        log = _open_log(root / f"s{s}.log")
+        log.write(text)
+        log.close()
+        if data:
+            unpack_run(data, root / f"s{s}")
+        if rc != 0:
+            failed.append(s)
+            print(f"seed {s} failed (exit {rc}); see {root / f's{s}.log'}", file=sys.stderr,
+                  flush=True)
+        print(f"[{time.perf_counter() - t0:6.0f} s] seed {s} done; "
+              f"{len(seeds) - len(pending) - len(running)}/{len(seeds)} finished", flush=True)
+    return failed, time.perf_counter() - t0
+
+
+def _finish(root: Path, root_lock, cfg, seeds: list[int], parallel: int,
+            failed: list[int], wall: float) -> int:
+    import json
+
     done = [s for s in seeds if s not in failed]
     summary = _seed_summary(root, done, wall, parallel)
     summary["failed"] = failed

@@ -35,12 +35,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parallel", type=_int, metavar="N",
                    help="with --seeds: runs at a time, each in its own process "
                         "(default: the number of CPU cores; 1 = one after another)")
+    p.add_argument("--backend", choices=("local", "ray"), default="local",
+                   help="with --seeds: local (one process per seed, default) or ray (each "
+                        "seed a Ray task: RAY_ADDRESS's cluster, else a local Ray)")
     p.add_argument("--num-envs", dest="n_envs", type=_int, metavar="N",
                    help="parallel environments (default: the preset's)")
     p.add_argument("--run-dir", help="run directory (default: runs/ENV-ALGO-sSEED-TIME)")
     p.add_argument("--config", metavar="FILE.toml", help="TOML file of configuration keys")
-    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one configuration key (repeatable; see the list below)")
+    p.add_argument("--set", dest="sets", action="extend", nargs="+", default=[],
+                   metavar="KEY=VALUE",
+                   help="override configuration keys: --set a=1 b=2 (repeatable; see the list "
+                        "below)")
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="continue the run in RUN_DIR from its latest good checkpoint")
     p.add_argument("--eval-episodes", type=_int, default=10, metavar="N",
@@ -94,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
         return run_seeds(args)
     if args.parallel is not None:
         raise UsageError("--parallel only applies with --seeds")
+    if args.backend != "local":
+        raise UsageError("--backend only applies with --seeds")
     if not 0 <= args.eval_episodes <= 10**6:
         raise UsageError(f"--eval-episodes: expected an integer in [0, 1000000], got "
                          f"{args.eval_episodes}")
