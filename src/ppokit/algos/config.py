@@ -443,7 +443,7 @@ ENV_PRESETS: dict[str, dict[str, Any]] = {
     # The velocity-hidden tasks (ppokit.envs.pomdp) with an LSTM policy: the RL-zoo's
     # RecurrentPPO values for CartPoleNoVel-v1 (the PPO CartPole values, a 64-unit LSTM for
     # actor and critic, one 64-unit ReLU layer after it, observation normalisation).
-    "ppokit/CartPoleNoVel-v1": dict(n_envs=8, total_timesteps=100_000, n_steps=32,
+    "ppokit/CartPoleNoVel-v1": dict(n_envs=8, total_timesteps=200_000, n_steps=32,
                                     batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
                                     ent_coef=0.0, learning_rate=1e-3, lr_schedule="linear",
                                     clip_range=0.2, clip_schedule="linear",
