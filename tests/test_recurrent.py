@@ -211,8 +211,9 @@ def test_fused_step_declines_and_the_eager_step_runs_recurrent_policies(tmp_path
     assert rec["n_updates"] == 2 * 2 and np.isfinite(rec["policy_loss"])
 
 
-def test_resume_is_exact_for_a_recurrent_policy(tmp_path):
-    cfg = resolve_config(overrides=CFG)
+@pytest.mark.parametrize("mode", ["same_step", "next_step"])
+def test_resume_is_exact_for_a_recurrent_policy(tmp_path, mode):
+    cfg = resolve_config(overrides=dict(CFG, autoreset_mode=mode))
     full = Trainer(cfg, tmp_path / "full", log=lambda m: None)
     full.train()
     full.close()
