@@ -45,9 +45,11 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--eval-episodes", type=int, default=10)
-    p.add_argument("--threads", type=int, default=1, help="torch threads (ppokit's default: 1)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (ppokit's default: 1; 0: torch's own)")
     a = p.parse_args()
-    torch.set_num_threads(a.threads)
+    if a.threads:
+        torch.set_num_threads(a.threads)
     from sb3_contrib import RecurrentPPO
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env

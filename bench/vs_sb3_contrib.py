@@ -7,9 +7,10 @@ Each case trains an LSTM policy on a velocity-hidden task (``ppokit/CartPoleNoVe
 ``ppokit/PendulumNoVel-v1``: the same environment for both libraries) with the same
 settings — ppokit's preset, which follows the RL-zoo's RecurrentPPO values — for the same
 number of environment steps, one library after the other, each in a fresh process, both
-with one torch thread. The table gives seconds per 100k environment steps of training
-(median, min–max), the rollout / update split, peak resident memory, the final
-deterministic evaluation (10 episodes) and the throughput ratio ppokit / sb3-contrib.
+with one torch thread (``--sb3-threads`` changes sb3-contrib's). The table gives seconds
+per 100k environment steps of training (median, min–max), the rollout / update split, peak
+resident memory, the final deterministic evaluation (10 episodes) and the throughput ratio
+ppokit / sb3-contrib.
 Installs nothing; needs the ``bench`` extra (sb3-contrib).
 """
 
@@ -30,6 +31,8 @@ def main(argv=None) -> int:
     p.add_argument("--cases", default="cartpole-novel")
     p.add_argument("--seeds", default="0")
     p.add_argument("--steps", type=int, default=None, help="override the per-case step count")
+    p.add_argument("--sb3-threads", type=int, default=1,
+                   help="sb3-contrib's torch threads (default 1, as ppokit; 0: torch's own)")
     a = p.parse_args(argv)
     try:
         import sb3_contrib  # noqa: F401
@@ -47,7 +50,8 @@ def main(argv=None) -> int:
         steps = a.steps or steps
         recs = {"sb3": [], "ppokit": []}
         for seed in seeds:
-            recs["sb3"].append(_run("bench._sb3_contrib_worker", env, seed, steps, []))
+            recs["sb3"].append(_run("bench._sb3_contrib_worker", env, seed, steps,
+                                    ["--threads", str(a.sb3_threads)]))
             recs["ppokit"].append(_run("bench._ppokit_worker", env, seed, steps, []))
             print(f"  {env} seed {seed}: sb3-contrib {recs['sb3'][-1]['train_s']:.1f}s "
                   f"eval {recs['sb3'][-1]['eval_mean']:.1f} | ppokit "
