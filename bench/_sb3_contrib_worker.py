@@ -24,12 +24,13 @@ def linear(v0):
 
 
 def settings(env_id: str) -> dict:
-    """The RL-zoo's RecurrentPPO values, which ppokit's presets for these ids follow."""
+    """ppokit's presets for these ids (``ppokit.algos.config.ENV_PRESETS``), in
+    sb3-contrib's terms."""
     relu64 = dict(ortho_init=False, activation_fn=torch.nn.ReLU, lstm_hidden_size=64,
                   enable_critic_lstm=True, net_arch=dict(pi=[64], vf=[64]))
     if env_id == "ppokit/CartPoleNoVel-v1":
         return dict(n_envs=8, norm_reward=False, kwargs=dict(
-            n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
+            n_steps=128, batch_size=512, gae_lambda=0.8, gamma=0.98, n_epochs=10,
             ent_coef=0.0, learning_rate=linear(1e-3), clip_range=linear(0.2),
             policy_kwargs=relu64))
     if env_id == "ppokit/PendulumNoVel-v1":
