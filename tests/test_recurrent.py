@@ -18,7 +18,7 @@ from ppokit.algos.evaluate import evaluate_run
 from ppokit.engine import UpdateSpec, eager_minibatch_step
 from ppokit.engine.fused import supports
 from ppokit.engine.update import Forward
-from ppokit.envs import make_vec
+from ppokit.envs import HideVelocity, make_vec
 from ppokit.errors import UsageError
 from ppokit.io import read_metrics
 from ppokit.policies import LSTMActorCritic
@@ -300,6 +300,10 @@ def test_velocity_hiding_wrappers():
     assert obs.shape == (2,) and np.allclose(obs, [np.cos(th), np.sin(th)], atol=1e-6)
     assert env.spec.max_episode_steps == 200
     env.close()
+    with pytest.raises(ValueError, match="keep: expected indices in"):
+        HideVelocity(gym.make("CartPole-v1"), keep=(0, 4))
+    with pytest.raises(ValueError, match="flat Box observation"):
+        HideVelocity(gym.make("FrozenLake-v1"), keep=(0,))
 
 
 @pytest.mark.slow
