@@ -182,9 +182,15 @@ class Agent:
         """``(action, state)`` for one observation or a batch ``[n, *obs_shape]`` (NumPy).
 
         The run's observation normalisation is applied (its statistics are not updated);
-        Box actions are clipped to the action space. ``state`` and ``episode_start`` exist
-        for recurrent policies and are passed through (ppokit's policies have no state).
-        ``deterministic=False`` samples from the policy.
+        Box actions are clipped to the action space. ``deterministic=False`` samples from
+        the policy.
+
+        A recurrent policy (``recurrent = "lstm"``) carries its memory in ``state``: pass
+        back the state it returned, ``None`` at the start (the zero state), and
+        ``episode_start`` (a bool, or ``[n]`` bools for a batch) set where an observation
+        begins a new episode, so that its row starts from the zero state again. The state
+        is the actor's ``(h, c)``, NumPy arrays ``[n_lstm_layers, n, lstm_hidden_size]``.
+        For the other policies ``state`` is returned as it was given.
         """
         import torch
         from gymnasium import spaces
@@ -209,6 +215,8 @@ class Agent:
         if self.obs_norm is not None:
             obs = self.obs_norm(obs)
         t = torch.as_tensor(obs)
+        if getattr(self.policy, "recurrent", False):
+            return self._predict_recurrent(t, state, episode_start, deterministic, batched)
         with torch.inference_mode():
             if deterministic:
                 a = self.policy.deterministic_action(t)
@@ -221,6 +229,45 @@ class Agent:
             a = np.clip(a.reshape(len(obs), *self.action_space.shape),
                         self.action_space.low, self.action_space.high)
         return (a if batched else a[0]), state
+
+    def _predict_recurrent(self, t, state, episode_start, deterministic: bool, batched: bool):
+        import torch
+        from gymnasium import spaces
+
+        pol = self.policy
+        n = t.shape[0]
+        want = (pol.n_lstm_layers, n, pol.lstm_hidden_size)
+        if state is None:
+            st = pol.actor_state(pol.initial_state(n))
+        else:
+            ok = isinstance(state, (tuple, list)) and len(state) == 2
+            st = tuple(np.asarray(s, np.float32) for s in state) if ok else ()
+            if not ok or any(s.shape != want for s in st):
+                raise UsageError(f"state: expected None or the (h, c) pair predict returned, "
+                                 f"two arrays of shape {want}")
+            st = tuple(torch.from_numpy(s.copy()) for s in st)
+        if episode_start is None:
+            start = np.zeros(n, bool)
+        else:
+            start = np.asarray(episode_start)
+            if start.dtype != bool or start.size != n or start.ndim > 1:
+                raise UsageError(f"episode_start: expected {n} bool(s), one per observation "
+                                 f"(True where it begins an episode), got "
+                                 f"{str(episode_start)[:60]}")
+            start = start.reshape(n)
+        gen = None
+        if not deterministic:
+            if self._gen is None:
+                self._gen = torch.Generator().manual_seed(self.cfg.seed + 2_000_000)
+            gen = self._gen
+        with torch.inference_mode():
+            a, st = pol.predict(t, st, start, deterministic, gen)
+            a = a.numpy()
+            new_state = tuple(s.numpy().copy() for s in st)
+        if isinstance(self.action_space, spaces.Box):
+            a = np.clip(a.reshape(n, *self.action_space.shape),
+                        self.action_space.low, self.action_space.high)
+        return (a if batched else a[0]), new_state
 
     def evaluate(self, episodes: int = 10, *, deterministic: bool = True,
                  seed: int | None = None, video: str | os.PathLike | None = None) -> dict:

@@ -84,6 +84,14 @@ class TrainConfig:
     activation: str = _f("tanh", "hidden activation: tanh or relu")
     ortho_init: bool = _f(True, "orthogonal initialisation")
     log_std_init: float = _f(0.0, "initial log-std of Gaussian policies")
+    recurrent: str = _f("none", "memory: none (MLP policy) or lstm (an LSTM between the "
+                        "observation encoder and the actor's and critic's MLPs)")
+    lstm_hidden_size: int = _f(256, "recurrent=lstm: units of each LSTM layer")
+    n_lstm_layers: int = _f(1, "recurrent=lstm: stacked LSTM layers")
+    shared_lstm: bool = _f(False, "recurrent=lstm: the critic reads the actor's LSTM output "
+                           "(detached) instead of having its own")
+    enable_critic_lstm: bool = _f(True, "recurrent=lstm: the critic has its own LSTM (false "
+                                  "and shared_lstm false: a critic without memory)")
     # environment handling
     normalize_obs: bool = _f(False, "running observation normalisation")
     normalize_reward: bool = _f(False, "scale rewards by the running std of the discounted return")
@@ -153,6 +161,7 @@ CHOICES = {
     "advantage_norm_scope": ("minibatch", "batch"),
     "target_kl_check": ("minibatch", "epoch"),
     "activation": ("tanh", "relu"),
+    "recurrent": ("none", "lstm"),
     "vectorization": ("auto", "vector_entry_point", "sync", "async", "ray"),
     "autoreset_mode": ("auto", "same_step", "next_step"),
     "env_source": ("id", "factory"),
@@ -185,6 +194,8 @@ LIMITS: dict[str, tuple[float, float, bool]] = {
     "kl_coef": (0.0, COEF_MAX, False),
     "kl_target": (0.0, COEF_MAX, True),
     "log_std_init": (-20.0, 20.0, False),
+    "lstm_hidden_size": (1, 65_536, False),
+    "n_lstm_layers": (1, 64, False),
     "clip_obs": (0.0, COEF_MAX, True),
     "clip_reward": (0.0, COEF_MAX, True),
     "eval_every": (0, 10**9, False),
@@ -315,6 +326,9 @@ def _validate(c: TrainConfig) -> None:
             and c.n_envs != c.num_workers * c.envs_per_worker:
         _fail("n_envs", f"{c.n_envs} is not num_workers * envs_per_worker = "
               f"{c.num_workers} * {c.envs_per_worker} (vectorization=ray)", show=False)
+    if c.shared_lstm and c.enable_critic_lstm:
+        _fail("shared_lstm", "true shares the actor's LSTM with the critic, so it needs "
+              "enable_critic_lstm = false (the critic's own LSTM)", show=False)
     if not c.use_critic and c.advantage_estimator == "gae":
         _fail("use_critic", "false needs advantage_estimator = reward_to_go (GAE is defined "
               "through the critic)", show=False)
@@ -373,6 +387,10 @@ def estimate_memory(c: TrainConfig, obs_size: int = 1, act_size: int = 1) -> dic
 
     hidden = list(c.net_arch)
     n_params = mlp([obs_size, *hidden, act_size]) + mlp([obs_size, *hidden, 1])
+    if c.recurrent == "lstm":  # the LSTMs' weights; their activations in the minibatch
+        H, n_lstm = c.lstm_hidden_size, 1 + c.enable_critic_lstm
+        n_params += n_lstm * 4 * H * (obs_size + H + 2 + (c.n_lstm_layers - 1) * (2 * H + 2))
+        hidden = hidden + [6 * H * c.n_lstm_layers * n_lstm]
     return {"parameters": 4 * 4 * n_params,
             "rollout": 4 * c.rollout_size * (obs_size + act_size + 6),
             "minibatch": 4 * 2 * 2 * c.minibatch_size * sum(hidden)}
@@ -451,6 +469,24 @@ ENV_PRESETS: dict[str, dict[str, Any]] = {
                            n_epochs=20, gae_lambda=0.92, max_grad_norm=0.8, vf_coef=0.58096,
                            log_std_init=-2.0, ortho_init=False, activation="relu",
                            net_arch=(256, 256)),
+    # The velocity-hidden tasks (ppokit.envs.pomdp) with an LSTM policy. CartPole: the
+    # RL-zoo's RecurrentPPO values for CartPoleNoVel-v1 (the PPO CartPole values, a 64-unit
+    # LSTM for actor and critic, one 64-unit ReLU layer after it, observation
+    # normalisation), trained for 200k steps (the zoo: 100k).
+    "ppokit/CartPoleNoVel-v1": dict(n_envs=8, total_timesteps=200_000, n_steps=32,
+                                    batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
+                                    ent_coef=0.0, learning_rate=1e-3, lr_schedule="linear",
+                                    clip_range=0.2, clip_schedule="linear",
+                                    normalize_obs=True, recurrent="lstm",
+                                    lstm_hidden_size=64, net_arch=(64,), activation="relu",
+                                    ortho_init=False),
+    # Pendulum-v1's values above with the same LSTM policy.
+    "ppokit/PendulumNoVel-v1": dict(n_envs=4, total_timesteps=200_000, normalize_obs=True,
+                                    normalize_reward=True, n_steps=1024, batch_size=256,
+                                    gae_lambda=0.95, gamma=0.9, n_epochs=10, ent_coef=0.0,
+                                    learning_rate=1e-3, clip_range=0.2, recurrent="lstm",
+                                    lstm_hidden_size=64, net_arch=(64,), activation="relu",
+                                    ortho_init=False),
 }
 
 
@@ -496,7 +532,9 @@ _ALIASES = {"lr": "learning_rate", "num_envs": "n_envs", "envs": "n_envs", "env"
             "lam": "gae_lambda", "lambda": "gae_lambda", "total_steps": "total_timesteps",
             "steps": "n_steps", "entropy_coef": "ent_coef", "value_coef": "vf_coef",
             "threads": "torch_threads", "hidden": "net_arch", "hidden_sizes": "net_arch",
-            "minibatch_size": "batch_size", "eps": "optimizer_eps"}
+            "minibatch_size": "batch_size", "eps": "optimizer_eps", "policy": "recurrent",
+            "lstm": "recurrent", "lstm_layers": "n_lstm_layers",
+            "critic_lstm": "enable_critic_lstm", "lstm_hidden": "lstm_hidden_size"}
 
 
 def _suggest(key: Any) -> str | None:

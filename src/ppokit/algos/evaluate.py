@@ -10,12 +10,13 @@ from gymnasium import spaces
 
 from ppokit.envs import ObsNormalizer, env_for_run, make_vec
 from ppokit.errors import UsageError
-from ppokit.policies import make_policy
+from ppokit.policies import is_recurrent, policy_for_config
 
 from .config import TrainConfig
 from .trainer import load_run_checkpoint
 
-__all__ = ["load_policy", "policy_from_checkpoint", "evaluate_policy", "evaluate_run"]
+__all__ = ["load_policy", "policy_from_checkpoint", "evaluate_policy", "evaluate_run",
+           "Memory", "new_memory", "policy_actions"]
 
 
 def load_policy(run_dir: str | Path, env=None, where: str = "--env", *, best: bool = False):
@@ -36,8 +37,7 @@ def policy_from_checkpoint(cfg: TrainConfig, tensors: dict, arrays: dict, maker)
     env = make_vec(maker, 1, vectorization="sync", env_kwargs=cfg.env_kwargs)
     obs_space, act_space = env.single_observation_space, env.single_action_space
     env.close()
-    policy = make_policy(obs_space, act_space, hidden=cfg.net_arch, activation=cfg.activation,
-                         ortho_init=cfg.ortho_init, log_std_init=cfg.log_std_init)
+    policy = policy_for_config(cfg, obs_space, act_space)
     try:
         policy.load_state_dict(tensors["model"])
         norm = None
@@ -51,13 +51,38 @@ def policy_from_checkpoint(cfg: TrainConfig, tensors: dict, arrays: dict, maker)
     return policy, norm, (obs_space, act_space)
 
 
-def policy_actions(policy, obs, space, obs_norm, deterministic: bool, gen) -> np.ndarray:
+class Memory:
+    """The state of a recurrent policy playing ``n`` episodes side by side: ``state`` (the
+    actor's ``(h, c)``) and ``episode_start`` (``[n]`` bool: the next observation begins an
+    episode, so it is seen with the zero state). A caller that resets an env sets its row
+    of ``episode_start``; :func:`policy_actions` clears it after the step."""
+
+    def __init__(self, policy, n: int):
+        self.state = policy.actor_state(policy.initial_state(n))
+        self.episode_start = np.ones(n, bool)
+
+
+def new_memory(policy, n: int) -> Memory | None:
+    """A :class:`Memory` of ``n`` rows for a recurrent policy, ``None`` for the others."""
+    return Memory(policy, n) if is_recurrent(policy) else None
+
+
+def policy_actions(policy, obs, space, obs_norm, deterministic: bool, gen,
+                   memory: Memory | None = None) -> np.ndarray:
     """Actions ``[n, ...]`` of ``policy`` for a batch of raw observations ``[n, ...]``: the
     run's normalisation applied, the most likely / mean action or a sample, Box actions
-    clipped to the space (the one place evaluation and video recording take actions)."""
+    clipped to the space (the one place evaluation and video recording take actions).
+    A recurrent policy needs its ``memory`` (:func:`new_memory`), which is carried on."""
     o = obs if obs_norm is None else obs_norm(obs)
     o = torch.as_tensor(np.asarray(o, np.float32))
-    a = policy.deterministic_action(o) if deterministic else policy.act(o, gen)[0]
+    if is_recurrent(policy):
+        if memory is None:
+            raise ValueError("memory: a recurrent policy needs its state (new_memory)")
+        a, memory.state = policy.predict(o, memory.state, memory.episode_start,
+                                         deterministic, gen)
+        memory.episode_start[:] = False
+    else:
+        a = policy.deterministic_action(o) if deterministic else policy.act(o, gen)[0]
     a = a.numpy()
     if isinstance(space, spaces.Box):
         a = np.clip(a.reshape(a.shape[0], *space.shape), space.low, space.high)
@@ -90,9 +115,10 @@ def evaluate_policy(policy, cfg: TrainConfig, *, episodes: int = 10, seed: int =
         obs, _ = env.reset(seed=seed + len(returns))
         total = np.zeros(n)
         done = np.zeros(n, bool)
+        memory = new_memory(policy, n)  # (an env that has finished plays on, not counted)
         with torch.inference_mode():
             while not done.all():
-                a = policy_actions(policy, obs, space, obs_norm, deterministic, gen)
+                a = policy_actions(policy, obs, space, obs_norm, deterministic, gen, memory)
                 obs, r, te, tr, _ = env.step(a)
                 total += np.where(done, 0.0, r)
                 done |= te | tr

@@ -79,8 +79,8 @@ from ppokit.io.metrics import MetricsWriter, truncate_metrics
 from ppokit.io.rundir import RunDir
 from ppokit.io.signals import GracefulStop, Interrupted
 from ppokit.io.tracking import check_tracker, make_tracker
-from ppokit.policies import make_policy
-from ppokit.rollout import Collector, Rollout
+from ppokit.policies import is_recurrent, policy_for_config
+from ppokit.rollout import Collector, RecurrentCollector, Rollout, recurrent_forward
 
 from .config import TrainConfig, check_memory, config_from_dict
 from .optim import Adam
@@ -204,9 +204,7 @@ class Trainer:
         # the memory bound again, now with the real observation and action sizes
         check_memory(c, int(np.prod(obs_space.shape or (1,))),
                      int(np.prod(self.env.single_action_space.shape or (1,))))
-        self.policy = make_policy(obs_space, self.env.single_action_space,
-                                  hidden=c.net_arch, activation=c.activation,
-                                  ortho_init=c.ortho_init, log_std_init=c.log_std_init)
+        self.policy = policy_for_config(c, obs_space, self.env.single_action_space)
         self.spec = update_spec(c)
         self.flat = None
         self.fused_reason = "fast=false" if not c.fast else supports(self.spec, self.policy)
@@ -235,7 +233,8 @@ class Trainer:
         if remote is not None:
             self.collector = remote.attach(self.policy, self.obs_norm, self.reward_scaler)
         else:
-            self.collector = Collector(self.env, self.policy, generator=self.sample_gen,
+            collector = RecurrentCollector if is_recurrent(self.policy) else Collector
+            self.collector = collector(self.env, self.policy, generator=self.sample_gen,
                                        obs_normalizer=self.obs_norm,
                                        reward_scaler=self.reward_scaler,
                                        use_critic=c.use_critic, fast=c.fast)
@@ -308,8 +307,15 @@ class Trainer:
         path is used for every minibatch)."""
         beta = self.kl_ctl.value if self.kl_ctl is not None else 0.0
         params = [p for p in self.policy.parameters() if p.requires_grad]
-        return eager_minibatch_step(self.spec, policy_forward(self.policy), self.opt, params,
+        return eager_minibatch_step(self.spec, self._forward(), self.opt, params,
                                     mb, clip_range=clip, kl_coef=beta, kl_limit=kl_limit)
+
+    def _forward(self) -> Callable:
+        """The forward adapter: the policy on a minibatch of samples, or of sequences for
+        a recurrent policy (:func:`ppokit.rollout.recurrent_forward`)."""
+        if is_recurrent(self.policy):
+            return recurrent_forward(self.policy)
+        return policy_forward(self.policy)
 
     def _minibatch_step(self) -> Callable:
         """The fused step when it supports this spec and policy (and the eager step is not
@@ -326,8 +332,18 @@ class Trainer:
         return f.step
 
     def update(self, rollout: Rollout, clip: float) -> dict[str, Any]:
-        """One update of the engine on this rollout (labels validated and frozen once)."""
-        batch = LabelledBatch.build(rollout.flat())
+        """One update of the engine on this rollout (labels validated and frozen once).
+        A recurrent policy's rows are sequences (:meth:`RecurrentRollout.sequence_batch`):
+        as many minibatches per epoch as ``batch_size`` samples would make, each of whole
+        sequences."""
+        spec = self.spec
+        if is_recurrent(self.policy):
+            batch = LabelledBatch.build(*rollout.sequence_batch())
+            n_seq, n_valid = batch.n_rows, int(batch.mask.sum())
+            n_mb = max(1, -(-n_valid // self.cfg.minibatch_size))
+            spec = dataclasses.replace(spec, minibatch_size=-(-n_seq // n_mb))
+        else:
+            batch = LabelledBatch.build(rollout.flat())
         step = self._minibatch_step()
         observer = self.minibatch_observer
         if observer is not None:
@@ -338,12 +354,14 @@ class Trainer:
                 return inner(mb, clip_range, kl_limit)
 
         params = [p for p in self.policy.parameters() if p.requires_grad]
-        out = run_update(self.spec, batch, policy_forward(self.policy), self.opt, params,
+        out = run_update(spec, batch, self._forward(), self.opt, params,
                          generator=self.shuffle_gen, clip_range=clip,
                          kl_coef=self.kl_ctl.value if self.kl_ctl is not None else None,
                          step_fn=step)
-        out["explained_variance"] = (explained_variance(batch.data["values"],
-                                                        batch.data["returns"])
+        values, returns = batch.data["values"], batch.data["returns"]
+        if batch.mask is not None:
+            values, returns = values[batch.mask], returns[batch.mask]
+        out["explained_variance"] = (explained_variance(values, returns)
                                      if self.cfg.use_critic else None)
         return out
 

@@ -28,7 +28,7 @@ from gymnasium import spaces
 
 from ppokit.errors import UsageError
 
-from .evaluate import policy_actions
+from .evaluate import new_memory, policy_actions
 
 __all__ = ["NAME_PREFIX", "check_video_dir", "require_video_extra", "record_episodes"]
 
@@ -124,9 +124,10 @@ def record_episodes(policy, cfg, maker, out: str | os.PathLike, *, episodes: int
                 for k in range(episodes):
                     obs, _ = env.reset(seed=seed + k)
                     total, done = 0.0, False
+                    memory = new_memory(policy, 1)
                     while not done:
                         a = policy_actions(policy, np.asarray(obs)[None], space, obs_norm,
-                                           deterministic, gen)[0]
+                                           deterministic, gen, memory)[0]
                         if not isinstance(space, spaces.Box):
                             a = a.reshape(()).item()
                         obs, r, te, tr, _ = env.step(a)

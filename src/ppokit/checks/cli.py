@@ -45,6 +45,9 @@ def _env_report(args):
         if not Path(args.run_dir).is_dir():
             raise UsageError(f"{args.run_dir}: no such run directory")
         cfg, policy, norm, _ = load_policy(args.run_dir, args.env, "--env")
+        if getattr(policy, "recurrent", False):
+            raise UsageError(f"{args.run_dir}: ppokit check runs feed-forward policies; this "
+                             "run's policy is recurrent (recurrent = lstm)")
         env_id, target = cfg.env_id, f"{args.run_dir} ({cfg.env_id})"
         base = cfg.to_dict()
         transform = None if norm is None else (lambda o: norm(o))

@@ -84,6 +84,8 @@ def supports(spec: UpdateSpec, policy: nn.Module) -> str | None:
         v = getattr(spec, name)
         if allowed is not _ANY and v not in allowed:
             return f"{name}={v}"
+    if getattr(policy, "recurrent", False):
+        return "a recurrent policy (its sequences run in the eager step)"
     if not isinstance(policy, MLPActorCritic):
         return "the policy is not ppokit's MLP actor-critic"
     if policy.kind not in ("categorical", "gaussian"):

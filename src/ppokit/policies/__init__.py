@@ -2,5 +2,26 @@
 
 from .base import Policy
 from .mlp import ACTIVATIONS, MLPActorCritic, NumpySampler, make_policy
+from .recurrent import LSTMActorCritic, make_recurrent_policy
 
-__all__ = ["ACTIVATIONS", "MLPActorCritic", "NumpySampler", "Policy", "make_policy"]
+__all__ = ["ACTIVATIONS", "LSTMActorCritic", "MLPActorCritic", "NumpySampler", "Policy",
+           "is_recurrent", "make_policy", "make_recurrent_policy", "policy_for_config"]
+
+
+def is_recurrent(policy) -> bool:
+    """Whether ``policy`` carries a state from step to step (an LSTM policy)."""
+    return bool(getattr(policy, "recurrent", False))
+
+
+def policy_for_config(cfg, obs_space, action_space):
+    """The policy a training configuration describes (``recurrent``: ``none`` → the MLP
+    actor-critic, ``lstm`` → :class:`LSTMActorCritic`), for single-env spaces."""
+    kw = dict(hidden=cfg.net_arch, activation=cfg.activation, ortho_init=cfg.ortho_init,
+              log_std_init=cfg.log_std_init)
+    if getattr(cfg, "recurrent", "none") == "lstm":
+        return make_recurrent_policy(obs_space, action_space, **kw,
+                                     lstm_hidden_size=cfg.lstm_hidden_size,
+                                     n_lstm_layers=cfg.n_lstm_layers,
+                                     shared_lstm=cfg.shared_lstm,
+                                     enable_critic_lstm=cfg.enable_critic_lstm)
+    return make_policy(obs_space, action_space, **kw)

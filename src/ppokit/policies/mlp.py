@@ -165,23 +165,29 @@ class MLPActorCritic(nn.Module):
         x = self._features(obs)
         out = self._run(self.actor, x)
         value = self._run(self.critic, x).squeeze(-1)
+        a, logp = self._sample(out, generator)
+        return a, logp, value
+
+    def _sample(self, out: Tensor, generator: torch.Generator | None
+                ) -> tuple[Tensor, Tensor]:
+        """``(action, logp)`` sampled from the head's output ``out`` (logits / means)."""
         if self.kind == "categorical":
             logp_all = out.log_softmax(-1)
             a = _sample_categorical(logp_all, generator)
-            return a.squeeze(-1), logp_all.gather(-1, a).squeeze(-1), value
+            return a.squeeze(-1), logp_all.gather(-1, a).squeeze(-1)
         if self.kind == "gaussian":
             std = self.log_std.exp()
             noise = torch.randn(out.shape, generator=generator, dtype=out.dtype)
             a = out + std * noise
             logp = (-0.5 * noise.square() - self.log_std - _LOG_SQRT_2PI).sum(-1)
-            return a, logp, value
+            return a, logp
         acts, logps = [], []
         for lg in self._split(out):
             lp = lg.log_softmax(-1)
             a = _sample_categorical(lp, generator)
             acts.append(a)
             logps.append(lp.gather(-1, a))
-        return torch.cat(acts, -1), torch.cat(logps, -1).sum(-1), value
+        return torch.cat(acts, -1), torch.cat(logps, -1).sum(-1)
 
     def _logp_entropy(self, out: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
         if self.kind == "categorical":
@@ -210,7 +216,10 @@ class MLPActorCritic(nn.Module):
         return self._logp_entropy(self.actor(self._features(obs)), actions)[0]
 
     def deterministic_action(self, obs: Tensor) -> Tensor:
-        out = self.actor(self._features(obs))
+        return self._mode(self.actor(self._features(obs)))
+
+    def _mode(self, out: Tensor) -> Tensor:
+        """The most likely action (argmax / mean) of the head's output ``out``."""
         if self.kind == "categorical":
             return out.argmax(-1)
         if self.kind == "gaussian":
