@@ -177,3 +177,20 @@ def test_cnn_checkpoints_round_trip_and_predict_with_images(tmp_path):
     assert int(action) == int(want[0])
     straight.close()
     resumed.close()
+
+
+def test_predict_takes_dict_observations(tmp_path):
+    agent = ppokit.train(lambda: DictGoal(), total_steps=1024, run_dir=tmp_path / "r", **FAST)
+    env = DictGoal()
+    obs, _ = env.reset(seed=0)
+    flat = gym.spaces.flatten(env.observation_space, obs).astype(np.float32)
+    a, _ = agent.predict(obs)
+    want = agent.policy.deterministic_action(torch.as_tensor(flat[None]))
+    assert int(a) == int(want[0])
+    batch = {k: np.stack([v, v]) for k, v in obs.items()}
+    batch["goal"] = np.array([obs["goal"], obs["goal"]])
+    b, _ = agent.predict(batch)
+    assert b.shape == (2,) and int(b[0]) == int(a)
+    with pytest.raises(UsageError, match="observation: expected a dict with the keys"):
+        agent.predict({"goal": 1})
+    agent.close()
