@@ -273,7 +273,7 @@ def test_config_keys_and_their_errors():
         resolve_config(overrides={"recurrent": "gru"})
     with pytest.raises(UsageError, match="shared_lstm"):
         resolve_config(overrides={"recurrent": "lstm", "shared_lstm": True})
-    with pytest.raises(UsageError, match="did you mean 'recurrent'"):
+    with pytest.raises(UsageError, match="memory is recurrent = lstm"):
         resolve_config(overrides={"policy": "lstm"})
     with pytest.raises(UsageError, match="lstm_hidden_size"):
         resolve_config(overrides={"lstm_hidden_size": 0})

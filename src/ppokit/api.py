@@ -190,7 +190,8 @@ class Agent:
         ``episode_start`` (a bool, or ``[n]`` bools for a batch) set where an observation
         begins a new episode, so that its row starts from the zero state again. The state
         is the actor's ``(h, c)``, NumPy arrays ``[n_lstm_layers, n, lstm_hidden_size]``.
-        For the other policies ``state`` is returned as it was given.
+        For the other policies ``state`` is returned as it was given. A ``Dict``
+        observation is a dict of arrays (one observation, or ``[n, ...]`` per key).
         """
         import torch
         from gymnasium import spaces
@@ -199,6 +200,9 @@ class Agent:
             raise UsageError(f"deterministic: expected True or False, got {deterministic!r}")
         shape = tuple(self.observation_space.shape or ())
         discrete_obs = isinstance(self.observation_space, spaces.Discrete)
+        dict_space = getattr(self.observation_space, "dict_space", None)
+        if dict_space is not None:  # a Dict observation: stored (and read) flat
+            observation = _flatten_dict_obs(dict_space, observation)
         try:
             obs = np.asarray(observation, dtype=np.int64 if discrete_obs else np.float32)
         except (TypeError, ValueError):
@@ -441,6 +445,40 @@ class Agent:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _flatten_dict_obs(space, observation) -> np.ndarray:
+    """One Dict observation, or a batch (every key's array with a leading ``n``), as the
+    flat vectors the policy reads (:class:`ppokit.envs.vec.FlattenDictObs`)."""
+    from gymnasium import spaces
+
+    keys = sorted(space.spaces)
+    if not isinstance(observation, dict) or set(observation) != set(keys):
+        raise UsageError(f"observation: expected a dict with the keys {keys}, got "
+                         f"{type(observation).__name__}")
+    sizes = set()
+    for k in keys:
+        v, want = np.asarray(observation[k]), tuple(space.spaces[k].shape or ())
+        if v.shape == want:
+            sizes.add(None)
+        elif v.shape[1:] == want and v.ndim == len(want) + 1:
+            sizes.add(v.shape[0])
+        else:
+            raise UsageError(f"observation: key {k!r} has shape {v.shape}, expected {want} "
+                             f"or (n, *{want})")
+    if len(sizes) != 1:
+        raise UsageError("observation: the keys disagree on whether this is one observation "
+                         "or a batch")
+    n = sizes.pop()
+    try:
+        if n is None:
+            return spaces.flatten(space, observation).astype(np.float32)
+        return np.stack([spaces.flatten(space, {k: np.asarray(observation[k])[i]
+                                               for k in keys})
+                         for i in range(n)]).astype(np.float32)
+    except (ValueError, TypeError, IndexError, AssertionError):
+        raise UsageError(f"observation: values outside the observation space {space}"
+                         ) from None
 
 
 def _log(msg: str) -> None:

@@ -84,6 +84,14 @@ class TrainConfig:
     activation: str = _f("tanh", "hidden activation: tanh or relu")
     ortho_init: bool = _f(True, "orthogonal initialisation")
     log_std_init: float = _f(0.0, "initial log-std of Gaussian policies")
+    policy: str = _f("auto", "observation encoder: auto (cnn for image Box, multi_input for "
+                     "Dict, mlp otherwise), mlp, cnn (Nature-DQN trunk) or multi_input "
+                     "(one encoder per Dict key)")
+    cnn_channels: tuple[int, ...] = _f((32, 64, 64), "cnn: filters of the three "
+                                       "convolutions (8x8/4, 4x4/2, 3x3/1)")
+    features_dim: int = _f(512, "cnn: features after the convolutions (a linear layer)")
+    share_features: bool = _f(True, "cnn / multi_input: actor and critic share one encoder "
+                              "(false: each has its own)")
     recurrent: str = _f("none", "memory: none (MLP policy) or lstm (an LSTM between the "
                         "observation encoder and the actor's and critic's MLPs)")
     lstm_hidden_size: int = _f(256, "recurrent=lstm: units of each LSTM layer")
@@ -129,6 +137,8 @@ class TrainConfig:
     def __post_init__(self):
         if isinstance(self.net_arch, list):  # a list from Python or JSON is fine too
             object.__setattr__(self, "net_arch", tuple(self.net_arch))
+        if isinstance(self.cnn_channels, list):
+            object.__setattr__(self, "cnn_channels", tuple(self.cnn_channels))
         _validate(self)
 
     @property
@@ -147,6 +157,7 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["net_arch"] = list(self.net_arch)
+        d["cnn_channels"] = list(self.cnn_channels)
         return d
 
 
@@ -162,6 +173,7 @@ CHOICES = {
     "target_kl_check": ("minibatch", "epoch"),
     "activation": ("tanh", "relu"),
     "recurrent": ("none", "lstm"),
+    "policy": ("auto", "mlp", "cnn", "multi_input"),
     "vectorization": ("auto", "vector_entry_point", "sync", "async", "ray"),
     "autoreset_mode": ("auto", "same_step", "next_step"),
     "env_source": ("id", "factory"),
@@ -195,6 +207,7 @@ LIMITS: dict[str, tuple[float, float, bool]] = {
     "kl_target": (0.0, COEF_MAX, True),
     "log_std_init": (-20.0, 20.0, False),
     "lstm_hidden_size": (1, 65_536, False),
+    "features_dim": (1, 65_536, False),
     "n_lstm_layers": (1, 64, False),
     "clip_obs": (0.0, COEF_MAX, True),
     "clip_reward": (0.0, COEF_MAX, True),
@@ -291,8 +304,11 @@ def _validate(c: TrainConfig) -> None:
                 exc.field = name  # resolve_config names the flag that set it
                 raise
             continue
+        elif name == "cnn_channels":
+            ok = (isinstance(v, tuple) and len(v) == 3 and all(
+                isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 4096 for x in v))
         elif name == "net_arch":
-            ok = (isinstance(v, tuple) and 1 <= len(v) <= NET_ARCH_MAX_LAYERS and all(
+            ok = (isinstance(v, tuple) and 0 <= len(v) <= NET_ARCH_MAX_LAYERS and all(
                 isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= NET_ARCH_MAX_WIDTH
                 for x in v))
         else:  # a field without a rule is a bug in this module
@@ -300,7 +316,8 @@ def _validate(c: TrainConfig) -> None:
         if not ok:
             _fail(name, f"expected {_type_name(t, name)}", v)
         if name in CHOICES and v not in CHOICES[name]:
-            _fail(name, f"expected one of {', '.join(CHOICES[name])}", v)
+            hint = " (memory is recurrent = lstm)" if name == "policy" and v == "lstm" else ""
+            _fail(name, f"expected one of {', '.join(CHOICES[name])}{hint}", v)
     if not (0 < len(c.env_id) <= ENV_ID_MAX_LEN and _ENV_ID.fullmatch(c.env_id)):
         _fail("env_id", "expected a Gymnasium environment id such as CartPole-v1", c.env_id)
     if not _PROJECT.fullmatch(c.wandb_project):
@@ -326,6 +343,9 @@ def _validate(c: TrainConfig) -> None:
             and c.n_envs != c.num_workers * c.envs_per_worker:
         _fail("n_envs", f"{c.n_envs} is not num_workers * envs_per_worker = "
               f"{c.num_workers} * {c.envs_per_worker} (vectorization=ray)", show=False)
+    if c.recurrent == "lstm" and c.policy in ("cnn", "multi_input"):
+        _fail("recurrent", f"lstm runs on the MLP encoder; policy={c.policy} with an LSTM "
+              "is not supported yet", show=False)
     if c.shared_lstm and c.enable_critic_lstm:
         _fail("shared_lstm", "true shares the actor's LSTM with the critic, so it needs "
               "enable_critic_lstm = false (the critic's own LSTM)", show=False)
@@ -337,8 +357,10 @@ def _validate(c: TrainConfig) -> None:
 
 def _type_name(t, name: str = "") -> str:
     if name == "net_arch":
-        return (f"a list of 1 to {NET_ARCH_MAX_LAYERS} layer sizes, each an integer in "
-                f"[1, {NET_ARCH_MAX_WIDTH}]")
+        return (f"a list of 0 to {NET_ARCH_MAX_LAYERS} layer sizes, each an integer in "
+                f"[1, {NET_ARCH_MAX_WIDTH}] (0 layers: linear heads on the features)")
+    if name == "cnn_channels":
+        return "a list of 3 filter counts, each an integer in [1, 4096]"
     if t == (float | None):
         return "a number or none"
     if name == "env_kwargs":

@@ -117,8 +117,9 @@ class RolloutWorker:
         self.env = make_vec(env_maker, num_envs, vectorization=spec["vectorization"],
                             autoreset=spec["autoreset"], env_kwargs=spec["env_kwargs"])
         obs_space = self.env.single_observation_space
-        self.policy = make_policy(obs_space, self.env.single_action_space,
-                                  **spec["policy"])
+        # a Dict observation is stored flat; the encoder reads it per key
+        self.policy = make_policy(getattr(obs_space, "dict_space", obs_space),
+                                  self.env.single_action_space, **spec["policy"])
         self.obs_norm = None
         if spec["normalize_obs"]:
             self.obs_norm = ObsNormalizer(obs_space.shape, spec["clip_obs"])
@@ -212,7 +213,10 @@ class RayCollector:
             "vectorization": "auto", "autoreset": cfg.autoreset_mode,
             "env_kwargs": cfg.env_kwargs,
             "policy": {"hidden": tuple(cfg.net_arch), "activation": cfg.activation,
-                       "ortho_init": cfg.ortho_init, "log_std_init": cfg.log_std_init},
+                       "ortho_init": cfg.ortho_init, "log_std_init": cfg.log_std_init,
+                       "policy": cfg.policy, "cnn_channels": tuple(cfg.cnn_channels),
+                       "features_dim": cfg.features_dim,
+                       "share_features": cfg.share_features},
             "normalize_obs": cfg.normalize_obs, "clip_obs": cfg.clip_obs,
             "normalize_reward": cfg.normalize_reward, "gamma": cfg.gamma,
             "clip_reward": cfg.clip_reward, "use_critic": cfg.use_critic, "fast": cfg.fast,

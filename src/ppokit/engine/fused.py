@@ -92,6 +92,8 @@ def supports(spec: UpdateSpec, policy: nn.Module) -> str | None:
         return f"{policy.kind} action heads"
     if policy.obs_onehot is not None:
         return "one-hot (Discrete) observations"
+    if getattr(policy, "encoder", None) is not None:
+        return "an observation encoder (CNN or multi-input) before the MLP"
     if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in policy.parameters()):
         return "parameters that are not float32 on the CPU"
     in_dim = getattr(policy, "obs_dim", None)

@@ -95,6 +95,66 @@ def make_vec(env_id: str | Callable[[], gym.Env], num_envs: int, *,
         raise UsageError(f"env: cannot build {env_id!r}: {str(exc).splitlines()[0]}") from None
     except TypeError as exc:  # e.g. an env_kwargs name the environment does not take
         raise UsageError(f"env_kwargs: {env_id!r} does not accept them ({exc})") from None
+    return flatten_dict_obs(env)
+
+
+class FlattenDictObs(gym.vector.VectorWrapper):
+    """A vector env with ``Dict`` observations seen through flat vectors: each key's values
+    (one-hot for discrete ones) concatenated in sorted key order — Gymnasium's
+    ``spaces.flatten`` — for the observations and the ``final_obs`` of finished episodes.
+    ``single_observation_space`` is the flat ``Box``; its ``dict_space`` attribute keeps
+    the ``Dict`` for the multi-input encoder (:mod:`ppokit.policies.encoders`)."""
+
+    def __init__(self, env: VectorEnv):
+        super().__init__(env)
+        self.dict_space = env.single_observation_space
+        flat = gym.spaces.flatten_space(self.dict_space)
+        flat.dict_space = self.dict_space
+        self.single_observation_space = flat
+        self.observation_space = gym.vector.utils.batch_space(flat, env.num_envs)
+
+    def _flat(self, obs: dict) -> np.ndarray:
+        parts = []
+        for key in sorted(self.dict_space.spaces):
+            sub, v = self.dict_space.spaces[key], np.asarray(obs[key])
+            n = v.shape[0]
+            if isinstance(sub, gym.spaces.Discrete):
+                part = np.zeros((n, int(sub.n)), np.float32)
+                part[np.arange(n), v.reshape(n) - int(sub.start)] = 1
+            elif isinstance(sub, gym.spaces.MultiDiscrete):
+                cols = [np.eye(int(k), dtype=np.float32)[v.reshape(n, -1)[:, j]
+                                                         - int(np.ravel(sub.start)[j])]
+                        for j, k in enumerate(np.ravel(sub.nvec))]
+                part = np.concatenate(cols, -1)
+            else:
+                part = v.reshape(n, -1).astype(np.float32)
+            parts.append(part)
+        return np.concatenate(parts, -1)
+
+    def _final(self, info: dict) -> dict:
+        if "final_obs" in info:
+            fo = info["final_obs"]
+            out = np.empty(len(fo), dtype=object)
+            for i, o in enumerate(fo):
+                out[i] = None if o is None else gym.spaces.flatten(self.dict_space, o)
+            info = dict(info)
+            info["final_obs"] = out
+        return info
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        return self._flat(obs), self._final(info)
+
+    def step(self, actions):
+        obs, r, te, tr, info = self.env.step(actions)
+        return self._flat(obs), r, te, tr, self._final(info)
+
+
+def flatten_dict_obs(env: VectorEnv) -> VectorEnv:
+    """``env`` itself, or seen through :class:`FlattenDictObs` when it has ``Dict``
+    observations."""
+    if isinstance(env.single_observation_space, gym.spaces.Dict):
+        return FlattenDictObs(env)
     return env
 
 
@@ -137,7 +197,7 @@ def _make_vec_factory(factory: Callable[[], gym.Env], num_envs: int, vectorizati
                          ) from None
     if isinstance(env, SyncVectorEnv) and LeanSyncVectorEnv.applies(env):
         env.__class__ = LeanSyncVectorEnv
-    return env
+    return flatten_dict_obs(env)
 
 
 class LeanSyncVectorEnv(SyncVectorEnv):

@@ -16,6 +16,16 @@ def is_recurrent(policy) -> bool:
 def policy_for_config(cfg, obs_space, action_space):
     """The policy a training configuration describes (``recurrent``: ``none`` → the MLP
     actor-critic, ``lstm`` → :class:`LSTMActorCritic`), for single-env spaces."""
+    try:
+        return _policy_for_config(cfg, obs_space, action_space)
+    except ValueError as exc:  # a configuration that does not fit the env's spaces
+        from ppokit.errors import UsageError
+
+        raise UsageError(str(exc)) from None
+
+
+def _policy_for_config(cfg, obs_space, action_space):
+    obs_space = getattr(obs_space, "dict_space", obs_space)  # stored flat, read per key
     kw = dict(hidden=cfg.net_arch, activation=cfg.activation, ortho_init=cfg.ortho_init,
               log_std_init=cfg.log_std_init)
     if getattr(cfg, "recurrent", "none") == "lstm":
@@ -24,4 +34,7 @@ def policy_for_config(cfg, obs_space, action_space):
                                      n_lstm_layers=cfg.n_lstm_layers,
                                      shared_lstm=cfg.shared_lstm,
                                      enable_critic_lstm=cfg.enable_critic_lstm)
-    return make_policy(obs_space, action_space, **kw)
+    return make_policy(obs_space, action_space, **kw, policy=getattr(cfg, "policy", "auto"),
+                       cnn_channels=getattr(cfg, "cnn_channels", (32, 64, 64)),
+                       features_dim=getattr(cfg, "features_dim", 512),
+                       share_features=getattr(cfg, "share_features", True))

@@ -16,7 +16,7 @@ from torch import nn
 
 Tensor = torch.Tensor
 
-__all__ = ["MLPActorCritic", "NumpySampler", "make_policy", "ACTIVATIONS"]
+__all__ = ["MLPActorCritic", "NumpySampler", "make_policy", "resolve_policy", "ACTIVATIONS"]
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
@@ -61,7 +61,7 @@ class NumpySampler:
     @staticmethod
     def supports(policy) -> bool:
         return (isinstance(policy, MLPActorCritic) and policy.kind in ("categorical", "gaussian")
-                and policy.obs_onehot is None
+                and policy.obs_onehot is None and policy.encoder is None
                 and all(isinstance(m, (nn.Linear, nn.Tanh, nn.ReLU)) for m in policy.actor)
                 and all(p.dtype == torch.float32 and p.device.type == "cpu"
                         for p in policy.parameters()))
@@ -116,19 +116,27 @@ class MLPActorCritic(nn.Module):
     """Actor and critic MLPs over a flat observation; implements :class:`ppokit.policies.Policy`.
 
     ``kind`` is ``"categorical"`` (Discrete), ``"gaussian"`` (Box; state-independent
-    log-std parameter) or ``"multicategorical"`` (MultiDiscrete, independent heads).
+    log-std parameter), ``"multicategorical"`` (MultiDiscrete, independent heads) or
+    ``"bernoulli"`` (MultiBinary, one independent bit per logit).
+
+    ``encoder`` (:mod:`ppokit.policies.encoders`: a CNN, a multi-input encoder) turns
+    observations into the ``obs_dim`` features the MLPs read; ``critic_encoder`` is the
+    critic's own (``None``: the critic reads the actor's features, one shared trunk).
     """
 
     def __init__(self, obs_dim: int, kind: str, action_dim: int, *,
                  nvec: tuple[int, ...] | None = None, hidden: tuple[int, ...] = (64, 64),
                  activation: str = "tanh", ortho_init: bool = True,
-                 log_std_init: float = 0.0, obs_onehot: int | None = None):
+                 log_std_init: float = 0.0, obs_onehot: int | None = None,
+                 encoder: nn.Module | None = None, critic_encoder: nn.Module | None = None):
         super().__init__()
-        if kind not in ("categorical", "gaussian", "multicategorical"):
+        if kind not in ("categorical", "gaussian", "multicategorical", "bernoulli"):
             raise ValueError(f"kind: unknown policy head {kind!r}")
         act = ACTIVATIONS[activation]
         self.kind = kind
         self.obs_onehot = obs_onehot
+        self.encoder = encoder
+        self.critic_encoder = critic_encoder
         n_logits = int(sum(nvec)) if kind == "multicategorical" else action_dim
         self.actor = _mlp(obs_dim, hidden, n_logits, act, ortho_init, 0.01)
         self.critic = _mlp(obs_dim, hidden, 1, act, ortho_init, 1.0)
@@ -149,6 +157,8 @@ class MLPActorCritic(nn.Module):
         return x
 
     def _features(self, obs: Tensor) -> Tensor:
+        if self.encoder is not None:
+            return self.encoder(obs)
         if self.obs_onehot is not None:
             return nn.functional.one_hot(obs.long().reshape(-1), self.obs_onehot).float()
         return obs.reshape(obs.shape[0], -1)
@@ -156,15 +166,20 @@ class MLPActorCritic(nn.Module):
     def _split(self, logits: Tensor) -> tuple[Tensor, ...]:
         return torch.split(logits, self.nvec, dim=-1)
 
+    def _critic_features(self, obs: Tensor, actor_x: Tensor | None = None) -> Tensor:
+        if self.critic_encoder is not None:
+            return self.critic_encoder(obs)
+        return self._features(obs) if actor_x is None else actor_x
+
     # -- Policy interface -----------------------------------------------------------------
     def value(self, obs: Tensor) -> Tensor:
-        return self._run(self.critic, self._features(obs)).squeeze(-1)
+        return self._run(self.critic, self._critic_features(obs)).squeeze(-1)
 
     def act(self, obs: Tensor, generator: torch.Generator | None = None
             ) -> tuple[Tensor, Tensor, Tensor]:
         x = self._features(obs)
         out = self._run(self.actor, x)
-        value = self._run(self.critic, x).squeeze(-1)
+        value = self._run(self.critic, self._critic_features(obs, x)).squeeze(-1)
         a, logp = self._sample(out, generator)
         return a, logp, value
 
@@ -181,6 +196,10 @@ class MLPActorCritic(nn.Module):
             a = out + std * noise
             logp = (-0.5 * noise.square() - self.log_std - _LOG_SQRT_2PI).sum(-1)
             return a, logp
+        if self.kind == "bernoulli":
+            u = torch.rand(out.shape, generator=generator, dtype=out.dtype)
+            a = (u < torch.sigmoid(out)).to(out.dtype)
+            return a, _bernoulli_logp(out, a)
         acts, logps = [], []
         for lg in self._split(out):
             lp = lg.log_softmax(-1)
@@ -199,6 +218,11 @@ class MLPActorCritic(nn.Module):
             logp = (-0.5 * z.square() - self.log_std - _LOG_SQRT_2PI).sum(-1)
             ent = (0.5 + _LOG_SQRT_2PI + self.log_std).sum().expand(out.shape[0])
             return logp, ent
+        if self.kind == "bernoulli":
+            p = torch.sigmoid(out)
+            ent = -(p * nn.functional.logsigmoid(out)
+                    + (1 - p) * nn.functional.logsigmoid(-out)).sum(-1)
+            return _bernoulli_logp(out, actions.to(out.dtype)), ent
         logp = 0.0
         ent = 0.0
         for i, lg in enumerate(self._split(out)):
@@ -210,7 +234,7 @@ class MLPActorCritic(nn.Module):
     def evaluate(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         x = self._features(obs)
         logp, ent = self._logp_entropy(self.actor(x), actions)
-        return logp, ent, self.critic(x).squeeze(-1)
+        return logp, ent, self.critic(self._critic_features(obs, x)).squeeze(-1)
 
     def log_prob(self, obs: Tensor, actions: Tensor) -> Tensor:
         return self._logp_entropy(self.actor(self._features(obs)), actions)[0]
@@ -224,22 +248,75 @@ class MLPActorCritic(nn.Module):
             return out.argmax(-1)
         if self.kind == "gaussian":
             return out
+        if self.kind == "bernoulli":
+            return (out > 0).to(out.dtype)
         return torch.stack([lg.argmax(-1) for lg in self._split(out)], -1)
+
+
+def _bernoulli_logp(logits: Tensor, a: Tensor) -> Tensor:
+    """log P(a) of independent bits with logits ``[B, n]`` (a in {0, 1}), summed over bits."""
+    return (a * nn.functional.logsigmoid(logits)
+            + (1 - a) * nn.functional.logsigmoid(-logits)).sum(-1)
+
+
+def resolve_policy(obs_space: spaces.Space, policy: str = "auto") -> str:
+    """The encoder a ``policy`` value means for ``obs_space``: ``auto`` picks ``cnn`` for an
+    image Box of at least 36x36 pixels (smaller ones are flattened into the MLP),
+    ``multi_input`` for a Dict, ``mlp`` otherwise; an explicit choice that does
+    not fit the space is an error naming ``policy``."""
+    from .encoders import MIN_CNN_SIZE, POLICIES, image_layout, is_image_space
+
+    if policy not in POLICIES:
+        raise ValueError(f"policy: expected one of {', '.join(POLICIES)}, got {policy!r}")
+    if policy == "auto":
+        if isinstance(obs_space, spaces.Dict):
+            return "multi_input"
+        if is_image_space(obs_space):  # big enough for the Nature CNN's kernels
+            _, _, h, w, _ = image_layout(obs_space)
+            return "cnn" if min(h, w) >= MIN_CNN_SIZE else "mlp"
+        return "mlp"
+    if policy == "cnn" and not is_image_space(obs_space):
+        raise ValueError(f"policy: cnn needs an image observation space (a 3-D uint8 Box, "
+                         f"or floats in [0, 1]); this env has {obs_space}")
+    if policy == "multi_input" and not isinstance(obs_space, spaces.Dict):
+        raise ValueError(f"policy: multi_input needs a Dict observation space; this env has "
+                         f"{obs_space}")
+    if policy == "mlp" and isinstance(obs_space, spaces.Dict):
+        raise ValueError("policy: mlp cannot read a Dict observation space; use "
+                         "multi_input (or auto)")
+    return policy
 
 
 def make_policy(obs_space: spaces.Space, action_space: spaces.Space, *,
                 hidden: tuple[int, ...] = (64, 64), activation: str = "tanh",
-                ortho_init: bool = True, log_std_init: float = 0.0) -> MLPActorCritic:
-    """Build the MLP actor-critic matching single-env observation and action spaces."""
+                ortho_init: bool = True, log_std_init: float = 0.0, policy: str = "auto",
+                cnn_channels: tuple[int, ...] = (32, 64, 64), features_dim: int = 512,
+                share_features: bool = True) -> MLPActorCritic:
+    """Build the actor-critic matching single-env observation and action spaces: the
+    encoder ``policy`` names (:func:`resolve_policy`; for ``cnn`` and ``multi_input`` one
+    trunk shared by actor and critic unless ``share_features`` is false), then the MLPs."""
+    from .encoders import MultiInputEncoder, NatureCNN
+
     onehot = None
-    if isinstance(obs_space, spaces.Box):
+    encoder = critic_encoder = None
+    kind = resolve_policy(obs_space, policy)
+    if kind in ("cnn", "multi_input"):
+        def build():
+            if kind == "cnn":
+                return NatureCNN(obs_space, tuple(cnn_channels), features_dim)
+            return MultiInputEncoder(obs_space, tuple(cnn_channels))
+        encoder = build()
+        critic_encoder = None if share_features else build()
+        obs_dim = encoder.features_dim
+    elif isinstance(obs_space, spaces.Box):
         obs_dim = int(np.prod(obs_space.shape))
     elif isinstance(obs_space, spaces.Discrete):
         obs_dim = onehot = int(obs_space.n)
     else:
-        raise ValueError(f"observation space {obs_space} is not supported (Box or Discrete)")
+        raise ValueError(f"observation space {obs_space} is not supported (Box, Discrete, "
+                         "or Dict with policy=multi_input)")
     kw = dict(hidden=tuple(hidden), activation=activation, ortho_init=ortho_init,
-              obs_onehot=onehot)
+              obs_onehot=onehot, encoder=encoder, critic_encoder=critic_encoder)
     if isinstance(action_space, spaces.Discrete):
         return MLPActorCritic(obs_dim, "categorical", int(action_space.n), **kw)
     if isinstance(action_space, spaces.Box):
@@ -248,5 +325,8 @@ def make_policy(obs_space: spaces.Space, action_space: spaces.Space, *,
     if isinstance(action_space, spaces.MultiDiscrete):
         nvec = tuple(int(n) for n in np.asarray(action_space.nvec).reshape(-1))
         return MLPActorCritic(obs_dim, "multicategorical", len(nvec), nvec=nvec, **kw)
+    if isinstance(action_space, spaces.MultiBinary):
+        n = int(np.prod(action_space.shape))
+        return MLPActorCritic(obs_dim, "bernoulli", n, **kw)
     raise ValueError(f"action space {action_space} is not supported "
-                     "(Discrete, Box or MultiDiscrete)")
+                     "(Discrete, Box, MultiDiscrete or MultiBinary)")

@@ -1,0 +1,139 @@
+"""Observation encoders: what turns an observation into the feature vector the actor and
+critic MLPs read.
+
+* **Images** (``policy = "cnn"``, or ``auto`` on an image ``Box`` of at least 36×36
+  pixels; smaller images go flattened into the MLP): a ``Box`` with three
+  dimensions is an image when its dtype is uint8, or when it is float with bounds 0 and 1
+  (or 0 and 255). The channel axis is the smallest of the first and last axes (``C×H×W``
+  when ``shape[0] <= shape[-1]``, else ``H×W×C``: 84×84×4 and 4×84×84 are both read
+  right). Pixels are scaled to [0, 1] (divided by 255 for uint8 or 0–255 bounds) and go
+  through the convolutional trunk of the Nature DQN paper — 8×8 stride 4, 4×4 stride 2,
+  3×3 stride 1, with ``cnn_channels`` filters (32, 64, 64), ReLU, then a linear layer to
+  ``features_dim`` (512) and ReLU.
+* **Dictionaries** (``policy = "multi_input"``, or ``auto`` on a ``Dict``): one encoder
+  per key, in sorted key order — the CNN for an image (256 features, as the combined
+  extractor most users know), the flattened values for a vector ``Box``, one-hot for a
+  ``Discrete`` (and each of a ``MultiDiscrete``'s entries), the bits of a ``MultiBinary``
+  — concatenated.
+
+Dictionary observations are stored flat in rollouts (Gymnasium's ``spaces.flatten``: each
+key's values, one-hot for discrete ones, concatenated in sorted key order); the
+multi-input encoder cuts that vector back into its keys, so buffers, normalisation of a
+flat vector and minibatch indexing stay what they are for every other policy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from gymnasium import spaces
+from torch import nn
+
+__all__ = ["is_image_space", "image_layout", "NatureCNN", "MultiInputEncoder",
+           "flat_dict_space", "POLICIES"]
+
+POLICIES = ("auto", "mlp", "cnn", "multi_input")
+MIN_CNN_SIZE = 36  # the smallest height and width the Nature CNN's three kernels fit
+
+
+def is_image_space(space: spaces.Space) -> bool:
+    """A 3-D ``Box`` of uint8 pixels, or of floats bounded by 0 and 1 (or 0 and 255)."""
+    if not isinstance(space, spaces.Box) or len(space.shape) != 3:
+        return False
+    if space.dtype == np.uint8:
+        return True
+    if not np.issubdtype(space.dtype, np.floating):
+        return False
+    lo, hi = np.unique(space.low), np.unique(space.high)
+    return len(lo) == 1 and len(hi) == 1 and lo[0] == 0 and hi[0] in (1.0, 255.0)
+
+
+def image_layout(space: spaces.Box) -> tuple[bool, int, int, int, float]:
+    """``(channels_last, C, H, W, scale)`` of an image space (``scale`` multiplies pixels
+    into [0, 1])."""
+    shape = space.shape
+    last = shape[-1] < shape[0]
+    c, h, w = (shape[2], shape[0], shape[1]) if last else shape
+    scale = 1.0 / 255.0 if space.dtype == np.uint8 or float(np.max(space.high)) > 1 else 1.0
+    return last, int(c), int(h), int(w), scale
+
+
+def _conv_out(n: int, k: int, s: int) -> int:
+    return (n - k) // s + 1
+
+
+class NatureCNN(nn.Module):
+    """The Nature-DQN convolutional trunk on one image space; ``[B, *shape]`` → ``[B,
+    features_dim]``."""
+
+    KERNELS = ((8, 4), (4, 2), (3, 1))
+
+    def __init__(self, space: spaces.Box, channels: tuple[int, ...] = (32, 64, 64),
+                 features_dim: int = 512):
+        super().__init__()
+        self.channels_last, c, h, w, self.scale = image_layout(space)
+        self.shape = tuple(space.shape)
+        layers: list[nn.Module] = []
+        for out, (k, s) in zip(channels, self.KERNELS):
+            h, w = _conv_out(h, k, s), _conv_out(w, k, s)
+            if h < 1 or w < 1:
+                raise ValueError(
+                    f"observation space {space.shape}: images of "
+                    f"{image_layout(space)[2]}x{image_layout(space)[3]} pixels are too small "
+                    "for the Nature CNN (at least 36x36); use policy=mlp")
+            layers += [nn.Conv2d(c, out, k, stride=s), nn.ReLU()]
+            c = out
+        self.conv = nn.Sequential(*layers, nn.Flatten())
+        self.linear = nn.Sequential(nn.Linear(c * h * w, features_dim), nn.ReLU())
+        self.features_dim = features_dim
+        for m in self.modules():
+            if isinstance(m, (nn.Conv2d, nn.Linear)):
+                nn.init.orthogonal_(m.weight, np.sqrt(2))
+                nn.init.zeros_(m.bias)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = obs.reshape(obs.shape[0], *self.shape).float() * self.scale
+        if self.channels_last:
+            x = x.permute(0, 3, 1, 2)
+        return self.linear(self.conv(x))
+
+
+def flat_dict_space(space: spaces.Dict) -> spaces.Box:
+    """The ``Box`` a ``Dict`` observation is stored as (``spaces.flatten_space``)."""
+    return spaces.flatten_space(space)
+
+
+class MultiInputEncoder(nn.Module):
+    """Per-key encoders of a ``Dict`` space over its flattened vector (module doc)."""
+
+    def __init__(self, space: spaces.Dict, channels: tuple[int, ...] = (32, 64, 64),
+                 image_features: int = 256):
+        super().__init__()
+        self.parts: list[tuple[str, int, int, str]] = []  # key, start, size, kind
+        self.cnns = nn.ModuleDict()
+        start, dim = 0, 0
+        for key in sorted(space.spaces):
+            sub = space.spaces[key]
+            size = int(spaces.flatdim(sub))
+            if is_image_space(sub):
+                self.cnns[key] = NatureCNN(sub, channels, image_features)
+                kind, out = "image", image_features
+            elif isinstance(sub, (spaces.Box, spaces.Discrete, spaces.MultiDiscrete,
+                                  spaces.MultiBinary)):
+                kind, out = "flat", size  # flatten: values, one-hot, bits
+            else:
+                raise ValueError(f"observation space: key {key!r} is {sub}; supported: "
+                                 "Box (vector or image), Discrete, MultiDiscrete, MultiBinary")
+            self.parts.append((key, start, size, kind))
+            start += size
+            dim += out
+        self.in_dim = start
+        self.features_dim = dim
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = obs.reshape(obs.shape[0], -1).float()
+        feats = []
+        for key, start, size, kind in self.parts:
+            part = x[:, start:start + size]
+            feats.append(self.cnns[key](part) if kind == "image" else part)
+        return torch.cat(feats, -1)
