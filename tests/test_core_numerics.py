@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from ppokit import core
@@ -47,6 +47,9 @@ def equal_groups(draw):
     else:
         vals = rng.normal(0.0, 3.0, size=p)
     scores = torch.tensor(np.repeat((vals * scale)[:, None], g, 1)).to(dtype)
+    # finite in the drawn dtype (float16 overflows near 6.5e4: such scores are not input
+    # the estimators accept)
+    assume(bool(torch.isfinite(scores).all()))
     return scores, g
 
 
