@@ -6,8 +6,9 @@ Each configuration is ``ppokit llm train`` on the built-in task with the same se
 the same global batch (the preset's prompts_per_iter × samples_per_prompt), run
 ``--repeats`` times, alternating, every process with one torch thread. Per-iteration
 seconds are read from the run's metrics.jsonl (rank 0's clock; the first two iterations
-are left out as warm-up): generation, scoring (rewards and the frozen forward passes),
-training (labels, the gathering of the batch and the update), and the total. The ratios
+are left out as warm-up): generation, scoring (rewards, the frozen forward passes, the
+gathering of the batch across ranks and the labels), training (the update), and the
+total. The ratios
 are 1 process ÷ N ranks (above 1: the ranks are faster).
 """
 
