@@ -20,24 +20,30 @@ def int_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
 
 
-def read_toml(path: str, table: str) -> dict:
-    """The values of a TOML file: its ``[table]`` when it has one, else the top level.
-    Every way the file can be unreadable is a :class:`UsageError` naming ``--config``."""
+def load_toml(path: str, flag: str = "--config") -> dict:
+    """A TOML file's whole content; every way it can be unreadable is a one-line
+    :class:`UsageError` naming ``flag`` and the file."""
     import tomllib
 
     try:
         with open(path, "rb") as fh:
-            data = tomllib.load(fh)
+            return tomllib.load(fh)
     except FileNotFoundError:
-        raise UsageError(f"--config: no such file {path!r}") from None
+        raise UsageError(f"{flag}: no such file {path!r}") from None
     except IsADirectoryError:
-        raise UsageError(f"--config: {path!r} is a directory, expected a TOML file") from None
+        raise UsageError(f"{flag}: {path!r} is a directory, expected a TOML file") from None
     except OSError as exc:
-        raise UsageError(f"--config: cannot read {path!r} ({exc.strerror})") from None
+        raise UsageError(f"{flag}: cannot read {path!r} ({exc.strerror})") from None
     except UnicodeDecodeError:
-        raise UsageError(f"--config: {path!r} is not UTF-8 text") from None
+        raise UsageError(f"{flag}: {path!r} is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"--config: {path}: {exc}") from None
+        raise UsageError(f"{flag}: {path}: {exc}") from None
+
+
+def read_toml(path: str, table: str) -> dict:
+    """The values of a TOML file: its ``[table]`` when it has one, else the top level.
+    Every way the file can be unreadable is a :class:`UsageError` naming ``--config``."""
+    data = load_toml(path, "--config")
     section = data.get(table, data)
     if not isinstance(section, dict):
         raise UsageError(f"--config: {path}: {table!r} must be a table, got "

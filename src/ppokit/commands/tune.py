@@ -109,23 +109,10 @@ def _num(v) -> bool:
 def read_search(path: str) -> SearchSpace:
     """Parse and check a search file; every problem is one :class:`UsageError` line naming
     the file, the table and the key."""
-    import tomllib
-
     from ppokit.algos.config import TrainConfig, _unknown_key, valid_keys
+    from ppokit.cliutil import load_toml
 
-    try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
-    except FileNotFoundError:
-        raise UsageError(f"--search: no such file {path!r}") from None
-    except IsADirectoryError:
-        raise UsageError(f"--search: {path!r} is a directory, expected a TOML file") from None
-    except OSError as exc:
-        raise UsageError(f"--search: cannot read {path!r} ({exc.strerror})") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"--search: {path!r} is not UTF-8 text") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"--search: {path}: {exc}") from None
+    data = load_toml(path, "--search")
     where = f"--search {path}"
     extra = sorted(set(data) - {"search", "fixed", "tune"})
     if extra:

@@ -116,6 +116,35 @@ class Collector:
         return self._sampler
 
     # ------------------------------------------------------------------ collection
+    @staticmethod
+    def _two_masks(te: np.ndarray, tr: np.ndarray, r: np.ndarray, pending: np.ndarray,
+                   next_step: bool) -> tuple:
+        """One vector step's ``(terminated, episode_end, reward, valid, pending,
+        real_end)``. ``SAME_STEP``: every step is valid and an episode ends where it says.
+        ``NEXT_STEP``: the step after an episode's end is the reset's dummy step (``valid``
+        false, reward 0, marked terminated and ended so nothing flows across it);
+        ``pending`` carries "the next step is a dummy" and ``real_end`` marks the steps
+        where an episode really finished. ``valid`` is ``None`` in ``SAME_STEP``."""
+        done = te | tr
+        if not next_step:
+            return te, done, r, None, pending, done
+        ok = ~pending
+        te, done = te | pending, done | pending
+        pending = done & ok
+        return te, done, np.where(ok, r, 0.0), ok, pending, pending
+
+    def _count_episodes(self, r: np.ndarray, ok: np.ndarray | None,
+                        real_end: np.ndarray) -> None:
+        """Add a step's raw rewards to the running episode returns and lengths (dummy
+        steps do not count) and move the finished episodes to ``finished``."""
+        self.ep_return += r
+        self.ep_length += 1 if ok is None else ok
+        if real_end.any():
+            for i in np.flatnonzero(real_end):
+                self.finished.append((float(self.ep_return[i]), int(self.ep_length[i])))
+            self.ep_return[real_end] = 0.0
+            self.ep_length[real_end] = 0
+
     def collect(self, n_steps: int) -> Rollout:
         """Run ``n_steps`` vector steps and return the (not yet finalised) rollout."""
         if self.obs is None:
@@ -143,7 +172,6 @@ class Collector:
             logp_buf = np.empty((n_steps, n), np.float32)
             val_buf = np.zeros((n_steps, n), np.float32)
         pending = self.pending
-        ep_return, ep_length = self.ep_return, self.ep_length
         with torch.inference_mode():
             for t in range(n_steps):
                 obs_buf[t] = o
@@ -159,28 +187,13 @@ class Collector:
                 if self.box:
                     a = np.clip(act_buf[t], self.low, self.high)
                 raw, r, te, tr, info = self.env.step(a)
-                done = te | tr
-                if next_step:
-                    ok = ~pending
+                te, done, r, ok, pending, real_end = self._two_masks(te, tr, r, pending,
+                                                                     next_step)
+                if ok is not None:
                     valid[t] = ok
-                    te = te | pending
-                    done = done | pending
-                    r = np.where(ok, r, 0.0)
-                    pending = done & ok
-                    ep_length += ok
-                    real_end = pending
-                else:
-                    ok = None
-                    ep_length += 1
-                    real_end = done
                 term[t] = te
                 end[t] = done
-                ep_return += r
-                if real_end.any():
-                    for i in np.flatnonzero(real_end):
-                        self.finished.append((float(ep_return[i]), int(ep_length[i])))
-                    ep_return[real_end] = 0.0
-                    ep_length[real_end] = 0
+                self._count_episodes(r, ok, real_end)
                 rew[t] = r if scaler is None else scaler(r, real_end, ok)
                 if not next_step and tr.any():
                     trunc = tr & ~te

@@ -147,7 +147,6 @@ class RecurrentCollector(Collector):
         pending = self.pending
         starts = self.starts
         state = self.state
-        ep_return, ep_length = self.ep_return, self.ep_length
         with torch.inference_mode():
             for t in range(n_steps):
                 obs_buf[t] = o
@@ -165,30 +164,17 @@ class RecurrentCollector(Collector):
                 if self.box:
                     a = np.clip(act_buf[t], self.low, self.high)
                 raw, r, te, tr, info = self.env.step(a)
-                done = te | tr
-                if next_step:
-                    ok = ~pending
+                # NEXT_STEP: the dummy step returned the reset observation, so the new
+                # episode's state starts where the old ``pending`` was set
+                was_pending = pending
+                te, done, r, ok, pending, real_end = self._two_masks(te, tr, r, pending,
+                                                                     next_step)
+                starts = was_pending if next_step else done
+                if ok is not None:
                     valid[t] = ok
-                    te = te | pending
-                    starts = pending  # the dummy step returned the reset observation
-                    done = done | pending
-                    r = np.where(ok, r, 0.0)
-                    pending = done & ok
-                    ep_length += ok
-                    real_end = pending
-                else:
-                    ok = None
-                    ep_length += 1
-                    real_end = done
-                    starts = done
                 term[t] = te
                 end[t] = done
-                ep_return += r
-                if real_end.any():
-                    for i in np.flatnonzero(real_end):
-                        self.finished.append((float(ep_return[i]), int(ep_length[i])))
-                    ep_return[real_end] = 0.0
-                    ep_length[real_end] = 0
+                self._count_episodes(r, ok, real_end)
                 rew[t] = r if scaler is None else scaler(r, real_end, ok)
                 if not next_step and tr.any() and self.use_critic:
                     trunc = tr & ~te
