@@ -99,3 +99,23 @@ def train_and_resume(rank: int, world: int, port: int, work: str) -> None:
         torch.save(params, work / "straight_params.pt")
     tr.close()
     dp.barrier()
+
+
+def different_starts(rank: int, world: int, port: int, work: str) -> None:
+    """Each rank hands the trainer a different starting model: after set-up every rank's
+    policy and reference are rank 0's."""
+    from ppokit.llm.models import build_char_tokenizer, build_tiny_model
+    from ppokit.llm.trainer import LLMConfig, TokenTrainer
+
+    dp = _join(rank, world, port)
+    tok = build_char_tokenizer()
+    tr = TokenTrainer(LLMConfig(algo="grpo", prompts_per_iter=4, iterations=1),
+                      str(Path(work) / "run"), policy=build_tiny_model(tok, seed=rank),
+                      tokenizer=tok, log=lambda *a: None, dp=dp)
+    sums = [float(sum(p.double().sum() for p in m.parameters()))
+            for m in (tr.policy, tr.reference)]
+    got = dp.gather_objects(sums)
+    if rank == 0:
+        torch.save(got, Path(work) / "sums.pt")
+    tr.close()
+    dp.barrier()

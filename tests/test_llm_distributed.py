@@ -216,3 +216,11 @@ def test_nproc_launches_torchrun(tmp_path):
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().split("\n") if x]
     assert [r["ranks"] for r in rows] == [2, 2]
     assert (run / "eval.json").is_file() and (run / "policy").is_dir()
+
+
+def test_ranks_start_from_rank_0s_policy_and_reference(tmp_path):
+    """Ranks that built different starting models (another machine's arithmetic, an
+    unseeded model) still train one policy against one reference: rank 0's."""
+    _spawn(_dist_worker.different_starts, tmp_path)
+    (p0, r0), (p1, r1) = torch.load(tmp_path / "sums.pt")
+    assert p0 == p1 and r0 == r1 and p0 == r0

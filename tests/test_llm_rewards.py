@@ -364,3 +364,20 @@ def test_train_api_refuses_bad_arguments_in_one_line(tmp_path, monkeypatch, kw, 
                   log=lambda *a: None, **kw)
     assert len(str(e.value).splitlines()) == 1
     assert not os.path.exists(tmp_path / "runs")
+
+
+def test_unreadable_prompt_files_are_one_line_errors(tmp_path):
+    (tmp_path / "extra.csv").write_text("prompt,answer\nhi,1,surplus\n")
+    with pytest.raises(UsageError, match="row 0 has a value without a column name"):
+        load_rows(str(tmp_path / "extra.csv"))
+    (tmp_path / "latin.jsonl").write_bytes('{"prompt": "caf\xe9"}\n'.encode("latin-1"))
+    with pytest.raises(UsageError, match="is not UTF-8 text"):
+        load_rows(str(tmp_path / "latin.jsonl"))
+
+
+def test_a_reward_model_beside_python_reward_functions_is_refused():
+    from ppokit.llm.trainer import LLMConfig, reward_set
+
+    with pytest.raises(UsageError, match="reward_model: give it in reward_funcs"):
+        reward_set(LLMConfig(reward_model="somewhere"), reward_fn=lambda completions,
+                   **kw: [0.0] * len(completions))

@@ -194,3 +194,46 @@ def test_predict_takes_dict_observations(tmp_path):
     with pytest.raises(UsageError, match="observation: expected a dict with the keys"):
         agent.predict({"goal": 1})
     agent.close()
+
+
+def test_dict_keys_in_any_order_are_read_in_one_order(tmp_path):
+    """A Dict space built with its keys out of order: observations, final observations
+    and predict all lay the keys out in sorted order, the encoder's."""
+    from collections import OrderedDict
+
+    from ppokit.envs import make_vec
+
+    class Unordered(DictGoal):
+        def __init__(self):
+            super().__init__()
+            s = self.observation_space.spaces
+            self.observation_space = spaces.Dict(OrderedDict(
+                [("noise", s["noise"]), ("img", s["img"]), ("goal", s["goal"])]))
+
+    assert list(Unordered().observation_space.spaces) == ["noise", "img", "goal"]
+    env = make_vec(lambda: Unordered(), 2, vectorization="sync")
+    d = env.single_observation_space.dict_space
+    assert list(d.spaces) == ["goal", "img", "noise"]
+    o, _ = env.reset(seed=0)
+    for _ in range(8):
+        o, _, te, _, info = env.step(np.array([0, 0]))
+    assert te.all()
+    first = info["final_obs"][0]
+    goal = first[:3]  # sorted: the goal's one-hot comes first
+    assert goal.sum() == 1.0 and set(np.unique(goal)) <= {0.0, 1.0}
+    env.close()
+    agent = ppokit.train(lambda: Unordered(), total_steps=512, run_dir=tmp_path / "r",
+                         **FAST)
+    raw, _ = Unordered().reset(seed=1)
+    flat = gym.spaces.flatten(d, raw).astype(np.float32)
+    a, _ = agent.predict(raw)
+    want = agent.policy.deterministic_action(torch.as_tensor(flat[None]))
+    assert int(a) == int(want[0])
+    agent.close()
+
+
+def test_normalize_obs_is_refused_in_front_of_an_encoder(tmp_path):
+    with pytest.raises(UsageError, match="normalize_obs: the observation encoder"):
+        ppokit.train(lambda: ImageChoice(), total_steps=512, run_dir=tmp_path / "r",
+                     normalize_obs=True, **FAST)
+    assert not (tmp_path / "r").exists()

@@ -118,3 +118,15 @@ def test_a_damaged_id_file_starts_a_new_wandb_run(monkeypatch, tmp_path, capsys)
     new_id = inits[-1]["id"]
     assert new_id != "../../elsewhere" and new_id.isalnum()
     assert (rd / "wandb_id").read_text().strip() == new_id
+
+
+def test_a_wandb_that_cannot_start_is_a_one_line_error(monkeypatch, tmp_path, capsys):
+    def no_login(**kw):
+        raise RuntimeError("api_key not configured (no-tty)\nmore lines")
+
+    monkeypatch.setattr(wandb, "init", no_login)
+    rd = tmp_path / "run"
+    assert main([*TRAIN, "--track", "wandb", "--run-dir", str(rd)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "track: W&B could not start a run" in err[0]
+    assert "WANDB_MODE=offline" in err[0] and not rd.exists()

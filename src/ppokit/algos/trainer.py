@@ -226,6 +226,11 @@ class Trainer:
                                            eps=c.optimizer_eps, foreach=True)
         self.sample_gen = torch.Generator().manual_seed(c.seed * 2 + 1)
         self.shuffle_gen = torch.Generator().manual_seed(c.seed * 2 + 2)
+        if c.normalize_obs and getattr(self.policy, "encoder", None) is not None:
+            raise UsageError("normalize_obs: the observation encoder (cnn / multi_input) "
+                             "scales its inputs itself (pixels to [0, 1]); a running "
+                             "normalisation in front of it would distort them: set "
+                             "normalize_obs=false")
         self.obs_norm = (ObsNormalizer(obs_space.shape, c.clip_obs) if c.normalize_obs
                          else None)
         self.reward_scaler = (RewardScaler(c.n_envs, c.gamma, c.clip_reward)

@@ -4,8 +4,10 @@ A task runs ``ppokit train`` in the Ray worker's own process, into a temporary d
 the node it was placed on, and returns the exit status, the command's output and the run
 directory packed as a tar archive (metrics, configuration, evaluation, plot, checkpoints;
 a few hundred KiB for the MLP policies). The driver unpacks it where a local run would
-have written it, so the summary and the plot are made exactly as for local runs, and no
-file system has to be shared between the nodes of a cluster.
+have written it, so the summary and the plot are made exactly as for local runs. The run
+directories need no shared file system; what the command line names is read where the task
+runs, so a ``--config FILE`` or a ``--env module:Id`` must exist on every node (the same
+path, the same module).
 
 Unpacking accepts regular files and directories only, inside the destination (no links,
 devices or absolute paths); nothing in an archive is ever imported or executed.
@@ -72,4 +74,11 @@ def unpack_run(data: bytes, dest: str | Path) -> None:
                     or (target != root and root not in target.parents):
                 raise UsageError(f"run archive: refusing member {m.name!r}")
             members.append(m)
-        tar.extractall(root, members=members, filter="data")
+        unpacked = sum(m.size for m in members if m.isfile())
+        if unpacked > MAX_ARCHIVE:  # compressed size alone does not bound this
+            raise UsageError(f"run archive: {unpacked} bytes unpacked, more than "
+                             f"{MAX_ARCHIVE}")
+        if hasattr(tarfile, "data_filter"):  # Python 3.10.12 / 3.11.4 and later
+            tar.extractall(root, members=members, filter="data")
+        else:  # the members were checked above: regular files and directories inside root
+            tar.extractall(root, members=members)

@@ -130,6 +130,12 @@ class DataParallel:
         self._d.all_gather_object(out, obj)
         return out
 
+    def gather_to_main(self, obj) -> list | None:
+        """Every rank's ``obj`` in rank order on rank 0 (``None`` on the others)."""
+        out = [None] * self.world if self.rank == 0 else None
+        self._d.gather_object(obj, out, dst=0)
+        return out
+
     def all_gather_rows(self, t: Tensor) -> Tensor:
         """Concatenate every rank's ``t`` along the first dimension (rank order); the other
         dimensions must agree."""

@@ -107,7 +107,10 @@ class FlattenDictObs(gym.vector.VectorWrapper):
 
     def __init__(self, env: VectorEnv):
         super().__init__(env)
-        self.dict_space = env.single_observation_space
+        given = env.single_observation_space
+        # one key order everywhere (sorted, as the multi-input encoder reads them), even
+        # for a Dict built with another order
+        self.dict_space = gym.spaces.Dict({k: given.spaces[k] for k in sorted(given.spaces)})
         flat = gym.spaces.flatten_space(self.dict_space)
         flat.dict_space = self.dict_space
         self.single_observation_space = flat

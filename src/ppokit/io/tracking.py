@@ -57,9 +57,15 @@ class WandbTracker:
             # from os.urandom: the training RNG streams are not touched
             run_id = "".join(secrets.choice(_ALPHABET) for _ in range(8))
             atomic_write_text(self.run_dir / ID_FILE, run_id + "\n")
-        self.run = wandb.init(project=project, dir=str(self.run_dir), id=run_id,
-                              name=self.run_dir.name, config=config, resume="allow",
-                              reinit="create_new")
+        try:
+            self.run = wandb.init(project=project, dir=str(self.run_dir), id=run_id,
+                                  name=self.run_dir.name, config=config, resume="allow",
+                                  reinit="create_new")
+        except Exception as exc:  # no login, no network, a W&B server error, ...
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise UsageError(f"track: W&B could not start a run ({type(exc).__name__}: "
+                             f"{first[:200]}); log in with `wandb login`, or set "
+                             "WANDB_MODE=offline to log without an account") from None
         self.id = run_id
 
     def _stored_id(self, log: Callable[[str], None]) -> str | None:

@@ -318,6 +318,10 @@ def _train_ranks(args, dp) -> int:
               f"length {last['response_length_mean']:.2f}  "
               f"({time.perf_counter() - t0:.1f} s)")
     if not args.no_eval:
+        if cfg.prompts is not None and not getattr(tr, "eval_rows", True):
+            print("no held-out evaluation: no prompts were held out (eval_fraction=0 and no "
+                  "eval prompts)", file=sys.stderr)
+            return 0
         _print_eval(evaluate_lm_run(run_dir, reward=cfg.reward, reward_model=cfg.reward_model,
                                  log=lambda m: print(m, file=sys.stderr)))
     return 0

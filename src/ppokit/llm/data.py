@@ -64,6 +64,9 @@ def check_rows(rows: list, what: str) -> list[dict]:
         if not isinstance(r, dict):
             raise UsageError(f"{what}: row {i} is a {type(r).__name__}, expected a dict with "
                              "a 'prompt' key")
+        if not all(isinstance(k, str) for k in r):
+            raise UsageError(f"{what}: row {i} has a value without a column name (a CSV row "
+                             "with more fields than the header?)")
         if "prompt" not in r:
             raise UsageError(f"{what}: row {i} has no 'prompt' column (columns: "
                              f"{', '.join(map(str, r)) or 'none'})")
@@ -94,8 +97,13 @@ def _read_path(path: str, what: str) -> list[dict]:
     ext = os.path.splitext(path)[1].lower()
     if ext == ".parquet":
         return _read_parquet(path, what)
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError:
+        raise UsageError(f"{what}: {path} is not UTF-8 text") from None
+    except OSError as exc:
+        raise UsageError(f"{what}: cannot read {path} ({exc.strerror})") from None
     if ext == ".csv":
         return [dict(r) for r in csv.DictReader(text.splitlines())]
     if ext == ".json" and text.lstrip().startswith("["):

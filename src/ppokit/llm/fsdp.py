@@ -18,8 +18,9 @@ change — N ranks still compute the update one process computes on the global b
   models, and each rank's own optimiser shard, so resuming needs the same number of ranks
   and the exported ``policy/`` is a plain Hugging Face directory.
 
-On CPU (gloo) this runs at the small scale of the tests; it is meant for GPUs (NCCL), where
-a model that does not fit one device fits N.
+It runs on the CPU with gloo, like the rest of the token trainer (the scale of the tests);
+the point of sharding — a model that does not fit one device fits N — pays on GPUs, which
+the token trainer does not use yet.
 """
 
 from __future__ import annotations

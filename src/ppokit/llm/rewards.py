@@ -291,6 +291,9 @@ class RewardModelScorer:
         from .rm import reward_forward
         from .sft import encode_pairs
 
+        if any(not isinstance(x, str) for x in (*prompts, *completions)):
+            raise UsageError("reward_model: scores plain-text prompts and completions; "
+                             "conversational (chat) prompts need a reward function")
         out = []
         for i in range(0, len(prompts), self.batch_size):
             ids, attn, _ = encode_pairs(self.tokenizer, prompts[i:i + self.batch_size],

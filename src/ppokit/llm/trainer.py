@@ -224,7 +224,10 @@ class TokenTrainer:
         if self.critic is not None:
             self.critic.eval()
         if self.dp is not None:  # every rank starts from rank 0's weights
-            self.dp.broadcast_([p.data for p in self.trained_parameters()])
+            # the reference too: ranks may have built their starting models differently
+            # (a warm start's arithmetic on another machine, an unseeded model)
+            self.dp.broadcast_([p.data for p in self.trained_parameters()]
+                               + [p.data for p in self.reference.parameters()])
         self.fsdp = bool(cfg.fsdp)
         if self.fsdp:
             self._shard_models(resume)
@@ -616,7 +619,7 @@ class TokenTrainer:
 
             policy_sd = full_state_dict(self.policy)
             critic_sd = full_state_dict(self.critic) if self.critic is not None else None
-            opt_shards = self.dp.gather_objects(
+            opt_shards = self.dp.gather_to_main(  # only rank 0 holds them all
                 optimizer_to_flat(local_optimizer_state(self.opt)))
         else:
             policy_sd = dict(self.policy.state_dict())
@@ -732,6 +735,9 @@ def reward_set(cfg: LLMConfig, reward_fn=None, task=None, log=print):
 
     weights = cfg.reward_weights
     if reward_fn is not None:
+        if cfg.reward_model:
+            raise UsageError("reward_model: give it in reward_funcs (a directory there is a "
+                             "reward model) together with your functions, not beside them")
         entries = list(reward_fn) if isinstance(reward_fn, (list, tuple)) else [reward_fn]
     else:
         entries = reward_entries(cfg.reward)
