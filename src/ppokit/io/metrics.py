@@ -39,7 +39,9 @@ def read_metrics(path: str | Path, skipped: list[int] | None = None) -> list[dic
     device is refused (:class:`ppokit.errors.UsageError`).
     """
     path = Path(path)
-    if path.is_dir():
+    if not path.is_dir() and not os.path.lexists(path):
+        return []  # (a run directory not created yet)
+    if path.is_dir():  # checked again: the directory may have appeared meanwhile
         path = path / "metrics.jsonl"
     if not os.path.lexists(path):
         return []
