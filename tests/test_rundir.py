@@ -397,3 +397,20 @@ def test_run_dir_that_is_a_file_or_cannot_be_created(tmp_path, capsys, target):
     err = capsys.readouterr().err.strip()
     assert "--run-dir" in err and len(err.splitlines()) == 1 and "Traceback" not in err
     assert _snapshot(tmp_path) == before
+
+
+def test_parent_run_dir_of_seeds_and_searches(tmp_path, capsys):
+    """--seeds and ppokit tune share one rule for the directory holding their runs."""
+    from ppokit.cli import main
+    from ppokit.io.rundir import parent_run_dir
+
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UsageError, match="file exists and is not a directory"):
+        parent_run_dir(str(tmp_path / "file"), "x", lambda r: None)
+    with pytest.raises(UsageError, match="--run-dir: busy; choose another directory"):
+        parent_run_dir(str(tmp_path / "new"), "x", lambda r: "busy")
+    assert parent_run_dir(str(tmp_path / "new"), "x", lambda r: None).is_dir()
+    (tmp_path / "seeds" / "s1").mkdir(parents=True)
+    (tmp_path / "seeds" / "s1" / "config.json").write_text("{}")
+    assert main(["train", "--seeds", "0-1", "--run-dir", str(tmp_path / "seeds")]) == 2
+    assert "s1 already holds a run; choose another directory" in capsys.readouterr().err

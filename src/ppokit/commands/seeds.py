@@ -82,23 +82,13 @@ def run_seeds(args: argparse.Namespace) -> int:
     from ppokit.envs.source import import_env_module
 
     import_env_module(cfg.env_id, "--env")  # named on the command line: fails here, once
-    from ppokit.io.rundir import RunLock, holds_run, unique_run_dir
+    from ppokit.io.rundir import RunLock, holds_run, parent_run_dir
 
-    if args.run_dir:
-        root = Path(args.run_dir)
-        if os.path.lexists(root) and not root.is_dir():
-            raise UsageError(f"--run-dir: {root} exists and is not a directory")
-        for s in seeds:
-            d = root / f"s{s}"
-            if holds_run(d):
-                raise UsageError(f"--run-dir: {d} already holds a run; choose another "
-                                 "directory")
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise UsageError(f"--run-dir: cannot create {root} ({exc.strerror})") from None
-    else:
-        root = unique_run_dir("runs", f"{cfg.env_id}-{cfg.algo}-seeds")
+    def taken(root: Path) -> str | None:
+        held = [root / f"s{s}" for s in seeds if holds_run(root / f"s{s}")]
+        return f"{held[0]} already holds a run" if held else None
+
+    root = parent_run_dir(args.run_dir, f"{cfg.env_id}-{cfg.algo}-seeds", taken)
     root_lock = RunLock(root, "train --seeds")  # summary.json and the plot are ours
     cli_args = ["--no-progress", "--eval-episodes", str(args.eval_episodes)]
     for flag, val in (("--env", args.env_id), ("--algo", args.algo),

@@ -452,7 +452,6 @@ def _plot(path: Path, rows: list[dict], space: SearchSpace, title: str) -> Path 
 # ------------------------------------------------------------------------------ command
 
 def run(args: argparse.Namespace) -> int:
-    import os
 
     from ppokit.algos import resolve_config
 
@@ -488,23 +487,16 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{where} [fixed] / --set: {exc}") from None
     _check_values(space, base, where)
     from ppokit.envs.source import import_env_module
-    from ppokit.io.rundir import RunLock, holds_run, unique_run_dir
+    from ppokit.io.rundir import RunLock, holds_run, parent_run_dir
 
     import_env_module(cfg0.env_id, "--env")
     env_named = cfg0.env_id if ":" in cfg0.env_id else None
-    if args.run_dir:
-        root = Path(args.run_dir)
-        if os.path.lexists(root) and not root.is_dir():
-            raise UsageError(f"--run-dir: {root} exists and is not a directory")
+    def taken(root: Path) -> str | None:
         if (root / "trials.csv").exists() or holds_run(root):
-            raise UsageError(f"--run-dir: {root} already holds a search or a run; choose "
-                             "another directory")
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise UsageError(f"--run-dir: cannot create {root} ({exc.strerror})") from None
-    else:
-        root = unique_run_dir("runs", f"{cfg0.env_id}-{cfg0.algo}-tune")
+            return f"{root} already holds a search or a run"
+        return None
+
+    root = parent_run_dir(args.run_dir, f"{cfg0.env_id}-{cfg0.algo}-tune", taken)
     lock = RunLock(root, "tune")
     ray = None
     if args.backend == "ray":

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from ppokit.errors import UsageError
 
-__all__ = ["RunLock", "RunDir", "unique_run_dir", "check_tree", "holds_run",
-           "RESUME_HINT"]
+__all__ = ["RunLock", "RunDir", "unique_run_dir", "parent_run_dir", "check_tree",
+           "holds_run", "RESUME_HINT"]
 
 LOCK_NAME = ".lock"
 RESUME_HINT = {"env": "ppokit train --resume {run_dir}",
@@ -105,6 +105,25 @@ def unique_run_dir(parent: str | os.PathLike, name: str) -> Path:
         except FileExistsError:
             continue
     raise UsageError(f"--run-dir: could not find a free name under {parent}")
+
+
+def parent_run_dir(given: str | None, default_name: str, taken) -> Path:
+    """The directory that holds several runs (``--seeds``, ``ppokit tune``): ``given``
+    (``--run-dir``), created if missing, refused when it is not a directory or when
+    ``taken(root)`` names what it already holds; else a new ``runs/default_name-<time>``."""
+    if not given:
+        return unique_run_dir("runs", default_name)
+    root = Path(given)
+    if os.path.lexists(root) and not root.is_dir():
+        raise UsageError(f"--run-dir: {root} exists and is not a directory")
+    held = taken(root)
+    if held:
+        raise UsageError(f"--run-dir: {held}; choose another directory")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--run-dir: cannot create {root} ({exc.strerror})") from None
+    return root
 
 
 class RunDir:
