@@ -52,6 +52,7 @@ import torch
 
 from ppokit.core import AdaptiveKLController, explained_variance
 from ppokit.engine import LabelledBatch, UpdateSpec, eager_minibatch_step, run_update
+from ppokit.engine.allocator import keep_freed_memory
 from ppokit.engine.flat import FlatParameters
 from ppokit.engine.fused import FusedStep, policy_forward, supports
 from ppokit.envs import (
@@ -186,6 +187,7 @@ class Trainer:
 
     def _setup(self, c: TrainConfig) -> None:
         check_tracker(c.track)
+        keep_freed_memory()  # engine/allocator.py: no kernel round trip per activation
         if c.torch_threads:
             torch.set_num_threads(c.torch_threads)
         random.seed(c.seed)
