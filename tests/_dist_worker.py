@@ -35,7 +35,8 @@ def local_rows(roll, rank: int, world: int):
     last = p + (int(resp.max()) + 1 if len(resp) else 1)
     cols = slice(first, last)
     return TokenRollout(sub.input_ids[:, cols], sub.attention_mask[:, cols],
-                        sub.action_mask[:, cols], p - first, sub.truncated, sub.response_ids)
+                        sub.action_mask[:, cols], p - first, sub.truncated, sub.response_ids,
+                        None if sub.logp is None else sub.logp[:, cols])
 
 
 def one_update(rank: int, world: int, port: int, work: str) -> None:

@@ -40,11 +40,27 @@ def _rollout_and_labels(tr):
 
 @pytest.mark.parametrize("critic", ["separate", "shared"])
 def test_old_logprobs_equal_a_fresh_forward_at_update_start(tmp_path, tok, critic):
-    tr = _trainer(tmp_path, tok, critic=critic)
+    tr = _trainer(tmp_path, tok, critic=critic, old_logprobs="recompute")
     roll, lab = _rollout_and_labels(tr)
     stats = _first_step_stats(tr, roll, lab)
     assert stats["ratio_min"] == 1.0 and stats["ratio_max"] == 1.0
     assert stats["approx_kl"] == 0.0 and stats["clipfrac"] == 0.0
+
+
+def test_sampler_logprobs_are_the_old_logprobs_to_rounding(tmp_path, tok):
+    """The default: the sampler's own log-probs (no second forward pass) are what the
+    update starts from; the first step's ratio is 1 to float rounding."""
+    tr = _trainer(tmp_path, tok)
+    assert tr.cfg.old_logprobs == "sampler"
+    roll, lab = _rollout_and_labels(tr)
+    assert roll.logp is not None and torch.equal(lab.old_logp, roll.logp)
+    fresh = sequence_logprobs(tr.policy, roll.input_ids, roll.attention_mask)["logp"]
+    am = roll.action_mask
+    assert (lab.old_logp - fresh)[am].abs().max() < 1e-5
+    assert (lab.old_logp[~am] == 0).all()
+    stats = _first_step_stats(tr, roll, lab)
+    assert abs(stats["ratio_min"] - 1) < 1e-5 and abs(stats["ratio_max"] - 1) < 1e-5
+    assert abs(stats["approx_kl"]) < 1e-9 and stats["clipfrac"] == 0.0
 
 
 class _NoStep:
@@ -76,10 +92,14 @@ def _first_step_stats(tr, roll, lab, **spec_changes):
 
 
 def test_reference_kl_is_exactly_zero_when_policy_equals_reference(tmp_path, tok):
-    tr = _trainer(tmp_path, tok, kl_coef=0.1)
+    tr = _trainer(tmp_path, tok, kl_coef=0.1, old_logprobs="recompute")
     roll, lab = _rollout_and_labels(tr)
     assert (lab.kl_tokens == 0).all()
     assert lab.stats["kl_ref"] == 0.0 and lab.stats["non_score_reward"] == 0.0
+    # with the sampler's log-probs (the default) it is zero to float rounding
+    tr = _trainer(tmp_path, tok, name="sampler", kl_coef=0.1)
+    roll, lab = _rollout_and_labels(tr)
+    assert lab.kl_tokens.abs().max() < 1e-5 and abs(lab.stats["kl_ref"]) < 1e-5
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
@@ -221,7 +241,8 @@ def test_prompts_file_with_a_reward_callable_and_adaptive_beta(tmp_path, tok):
     tr = _trainer(tmp_path, tok, prompts=str(pf), reward="ppokit.llm.task:reverse_score",
                   kl_target=0.01, kl_coef=0.1, prompts_per_iter=4, iterations=2)
     recs = tr.train(progress=False)
-    assert recs[0]["beta"] == 0.1 and recs[0]["kl_ref"] == 0.0
+    # the sampler's log-probs against the reference's forward pass: 0 to rounding
+    assert recs[0]["beta"] == 0.1 and abs(recs[0]["kl_ref"]) < 1e-5
     assert recs[1]["beta"] == pytest.approx(0.05)  # KL 0 < target / 1.5: beta halved
     assert tr.eval_rows == [{"prompt": "78>"}]  # eval_fraction 0.1 of 8 rows: the last one
     assert {"prompt": "78>"} not in tr.train_rows
@@ -239,7 +260,8 @@ def test_lora_policy_trains_adapters_only_and_exports_a_plain_model(tmp_path, to
     base = {k: v.clone() for k, v in tr.reference.state_dict().items()}
     roll, lab = _rollout_and_labels(tr)
     stats = _first_step_stats(tr, roll, lab)
-    assert stats["approx_kl"] == 0.0  # adapters start at zero: policy == reference
+    # adapters start at zero: policy == reference (sampler log-probs: equal to rounding)
+    assert abs(stats["approx_kl"]) < 1e-9
     tr.train(progress=False)
     trainable = [n for n, p in tr.policy.named_parameters() if p.requires_grad]
     assert trainable and all("lora" in n for n in trainable)

@@ -88,6 +88,9 @@ class LLMConfig:
     samples_per_prompt: int | None = _f(None, "completions per prompt (group size G)")
     max_new_tokens: int | None = _f(None, "generation cap (default: the task's)")
     temperature: float = _f(1.0, "sampling temperature (log-probs use the same scaling)")
+    old_logprobs: str = _f("sampler", "PPO's old log-probs: sampler (those the sampler drew "
+                                      "each token with; no extra forward pass) | recompute "
+                                      "(a forward pass over the batch after sampling)")
     learning_rate: float = _f(2e-4, "policy learning rate (AdamW)")
     critic_lr: float = _f(1e-3, "critic learning rate")
     n_epochs: int = _f(2, "passes over each rollout batch")
@@ -228,8 +231,9 @@ LIMITS: dict[str, tuple[bool, float, float, bool]] = {
     "checkpoint_every": (True, 1, 10**9, False),
     "samples_logged": (True, 0, 10**6, False),
 }
-CHOICES = {"agg": AGGREGATION_MODES, "kl_mode": ("reward", "loss", "none"),
-           "truncation": TRUNCATION, "critic": ("separate", "shared"),
+CHOICES = {"agg": AGGREGATION_MODES, "old_logprobs": ("sampler", "recompute"),
+           "kl_mode": ("reward", "loss", "none"), "truncation": TRUNCATION,
+           "critic": ("separate", "shared"),
            "score_norm": ("none", "batch"), "advantage_estimator": ADVANTAGE_ESTIMATORS,
            "task": tuple(TASKS)}
 PATHS = ("model", "prompts", "eval_prompts", "reward_model")

@@ -11,8 +11,13 @@ prompt tokens and padding are never actions. A row whose generation reached
 ``max_new_tokens`` without EOS is *truncated*.
 
 Sampling is plain: softmax of ``logits / temperature`` (no top-k/top-p); ``temperature = 0``
-is greedy (evaluation only). Old log-probs are never taken from the sampling loop: the
-trainer recomputes them with :func:`sequence_logprobs`, a separate forward pass.
+is greedy (evaluation only). The sampler also returns the log-probability of every token it
+drew (``TokenRollout.logp``, computed from the very logits it sampled from): these are the
+behaviour policy's log-probs, and the trainer uses them as PPO's old log-probs instead of a
+second forward pass over the batch (``old_logprobs = "sampler"``; ``"recompute"`` runs
+:func:`sequence_logprobs` as before). The two agree to float rounding — the cached
+incremental forward adds the same terms in a different order — which
+``tests/test_llm_rollout.py`` checks on random models, prompts and padding.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ class TokenRollout:
     prompt_len: int               # P
     truncated: torch.Tensor       # [B] bool: no EOS within max_new_tokens
     response_ids: list            # [B] lists of generated token ids (EOS excluded)
+    logp: torch.Tensor | None = None  # float [B, L]: the sampler's log-prob of each action
+                                      # token (token convention; 0 elsewhere)
 
     @property
     def position_ids(self) -> torch.Tensor:
@@ -61,7 +68,8 @@ class TokenRollout:
     def select(self, idx: torch.Tensor) -> TokenRollout:
         return TokenRollout(self.input_ids[idx], self.attention_mask[idx], self.action_mask[idx],
                        self.prompt_len, self.truncated[idx],
-                       [self.response_ids[i] for i in idx.tolist()])
+                       [self.response_ids[i] for i in idx.tolist()],
+                       None if self.logp is None else self.logp[idx])
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -115,20 +123,30 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
     attn = prompt_mask.long()
     pos = position_ids_from_mask(attn)
     cache_kw = _cache_keyword(model)
-    out = model(input_ids=prompt_ids, attention_mask=attn, position_ids=pos, use_cache=True)
-    cache = _cache_of(out)
-    logits = out.logits[:, -1, :]
+    # the prompt once per distinct prompt (a group's samples share it), its keys and
+    # values then gathered per row into buffers that decoding fills in place
+    shared = _distinct_prompts(prompt_ids, attn)
+    first = shared[0] if shared is not None else slice(None)
+    out = model(input_ids=prompt_ids[first], attention_mask=attn[first],
+                position_ids=pos[first], use_cache=True)
+    rows = shared[1] if shared is not None else None
+    cache = _decode_cache(_cache_of(out), rows, prompt_ids.shape[1] + max_new_tokens)
+    logits = out.logits[:, -1, :] if rows is None else out.logits[rows, -1, :]
     next_pos = pos[:, -1] + 1
     finished = torch.zeros(bsz, dtype=torch.bool)
-    toks, alive_cols = [], []
+    toks, alive_cols, logps = [], [], []
     for step in range(max_new_tokens):
         logits = logits.float()
         if temperature == 0:
             tok = logits.argmax(-1)
+            logp_all = torch.log_softmax(logits, dim=-1)
         else:
-            probs = torch.softmax(logits / temperature, dim=-1)
+            scaled = logits / temperature
+            probs = torch.softmax(scaled, dim=-1)
             tok = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+            logp_all = torch.log_softmax(scaled, dim=-1)
         alive = ~finished
+        logps.append(torch.where(alive, logp_all.gather(1, tok[:, None]).squeeze(1), 0.0))
         tok = torch.where(alive, tok, torch.full_like(tok, pad_token_id))
         toks.append(tok)
         alive_cols.append(alive)
@@ -158,7 +176,10 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
         if ids and ids[-1] == eos_token_id:
             ids = ids[:-1]
         responses.append(ids)
-    return TokenRollout(seq, attention_mask, action_mask, prompt_ids.shape[1], ~has_eos, responses)
+    logp = torch.cat([torch.zeros(prompt_ids.shape, dtype=torch.float32),
+                      torch.stack(logps, 1)], 1)
+    return TokenRollout(seq, attention_mask, action_mask, prompt_ids.shape[1], ~has_eos, responses,
+                        logp)
 
 
 def _cache_keyword(model) -> str:
@@ -180,15 +201,20 @@ def shift_to_tokens(per_position: torch.Tensor) -> torch.Tensor:
 
 
 def sequence_logprobs(model, input_ids, attention_mask, *, temperature: float = 1.0,
-                      with_entropy: bool = False, with_hidden: bool = False):
+                      with_entropy: bool = False, with_hidden: bool = False,
+                      prompt_len: int | None = None):
     """Log-probs ``[B, L]`` of each token under ``model`` (token convention), from one
     forward pass with position ids counted over real tokens. Optionally the entropy
     ``[B, L]`` of the distribution each token was drawn from, and the last hidden states.
-    ``temperature`` divides the logits as the sampler did (0 or 1: no scaling)."""
-    pos = position_ids_from_mask(attention_mask)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos,
-                output_hidden_states=with_hidden)
-    logits = out.logits[:, :-1, :].float()
+    ``temperature`` divides the logits as the sampler did (0 or 1: no scaling).
+
+    ``prompt_len``: the first ``prompt_len`` columns are the (left-padded) prompt. Rows
+    that share a prompt — the ``samples_per_prompt`` completions of one group — then have
+    it computed once (:func:`_logits_with_shared_prompts`); the result is the plain
+    forward's to float rounding, gradients included (``tests/test_llm_rollout.py``)."""
+    logits, hidden = _logits_with_shared_prompts(model, input_ids, attention_mask,
+                                                 prompt_len, with_hidden)
+    logits = logits[:, :-1, :].float()
     if temperature not in (0, 1):
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
@@ -198,5 +224,116 @@ def sequence_logprobs(model, input_ids, attention_mask, *, temperature: float = 
         ent = -(logp_all.exp() * logp_all).sum(-1)
         res["entropy"] = shift_to_tokens(ent)
     if with_hidden:
-        res["hidden"] = out.hidden_states[-1]
+        res["hidden"] = hidden
     return res
+
+
+def _logits_with_shared_prompts(model, input_ids, attention_mask, prompt_len, with_hidden):
+    """Logits ``[B, L, V]`` (and last hidden states, or None) of every position.
+
+    Without ``prompt_len``, or when no two rows share a prompt, this is one forward pass.
+    Otherwise two: the distinct prompts alone (``U`` rows of ``P`` positions, keeping their
+    keys and values), then every row's remaining ``L − P`` positions attending to its
+    prompt's keys and values, gathered per row. A group of ``G`` completions of one prompt
+    thus costs ``P + G·(L − P)`` positions instead of ``G·L``. Autograd flows through the
+    gather, so the prompt positions receive the summed gradient of every row that used
+    them, as in the plain pass."""
+    pos = position_ids_from_mask(attention_mask)
+    p = prompt_len or 0
+    if 0 < p < input_ids.shape[1]:
+        shared = _distinct_prompts(input_ids[:, :p], attention_mask[:, :p])
+        if shared is not None:
+            first, inv = shared
+            head = model(input_ids=input_ids[first, :p], attention_mask=attention_mask[first, :p],
+                         position_ids=pos[first, :p], use_cache=True,
+                         output_hidden_states=with_hidden)
+            cache = _select_rows(_cache_of(head), inv)
+            tail = model(input_ids=input_ids[:, p:], attention_mask=attention_mask,
+                         position_ids=pos[:, p:], use_cache=True,
+                         output_hidden_states=with_hidden, **{_cache_keyword(model): cache})
+            logits = torch.cat([head.logits[inv], tail.logits], 1)
+            hidden = (torch.cat([head.hidden_states[-1][inv], tail.hidden_states[-1]], 1)
+                      if with_hidden else None)
+            return logits, hidden
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos,
+                output_hidden_states=with_hidden)
+    return out.logits, (out.hidden_states[-1] if with_hidden else None)
+
+
+def _distinct_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
+    """``(first, inverse)`` when some rows repeat a prompt: ``first[u]`` is the first row
+    holding distinct prompt ``u`` and ``inverse[b]`` the distinct prompt of row ``b``;
+    None when every row's prompt is different."""
+    n = prompt_ids.shape[0]
+    if n < 2:
+        return None
+    key = torch.cat([prompt_ids, prompt_mask.long()], 1)
+    uniq, inv = torch.unique(key, dim=0, return_inverse=True)
+    if uniq.shape[0] == n:
+        return None
+    first = torch.full((uniq.shape[0],), n, dtype=torch.long).scatter_reduce(
+        0, inv, torch.arange(n), "amin")
+    return first, inv
+
+
+def _decode_cache(cache, rows: torch.Tensor | None, capacity: int):
+    """The prefill's KV cache made ready for decoding: rows gathered at ``rows`` (shared
+    prompts) and, for transformers' ``DynamicCache``, every layer's keys and values copied
+    into buffers of ``capacity`` positions that each decoding step writes in place (the
+    stock layer concatenates, copying the whole cache at every step). Another cache type
+    is used as it is."""
+    if rows is not None:
+        cache = _select_rows(cache, rows)
+    layers = getattr(cache, "layers", None)
+    if _FilledInPlace is None or not layers or any(type(x) is not _DynamicLayer
+                                                   for x in layers):
+        return cache
+    for i, layer in enumerate(layers):
+        if layer.is_initialized and layer.keys is not None and layer.keys.numel():
+            layers[i] = _FilledInPlace(layer.keys, layer.values, capacity)
+    return cache
+
+
+try:
+    from transformers.cache_utils import DynamicLayer as _DynamicLayer
+
+    class _FilledInPlace(_DynamicLayer):
+        """A decoding cache layer over preallocated ``[B, H, capacity, D]`` buffers."""
+
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor, capacity: int):
+            super().__init__()
+            b, h, n, d = keys.shape
+            self._k = keys.new_empty(b, h, max(capacity, n), d)
+            self._v = values.new_empty(b, h, max(capacity, n), values.shape[-1])
+            self._k[:, :, :n] = keys
+            self._v[:, :, :n] = values
+            self._n = n
+            self._view()
+            self.device = keys.device
+            self.is_initialized = True
+
+        def _view(self):
+            self.keys = self._k[:, :, :self._n]
+            self.values = self._v[:, :, :self._n]
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            m = key_states.shape[-2]
+            if self._n + m > self._k.shape[2]:  # past the capacity: grow as the stock layer
+                self._k = torch.cat([self._k[:, :, :self._n], key_states], 2)
+                self._v = torch.cat([self._v[:, :, :self._n], value_states], 2)
+            else:
+                self._k[:, :, self._n:self._n + m] = key_states
+                self._v[:, :, self._n:self._n + m] = value_states
+            self._n += m
+            self._view()
+            return self.keys, self.values
+except ImportError:  # transformers absent or without per-layer caches
+    _DynamicLayer = _FilledInPlace = None
+
+
+def _select_rows(cache, idx: torch.Tensor):
+    """The KV cache with its batch rows taken at ``idx`` (differentiably)."""
+    if hasattr(cache, "reorder_cache"):
+        cache.reorder_cache(idx)
+        return cache
+    return tuple(tuple(t.index_select(0, idx) for t in layer) for layer in cache)  # legacy

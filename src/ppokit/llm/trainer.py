@@ -53,6 +53,7 @@ from ppokit.core import (
     FixedKLController,
 )
 from ppokit.engine import Forward, LabelledBatch, UpdateSpec, eager_minibatch_step, run_update
+from ppokit.engine.allocator import keep_freed_memory
 from ppokit.errors import UsageError
 from ppokit.io import (
     GracefulStop,
@@ -120,6 +121,7 @@ class TokenTrainer:
                  reward_fn=None, fresh: bool = False, train_rows=None, eval_rows=None,
                  callbacks=(), dp=None):
         self.cfg = cfg = cfg.resolved()
+        keep_freed_memory()  # engine/allocator.py: no kernel round trip per activation
         # data parallelism (ppokit.engine.dist.DataParallel; None: one process). Only rank
         # 0 owns the run directory: lock, metrics, samples, checkpoints, exported policy.
         self.dp = dp
@@ -235,7 +237,11 @@ class TokenTrainer:
                    "lr": cfg.learning_rate}]
         if self.critic is not None:
             groups.append({"params": list(self.critic.parameters()), "lr": cfg.critic_lr})
-        self.opt = torch.optim.AdamW(groups, weight_decay=0.0, eps=1e-6)
+        # the fused kernel (one pass over each tensor per step) when every parameter is a
+        # plain float32 CPU tensor; FSDP's sharded parameters keep the per-tensor loop
+        fused = not self.fsdp and all(p.dtype == torch.float32 and p.device.type == "cpu"
+                                      for g in groups for p in g["params"])
+        self.opt = torch.optim.AdamW(groups, weight_decay=0.0, eps=1e-6, fused=fused or None)
         self.minibatch_observer = None  # called with each minibatch (ppokit check)
         self.kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.kl_target) if cfg.kl_target
                        else FixedKLController(cfg.kl_coef))
@@ -362,17 +368,31 @@ class TokenTrainer:
 
     @torch.no_grad()
     def frozen_forward(self, roll: TokenRollout):
-        """Old log-probs (policy), reference log-probs, critic values — no gradient."""
+        """Old log-probs (policy), reference log-probs, critic values — no gradient.
+        The old log-probs are the sampler's own (``roll.logp``) unless ``old_logprobs =
+        "recompute"``, the rollout came without them, or a shared critic needs the
+        policy's hidden states anyway."""
         t = self.cfg.temperature
-        old = sequence_logprobs(self.policy, roll.input_ids, roll.attention_mask,
-                                temperature=t, with_hidden=self._shared_critic)
+        if (self.cfg.old_logprobs == "sampler" and roll.logp is not None
+                and not self._shared_critic):
+            old = {"logp": roll.logp}
+        else:
+            old = sequence_logprobs(self.policy, roll.input_ids, roll.attention_mask,
+                                    temperature=t, with_hidden=self._shared_critic,
+                                    prompt_len=self._shared_prompt_len(roll))
         ref = sequence_logprobs(self.reference, roll.input_ids, roll.attention_mask,
-                                temperature=t)["logp"]
+                                temperature=t, prompt_len=self._shared_prompt_len(roll))["logp"]
         values_after = None
         if self.critic is not None:
             values_after = self.critic(roll.input_ids, roll.attention_mask, roll.position_ids,
                                        hidden_states=old.get("hidden"))
         return old["logp"], ref, values_after
+
+    def _shared_prompt_len(self, roll: TokenRollout) -> int | None:
+        """Prompt width for :func:`sequence_logprobs` to compute each group's prompt once;
+        None under FSDP, where every rank must make the same forward calls whatever its
+        rows (sharing takes two calls, or one when no prompt repeats)."""
+        return None if self.fsdp else roll.prompt_len
 
     @property
     def _shared_critic(self) -> bool:
@@ -415,7 +435,8 @@ class TokenTrainer:
             sub = roll.select(rows["row"])
             out = sequence_logprobs(self.policy, sub.input_ids, sub.attention_mask,
                                     temperature=t, with_entropy=True,
-                                    with_hidden=self._shared_critic)
+                                    with_hidden=self._shared_critic,
+                                    prompt_len=self._shared_prompt_len(sub))
             v = None
             if self.critic is not None:
                 v_after = self.critic(sub.input_ids, sub.attention_mask, sub.position_ids,
