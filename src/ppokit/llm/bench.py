@@ -7,6 +7,7 @@ directory) instead of the 110k-parameter built-in one."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import statistics
 import tempfile
@@ -49,6 +50,41 @@ def build_bench_model(size: str, tok):
     return Qwen2ForCausalLM(cfg)
 
 
+def _rss_mb() -> float:
+    """Resident set size of this process now (Linux; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _peak_rss_mb() -> float:
+    """The process's peak resident set size (``ru_maxrss``: KiB on Linux)."""
+    try:
+        import resource
+    except ImportError:  # not on this OS
+        return 0.0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _child(fn_name: str, threads: int, kwargs: dict) -> dict:
+    torch.set_num_threads(threads)
+    out = globals()[fn_name](**kwargs)
+    out["peak_rss_mb"] = _peak_rss_mb()
+    return out
+
+
+def in_own_process(fn_name: str, **kwargs) -> dict:
+    """``fn_name(**kwargs)`` of this module in a fresh process (same torch thread count),
+    so that each side's peak memory is its own and no process-wide setting one library
+    makes (ppokit's allocator settings, engine/allocator.py) reaches the other."""
+    import multiprocessing as mp
+
+    with mp.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_child, (fn_name, torch.get_num_threads(), kwargs))
+
+
 def bench_token_gae(batch: int = 64, length: int = 4096, repeats: int = 3) -> dict:
     from ppokit.core import token_gae, token_gae_reference
 
@@ -86,6 +122,7 @@ def bench_trainer(algo: str = "grpo", iterations: int = 5, model_size: str = "ti
     tmp = tempfile.mkdtemp(prefix="ppokit-bench-")
     try:
         tr = TokenTrainer(cfg, tmp, policy=model, tokenizer=tok, log=lambda *a: None)
+        rss_start = _rss_mb()  # libraries imported, models built: before any iteration
         tr.train_iteration()  # warm-up
         recs, cpu = [], []
         for _ in range(iterations):
@@ -105,6 +142,7 @@ def bench_trainer(algo: str = "grpo", iterations: int = 5, model_size: str = "ti
     # CPU seconds of this process: on a shared machine, less sensitive to other jobs than
     # wall time (with one torch thread they measure the work itself)
     out["cpu_seconds_per_iteration"] = statistics.median(cpu)
+    out["rss_start_mb"] = rss_start
     return out
 
 
@@ -170,6 +208,13 @@ def _trl_run(tmp, task, tok, iterations, prompts_per_iter, samples_per_prompt, m
         from transformers.trainer_callback import PrinterCallback
 
         trainer.remove_callback(PrinterCallback)  # keep the log dicts off stdout
+        # where TRL's time goes: its sampling call, and sampling + the reward, old and
+        # reference log-prob passes (once per generation cycle); the rest is training
+        calls = {"_generate": [], "_generate_and_score_completions": []}
+        for name, times in calls.items():
+            if hasattr(trainer, name):
+                setattr(trainer, name, _timed(getattr(trainer, name), times))
+        rss_start = _rss_mb()
         t_start, c_start = time.perf_counter(), time.process_time()
         trainer.train()
 
@@ -185,9 +230,25 @@ def _trl_run(tmp, task, tok, iterations, prompts_per_iter, samples_per_prompt, m
         shutil.rmtree(tmp, ignore_errors=True)
     sec = statistics.median(cycles)
     toks = statistics.mean(lengths) * n
-    return {"seconds_per_iteration": sec, "completion_tokens_per_iteration": toks,
-            "tokens_per_s_total": toks / sec, "sequences_per_iter": n,
-            "cpu_seconds_per_iteration": statistics.median(cpu_cycles)}
+    out = {"seconds_per_iteration": sec, "completion_tokens_per_iteration": toks,
+           "tokens_per_s_total": toks / sec, "sequences_per_iter": n,
+           "cpu_seconds_per_iteration": statistics.median(cpu_cycles), "rss_start_mb": rss_start}
+    gen, gen_score = calls["_generate"][1:], calls["_generate_and_score_completions"][1:]
+    if gen and len(gen) == len(gen_score):  # the first cycle is the warm-up
+        out["time_generation"] = statistics.median(gen)
+        out["time_scoring"] = statistics.median(b - a for a, b in zip(gen, gen_score))
+        out["time_training"] = max(sec - statistics.median(gen_score), 0.0)
+    return out
+
+
+def _timed(fn, times: list):
+    def run(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            times.append(time.perf_counter() - t0)
+    return run
 
 
 def run_bench(batch: int = 64, length: int = 4096, iterations: int = 5,
@@ -202,7 +263,12 @@ def run_bench(batch: int = 64, length: int = 4096, iterations: int = 5,
     print(f"token_gae B={g['batch']} L={g['length']}: vectorised {g['token_gae_s'] * 1e3:.1f} ms, "
           f"position loop {g['loop_s'] * 1e3:.1f} ms  (x{g['speedup']:.1f}; max |diff| "
           f"{g['max_abs_diff']:.2e})")
-    t = bench_trainer(algo, iterations, model_size=model_size)
+    compare = importlib.util.find_spec("trl") is not None and algo == "grpo"
+    if compare:  # each side in its own process: its own peak memory and settings
+        t = in_own_process("bench_trainer", algo=algo, iterations=iterations,
+                           model_size=model_size)
+    else:
+        t = bench_trainer(algo, iterations, model_size=model_size)
     print(f"trainer ({t['algo']}, model {model_size}, {t['sequences_per_iter']} "
           f"sequences/iteration, torch threads {torch.get_num_threads()}):")
     for phase in ("generation", "scoring", "training"):
@@ -213,21 +279,41 @@ def run_bench(batch: int = 64, length: int = 4096, iterations: int = 5,
     res = {"token_gae": g, "trainer": t}
     if importlib.util.find_spec("trl") is None:
         print("trl is not installed: the TRL GRPO comparison is skipped")
-    elif algo != "grpo":
+        return res
+    if algo != "grpo":
         print("the TRL comparison runs with --algo grpo only")
-    else:
-        trl_res = bench_trl_grpo(iterations, model_size=model_size)
-        ratio = t["tokens_per_s_total"] / trl_res["tokens_per_s_total"]
-        print(f"TRL GRPOTrainer, same model, task and batch geometry: "
-              f"{trl_res['tokens_per_s_total']:.0f} tokens/s "
-              f"({trl_res['seconds_per_iteration'] * 1e3:.1f} ms/iteration)")
-        per_it = trl_res["seconds_per_iteration"] / t["seconds_per_iteration"]
-        cpu_it = trl_res["cpu_seconds_per_iteration"] / t["cpu_seconds_per_iteration"]
-        print(f"ppokit / TRL throughput ratio: {ratio:.2f}  (seconds per iteration: "
-              f"TRL / ppokit = {per_it:.2f}; CPU seconds per iteration: TRL "
-              f"{trl_res['cpu_seconds_per_iteration']:.2f} / ppokit "
-              f"{t['cpu_seconds_per_iteration']:.2f} = {cpu_it:.2f})")
-        res["cpu_ratio"] = cpu_it
-        res["trl"] = trl_res
-        res["ratio"] = ratio
+        return res
+    trl_res = in_own_process("bench_trl_grpo", iterations=iterations, model_size=model_size)
+    res["trl"] = trl_res
+    res["ratio"] = t["tokens_per_s_total"] / trl_res["tokens_per_s_total"]
+    res["cpu_ratio"] = trl_res["cpu_seconds_per_iteration"] / t["cpu_seconds_per_iteration"]
+    print(comparison_table(t, trl_res))
     return res
+
+
+def comparison_table(t: dict, trl: dict) -> str:
+    """ppokit and TRL side by side: seconds per iteration by phase (wall), end-to-end
+    tokens/s, CPU seconds, memory, and TRL / ppokit for each time (above 1: ppokit is
+    faster)."""
+    rows = [f"{'TRL GRPOTrainer vs ppokit, same model, prompts and batch geometry':<66}",
+            f"  {'':<30}{'ppokit':>10}{'TRL':>10}{'TRL/ppokit':>12}"]
+
+    def line(label, a, b, fmt="{:.3f}", ratio=True):
+        if a is None or b is None:
+            return
+        r = f"{b / a:.2f}x" if ratio and a > 0 else ""
+        rows.append(f"  {label:<30}{fmt.format(a):>10}{fmt.format(b):>10}{r:>12}")
+
+    for phase in ("generation", "scoring", "training"):
+        line(f"{phase} (s/iteration)", t.get(f"time_{phase}"), trl.get(f"time_{phase}"))
+    line("end to end (s/iteration)", t["seconds_per_iteration"], trl["seconds_per_iteration"])
+    line("CPU seconds / iteration", t["cpu_seconds_per_iteration"],
+         trl["cpu_seconds_per_iteration"])
+    line("completion tokens / s", t["tokens_per_s_total"], trl["tokens_per_s_total"],
+         "{:.0f}", ratio=False)
+    rows[-1] += f"{t['tokens_per_s_total'] / trl['tokens_per_s_total']:>11.2f}x (ppokit/TRL)"
+    line("RSS before training (MiB)", t.get("rss_start_mb"), trl.get("rss_start_mb"), "{:.0f}",
+         ratio=False)
+    line("peak RSS (MiB)", t.get("peak_rss_mb"), trl.get("peak_rss_mb"), "{:.0f}", ratio=False)
+    return "\n".join(rows)
+
