@@ -35,6 +35,22 @@ def test_trainer_benchmark_reports_each_phase():
     assert t["cpu_seconds_per_iteration"] > 0
 
 
+def test_benchmark_side_runs_in_its_own_process_and_the_table_gives_trl_over_ppokit():
+    from ppokit.llm.bench import comparison_table, in_own_process
+
+    t = in_own_process("bench_trainer", algo="grpo", iterations=1, prompts_per_iter=2)
+    assert t["sequences_per_iter"] == 8 and t["peak_rss_mb"] >= t["rss_start_mb"] > 0
+    trl = {**t, "time_generation": 2 * t["time_generation"],
+           "seconds_per_iteration": 3 * t["seconds_per_iteration"],
+           "tokens_per_s_total": t["tokens_per_s_total"] / 3}
+    table = comparison_table(t, trl)
+    assert "2.00x" in table.splitlines()[2]  # generation: TRL took twice as long
+    end = next(x for x in table.splitlines() if "end to end" in x)
+    assert end.endswith("3.00x")
+    assert next(x for x in table.splitlines() if "tokens / s" in x).endswith(
+        "3.00x (ppokit/TRL)")
+
+
 def test_trl_grpo_comparison_runs_when_trl_is_installed():
     import pytest
 
