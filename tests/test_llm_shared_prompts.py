@@ -157,3 +157,17 @@ def test_decode_buffers_grow_past_their_capacity(tok, models):
                 logits.append(o.logits[:, -1])
             caches[name] = torch.stack(logits)
     assert (caches["stock"] - caches["small"]).abs().max() < 1e-5
+
+
+def test_a_model_that_keeps_no_cache_gets_the_plain_pass(tok):
+    """Gradient checkpointing turns the key/value cache off in training: the shared pass
+    falls back to the plain one instead of failing."""
+    import random
+
+    model = build_tiny_model(tok, seed=5)
+    model.gradient_checkpointing_enable()
+    model.train()
+    ids, mask, p = _batch(tok, [3, 4], 3, 4, random.Random(1))
+    a = sequence_logprobs(model, ids, mask, prompt_len=p)["logp"]
+    b = sequence_logprobs(model, ids, mask)["logp"]
+    assert torch.equal(a, b)

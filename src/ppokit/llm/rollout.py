@@ -17,7 +17,7 @@ behaviour policy's log-probs, and the trainer uses them as PPO's old log-probs i
 second forward pass over the batch (``old_logprobs = "sampler"``; ``"recompute"`` runs
 :func:`sequence_logprobs` as before). The two agree to float rounding — the cached
 incremental forward adds the same terms in a different order — which
-``tests/test_llm_rollout.py`` checks on random models, prompts and padding.
+``tests/test_llm_shared_prompts.py`` checks on random models, prompts and padding.
 """
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ def sequence_logprobs(model, input_ids, attention_mask, *, temperature: float = 
     ``prompt_len``: the first ``prompt_len`` columns are the (left-padded) prompt. Rows
     that share a prompt — the ``samples_per_prompt`` completions of one group — then have
     it computed once (:func:`_logits_with_shared_prompts`); the result is the plain
-    forward's to float rounding, gradients included (``tests/test_llm_rollout.py``)."""
+    forward's to float rounding, gradients included (``tests/test_llm_shared_prompts.py``)."""
     logits, hidden = _logits_with_shared_prompts(model, input_ids, attention_mask,
                                                  prompt_len, with_hidden)
     logits = logits[:, :-1, :].float()
@@ -247,7 +247,10 @@ def _logits_with_shared_prompts(model, input_ids, attention_mask, prompt_len, wi
             head = model(input_ids=input_ids[first, :p], attention_mask=attention_mask[first, :p],
                          position_ids=pos[first, :p], use_cache=True,
                          output_hidden_states=with_hidden)
-            cache = _select_rows(_cache_of(head), inv)
+            cache = _cache_of(head)
+            if cache is None:  # the model keeps no cache (e.g. gradient checkpointing)
+                return _plain_logits(model, input_ids, attention_mask, pos, with_hidden)
+            cache = _select_rows(cache, inv)
             tail = model(input_ids=input_ids[:, p:], attention_mask=attention_mask,
                          position_ids=pos[:, p:], use_cache=True,
                          output_hidden_states=with_hidden, **{_cache_keyword(model): cache})
@@ -255,6 +258,10 @@ def _logits_with_shared_prompts(model, input_ids, attention_mask, prompt_len, wi
             hidden = (torch.cat([head.hidden_states[-1][inv], tail.hidden_states[-1]], 1)
                       if with_hidden else None)
             return logits, hidden
+    return _plain_logits(model, input_ids, attention_mask, pos, with_hidden)
+
+
+def _plain_logits(model, input_ids, attention_mask, pos, with_hidden):
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos,
                 output_hidden_states=with_hidden)
     return out.logits, (out.hidden_states[-1] if with_hidden else None)
