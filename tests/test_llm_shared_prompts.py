@@ -26,7 +26,7 @@ from ppokit.llm.rollout import (
     sequence_logprobs,
 )
 
-SETTINGS = settings(max_examples=12, deadline=None,
+SETTINGS = settings(max_examples=8, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
