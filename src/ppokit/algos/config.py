@@ -106,8 +106,9 @@ class TrainConfig:
     normalize_reward: bool = _f(False, "scale rewards by the running std of the discounted return")
     clip_obs: float = _f(10.0, "clip normalised observations to +-clip_obs")
     clip_reward: float = _f(10.0, "clip scaled rewards to +-clip_reward")
-    vectorization: str = _f("auto", "auto, vector_entry_point, sync, async, or ray (the "
-                            "environments in Ray actors: num_workers, envs_per_worker)")
+    vectorization: str = _f("auto", "auto, vector_entry_point, sync, async, ray (the "
+                            "environments in Ray actors: num_workers, envs_per_worker), or "
+                            "envpool (EnvPool's C++ environments, the envpool extra)")
     num_workers: int = _f(1, "vectorization=ray: Ray actors stepping environments (each its "
                           "own vector env and a copy of the actor)")
     envs_per_worker: int = _f(0, "vectorization=ray: environments per actor (0 = n_envs / "
@@ -175,7 +176,7 @@ CHOICES = {
     "activation": ("tanh", "relu"),
     "recurrent": ("none", "lstm"),
     "policy": ("auto", "mlp", "cnn", "multi_input"),
-    "vectorization": ("auto", "vector_entry_point", "sync", "async", "ray"),
+    "vectorization": ("auto", "vector_entry_point", "sync", "async", "ray", "envpool"),
     "autoreset_mode": ("auto", "same_step", "next_step"),
     "env_source": ("id", "factory"),
     "track": ("none", "wandb"),

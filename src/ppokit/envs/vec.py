@@ -30,7 +30,7 @@ from .source import gym_id
 __all__ = ["make_vec", "training_vec", "autoreset_mode_of", "env_state", "load_env_state",
            "check_env_id"]
 
-VECTORIZATIONS = ("auto", "vector_entry_point", "sync", "async")
+VECTORIZATIONS = ("auto", "vector_entry_point", "sync", "async", "envpool")
 AUTORESET_MODES = ("auto", "same_step", "next_step")
 _MODE_NAMES = {AutoresetMode.SAME_STEP: "same_step", AutoresetMode.NEXT_STEP: "next_step",
                AutoresetMode.DISABLED: "disabled"}
@@ -78,9 +78,19 @@ def make_vec(env_id: str | Callable[[], gym.Env], num_envs: int, *,
         raise UsageError(f"autoreset_mode: expected one of {', '.join(AUTORESET_MODES)}, "
                          f"got {autoreset!r}")
     if callable(env_id):  # a factory (a GivenVectorEnv builds single copies too)
+        if vectorization == "envpool":
+            raise UsageError("vectorization: envpool runs EnvPool's own environments, "
+                             "not an environment factory; use sync or async")
         return _make_vec_factory(env_id, num_envs, vectorization, autoreset)
     spec = check_env_id(env_id)
     gid = gym_id(env_id)
+    if vectorization == "envpool":  # EnvPool's C++ environments (ppokit.envs.envpool_vec)
+        from .envpool_vec import make_envpool
+
+        if atari.is_atari_spec(spec):
+            raise UsageError(f"vectorization: envpool cannot run {env_id!r}: Atari games "
+                             "use ppokit's own preprocessing (sync or async)")
+        return make_envpool(gid, num_envs, autoreset, env_kwargs)
     if atari.is_atari_spec(spec):
         return _make_atari_vec(env_id, gid, num_envs, vectorization, autoreset,
                                dict(env_kwargs or {}), training)
