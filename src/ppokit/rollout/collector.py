@@ -106,6 +106,10 @@ class Collector:
         if self.box:
             self.low = self.space.low.astype(np.float32)
             self.high = self.space.high.astype(np.float32)
+        # fast: uint8 pixels are stored as they come (4x less memory to write and gather);
+        # the policy's image encoder scales them itself. Otherwise float32 (the reference)
+        self.keep_uint8 = (fast and obs_normalizer is None
+                           and getattr(policy, "encoder", None) is not None)
         self.obs: torch.Tensor | None = None  # current (normalised) observation [N, ...]
         self.pending = np.zeros(self.num_envs, bool)  # NEXT_STEP: next step is a dummy
         self.ep_return = np.zeros(self.num_envs, np.float64)
@@ -119,7 +123,9 @@ class Collector:
         raw = np.asarray(raw)
         if self.obs_norm is not None:
             return self.obs_norm(raw, update=update)
-        return raw.astype(np.float32)  # always a copy: the env may reuse its buffer
+        if self.keep_uint8 and raw.dtype == np.uint8:
+            return raw.copy()  # always a copy: the env may reuse its buffer
+        return raw.astype(np.float32)
 
     def reset(self, seed: int | None = None) -> None:
         raw, _ = self.env.reset(seed=seed)
@@ -182,7 +188,7 @@ class Collector:
         n = self.num_envs
         sampler = self._numpy_sampler()
         o = self.obs.numpy()
-        obs_buf = np.empty((n_steps, *o.shape), np.float32)
+        obs_buf = np.empty((n_steps, *o.shape), o.dtype)  # float32, or uint8 pixels
         if self.box:
             act_buf = np.empty((n_steps, n, *self.space.shape), np.float32)
         else:
@@ -270,7 +276,9 @@ class Collector:
                 "ep_return": self.ep_return.copy(), "ep_length": self.ep_length.copy()}
 
     def load_state_dict(self, d: dict) -> None:
-        self.obs = torch.from_numpy(np.array(d["obs"], np.float32))
+        obs = np.asarray(d["obs"])
+        keep = self.keep_uint8 and obs.dtype == np.uint8
+        self.obs = torch.from_numpy(np.array(obs, np.uint8 if keep else np.float32))
         self.pending = np.asarray(d["pending"], bool).copy()
         self.ep_return = np.asarray(d["ep_return"], np.float64).copy()
         self.ep_length = np.asarray(d["ep_length"], np.int64).copy()
