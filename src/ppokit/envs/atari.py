@@ -271,6 +271,7 @@ def make_env(gid: str, *, training: bool = True, render_mode: str | None = None,
     """One preprocessed ALE game (module documentation); ``training=False``: whole games
     and unclipped rewards (evaluation)."""
     check_kwargs(env_kwargs)
+    register()  # (again in an async worker started by spawn, which has its own registry)
     env = gym.make(gid, frameskip=1, obs_type="grayscale", render_mode=render_mode,
                    disable_env_checker=True, **env_kwargs)
     env = NoopReset(env)
