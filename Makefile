@@ -5,7 +5,7 @@ TORCH_VERSION ?= 2.13.0
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-EXTRAS ?= dev,box2d,mujoco,tb,llm,lora,video,wandb,ray,tune
+EXTRAS ?= dev,box2d,mujoco,atari,envpool,tb,llm,lora,video,wandb,ray,tune
 
 .PHONY: setup train test test-slow lint bench clean
 
@@ -30,12 +30,13 @@ test-slow: setup  ## Learning runs that take minutes.
 lint: setup
 	$(VENV)/bin/ruff check src tests bench
 
-bench: setup  ## Benchmarks (side-by-side ratios; SB3, sb3-contrib and TRL from the bench extra).
+bench: setup  ## Benchmarks (side-by-side ratios; SB3, sb3-contrib and TRL from the bench extra; Atari: the atari extra).
 	$(PIP) install -q -e ".[bench]"
 	$(PY) -m bench.token_gae
 	$(PY) -m bench.vs_sb3
 	$(PY) -m bench.ray_scaling
 	$(PY) -m bench.vs_sb3_contrib
+	$(PY) -m bench.vs_sb3_atari
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -26,7 +26,8 @@ from ppokit.cliutil import in_range
 from ppokit.core.registry import ENV_ADVANTAGES, POLICY_LOSSES
 from ppokit.errors import UsageError
 
-__all__ = ["TrainConfig", "ALGORITHMS", "ENV_PRESETS", "resolve_config", "config_help",
+__all__ = ["TrainConfig", "ALGORITHMS", "ENV_PRESETS", "ATARI_PRESET", "env_preset",
+           "resolve_config", "config_help",
            "parse_value", "config_from_dict", "LIMITS", "SEED_MAX", "FLAGS",
            "available_memory", "estimate_memory", "check_memory", "max_torch_threads"]
 
@@ -105,8 +106,9 @@ class TrainConfig:
     normalize_reward: bool = _f(False, "scale rewards by the running std of the discounted return")
     clip_obs: float = _f(10.0, "clip normalised observations to +-clip_obs")
     clip_reward: float = _f(10.0, "clip scaled rewards to +-clip_reward")
-    vectorization: str = _f("auto", "auto, vector_entry_point, sync, async, or ray (the "
-                            "environments in Ray actors: num_workers, envs_per_worker)")
+    vectorization: str = _f("auto", "auto, vector_entry_point, sync, async, ray (the "
+                            "environments in Ray actors: num_workers, envs_per_worker), or "
+                            "envpool (EnvPool's C++ environments, the envpool extra)")
     num_workers: int = _f(1, "vectorization=ray: Ray actors stepping environments (each its "
                           "own vector env and a copy of the actor)")
     envs_per_worker: int = _f(0, "vectorization=ray: environments per actor (0 = n_envs / "
@@ -174,7 +176,7 @@ CHOICES = {
     "activation": ("tanh", "relu"),
     "recurrent": ("none", "lstm"),
     "policy": ("auto", "mlp", "cnn", "multi_input"),
-    "vectorization": ("auto", "vector_entry_point", "sync", "async", "ray"),
+    "vectorization": ("auto", "vector_entry_point", "sync", "async", "ray", "envpool"),
     "autoreset_mode": ("auto", "same_step", "next_step"),
     "env_source": ("id", "factory"),
     "track": ("none", "wandb"),
@@ -511,6 +513,27 @@ ENV_PRESETS: dict[str, dict[str, Any]] = {
                                     ortho_init=False),
 }
 
+# Every Atari game (an ALE id, "ALE/Name-v5": ppokit.envs.atari preprocesses it) gets the
+# PPO settings used for Atari since the PPO paper and in the RL-zoo (hyperparams/ppo.yml,
+# "atari"): 8 envs x 128 steps, 4 epochs of minibatches of 256, learning rate 2.5e-4 and
+# clip range 0.1 both decayed linearly to 0, entropy bonus 0.01, 10M steps; the Nature CNN
+# with the actor's and critic's linear heads directly on its 512 features (net_arch empty,
+# as SB3's CnnPolicy).
+ATARI_PRESET: dict[str, Any] = dict(
+    n_envs=8, total_timesteps=10_000_000, n_steps=128, n_epochs=4, batch_size=256,
+    learning_rate=2.5e-4, lr_schedule="linear", clip_range=0.1, clip_schedule="linear",
+    ent_coef=0.01, vf_coef=0.5, gamma=0.99, gae_lambda=0.95, max_grad_norm=0.5,
+    policy="cnn", net_arch=())
+ATARI_PREFIX = "ALE/"
+
+
+def env_preset(env_id: str) -> dict[str, Any]:
+    """The tuned PPO values of ``env_id``: its entry of :data:`ENV_PRESETS`, else
+    :data:`ATARI_PRESET` for an ALE id (``ALE/...``), else none."""
+    if env_id in ENV_PRESETS:
+        return ENV_PRESETS[env_id]
+    return ATARI_PRESET if env_id.startswith(ATARI_PREFIX) else {}
+
 
 # ------------------------------------------------------------------------------ parsing
 
@@ -719,7 +742,7 @@ def _resolve(env_id, algo, toml_values, overrides, flags) -> TrainConfig:
     if not isinstance(env_id, str):
         _fail("env_id", "expected a string", env_id)
     merged: dict[str, Any] = dict(ALGORITHMS[algo])
-    preset = ENV_PRESETS.get(env_id, {})
+    preset = env_preset(env_id)
     if algo in ("ppo", "ppo-kl"):
         merged.update(preset)
     else:

@@ -92,7 +92,8 @@ def policy_actions(policy, obs, space, obs_norm, deterministic: bool, gen,
 def evaluate_policy(policy, cfg: TrainConfig, *, episodes: int = 10, seed: int = 0,
                     deterministic: bool = True, obs_norm: ObsNormalizer | None = None,
                     batch: int = 16, env=None) -> list[float]:
-    """Undiscounted returns of ``episodes`` whole episodes (raw rewards).
+    """Undiscounted returns of ``episodes`` whole episodes (raw rewards; an Atari game is
+    played whole, all lives, with unclipped rewards: the returns are game scores).
 
     Episodes run ``batch`` at a time, one per env, each env seeded ``seed + k`` for the
     k-th episode, so the result does not favour short episodes. ``env`` (an id or a
@@ -109,8 +110,9 @@ def evaluate_policy(policy, cfg: TrainConfig, *, episodes: int = 10, seed: int =
     returns: list[float] = []
     while len(returns) < episodes:
         n = min(batch, episodes - len(returns))
+        # training=False: an Atari game is played whole, rewards unclipped (its score)
         env = make_vec(maker, n, vectorization=mode, autoreset="auto",
-                       env_kwargs=cfg.env_kwargs)
+                       env_kwargs=cfg.env_kwargs, training=False)
         space = env.single_action_space
         obs, _ = env.reset(seed=seed + len(returns))
         total = np.zeros(n)

@@ -283,8 +283,15 @@ class Trainer:
         self._user_scalars[name] = float(value)
 
     @property
+    def reports_games(self) -> bool:
+        """Whether the returns reported are game scores (Atari: whole games, all lives,
+        unclipped rewards; :mod:`ppokit.envs.atari`) rather than training episodes'."""
+        return bool(getattr(self.collector, "games", False))
+
+    @property
     def mean_recent_return(self) -> float | None:
-        """Mean raw return of the last ``RETURN_WINDOW`` (100) finished training episodes."""
+        """Mean raw return of the last ``RETURN_WINDOW`` (100) finished training episodes
+        (Atari: the game scores of the last 100 games, :attr:`reports_games`)."""
         return float(np.mean(self.recent_returns)) if self.recent_returns else None
 
     def extend(self, more_steps: int) -> None:

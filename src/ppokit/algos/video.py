@@ -82,9 +82,14 @@ def _make_env(maker, env_kwargs: dict, where: str):
                              f"{getattr(env, 'render_mode', None)!r}; a video needs one made "
                              "with render_mode='rgb_array'")
         return env
+    from ppokit.envs import atari
     from ppokit.envs.source import gym_id
+    from ppokit.envs.vec import check_env_id
 
     try:
+        if atari.is_atari_spec(check_env_id(maker)):  # the evaluation's preprocessing
+            return atari.make_env(gym_id(maker), training=False, render_mode="rgb_array",
+                                  **dict(env_kwargs or {}))
         return gym.make(gym_id(maker), render_mode="rgb_array", **dict(env_kwargs or {}))
     except gym.error.DependencyNotInstalled as exc:
         raise UsageError(f"{where}: rendering {maker} needs a package that is missing: "

@@ -55,14 +55,17 @@ def _env_report(args):
         from ppokit.algos.config import resolve_config
         from ppokit.envs import make_vec
         from ppokit.envs.source import import_env_module
-        from ppokit.policies import make_policy
+        from ppokit.policies import policy_for_config
 
         cfg = resolve_config(env_id=import_env_module(args.env or "CartPole-v1", "--env"))
         env = make_vec(cfg.env_id, 1, vectorization="sync")
         torch.manual_seed(args.seed)
-        policy = make_policy(env.single_observation_space, env.single_action_space,
-                             hidden=cfg.net_arch, activation=cfg.activation,
-                             ortho_init=cfg.ortho_init, log_std_init=cfg.log_std_init)
+        # the preset's feed-forward policy (an Atari preset: the CNN); checks run
+        # feed-forward policies, so a preset's LSTM is left out
+        import dataclasses
+
+        policy = policy_for_config(dataclasses.replace(cfg, recurrent="none"),
+                                   env.single_observation_space, env.single_action_space)
         env.close()
         env_id, target, base, transform = cfg.env_id, f"default policy ({cfg.env_id})", \
             None, None

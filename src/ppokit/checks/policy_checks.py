@@ -68,13 +68,13 @@ def collect_batch(policy, env_id: str = "CartPole-v1", n: int = 256, seed: int =
     """Step ``env_id`` (built with ``env_kwargs``) with ``policy.act`` (under inference mode,
     as a collector does) until ``n`` transitions are recorded. ``obs_transform`` maps raw
     observations to what the policy sees (e.g. a trained run's observation normaliser)."""
-    import gymnasium as gym
     from gymnasium import spaces
 
-    from ppokit.envs.source import gym_id
+    from ppokit.envs import make_vec
 
-    # gym_id: the bare Id of a module:Id the user named (its module is not imported here)
-    env = gym.make_vec(gym_id(env_id), num_envs=num_envs, **(env_kwargs or {}))
+    # ppokit's own vector env: a module:Id only if the user named it (ppokit.envs.source),
+    # an Atari game with its preprocessing (the observations the policy trains on)
+    env = make_vec(env_id, num_envs, env_kwargs=env_kwargs)
     gen = torch.Generator().manual_seed(seed)
     try:
         raw, _ = env.reset(seed=seed)

@@ -16,7 +16,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = (f"algorithms: {', '.join(ALGORITHMS)}\n"
-                f"tuned environment presets (ppo): {', '.join(ENV_PRESETS)}\n\n"
+                f"tuned environment presets (ppo): {', '.join(ENV_PRESETS)}, and every "
+                "Atari game ALE/Name-v5 (the atari extra)\n\n"
                 + config_help())
     p.add_argument("--env", dest="env_id",
                    help="Gymnasium id (default: CartPole-v1), or module:Id to import module "
@@ -159,7 +160,11 @@ def run(args: argparse.Namespace) -> int:
         summary = (f"{cfg.algo} on {cfg.env_id}: {trainer.global_step} steps, "
                    f"{trainer.iteration} iterations in {trainer.elapsed:.1f} s "
                    f"({trainer.global_step / max(trainer.elapsed, 1e-9):.0f} steps/s)")
-        if trainer.recent_returns:
+        if trainer.recent_returns and trainer.reports_games:
+            summary += (f", mean game score {trainer.mean_recent_return:.1f} (last "
+                        f"{len(trainer.recent_returns)} training games: all lives, "
+                        "unclipped)")
+        elif trainer.recent_returns:
             summary += (f", mean training return {trainer.mean_recent_return:.1f} (last "
                         f"{len(trainer.recent_returns)} episodes)")
         if trainer.best_eval_return is not None:
@@ -223,14 +228,17 @@ def _progress_columns(width: int) -> tuple[list, bool]:
             TimeRemainingColumn(), TextColumn("left")], True
 
 
-def _info(r: dict, mean_return, compact: bool) -> str:
+def _info(r: dict, mean_return, compact: bool, games: bool = False) -> str:
+    """The progress bar's figures; ``games``: the return is the game score (Atari)."""
     if compact:
         sps = r["sps"]
         rate = "-" if sps is None else (f"{sps / 1000:.1f}k/s" if sps >= 1000
                                         else f"{sps:.0f}/s")
-        return (f"ret {_fmt(mean_return, '.1f')} kl {_fmt(r['approx_kl'], '.4f')} "
+        return (f"{'score' if games else 'ret'} {_fmt(mean_return, '.1f')} "
+                f"kl {_fmt(r['approx_kl'], '.4f')} "
                 f"clip {_fmt(r['clipfrac'], '.3f')} {rate}")
-    return (f"{_fmt(r['sps'], '.0f')} sps  return {_fmt(mean_return, '.1f')}"
+    return (f"{_fmt(r['sps'], '.0f')} sps  {'game score' if games else 'return'} "
+            f"{_fmt(mean_return, '.1f')}"
             f"  kl {_fmt(r['approx_kl'], '.4f')}  clip {_fmt(r['clipfrac'], '.3f')}")
 
 
@@ -252,7 +260,8 @@ def _train_with_progress(trainer, stop=None, on_iteration=None, console=None) ->
 
         def on_iter(r: dict) -> None:
             prog.update(task, completed=r["global_step"],
-                        info=_info(r, trainer.mean_recent_return, compact))
+                        info=_info(r, trainer.mean_recent_return, compact,
+                                  trainer.reports_games))
             return on_iteration(r) if on_iteration is not None else None
 
         trainer.train(on_iter, stop=stop)

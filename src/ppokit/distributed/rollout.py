@@ -120,6 +120,11 @@ class RolloutWorker:
         # a Dict observation is stored flat; the encoder reads it per key
         self.policy = make_policy(getattr(obs_space, "dict_space", obs_space),
                                   self.env.single_action_space, **spec["policy"])
+        from ppokit.policies.encoders import NatureCNN
+
+        for m in self.policy.modules():  # the CNN's layout as the learner's (fast)
+            if isinstance(m, NatureCNN):
+                m.fast_layout = bool(spec["fast"])
         self.obs_norm = None
         if spec["normalize_obs"]:
             self.obs_norm = ObsNormalizer(obs_space.shape, spec["clip_obs"])
@@ -137,7 +142,8 @@ class RolloutWorker:
     def info(self) -> dict[str, Any]:
         return {"observation_space": self.env.single_observation_space,
                 "action_space": self.env.single_action_space,
-                "metadata": dict(self.env.metadata), "pid": os.getpid()}
+                "metadata": dict(self.env.metadata), "pid": os.getpid(),
+                "games": self.collector.games}
 
     def _norms(self) -> dict[str, Any]:
         out = {}
@@ -236,6 +242,8 @@ class RayCollector:
         self.obs_norm: ObsNormalizer | None = None
         self.reward_scaler: RewardScaler | None = None
         self.finished: list[tuple[float, int]] = []
+        # the actors' collectors count games (Atari game scores) instead of episodes
+        self.games = bool(info.get("games", False))
         log(f"vectorization=ray: {self.num_workers} actor(s) x {self.per_worker} env(s)")
 
     def _wait_for_actors(self) -> dict[str, Any]:

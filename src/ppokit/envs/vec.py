@@ -24,12 +24,13 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, Vecto
 
 from ppokit.errors import UsageError
 
+from . import atari
 from .source import gym_id
 
 __all__ = ["make_vec", "training_vec", "autoreset_mode_of", "env_state", "load_env_state",
            "check_env_id"]
 
-VECTORIZATIONS = ("auto", "vector_entry_point", "sync", "async")
+VECTORIZATIONS = ("auto", "vector_entry_point", "sync", "async", "envpool")
 AUTORESET_MODES = ("auto", "same_step", "next_step")
 _MODE_NAMES = {AutoresetMode.SAME_STEP: "same_step", AutoresetMode.NEXT_STEP: "next_step",
                AutoresetMode.DISABLED: "disabled"}
@@ -42,6 +43,15 @@ def check_env_id(env_id: str) -> gym.envs.registration.EnvSpec:
     try:
         return gym.spec(bare)
     except (gym.error.Error, ModuleNotFoundError, ImportError) as exc:
+        # ale-py's games are registered when ale-py is imported (the atari extra)
+        if atari.register():
+            try:
+                return gym.spec(bare)
+            except (gym.error.Error, ModuleNotFoundError, ImportError):
+                pass
+        elif bare.startswith("ALE/"):
+            raise UsageError(f"env: {env_id!r} is an Atari game, which needs the atari extra: "
+                             f"{atari.EXTRA_HINT} (ale-py is not installed)") from None
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UsageError(f"env: unknown or unavailable environment {env_id!r} ({msg})") from None
 
@@ -53,10 +63,14 @@ def autoreset_mode_of(env: VectorEnv) -> AutoresetMode:
 
 def make_vec(env_id: str | Callable[[], gym.Env], num_envs: int, *,
              vectorization: str = "auto", autoreset: str = "auto",
-             env_kwargs: dict | None = None) -> VectorEnv:
+             env_kwargs: dict | None = None, training: bool = True) -> VectorEnv:
     """A vector env of ``num_envs`` copies of ``env_id`` (see the module documentation):
     a registered id, a ``module:Id`` whose module the user named (:mod:`.source`), or a
-    factory ``() -> gym.Env`` (sync or async vectorisation; ``env_kwargs`` do not apply)."""
+    factory ``() -> gym.Env`` (sync or async vectorisation; ``env_kwargs`` do not apply).
+
+    An Atari game (an ALE id) gets ppokit's preprocessing (:mod:`.atari`), sync or async;
+    ``training=False`` builds it for evaluation (whole games, unclipped rewards). For every
+    other environment ``training`` changes nothing."""
     if vectorization not in VECTORIZATIONS:
         raise UsageError(f"vectorization: expected one of {', '.join(VECTORIZATIONS)}, "
                          f"got {vectorization!r}")
@@ -64,9 +78,22 @@ def make_vec(env_id: str | Callable[[], gym.Env], num_envs: int, *,
         raise UsageError(f"autoreset_mode: expected one of {', '.join(AUTORESET_MODES)}, "
                          f"got {autoreset!r}")
     if callable(env_id):  # a factory (a GivenVectorEnv builds single copies too)
+        if vectorization == "envpool":
+            raise UsageError("vectorization: envpool runs EnvPool's own environments, "
+                             "not an environment factory; use sync or async")
         return _make_vec_factory(env_id, num_envs, vectorization, autoreset)
     spec = check_env_id(env_id)
     gid = gym_id(env_id)
+    if vectorization == "envpool":  # EnvPool's C++ environments (ppokit.envs.envpool_vec)
+        from .envpool_vec import make_envpool
+
+        if atari.is_atari_spec(spec):
+            raise UsageError(f"vectorization: envpool cannot run {env_id!r}: Atari games "
+                             "use ppokit's own preprocessing (sync or async)")
+        return make_envpool(gid, num_envs, autoreset, env_kwargs)
+    if atari.is_atari_spec(spec):
+        return _make_atari_vec(env_id, gid, num_envs, vectorization, autoreset,
+                               dict(env_kwargs or {}), training)
     mode = vectorization
     if mode == "auto":
         mode = "vector_entry_point" if spec.vector_entry_point is not None else "sync"
@@ -182,13 +209,29 @@ def training_vec(maker, num_envs: int, *, vectorization: str = "auto",
     return vec
 
 
+def _make_atari_vec(env_id: str, gid: str, num_envs: int, vectorization: str,
+                    autoreset: str, env_kwargs: dict, training: bool) -> VectorEnv:
+    """Sync or async copies of one preprocessed ALE game (:func:`.atari.make_env`); the
+    vector env says that its games report their score (``game_scores``)."""
+    if vectorization == "vector_entry_point":
+        raise UsageError(f"vectorization: {env_id} is built with ppokit's Atari "
+                         "preprocessing, one game per copy; use sync or async (or auto)")
+    fns = atari.env_fns(gid, num_envs, training=training, env_kwargs=env_kwargs)
+    try:
+        env = _make_vec_factory(fns[0], num_envs, vectorization, autoreset, fns=fns)
+    except TypeError as exc:  # an env_kwargs name the ALE does not take
+        raise UsageError(f"env_kwargs: {env_id!r} does not accept them ({exc})") from None
+    env.game_scores = True
+    return env
+
+
 def _make_vec_factory(factory: Callable[[], gym.Env], num_envs: int, vectorization: str,
-                      autoreset: str) -> VectorEnv:
+                      autoreset: str, fns: list | None = None) -> VectorEnv:
     if vectorization == "vector_entry_point":
         raise UsageError("vectorization: an environment factory has no vectorised entry "
                          "point; use sync or async")
     want = AutoresetMode.NEXT_STEP if autoreset == "next_step" else AutoresetMode.SAME_STEP
-    fns = [factory] * num_envs
+    fns = fns or [factory] * num_envs
     try:
         if vectorization == "async":
             env = AsyncVectorEnv(fns, autoreset_mode=want)

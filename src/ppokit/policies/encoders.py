@@ -86,16 +86,32 @@ class NatureCNN(nn.Module):
         self.conv = nn.Sequential(*layers, nn.Flatten())
         self.linear = nn.Sequential(nn.Linear(c * h * w, features_dim), nn.ReLU())
         self.features_dim = features_dim
+        # compute the convolutions on a channels-last copy of the input (fast=true); false:
+        # the reference, the input's own layout (tests/test_pixels.py holds them together)
+        self.fast_layout = True
         for m in self.modules():
             if isinstance(m, (nn.Conv2d, nn.Linear)):
                 nn.init.orthogonal_(m.weight, np.sqrt(2))
                 nn.init.zeros_(m.bias)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        x = obs.reshape(obs.shape[0], *self.shape).float() * self.scale
+        if not self.fast_layout:  # the reference: as the observations come
+            x = obs.reshape(obs.shape[0], *self.shape).float() * self.scale
+            if self.channels_last:
+                x = x.permute(0, 3, 1, 2)
+            return self.linear(self.conv(x))
+        x = obs.reshape(obs.shape[0], *self.shape)
         if self.channels_last:
-            x = x.permute(0, 3, 1, 2)
-        return self.linear(self.conv(x))
+            x = x.permute(0, 3, 1, 2)  # already a channels-last view
+        # pixels to float32 in the channels-last layout, which oneDNN's CPU convolutions
+        # run faster (weights and gradients keep their layout); the layout is changed
+        # before the conversion (on uint8: a quarter of the bytes to move)
+        x = x.contiguous(memory_format=torch.channels_last).to(torch.float32)
+        # the scale to [0, 1] folded into the first convolution's weights (no pass over
+        # the pixels): conv(x * s, W) = conv(x, s * W)
+        first = self.conv[0]
+        x = nn.functional.conv2d(x, first.weight * self.scale, first.bias, first.stride)
+        return self.linear(self.conv[1:](x))
 
 
 def flat_dict_space(space: spaces.Dict) -> spaces.Box:

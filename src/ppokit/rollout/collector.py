@@ -28,6 +28,15 @@ the reference path. Both record the same quantities.
 
 ``ppokit.core.gae`` then bootstraps truncations from ``next_values`` and stops the carry at
 ``episode_end`` (two masks). Episode returns and lengths are measured on raw rewards.
+
+Games instead of episodes
+-------------------------
+A vector env whose ``game_scores`` attribute is true (the Atari games of
+:mod:`ppokit.envs.atari`) reports, in the info of the step where a game really ends, its
+score over all lives with unclipped rewards (``game_score``) and its length
+(``game_length``). The collector's finished list then holds those games instead of its
+training episodes (one life each, clipped rewards), so the return ppokit reports is the
+game's score.
 """
 
 from __future__ import annotations
@@ -43,7 +52,22 @@ from ppokit.policies.mlp import NumpySampler
 
 from .buffer import Rollout
 
-__all__ = ["Collector"]
+__all__ = ["Collector", "finished_games"]
+
+
+def finished_games(info: dict | None, ended: np.ndarray) -> list[tuple[float, int]]:
+    """``(game_score, game_length)`` of the envs in ``ended`` whose step info reports a
+    finished game: in ``info["final_info"]`` (SAME_STEP: the step's own info, since the
+    returned one is the reset's) or in ``info`` itself (NEXT_STEP)."""
+    if not info:
+        return []
+    src = info.get("final_info", info) if "game_score" not in info else info
+    if "game_score" not in src:
+        return []
+    score, length = src["game_score"], src["game_length"]
+    mask = src.get("_game_score", np.ones(len(score), bool))
+    return [(float(score[i]), int(length[i])) for i in np.flatnonzero(ended)
+            if i < len(mask) and mask[i]]
 
 
 class Collector:
@@ -82,18 +106,26 @@ class Collector:
         if self.box:
             self.low = self.space.low.astype(np.float32)
             self.high = self.space.high.astype(np.float32)
+        # fast: uint8 pixels are stored as they come (4x less memory to write and gather);
+        # the policy's image encoder scales them itself. Otherwise float32 (the reference)
+        self.keep_uint8 = (fast and obs_normalizer is None
+                           and getattr(policy, "encoder", None) is not None)
         self.obs: torch.Tensor | None = None  # current (normalised) observation [N, ...]
         self.pending = np.zeros(self.num_envs, bool)  # NEXT_STEP: next step is a dummy
         self.ep_return = np.zeros(self.num_envs, np.float64)
         self.ep_length = np.zeros(self.num_envs, np.int64)
         self.finished: list[tuple[float, int]] = []
+        # finished games (score, length) from the envs' infos instead of episodes
+        self.games = bool(getattr(env, "game_scores", False))
 
     # ------------------------------------------------------------------ observations
     def _prep_obs(self, raw: np.ndarray, update: bool) -> np.ndarray:
         raw = np.asarray(raw)
         if self.obs_norm is not None:
             return self.obs_norm(raw, update=update)
-        return raw.astype(np.float32)  # always a copy: the env may reuse its buffer
+        if self.keep_uint8 and raw.dtype == np.uint8:
+            return raw.copy()  # always a copy: the env may reuse its buffer
+        return raw.astype(np.float32)
 
     def reset(self, seed: int | None = None) -> None:
         raw, _ = self.env.reset(seed=seed)
@@ -134,14 +166,18 @@ class Collector:
         return te, done, np.where(ok, r, 0.0), ok, pending, pending
 
     def _count_episodes(self, r: np.ndarray, ok: np.ndarray | None,
-                        real_end: np.ndarray) -> None:
+                        real_end: np.ndarray, info: dict | None = None) -> None:
         """Add a step's raw rewards to the running episode returns and lengths (dummy
-        steps do not count) and move the finished episodes to ``finished``."""
+        steps do not count) and move the finished episodes to ``finished`` — or, for an
+        env that reports games (``games``), the games that ended at this step."""
         self.ep_return += r
         self.ep_length += 1 if ok is None else ok
         if real_end.any():
-            for i in np.flatnonzero(real_end):
-                self.finished.append((float(self.ep_return[i]), int(self.ep_length[i])))
+            if self.games:
+                self.finished.extend(finished_games(info, real_end))
+            else:
+                for i in np.flatnonzero(real_end):
+                    self.finished.append((float(self.ep_return[i]), int(self.ep_length[i])))
             self.ep_return[real_end] = 0.0
             self.ep_length[real_end] = 0
 
@@ -152,7 +188,7 @@ class Collector:
         n = self.num_envs
         sampler = self._numpy_sampler()
         o = self.obs.numpy()
-        obs_buf = np.empty((n_steps, *o.shape), np.float32)
+        obs_buf = np.empty((n_steps, *o.shape), o.dtype)  # float32, or uint8 pixels
         if self.box:
             act_buf = np.empty((n_steps, n, *self.space.shape), np.float32)
         else:
@@ -193,7 +229,7 @@ class Collector:
                     valid[t] = ok
                 term[t] = te
                 end[t] = done
-                self._count_episodes(r, ok, real_end)
+                self._count_episodes(r, ok, real_end, info)
                 rew[t] = r if scaler is None else scaler(r, real_end, ok)
                 if not next_step and tr.any():
                     trunc = tr & ~te
@@ -240,7 +276,9 @@ class Collector:
                 "ep_return": self.ep_return.copy(), "ep_length": self.ep_length.copy()}
 
     def load_state_dict(self, d: dict) -> None:
-        self.obs = torch.from_numpy(np.array(d["obs"], np.float32))
+        obs = np.asarray(d["obs"])
+        keep = self.keep_uint8 and obs.dtype == np.uint8
+        self.obs = torch.from_numpy(np.array(obs, np.uint8 if keep else np.float32))
         self.pending = np.asarray(d["pending"], bool).copy()
         self.ep_return = np.asarray(d["ep_return"], np.float64).copy()
         self.ep_length = np.asarray(d["ep_length"], np.int64).copy()

@@ -174,7 +174,7 @@ class RecurrentCollector(Collector):
                     valid[t] = ok
                 term[t] = te
                 end[t] = done
-                self._count_episodes(r, ok, real_end)
+                self._count_episodes(r, ok, real_end, info)
                 rew[t] = r if scaler is None else scaler(r, real_end, ok)
                 if not next_step and tr.any() and self.use_critic:
                     trunc = tr & ~te

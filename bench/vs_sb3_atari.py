@@ -1,0 +1,80 @@
+"""ppokit against Stable-Baselines3 on an Atari game, side by side in one invocation.
+
+    python -m bench.vs_sb3_atari [--env ALE/Breakout-v5] [--iterations 8] [--repeats 1]
+
+Both libraries train PPO with the Atari preset (8 envs x 128 steps, 4 epochs of
+minibatches of 256, the Nature CNN) on the same preprocessed environments — ppokit's
+Atari wrappers for both (SB3 through ``DummyVecEnv`` over the same constructors; see
+``bench._atari_workers``) — for the same number of environment steps (default 8 envs x
+128 x 8 iterations = 8192), each run in a fresh process with one torch thread, the two
+libraries alternating. The table gives environment steps per second of training, the
+rollout/update split (seconds per 1000 steps), peak resident memory and the ratios
+ppokit/SB3. No evaluation (a few thousand steps learn nothing); this measures speed.
+Needs the ``bench`` and ``atari`` extras.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+
+
+def _run(lib: str, env: str, seed: int, steps: int, envs: int, extra: list[str]) -> dict:
+    cmd = [sys.executable, "-m", "bench._atari_workers", "--lib", lib, "--env", env,
+           "--seed", str(seed), "--steps", str(steps), "--envs", str(envs), *extra]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                         env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    if out.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--env", default="ALE/Breakout-v5")
+    p.add_argument("--iterations", type=int, default=8,
+                   help="rollouts of 8 envs x 128 steps (default 8: 8192 steps)")
+    p.add_argument("--envs", type=int, default=8)
+    p.add_argument("--repeats", type=int, default=1, help="runs of each library")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ppokit-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra ppokit config override (repeatable)")
+    a = p.parse_args(argv)
+    try:
+        import stable_baselines3  # noqa: F401
+    except ImportError:
+        print("stable-baselines3 is not installed: pip install -e '.[bench]'", file=sys.stderr)
+        return 2
+    steps = a.iterations * a.envs * 128
+    recs: dict[str, list[dict]] = {"sb3": [], "ppokit": []}
+    extra = [x for kv in a.ppokit_set for x in ("--set", kv)]
+    for k in range(a.repeats):
+        for lib in ("sb3", "ppokit"):
+            r = _run(lib, a.env, a.seed + k, steps, a.envs, extra if lib == "ppokit" else [])
+            recs[lib].append(r)
+            print(f"  {lib:<7} run {k}: {r['steps']} steps in {r['train_s']:.1f} s "
+                  f"({r['steps'] / r['train_s']:.0f} steps/s; rollout {r['rollout_s']:.1f} s, "
+                  f"update {r['update_s']:.1f} s), peak {r['peak_rss_mb']:.0f} MB", flush=True)
+    print()
+    print(f"{'lib':<8}{'steps/s':>9}{'rollout s/1k':>14}{'update s/1k':>13}{'peak MB':>9}")
+    summ = {}
+    for lib, rs in recs.items():
+        sps = statistics.median(r["steps"] / r["train_s"] for r in rs)
+        ro = statistics.median(r["rollout_s"] / r["steps"] * 1e3 for r in rs)
+        up = statistics.median(r["update_s"] / r["steps"] * 1e3 for r in rs)
+        rss = max(r["peak_rss_mb"] for r in rs)
+        summ[lib] = (sps, ro, up, rss)
+        print(f"{lib:<8}{sps:>9.1f}{ro:>14.3f}{up:>13.3f}{rss:>9.0f}")
+    s, k = summ["sb3"], summ["ppokit"]
+    print(f"ratio   throughput ppokit/SB3 = {k[0] / s[0]:.2f}x, rollout time ppokit/SB3 = "
+          f"{k[1] / s[1]:.2f}, update time ppokit/SB3 = {k[2] / s[2]:.2f}, peak memory "
+          f"ppokit/SB3 = {k[3] / s[3]:.2f}  ({a.env}, {steps} steps, {a.envs} envs, "
+          f"{a.repeats} run(s) each, torch threads 1)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,145 @@
+"""vectorization=envpool: EnvPool's environments as a NEXT_STEP vector env, checked step by
+step against Gymnasium's CartPole and through the collector's two masks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gymnasium.envs.classic_control import CartPoleEnv
+from gymnasium.vector import AutoresetMode
+
+import ppokit
+from ppokit.envs import make_vec
+from ppokit.envs.envpool_vec import EnvPoolVectorEnv
+from ppokit.errors import UsageError
+from ppokit.policies import make_policy
+from ppokit.rollout import Collector
+
+pytest.importorskip("envpool")  # the envpool extra (installed by `make setup`)
+
+
+def test_cartpole_dynamics_and_autoreset_match_gymnasium():
+    """Each EnvPool step from a state equals Gymnasium's CartPole step from that state
+    (observation, reward, terminated, truncated at max_episode_steps); after an episode
+    end the next step ignores the action and returns a fresh start with reward 0."""
+    n, limit = 3, 25
+    env = make_vec("CartPole-v1", n, vectorization="envpool",
+                   env_kwargs={"max_episode_steps": limit})
+    assert isinstance(env, EnvPoolVectorEnv)
+    assert env.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP
+    mirror = [CartPoleEnv() for _ in range(n)]
+    for m in mirror:
+        m.reset(seed=0)
+    obs, _ = env.reset(seed=5)
+    steps = np.zeros(n, int)
+    ended = np.zeros(n, bool)
+    rng = np.random.default_rng(0)
+    seen = {"terminated": 0, "truncated": 0, "dummy": 0}
+    for _ in range(300):
+        a = rng.integers(2, size=n)
+        nobs, r, te, tr, _ = env.step(a)
+        for i, m in enumerate(mirror):
+            if ended[i]:  # the reset step: action ignored, reward 0, no flags
+                assert r[i] == 0 and not te[i] and not tr[i]
+                assert abs(nobs[i]).max() <= 0.05  # Gymnasium's start range
+                steps[i] = 0
+                seen["dummy"] += 1
+                continue
+            m.state, m.steps_beyond_terminated = obs[i].astype(np.float64), None
+            mo, mr, mte, _, _ = m.step(int(a[i]))
+            steps[i] += 1
+            assert np.allclose(nobs[i], mo, atol=1e-5), (nobs[i], mo)
+            assert r[i] == mr and te[i] == mte
+            assert tr[i] == (steps[i] >= limit and not mte)
+            seen["terminated"] += int(te[i])
+            seen["truncated"] += int(tr[i])
+        ended = te | tr
+        obs = nobs
+    assert min(seen.values()) > 0, seen
+    env.close()
+
+
+class _Spy:
+    """Records what the wrapped vector env returns."""
+
+    def __init__(self, env):
+        self.env, self.steps = env, []
+        self.num_envs = env.num_envs
+        self.metadata = env.metadata
+        self.single_action_space = env.single_action_space
+        self.single_observation_space = env.single_observation_space
+
+    def reset(self, **kw):
+        return self.env.reset(**kw)
+
+    def step(self, a):
+        out = self.env.step(a)
+        self.steps.append(out)
+        return out
+
+
+def test_collector_two_masks_on_envpool():
+    """Through the collector: a truncation's next value is V of the real final observation
+    (the one EnvPool returned with the flag), the reset step after it is a dummy row
+    (valid false, reward 0, terminated and ended), a termination is not bootstrapped."""
+    env = _Spy(make_vec("CartPole-v1", 4, vectorization="envpool",
+                        env_kwargs={"max_episode_steps": 12}))
+    torch.manual_seed(0)
+    pol = make_policy(env.single_observation_space, env.single_action_space)
+    col = Collector(env, pol, generator=torch.Generator().manual_seed(1))
+    col.reset(seed=3)
+    ro = col.collect(64)
+    T, N = ro.rewards.shape
+    n_trunc = n_dummy = 0
+    with torch.no_grad():
+        for t in range(T):
+            obs, r, te, tr, _ = env.steps[t]
+            for i in range(N):
+                if not ro.valid[t, i]:
+                    n_dummy += 1
+                    assert ro.rewards[t, i] == 0 and ro.terminated[t, i] and ro.episode_end[t, i]
+                    continue
+                assert ro.rewards[t, i] == float(r[i])
+                assert bool(ro.terminated[t, i]) == bool(te[i])
+                assert bool(ro.episode_end[t, i]) == bool(te[i] or tr[i])
+                if tr[i] and not te[i]:
+                    n_trunc += 1
+                    v = pol.value(torch.as_tensor(obs[i:i + 1]))[0]
+                    assert torch.allclose(ro.next_values[t, i], v, atol=1e-6)
+                if (te[i] or tr[i]) and t + 1 < T:
+                    assert not ro.valid[t + 1, i]  # the reset step after it
+    assert n_trunc > 0 and n_dummy > 0
+    ro.compute_advantages(0.99, 0.95)
+    assert torch.isfinite(ro.advantages).all()
+
+
+def test_envpool_reseeds_on_reset():
+    env = make_vec("CartPole-v1", 2, vectorization="envpool")
+    a, _ = env.reset(seed=1)
+    b, _ = env.reset(seed=2)
+    c, _ = env.reset(seed=1)
+    assert np.array_equal(a, c) and not np.array_equal(a, b)
+    env.close()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(env_id="ALE/Breakout-v5"), "Atari games use ppokit's own preprocessing"),
+    (dict(env_id="Taxi-v4"), "EnvPool does not provide it"),
+    (dict(env_id="CartPole-v1", autoreset="same_step"), "next_step mode only"),
+    (dict(env_id=lambda: CartPoleEnv()), "not an environment factory"),
+    (dict(env_id="CartPole-v1", env_kwargs={"nonsense": 1}), "EnvPool cannot build"),
+])
+def test_envpool_refusals(kwargs, message):
+    with pytest.raises(UsageError) as exc:
+        make_vec(kwargs.pop("env_id"), 2, vectorization="envpool", **kwargs)
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_train_cartpole_on_envpool(tmp_path):
+    agent = ppokit.train("CartPole-v1", total_steps=2048, run_dir=tmp_path / "r", seed=0,
+                         vectorization="envpool", progress=False, tensorboard=False)
+    assert agent.num_timesteps == 2048 and agent.cfg.vectorization == "envpool"
+    res = agent.evaluate(episodes=2)  # on Gymnasium's CartPole-v1
+    assert res["episodes"] == 2 and res["mean_return"] > 0
+    agent.close()
