@@ -19,6 +19,8 @@ import json
 import resource
 import time
 
+from bench._split import sb3_rollout_clock, train_ppokit
+
 T_START = time.perf_counter()
 
 
@@ -37,28 +39,15 @@ def _ppokit(a) -> dict:
                                                      "total_timesteps": a.steps})
     with tempfile.TemporaryDirectory() as run_dir:
         tr = Trainer(cfg, run_dir, log=lambda s: None)
-        collect = tr.collector.collect
-        spent = [0.0]
-
-        def timed_collect(n):
-            t = time.perf_counter()
-            out = collect(n)
-            spent[0] += time.perf_counter() - t
-            return out
-
-        tr.collector.collect = timed_collect
-        t0 = time.perf_counter()
-        tr.train()
-        train_s = time.perf_counter() - t0
+        train_s, rollout_s = train_ppokit(tr)
         steps = tr.global_step
         tr.close()
-    return {"steps": steps, "train_s": train_s, "rollout_s": spent[0],
-            "update_s": train_s - spent[0]}
+    return {"steps": steps, "train_s": train_s, "rollout_s": rollout_s,
+            "update_s": train_s - rollout_s}
 
 
 def _sb3(a) -> dict:
     from stable_baselines3 import PPO
-    from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     from ppokit.algos.config import ATARI_PRESET
@@ -73,27 +62,12 @@ def _sb3(a) -> dict:
     def linear(v0):
         return lambda progress_remaining: progress_remaining * v0
 
-    class Split(BaseCallback):
-        def __init__(self):
-            super().__init__()
-            self.rollout = 0.0
-            self._t = 0.0
-
-        def _on_rollout_start(self):
-            self._t = time.perf_counter()
-
-        def _on_rollout_end(self):
-            self.rollout += time.perf_counter() - self._t
-
-        def _on_step(self):
-            return True
-
     model = PPO("CnnPolicy", env, seed=a.seed, verbose=0, device="cpu",
                 n_steps=p["n_steps"], batch_size=p["batch_size"], n_epochs=p["n_epochs"],
                 learning_rate=linear(p["learning_rate"]), clip_range=linear(p["clip_range"]),
                 ent_coef=p["ent_coef"], vf_coef=p["vf_coef"], gamma=p["gamma"],
                 gae_lambda=p["gae_lambda"], max_grad_norm=p["max_grad_norm"])
-    split = Split()
+    split = sb3_rollout_clock()
     t0 = time.perf_counter()
     model.learn(total_timesteps=a.steps, callback=split)
     train_s = time.perf_counter() - t0

@@ -12,6 +12,8 @@ import resource
 import tempfile
 import time
 
+from bench._split import train_ppokit
+
 T_START = time.perf_counter()
 
 
@@ -35,26 +37,14 @@ def main() -> None:
     cfg = resolve_config(overrides=overrides, flags=flags)
     with tempfile.TemporaryDirectory() as run_dir:
         tr = Trainer(cfg, run_dir, log=lambda s: None)
-        collect = tr.collector.collect
-        spent = [0.0]
-
-        def timed_collect(n):
-            t = time.perf_counter()
-            out = collect(n)
-            spent[0] += time.perf_counter() - t
-            return out
-
-        tr.collector.collect = timed_collect
-        t0 = time.perf_counter()
-        tr.train()
-        train_s = time.perf_counter() - t0
+        train_s, rollout_s = train_ppokit(tr)
         tr.close()
         res = evaluate_run(run_dir, episodes=a.eval_episodes, seed=10_000 + a.seed)
     import torch
 
     print(json.dumps({
         "lib": "ppokit", "env": a.env, "seed": a.seed, "steps": tr.global_step,
-        "train_s": train_s, "rollout_s": spent[0], "update_s": train_s - spent[0],
+        "train_s": train_s, "rollout_s": rollout_s, "update_s": train_s - rollout_s,
         "eval_mean": res["mean_return"], "eval_std": res["std_return"],
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "in_process_s": time.perf_counter() - T_START,

@@ -18,6 +18,8 @@ T_START = time.perf_counter()
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from bench._split import sb3_rollout_clock  # noqa: E402
+
 
 def linear(v0):
     return lambda progress_remaining: progress_remaining * v0
@@ -52,7 +54,6 @@ def main() -> None:
     if a.threads:
         torch.set_num_threads(a.threads)
     from sb3_contrib import RecurrentPPO
-    from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import VecNormalize
 
@@ -63,24 +64,9 @@ def main() -> None:
     env = VecNormalize(make_vec_env(a.env, n_envs=cfg["n_envs"], seed=a.seed),
                        norm_obs=True, norm_reward=cfg["norm_reward"], gamma=gamma)
 
-    class Split(BaseCallback):
-        def __init__(self):
-            super().__init__()
-            self.rollout = 0.0
-            self._t = 0.0
-
-        def _on_rollout_start(self):
-            self._t = time.perf_counter()
-
-        def _on_rollout_end(self):
-            self.rollout += time.perf_counter() - self._t
-
-        def _on_step(self):
-            return True
-
     model = RecurrentPPO("MlpLstmPolicy", env, seed=a.seed, verbose=0, device="cpu",
                          **cfg["kwargs"])
-    split = Split()
+    split = sb3_rollout_clock()
     t0 = time.perf_counter()
     model.learn(total_timesteps=a.steps, callback=split)
     train_s = time.perf_counter() - t0

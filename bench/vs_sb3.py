@@ -20,6 +20,8 @@ import subprocess
 import sys
 import time
 
+from bench._split import have
+
 CASES = {"cartpole": ("CartPole-v1", 100_000), "halfcheetah": ("HalfCheetah-v5", 100_000)}
 
 
@@ -61,10 +63,7 @@ def main(argv=None) -> int:
     p.add_argument("--ppokit-set", action="append", default=[], metavar="KEY=VALUE",
                    help="extra ppokit config override (repeatable)")
     a = p.parse_args(argv)
-    try:
-        import stable_baselines3  # noqa: F401
-    except ImportError:
-        print("stable-baselines3 is not installed: pip install -e '.[bench]'", file=sys.stderr)
+    if not have("stable_baselines3"):
         return 2
     seeds = [int(s) for s in a.seeds.split(",")]
     rows = []

@@ -21,6 +21,8 @@ import statistics
 import subprocess
 import sys
 
+from bench._split import have
+
 
 def _run(lib: str, env: str, seed: int, steps: int, envs: int, extra: list[str]) -> dict:
     cmd = [sys.executable, "-m", "bench._atari_workers", "--lib", lib, "--env", env,
@@ -43,10 +45,7 @@ def main(argv=None) -> int:
     p.add_argument("--ppokit-set", action="append", default=[], metavar="KEY=VALUE",
                    help="extra ppokit config override (repeatable)")
     a = p.parse_args(argv)
-    try:
-        import stable_baselines3  # noqa: F401
-    except ImportError:
-        print("stable-baselines3 is not installed: pip install -e '.[bench]'", file=sys.stderr)
+    if not have("stable_baselines3"):
         return 2
     steps = a.iterations * a.envs * 128
     recs: dict[str, list[dict]] = {"sb3": [], "ppokit": []}

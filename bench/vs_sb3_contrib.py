@@ -20,6 +20,7 @@ import argparse
 import statistics
 import sys
 
+from bench._split import have
 from bench.vs_sb3 import _med, _run, _summary
 
 CASES = {"cartpole-novel": ("ppokit/CartPoleNoVel-v1", 50_000),
@@ -34,10 +35,7 @@ def main(argv=None) -> int:
     p.add_argument("--sb3-threads", type=int, default=1,
                    help="sb3-contrib's torch threads (default 1, as ppokit; 0: torch's own)")
     a = p.parse_args(argv)
-    try:
-        import sb3_contrib  # noqa: F401
-    except ImportError:
-        print("sb3-contrib is not installed: pip install -e '.[bench]'", file=sys.stderr)
+    if not have("sb3_contrib"):
         return 2
     seeds = [int(s) for s in a.seeds.split(",")]
     rows = []
