@@ -180,10 +180,14 @@ def _trl_run(tmp, task, tok, iterations, prompts_per_iter, samples_per_prompt, m
         model_dir = f"{tmp}/model"
         # TRL builds its reference from a path
         save_policy(build_bench_model(model_size, tok), tok, model_dir)
-        ds = Dataset.from_dict({"prompt": task.train_prompts(4096, random.Random(0))})
+        # the same token sequences as ppokit's prompts, which start with BOS (TRL
+        # tokenizes a plain-text prompt as it is): the BOS written out in the text
+        bos = tok.bos_token
+        ds = Dataset.from_dict({"prompt": [bos + q for q in
+                                           task.train_prompts(4096, random.Random(0))]})
 
         def reward(prompts, completions, **_):
-            return reverse_score(prompts, completions)
+            return reverse_score([q.removeprefix(bos) for q in prompts], completions)
 
         class Clock(TrainerCallback):
             def __init__(self):
