@@ -42,7 +42,8 @@ def test_benchmark_side_runs_in_its_own_process_and_the_table_gives_trl_over_ppo
     assert t["sequences_per_iter"] == 8 and t["peak_rss_mb"] >= t["rss_start_mb"] > 0
     trl = {**t, "time_generation": 2 * t["time_generation"],
            "seconds_per_iteration": 3 * t["seconds_per_iteration"],
-           "tokens_per_s_total": t["tokens_per_s_total"] / 3}
+           "tokens_per_s_total": t["tokens_per_s_total"] / 3,
+           "completion_tokens_per_iteration": t["tokens_per_s_total"] * t["seconds_per_iteration"]}
     table = comparison_table(t, trl)
     assert "2.00x" in table.splitlines()[2]  # generation: TRL took twice as long
     end = next(x for x in table.splitlines() if "end to end" in x)

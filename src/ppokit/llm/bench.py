@@ -313,6 +313,10 @@ def comparison_table(t: dict, trl: dict) -> str:
     line("end to end (s/iteration)", t["seconds_per_iteration"], trl["seconds_per_iteration"])
     line("CPU seconds / iteration", t["cpu_seconds_per_iteration"],
          trl["cpu_seconds_per_iteration"])
+    # each library's policy learns while it is timed, so the completions it samples (and
+    # the work per iteration) drift apart: tokens/s divides that out
+    line("completion tokens / iteration", t["tokens_per_s_total"] * t["seconds_per_iteration"],
+         trl["completion_tokens_per_iteration"], "{:.0f}", ratio=False)
     line("completion tokens / s", t["tokens_per_s_total"], trl["tokens_per_s_total"],
          "{:.0f}", ratio=False)
     rows[-1] += f"{t['tokens_per_s_total'] / trl['tokens_per_s_total']:>11.2f}x (ppokit/TRL)"
