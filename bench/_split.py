@@ -25,8 +25,9 @@ def train_ppokit(tr) -> tuple[float, float]:
     return time.perf_counter() - t0, spent[0]
 
 
-def sb3_rollout_clock():
-    """An SB3 callback adding the wall time of every rollout phase to ``.rollout``."""
+def sb3_rollout_clock(on_step=None):
+    """An SB3 callback adding the wall time of every rollout phase to ``.rollout``;
+    ``on_step(locals)``, if given, sees each step's ``locals`` (infos, rewards...)."""
     from stable_baselines3.common.callbacks import BaseCallback
 
     class RolloutClock(BaseCallback):
@@ -42,6 +43,8 @@ def sb3_rollout_clock():
             self.rollout += time.perf_counter() - self._t
 
         def _on_step(self):
+            if on_step is not None:
+                on_step(self.locals)
             return True
 
     return RolloutClock()
