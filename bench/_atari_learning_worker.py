@@ -11,7 +11,7 @@ import time
 import numpy as np
 import torch
 
-from bench._split import sb3_rollout_clock, train_ppokit
+from bench._split import sb3_atari_ppo, sb3_rollout_clock, train_ppokit
 
 
 def _ppokit(a) -> dict:
@@ -32,25 +32,10 @@ def _ppokit(a) -> dict:
 
 
 def _sb3(a) -> dict:
-    from stable_baselines3 import PPO
-    from stable_baselines3.common.vec_env import DummyVecEnv
-
-    from ppokit.algos.config import ATARI_PRESET as P
+    from ppokit.algos.config import ATARI_PRESET
     from ppokit.envs import atari
-    from ppokit.envs.vec import check_env_id
 
-    check_env_id(a.env)  # registers ale-py's ids
-    env = DummyVecEnv(atari.env_fns(a.env, P["n_envs"], training=True))
-    env.seed(a.seed)
-
-    def linear(v0):
-        return lambda progress_remaining: progress_remaining * v0
-
-    model = PPO("CnnPolicy", env, seed=a.seed, verbose=0, device="cpu",
-                n_steps=P["n_steps"], batch_size=P["batch_size"], n_epochs=P["n_epochs"],
-                learning_rate=linear(P["learning_rate"]), clip_range=linear(P["clip_range"]),
-                ent_coef=P["ent_coef"], vf_coef=P["vf_coef"], gamma=P["gamma"],
-                gae_lambda=P["gae_lambda"], max_grad_norm=P["max_grad_norm"])
+    model = sb3_atari_ppo(a.env, ATARI_PRESET["n_envs"], a.seed)
     games: list[float] = []
     clock = sb3_rollout_clock(lambda loc: _record_games(loc.get("infos", ()), games))
     t0 = time.perf_counter()

@@ -19,7 +19,7 @@ import json
 import resource
 import time
 
-from bench._split import sb3_rollout_clock, train_ppokit
+from bench._split import sb3_atari_ppo, sb3_rollout_clock, train_ppokit
 
 T_START = time.perf_counter()
 
@@ -47,26 +47,7 @@ def _ppokit(a) -> dict:
 
 
 def _sb3(a) -> dict:
-    from stable_baselines3 import PPO
-    from stable_baselines3.common.vec_env import DummyVecEnv
-
-    from ppokit.algos.config import ATARI_PRESET
-    from ppokit.envs import atari
-    from ppokit.envs.vec import check_env_id
-
-    check_env_id(a.env)  # registers ale-py's ids
-    p = ATARI_PRESET
-    env = DummyVecEnv(atari.env_fns(a.env, a.envs, training=True))
-    env.seed(a.seed)
-
-    def linear(v0):
-        return lambda progress_remaining: progress_remaining * v0
-
-    model = PPO("CnnPolicy", env, seed=a.seed, verbose=0, device="cpu",
-                n_steps=p["n_steps"], batch_size=p["batch_size"], n_epochs=p["n_epochs"],
-                learning_rate=linear(p["learning_rate"]), clip_range=linear(p["clip_range"]),
-                ent_coef=p["ent_coef"], vf_coef=p["vf_coef"], gamma=p["gamma"],
-                gae_lambda=p["gae_lambda"], max_grad_norm=p["max_grad_norm"])
+    model = sb3_atari_ppo(a.env, a.envs, a.seed)
     split = sb3_rollout_clock()
     t0 = time.perf_counter()
     model.learn(total_timesteps=a.steps, callback=split)

@@ -59,3 +59,27 @@ def have(module: str) -> bool:
         print(f"{name} is not installed: pip install -e '.[bench]'", file=sys.stderr)
         return False
     return True
+
+
+def sb3_atari_ppo(env_id: str, n_envs: int, seed: int):
+    """SB3's PPO (``CnnPolicy``) on ppokit's Atari wrappers with ppokit's Atari preset:
+    the same environments and settings a ppokit run of ``env_id`` gets."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from ppokit.algos.config import ATARI_PRESET as P
+    from ppokit.envs import atari
+    from ppokit.envs.vec import check_env_id
+
+    check_env_id(env_id)  # registers ale-py's ids
+    env = DummyVecEnv(atari.env_fns(env_id, n_envs, training=True))
+    env.seed(seed)
+
+    def linear(v0):
+        return lambda progress_remaining: progress_remaining * v0
+
+    return PPO("CnnPolicy", env, seed=seed, verbose=0, device="cpu",
+               n_steps=P["n_steps"], batch_size=P["batch_size"], n_epochs=P["n_epochs"],
+               learning_rate=linear(P["learning_rate"]), clip_range=linear(P["clip_range"]),
+               ent_coef=P["ent_coef"], vf_coef=P["vf_coef"], gamma=P["gamma"],
+               gae_lambda=P["gae_lambda"], max_grad_norm=P["max_grad_norm"])
