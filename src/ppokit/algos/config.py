@@ -93,6 +93,11 @@ class TrainConfig:
     features_dim: int = _f(512, "cnn: features after the convolutions (a linear layer)")
     share_features: bool = _f(True, "cnn / multi_input: actor and critic share one encoder "
                               "(false: each has its own)")
+    precision: str = _f("fp32", "cnn: number format of the convolutional trunk: fp32; "
+                        "bf16 (convolutions and its linear layer in bfloat16 under autocast; "
+                        "weights, heads, losses and optimiser in float32); auto (bf16 where "
+                        "the hardware computes bfloat16 natively: CPUs with AMX or AVX-512 "
+                        "BF16, else fp32; the Atari preset's value). See docs/pixels.md")
     recurrent: str = _f("none", "memory: none (MLP policy) or lstm (an LSTM between the "
                         "observation encoder and the actor's and critic's MLPs)")
     lstm_hidden_size: int = _f(256, "recurrent=lstm: units of each LSTM layer")
@@ -176,6 +181,7 @@ CHOICES = {
     "activation": ("tanh", "relu"),
     "recurrent": ("none", "lstm"),
     "policy": ("auto", "mlp", "cnn", "multi_input"),
+    "precision": ("fp32", "bf16", "auto"),
     "vectorization": ("auto", "vector_entry_point", "sync", "async", "ray", "envpool"),
     "autoreset_mode": ("auto", "same_step", "next_step"),
     "env_source": ("id", "factory"),
@@ -523,7 +529,7 @@ ATARI_PRESET: dict[str, Any] = dict(
     n_envs=8, total_timesteps=10_000_000, n_steps=128, n_epochs=4, batch_size=256,
     learning_rate=2.5e-4, lr_schedule="linear", clip_range=0.1, clip_schedule="linear",
     ent_coef=0.01, vf_coef=0.5, gamma=0.99, gae_lambda=0.95, max_grad_norm=0.5,
-    policy="cnn", net_arch=())
+    policy="cnn", net_arch=(), precision="auto")
 ATARI_PREFIX = "ALE/"
 
 

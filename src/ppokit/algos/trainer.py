@@ -207,6 +207,7 @@ class Trainer:
         check_memory(c, int(np.prod(obs_space.shape or (1,))),
                      int(np.prod(self.env.single_action_space.shape or (1,))))
         self.policy = policy_for_config(c, obs_space, self.env.single_action_space)
+        self._log_precision(c.precision)
         self.spec = update_spec(c)
         self.flat = None
         self.fused_reason = "fast=false" if not c.fast else supports(self.spec, self.policy)
@@ -478,6 +479,20 @@ class Trainer:
             self.save(self.run_dir / BEST_DIR, keep=1)
         out["eval_best"] = self.best_eval_return
         return out
+
+    def _log_precision(self, asked: str) -> None:
+        """Say the number format of the convolutional trunk when it is not float32."""
+        from ppokit.policies.encoders import NatureCNN
+
+        cnn = next((m for m in self.policy.modules() if isinstance(m, NatureCNN)), None)
+        if cnn is None or (asked == "fp32"):
+            return
+        why = {"auto": " (precision=auto: this CPU "
+                       + ("computes bfloat16 natively)" if cnn.precision == "bf16"
+                          else "has no native bfloat16)"),
+               "bf16": ""}[asked]
+        self.log(f"convolutional trunk in {cnn.precision}{why}; heads, losses and "
+                 "optimiser in float32 (--set precision=fp32 for float32 throughout)")
 
     def train(self, on_iteration: Callable[[dict], Any] | None = None, *,
               stop: GracefulStop | None = None) -> None:

@@ -16,18 +16,21 @@ def is_recurrent(policy) -> bool:
 def policy_for_config(cfg, obs_space, action_space):
     """The policy a training configuration describes (``recurrent``: ``none`` → the MLP
     actor-critic, ``lstm`` → :class:`LSTMActorCritic`), for single-env spaces. ``fast``
-    false gives CNN encoders their reference layout (no channels-last copy)."""
+    false gives CNN encoders their reference layout (no channels-last copy); ``precision``
+    sets their number format."""
     try:
         policy = _policy_for_config(cfg, obs_space, action_space)
     except ValueError as exc:  # a configuration that does not fit the env's spaces
         from ppokit.errors import UsageError
 
         raise UsageError(str(exc)) from None
-    from .encoders import NatureCNN
+    from .encoders import NatureCNN, resolve_precision
 
+    precision = resolve_precision(getattr(cfg, "precision", "fp32"))
     for m in policy.modules():
         if isinstance(m, NatureCNN):
             m.fast_layout = bool(getattr(cfg, "fast", True))
+            m.precision = precision
     return policy
 
 

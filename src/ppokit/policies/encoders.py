@@ -9,7 +9,8 @@ critic MLPs read.
   right). Pixels are scaled to [0, 1] (divided by 255 for uint8 or 0–255 bounds) and go
   through the convolutional trunk of the Nature DQN paper — 8×8 stride 4, 4×4 stride 2,
   3×3 stride 1, with ``cnn_channels`` filters (32, 64, 64), ReLU, then a linear layer to
-  ``features_dim`` (512) and ReLU.
+  ``features_dim`` (512) and ReLU. With ``precision = "bf16"`` the trunk computes in
+  bfloat16 (autocast) and hands float32 features to the heads.
 * **Dictionaries** (``policy = "multi_input"``, or ``auto`` on a ``Dict``): one encoder
   per key, in sorted key order — the CNN for an image (256 features, as the combined
   extractor most users know), the flattened values for a vector ``Box``, one-hot for a
@@ -30,7 +31,7 @@ from gymnasium import spaces
 from torch import nn
 
 __all__ = ["is_image_space", "image_layout", "NatureCNN", "MultiInputEncoder",
-           "flat_dict_space", "POLICIES"]
+           "flat_dict_space", "POLICIES", "native_bf16", "resolve_precision"]
 
 POLICIES = ("auto", "mlp", "cnn", "multi_input")
 MIN_CNN_SIZE = 36  # the smallest height and width the Nature CNN's three kernels fit
@@ -56,6 +57,22 @@ def image_layout(space: spaces.Box) -> tuple[bool, int, int, int, float]:
     c, h, w = (shape[2], shape[0], shape[1]) if last else shape
     scale = 1.0 / 255.0 if space.dtype == np.uint8 or float(np.max(space.high)) > 1 else 1.0
     return last, int(c), int(h), int(w), scale
+
+
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AMX tiles or AVX-512 BF16): where
+    it does not, bfloat16 convolutions are emulated and slower than float32 ones."""
+    cpu = torch.cpu
+    probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    return any(bool(getattr(cpu, name, lambda: False)()) for name in probes)
+
+
+def resolve_precision(precision: str) -> str:
+    """``fp32`` or ``bf16`` for the config key ``precision`` (``auto``: bf16 when
+    :func:`native_bf16`)."""
+    if precision == "auto":
+        return "bf16" if native_bf16() else "fp32"
+    return precision
 
 
 def _conv_out(n: int, k: int, s: int) -> int:
@@ -89,12 +106,25 @@ class NatureCNN(nn.Module):
         # compute the convolutions on a channels-last copy of the input (fast=true); false:
         # the reference, the input's own layout (tests/test_pixels.py holds them together)
         self.fast_layout = True
+        self.precision = "fp32"  # or "bf16" (config key precision; forward says what it does)
         for m in self.modules():
             if isinstance(m, (nn.Conv2d, nn.Linear)):
                 nn.init.orthogonal_(m.weight, np.sqrt(2))
                 nn.init.zeros_(m.bias)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        if self.precision == "fp32":
+            return self._trunk(obs)
+        # bf16: the convolutions and the linear layer take bfloat16 copies of their inputs
+        # and weights (autocast) and accumulate in float32; the features come back as
+        # float32, so the heads, the log-probabilities and every loss stay in float32, and
+        # so do the weights, their gradients and the optimiser state. uint8 pixels are
+        # integers below 256, exact in bfloat16; what is rounded is the weights (8 bits of
+        # mantissa) and the activations between layers.
+        with torch.autocast(obs.device.type, dtype=torch.bfloat16):
+            return self._trunk(obs).float()
+
+    def _trunk(self, obs: torch.Tensor) -> torch.Tensor:
         if not self.fast_layout:  # the reference: as the observations come
             x = obs.reshape(obs.shape[0], *self.shape).float() * self.scale
             if self.channels_last:
