@@ -7,10 +7,12 @@ minibatches of 256, the Nature CNN) on the same preprocessed environments — pp
 Atari wrappers for both (SB3 through ``DummyVecEnv`` over the same constructors; see
 ``bench._atari_workers``) — for the same number of environment steps (default 8 envs x
 128 x 8 iterations = 8192), each run in a fresh process with one torch thread, the two
-libraries alternating. The table gives environment steps per second of training, the
-rollout/update split (seconds per 1000 steps), peak resident memory and the ratios
-ppokit/SB3. No evaluation (a few thousand steps learn nothing); this measures speed.
-Needs the ``bench`` and ``atari`` extras.
+libraries alternating. ppokit runs twice: as the preset has it (``precision = auto``: the
+convolutional trunk in bfloat16 on a CPU that computes it natively, else float32) and in
+float32 throughout (``precision = fp32``, SB3's number format). The table gives
+environment steps per second of training, the rollout/update split (seconds per 1000
+steps), peak resident memory and the ratios to SB3. No evaluation (a few thousand steps
+learn nothing); this measures speed. Needs the ``bench`` and ``atari`` extras.
 """
 
 from __future__ import annotations
@@ -48,30 +50,40 @@ def main(argv=None) -> int:
     if not have("stable_baselines3"):
         return 2
     steps = a.iterations * a.envs * 128
-    recs: dict[str, list[dict]] = {"sb3": [], "ppokit": []}
     extra = [x for kv in a.ppokit_set for x in ("--set", kv)]
+    from ppokit.policies.encoders import resolve_precision
+
+    preset = resolve_precision("auto")
+    runs = {"sb3": ("sb3", []), f"ppokit ({preset})": ("ppokit", extra)}
+    if preset != "fp32":
+        runs["ppokit (fp32)"] = ("ppokit", [*extra, "--set", "precision=fp32"])
+    recs: dict[str, list[dict]] = {name: [] for name in runs}
     for k in range(a.repeats):
-        for lib in ("sb3", "ppokit"):
-            r = _run(lib, a.env, a.seed + k, steps, a.envs, extra if lib == "ppokit" else [])
-            recs[lib].append(r)
-            print(f"  {lib:<7} run {k}: {r['steps']} steps in {r['train_s']:.1f} s "
+        for name, (lib, args) in runs.items():
+            r = _run(lib, a.env, a.seed + k, steps, a.envs, args)
+            recs[name].append(r)
+            print(f"  {name:<14} run {k}: {r['steps']} steps in {r['train_s']:.1f} s "
                   f"({r['steps'] / r['train_s']:.0f} steps/s; rollout {r['rollout_s']:.1f} s, "
                   f"update {r['update_s']:.1f} s), peak {r['peak_rss_mb']:.0f} MB", flush=True)
     print()
-    print(f"{'lib':<8}{'steps/s':>9}{'rollout s/1k':>14}{'update s/1k':>13}{'peak MB':>9}")
+    print(f"{'':<15}{'steps/s':>9}{'rollout s/1k':>14}{'update s/1k':>13}{'peak MB':>9}"
+          f"{'x SB3':>8}")
     summ = {}
-    for lib, rs in recs.items():
+    for name, rs in recs.items():
         sps = statistics.median(r["steps"] / r["train_s"] for r in rs)
         ro = statistics.median(r["rollout_s"] / r["steps"] * 1e3 for r in rs)
         up = statistics.median(r["update_s"] / r["steps"] * 1e3 for r in rs)
         rss = max(r["peak_rss_mb"] for r in rs)
-        summ[lib] = (sps, ro, up, rss)
-        print(f"{lib:<8}{sps:>9.1f}{ro:>14.3f}{up:>13.3f}{rss:>9.0f}")
-    s, k = summ["sb3"], summ["ppokit"]
-    print(f"ratio   throughput ppokit/SB3 = {k[0] / s[0]:.2f}x, rollout time ppokit/SB3 = "
-          f"{k[1] / s[1]:.2f}, update time ppokit/SB3 = {k[2] / s[2]:.2f}, peak memory "
-          f"ppokit/SB3 = {k[3] / s[3]:.2f}  ({a.env}, {steps} steps, {a.envs} envs, "
-          f"{a.repeats} run(s) each, torch threads 1)")
+        summ[name] = (sps, ro, up, rss)
+        ratio = sps / summ["sb3"][0]
+        print(f"{name:<15}{sps:>9.1f}{ro:>14.3f}{up:>13.3f}{rss:>9.0f}{ratio:>7.2f}x")
+    s = summ["sb3"]
+    for name, k in summ.items():
+        if name != "sb3":
+            print(f"ratio {name}/SB3: throughput {k[0] / s[0]:.2f}x, rollout time "
+                  f"{k[1] / s[1]:.2f}, update time {k[2] / s[2]:.2f}, peak memory "
+                  f"{k[3] / s[3]:.2f}")
+    print(f"({a.env}, {steps} steps, {a.envs} envs, {a.repeats} run(s) each, torch threads 1)")
     return 0
 
 

@@ -73,3 +73,102 @@ def test_fast_rollouts_keep_uint8_pixels_and_match_the_reference():
     torch.testing.assert_close(fast.logp, ref.logp, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(fast.values, ref.values, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(fast.next_values, ref.next_values, rtol=1e-5, atol=1e-5)
+
+
+def _bf16(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.bfloat16).float()
+
+
+def _bf16_emulated(net: NatureCNN, obs: torch.Tensor) -> torch.Tensor:
+    """What autocast to bfloat16 does to the trunk, written out in float32: each layer's
+    input, weight and bias rounded to bfloat16, the products summed in float32, the
+    output rounded to bfloat16 (the fast layout scales the first weights, not the
+    pixels)."""
+    scale_w = net.scale if net.fast_layout else 1.0
+    h = obs.reshape(obs.shape[0], *net.shape).float() * (net.scale / scale_w)
+    if net.channels_last:
+        h = h.permute(0, 3, 1, 2)
+    for k, m in enumerate(net.conv):
+        if isinstance(m, torch.nn.Conv2d):
+            weight = m.weight * scale_w if k == 0 else m.weight
+            h = _bf16(torch.nn.functional.conv2d(_bf16(h), _bf16(weight), _bf16(m.bias),
+                                                 m.stride))
+        elif isinstance(m, torch.nn.ReLU):
+            h = h.clamp_min(0)
+        else:
+            h = h.flatten(1)
+    lin = net.linear[0]
+    return _bf16(torch.nn.functional.linear(_bf16(h), _bf16(lin.weight),
+                                            _bf16(lin.bias))).clamp_min(0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(batch=st.integers(1, 6), size=st.integers(36, 48), channels=st.integers(1, 4),
+       last=st.booleans(), fast_layout=st.booleans(), seed=st.integers(0, 10_000))
+def test_bf16_trunk_is_autocast_and_near_float32(batch, size, channels, last, fast_layout,
+                                                  seed):
+    """precision=bf16 on random pixels: the features are the bfloat16 computation written
+    out (all but a few elements exactly; the rest a rounding step apart, one rounding
+    flipped upstream), within 3% of their scale of the float32 reference; the gradient
+    points the float32 one's way (cosine > 0.9; bfloat16's 8-bit mantissa in the
+    backward, with the cancellation of a sum over pixels, costs a few percent); weights,
+    gradients and features stay float32."""
+    shape = (size, size, channels) if last else (channels, size, size)
+    space = spaces.Box(0, 255, shape, np.uint8)
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    ref = NatureCNN(space, (8, 16, 16), 32)
+    ref.fast_layout = False
+    low = copy.deepcopy(ref)
+    low.fast_layout, low.precision = fast_layout, "bf16"
+    x = torch.randint(0, 256, (batch, *shape), generator=g, dtype=torch.uint8)
+    w = torch.randn(batch, 32, generator=g)
+    outs, grads = [], []
+    for net in (ref, low):
+        out = net(x)
+        assert out.dtype == torch.float32
+        (out * w).sum().backward()
+        outs.append(out.detach())
+        grads.append(torch.cat([p.grad.flatten() for p in net.parameters()]))
+    assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32
+               for p in low.parameters())
+    scale = outs[0].abs().max().clamp_min(1e-3)
+    with torch.no_grad():
+        emulated = _bf16_emulated(low, x)
+    off = (outs[1] - emulated).abs() > 1e-3 * scale
+    assert off.float().mean() <= 0.1
+    assert (outs[1] - outs[0]).abs().max() <= 0.03 * scale
+    assert torch.nn.functional.cosine_similarity(grads[1], grads[0], 0) > 0.9
+
+
+def test_precision_auto_follows_the_hardware(monkeypatch):
+    from ppokit.algos import resolve_config
+    from ppokit.policies import encoders, policy_for_config
+
+    env = ImageChoice()
+    cfg = resolve_config(overrides={"precision": "auto", "policy": "cnn"})
+    for native, want in ((True, "bf16"), (False, "fp32")):
+        monkeypatch.setattr(encoders, "native_bf16", lambda native=native: native)
+        pol = policy_for_config(cfg, env.observation_space, env.action_space)
+        assert pol.encoder.precision == want
+    assert encoders.resolve_precision("fp32") == "fp32"
+    assert encoders.resolve_precision("bf16") == "bf16"
+
+
+def test_bf16_rollout_log_probs_are_what_the_update_recomputes():
+    """The collector's old log-probabilities come from the same bfloat16 trunk the update
+    runs, so the first ratio is 1 up to the kernels' batch-size dependence."""
+    torch.manual_seed(0)
+    env = make_vec(lambda: ImageChoice(), 3, vectorization="sync")
+    pol = make_policy(env.single_observation_space, env.single_action_space,
+                      policy="cnn", features_dim=64)
+    pol.encoder.precision = "bf16"
+    col = Collector(env, pol, generator=torch.Generator().manual_seed(1), fast=True)
+    col.reset(seed=4)
+    ro = col.collect(40)
+    env.close()
+    obs = ro.obs.reshape(-1, *ro.obs.shape[2:])
+    with torch.no_grad():
+        logp, _, values = pol.evaluate(obs, ro.actions.reshape(-1))
+    torch.testing.assert_close(logp, ro.logp.reshape(-1), rtol=0, atol=2e-3)
+    torch.testing.assert_close(values, ro.values.reshape(-1), rtol=0, atol=2e-3)

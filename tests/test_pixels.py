@@ -20,15 +20,18 @@ FAST = dict(progress=False, tensorboard=False, n_envs=4, n_steps=128, batch_size
             n_epochs=4)
 
 
-@pytest.mark.parametrize("make, encoder", [
-    (lambda: ImageChoice(), "NatureCNN"),
-    (lambda: DictGoal(), "MultiInputEncoder"),
-    (lambda: CopyBits(), None),
+@pytest.mark.parametrize("make, encoder, precision", [
+    (lambda: ImageChoice(), "NatureCNN", "fp32"),
+    (lambda: ImageChoice(), "NatureCNN", "bf16"),
+    (lambda: DictGoal(), "MultiInputEncoder", "fp32"),
+    (lambda: CopyBits(), None, "fp32"),
 ])
-def test_pixels_dicts_and_bits_learn(tmp_path, make, encoder):
+def test_pixels_dicts_and_bits_learn(tmp_path, make, encoder, precision):
     """8192 steps: a policy that reads the image / the goal key / the target bits scores
-    8 per episode, a random one 4 (ImageChoice, CopyBits) or 8/3 (DictGoal)."""
-    agent = ppokit.train(make, total_steps=8192, run_dir=tmp_path / "r", seed=0, **FAST)
+    8 per episode, a random one 4 (ImageChoice, CopyBits) or 8/3 (DictGoal); the image
+    task also with the convolutions in bfloat16."""
+    agent = ppokit.train(make, total_steps=8192, run_dir=tmp_path / "r", seed=0,
+                         precision=precision, **FAST)
     assert type(agent.policy.encoder).__name__ == str(encoder) or (
         encoder is None and agent.policy.encoder is None)
     res = agent.evaluate(episodes=10)
@@ -118,6 +121,8 @@ def test_dict_observations_are_stored_flat_final_obs_included():
     (dict(env=lambda: DictGoal(), policy="mlp"), "policy: mlp cannot read a Dict"),
     (dict(env=lambda: ImageChoice(), policy="multi_input"), "policy: multi_input needs a Dict"),
     (dict(env="CartPole-v1", policy="resnet"), "policy: expected one of"),
+    (dict(env=lambda: ImageChoice(), precision="fp16"), "precision: expected one of fp32, "
+     "bf16, auto"),
     (dict(env=lambda: ImageChoice(), cnn_channels=[32, 64]), "cnn_channels: expected a list "
      "of 3"),
 ])
