@@ -148,11 +148,13 @@ def bench_trainer(algo: str = "grpo", iterations: int = 5, model_size: str = "ti
 
 def bench_trl_grpo(iterations: int = 5, prompts_per_iter: int = 16,
                    samples_per_prompt: int = 4, max_new_tokens: int | None = None,
-                   model_size: str = "tiny") -> dict:
+                   model_size: str = "tiny", precision: str = "bf16") -> dict:
     """TRL's GRPO trainer on the same tiny model, task and batch geometry as ppokit's
     ``grpo`` preset: 64 completions per generation, 4 optimiser steps of 32 completions each
     (``steps_per_generation`` 2 x ``num_iterations`` 2), k3 KL loss with beta 0.02, plain
-    sampling at temperature 1. Returns seconds and completion tokens per generation cycle."""
+    sampling at temperature 1; ``precision`` bf16 is TRL's default (``bf16=True``: the
+    model's forward under bfloat16 autocast), fp32 sets ``bf16=False``. Returns seconds and
+    completion tokens per generation cycle."""
     from .models import build_char_tokenizer
     from .task import ReverseTask
 
@@ -162,11 +164,11 @@ def bench_trl_grpo(iterations: int = 5, prompts_per_iter: int = 16,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # deprecations inside TRL's stack
         return _trl_run(tmp, task, tok, iterations, prompts_per_iter, samples_per_prompt,
-                        max_new_tokens, model_size)
+                        max_new_tokens, model_size, precision)
 
 
 def _trl_run(tmp, task, tok, iterations, prompts_per_iter, samples_per_prompt, max_new_tokens,
-             model_size="tiny"):
+             model_size="tiny", precision="bf16"):
     import random
 
     from datasets import Dataset
@@ -206,7 +208,8 @@ def _trl_run(tmp, task, tok, iterations, prompts_per_iter, samples_per_prompt, m
                          max_completion_length=max_new_tokens or task.max_new_tokens,
                          max_steps=steps_per_cycle * (iterations + 1), learning_rate=2e-4,
                          beta=0.02, temperature=1.0, top_p=1.0, top_k=0, logging_steps=1,
-                         report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True)
+                         report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True,
+                         bf16=precision == "bf16")
         trainer = GRPOTrainer(model=model_dir, reward_funcs=reward, args=cfg, train_dataset=ds,
                               processing_class=tok, callbacks=[clock])
         from transformers.trainer_callback import PrinterCallback
@@ -256,7 +259,7 @@ def _timed(fn, times: list):
 
 
 def run_bench(batch: int = 64, length: int = 4096, iterations: int = 5,
-              algo: str = "grpo", model_size: str = "tiny") -> dict:
+              algo: str = "grpo", model_size: str = "tiny", precision: str = "bf16") -> dict:
     check_bench_args(batch=batch, length=length, iterations=iterations, algo=algo)
     if model_size not in MODEL_SIZES:
         from ppokit.errors import UsageError
@@ -270,10 +273,11 @@ def run_bench(batch: int = 64, length: int = 4096, iterations: int = 5,
     compare = importlib.util.find_spec("trl") is not None and algo == "grpo"
     if compare:  # each side in its own process: its own peak memory and settings
         t = in_own_process("bench_trainer", algo=algo, iterations=iterations,
-                           model_size=model_size)
+                           model_size=model_size, precision=precision)
     else:
-        t = bench_trainer(algo, iterations, model_size=model_size)
-    print(f"trainer ({t['algo']}, model {model_size}, {t['sequences_per_iter']} "
+        t = bench_trainer(algo, iterations, model_size=model_size, precision=precision)
+    print(f"trainer ({t['algo']}, model {model_size}, precision {precision}, "
+          f"{t['sequences_per_iter']} "
           f"sequences/iteration, torch threads {torch.get_num_threads()}):")
     for phase in ("generation", "scoring", "training"):
         print(f"  {phase:<10} {t[f'tokens_per_s_{phase}']:>10.0f} tokens/s   "
@@ -287,7 +291,8 @@ def run_bench(batch: int = 64, length: int = 4096, iterations: int = 5,
     if algo != "grpo":
         print("the TRL comparison runs with --algo grpo only")
         return res
-    trl_res = in_own_process("bench_trl_grpo", iterations=iterations, model_size=model_size)
+    trl_res = in_own_process("bench_trl_grpo", iterations=iterations, model_size=model_size,
+                             precision=precision)
     res["trl"] = trl_res
     res["ratio"] = t["tokens_per_s_total"] / trl_res["tokens_per_s_total"]
     res["cpu_ratio"] = trl_res["cpu_seconds_per_iteration"] / t["cpu_seconds_per_iteration"]

@@ -163,6 +163,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--model-size", default="tiny", choices=("tiny", "10m"),
                    help="tiny: the built-in 0.1M-parameter model; 10m: a Qwen2-architecture "
                         "model of about 10M parameters (random init)")
+    p.add_argument("--precision", default="bf16", choices=("bf16", "fp32"),
+                   help="number format of both libraries' forward passes: bf16 (TRL's "
+                        "default bf16=True; ppokit's precision=bf16) or fp32 (both float32)")
 
 
 def run(args) -> int:
@@ -446,5 +449,5 @@ def _bench(args) -> int:
     from .bench import run_bench
 
     run_bench(batch=args.batch, length=args.length, iterations=args.iterations, algo=args.algo,
-              model_size=args.model_size)
+              model_size=args.model_size, precision=args.precision)
     return 0

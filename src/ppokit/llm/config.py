@@ -91,6 +91,10 @@ class LLMConfig:
     old_logprobs: str = _f("sampler", "PPO's old log-probs: sampler (those the sampler drew "
                                       "each token with; no extra forward pass) | recompute "
                                       "(a forward pass over the batch after sampling)")
+    precision: str = _f("fp32", "number format of the models' matrix products: fp32 | "
+                                "bf16 (policy, reference and critic run under bfloat16 "
+                                "autocast, as TRL's default bf16=True; weights, optimiser, "
+                                "log-softmax, values and losses stay float32)")
     learning_rate: float = _f(2e-4, "policy learning rate (AdamW)")
     critic_lr: float = _f(1e-3, "critic learning rate")
     n_epochs: int = _f(2, "passes over each rollout batch")
@@ -165,6 +169,9 @@ class LLMConfig:
 
             if importlib.util.find_spec("peft") is None:
                 raise UsageError("lora_r: LoRA needs peft (pip install peft)")
+        if cfg.fsdp and cfg.precision != "fp32":
+            raise UsageError("precision: bf16 is not offered with fsdp (sharded parameters "
+                             "are gathered in float32); use precision=fp32")
         if cfg.fsdp and cfg.lora_r > 0:
             raise UsageError("fsdp: not with LoRA (lora_r > 0): the adapters are small, "
                              "plain data parallelism replicates them")
@@ -232,6 +239,7 @@ LIMITS: dict[str, tuple[bool, float, float, bool]] = {
     "samples_logged": (True, 0, 10**6, False),
 }
 CHOICES = {"agg": AGGREGATION_MODES, "old_logprobs": ("sampler", "recompute"),
+           "precision": ("fp32", "bf16"),
            "kl_mode": ("reward", "loss", "none"), "truncation": TRUNCATION,
            "critic": ("separate", "shared"),
            "score_norm": ("none", "batch"), "advantage_estimator": ADVANTAGE_ESTIMATORS,

@@ -267,4 +267,7 @@ class ValueModel(nn.Module):
             body = self.body if self.separate else backbone_of(self._shared[0])
             hidden_states = body(input_ids=input_ids, attention_mask=attention_mask,
                                  position_ids=position_ids).last_hidden_state
-        return self.head(hidden_states).squeeze(-1)
+        # the head in float32 even when the body ran under bfloat16 autocast: values enter
+        # the returns and the value loss, which stay float32
+        with torch.autocast(hidden_states.device.type, enabled=False):
+            return self.head(hidden_states.float()).squeeze(-1)

@@ -357,9 +357,21 @@ class TokenTrainer:
                                   kwargs.pop("completion_ids"), kwargs)
         return comps, total, per
 
+    def autocast(self):
+        """The context the models' forward passes run in: bfloat16 autocast with
+        ``precision = "bf16"`` (matrix products in bfloat16, accumulated in float32; the
+        log-softmax, values and losses are float32 either way), else a no-op."""
+        device = next(self.policy.parameters()).device.type
+        return torch.autocast(device, dtype=torch.bfloat16,
+                              enabled=self.cfg.precision == "bf16")
+
     def rollout(self, prompts: list[str], temperature: float | None = None,
                 model=None, generator: torch.Generator | None = None) -> TokenRollout:
         ids, mask = encode_prompts(self.tok, prompts)
+        with self.autocast():
+            return self._generate(ids, mask, temperature, model, generator)
+
+    def _generate(self, ids, mask, temperature, model, generator) -> TokenRollout:
         return generate(model or self.policy, ids, mask, max_new_tokens=self.max_new_tokens,
                         eos_token_id=self.tok.eos_token_id, pad_token_id=self.tok.pad_token_id,
                         temperature=self.cfg.temperature if temperature is None else temperature,
@@ -372,6 +384,10 @@ class TokenTrainer:
         The old log-probs are the sampler's own (``roll.logp``) unless ``old_logprobs =
         "recompute"``, the rollout came without them, or a shared critic needs the
         policy's hidden states anyway."""
+        with self.autocast():
+            return self._frozen_forward(roll)
+
+    def _frozen_forward(self, roll: TokenRollout):
         t = self.cfg.temperature
         if (self.cfg.old_logprobs == "sampler" and roll.logp is not None
                 and not self._shared_critic):
@@ -432,6 +448,10 @@ class TokenTrainer:
         t = self.cfg.temperature
 
         def forward(rows: dict) -> Forward:
+            with self.autocast():
+                return _forward(rows)
+
+        def _forward(rows: dict) -> Forward:
             sub = roll.select(rows["row"])
             out = sequence_logprobs(self.policy, sub.input_ids, sub.attention_mask,
                                     temperature=t, with_entropy=True,
