@@ -266,6 +266,10 @@ def run_bench(batch: int = 64, length: int = 4096, iterations: int = 5,
 
         raise UsageError(f"--model-size: expected one of {', '.join(MODEL_SIZES)}, got "
                          f"{model_size!r}")
+    if precision not in ("bf16", "fp32"):
+        from ppokit.errors import UsageError
+
+        raise UsageError(f"--precision: expected bf16 or fp32, got {precision!r}")
     g = bench_token_gae(batch, length)
     print(f"token_gae B={g['batch']} L={g['length']}: vectorised {g['token_gae_s'] * 1e3:.1f} ms, "
           f"position loop {g['loop_s'] * 1e3:.1f} ms  (x{g['speedup']:.1f}; max |diff| "
