@@ -1,5 +1,6 @@
 """vectorization=envpool: EnvPool's environments as a NEXT_STEP vector env, checked step by
-step against Gymnasium's CartPole and through the collector's two masks."""
+step against Gymnasium's CartPole and through the collector's two masks; Atari games with
+EnvPool's preprocessing and ppokit's game scores."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from gymnasium.vector import AutoresetMode
 
 import ppokit
 from ppokit.envs import make_vec
-from ppokit.envs.envpool_vec import EnvPoolVectorEnv
+from ppokit.envs.envpool_vec import ATARI_KWARGS, EnvPoolAtari, EnvPoolVectorEnv
 from ppokit.errors import UsageError
 from ppokit.policies import make_policy
 from ppokit.rollout import Collector
@@ -124,7 +125,7 @@ def test_envpool_reseeds_on_reset():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(env_id="ALE/Breakout-v5"), "Atari games use ppokit's own preprocessing"),
+    (dict(env_id="ALE/Breakout-v5", env_kwargs={"nonsense": 1}), "EnvPool cannot build"),
     (dict(env_id="Taxi-v4"), "EnvPool does not provide it"),
     (dict(env_id="CartPole-v1", autoreset="same_step"), "next_step mode only"),
     (dict(env_id=lambda: CartPoleEnv()), "not an environment factory"),
@@ -142,4 +143,51 @@ def test_train_cartpole_on_envpool(tmp_path):
     assert agent.num_timesteps == 2048 and agent.cfg.vectorization == "envpool"
     res = agent.evaluate(episodes=2)  # on Gymnasium's CartPole-v1
     assert res["episodes"] == 2 and res["mean_return"] > 0
+    agent.close()
+
+
+def test_atari_on_envpool_reports_whole_games():
+    """An ALE id on EnvPool: the preset's preprocessing (84x84x4 uint8 channel-first,
+    sign-clipped rewards, a life loss ends the training episode); the game score is the
+    sum of the raw rewards over all lives, reported on the step where the game is over,
+    and nowhere else."""
+    pytest.importorskip("ale_py")
+    env = make_vec("ALE/Breakout-v5", 2, vectorization="envpool")
+    assert isinstance(env, EnvPoolAtari) and env.game_scores
+    assert env.single_observation_space.shape == (4, 84, 84)
+    assert env.single_observation_space.dtype == np.uint8 and env.single_action_space.n == 4
+    cfg = env.pool.config
+    for key in ("episodic_life", "reward_clip", "repeat_action_probability", "noop_max"):
+        assert cfg[key] == ATARI_KWARGS[key], key
+    env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    raw, lives_lost, games, reported = np.zeros(2), 0, [], []
+    for _ in range(2500):
+        _, r, te, tr, info = env.step(rng.integers(0, 4, 2))
+        assert set(np.unique(r)) <= {0.0, 1.0}  # Breakout's rewards, clipped to their sign
+        raw += info["reward"]
+        lives_lost += int((te & (info["terminated"] == 0)).sum())
+        for i in np.flatnonzero((info["terminated"] != 0) | tr):
+            games.append(raw[i])
+            raw[i] = 0.0
+        if "game_score" in info:
+            reported += [info["game_score"][i] for i in np.flatnonzero(info["_game_score"])]
+    env.close()
+    assert lives_lost > len(games) >= 3  # episodes end at each life, games at the last
+    assert reported == games and max(games) > 0
+
+
+def test_atari_evaluation_on_envpool_runs_ppokits_whole_games(tmp_path):
+    """Training on EnvPool, evaluation on ppokit's own stack (whole games); the returns
+    reported during training are game scores."""
+    pytest.importorskip("ale_py")
+    ev = make_vec("ALE/Breakout-v5", 1, vectorization="envpool", training=False)
+    assert not isinstance(ev, EnvPoolVectorEnv) and ev.game_scores
+    ev.close()
+    agent = ppokit.train("ALE/Breakout-v5", total_steps=2048, run_dir=tmp_path / "r", seed=0,
+                         vectorization="envpool", n_envs=4, n_steps=128, progress=False,
+                         tensorboard=False, precision="fp32")
+    assert agent.cfg.vectorization == "envpool"
+    rows = [r for r in ppokit.io.read_metrics(tmp_path / "r") if "episode_return_mean" in r]
+    assert rows and all(r["episode_return_mean"] >= 0 for r in rows)
     agent.close()

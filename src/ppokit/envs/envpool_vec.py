@@ -17,8 +17,17 @@ compares them step by step), but initial states come from EnvPool's generator, s
 is not the same run as with ``vectorization = sync``. Evaluation (``ppokit eval``,
 ``eval_every``) plays Gymnasium's environment of the same id.
 
-Atari games are not offered here: ppokit preprocesses them itself and reports their game
-scores (:mod:`ppokit.envs.atari`); EnvPool's Atari preprocessing is another one.
+Atari games (``ALE/Breakout-v5`` → EnvPool's ``Breakout-v5``) run with EnvPool's own
+preprocessing in C++, set to what :mod:`ppokit.envs.atari` does in Python: sticky actions
+0.25, 1–30 no-ops, 4-frame skip with a max over the last two, FIRE at reset, episodic life
+and sign-clipped rewards (training), 84×84 grey by area interpolation, 4 stacked uint8
+frames channel-first, 27,000 agent steps (108,000 frames) at most. The two are alike, not
+identical (EnvPool's emulator seeding, its own resize, FIRE only at a reset), so a run on
+EnvPool is not the same run as on ``sync``. :class:`EnvPoolAtari` adds the game score
+ppokit reports for Atari (all lives, unclipped rewards: the sum of EnvPool's raw
+``info["reward"]`` up to the step where ``info["terminated"]`` says the game is over, or
+the step limit) as ``info["game_score"]`` / ``info["game_length"]``. Evaluation plays
+ppokit's own wrappers (whole games), as for every Atari run.
 """
 
 from __future__ import annotations
@@ -32,7 +41,8 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 
 from ppokit.errors import UsageError
 
-__all__ = ["EnvPoolVectorEnv", "make_envpool", "envpool_ids", "EXTRA_HINT"]
+__all__ = ["EnvPoolVectorEnv", "EnvPoolAtari", "make_envpool", "envpool_ids",
+           "ATARI_KWARGS", "EXTRA_HINT"]
 
 EXTRA_HINT = "pip install -e '.[envpool]'"
 
@@ -102,15 +112,53 @@ class EnvPoolVectorEnv(VectorEnv):
             self.pool = None
 
 
+# EnvPool's Atari options matching ppokit.envs.atari's training stack (module doc)
+ATARI_KWARGS: dict[str, Any] = dict(
+    episodic_life=True, reward_clip=True, repeat_action_probability=0.25, noop_max=30,
+    frame_skip=4, stack_num=4, img_height=84, img_width=84, gray_scale=True,
+    use_fire_reset=True, use_inter_area_resize=True, max_episode_steps=27_000)
+
+
+class EnvPoolAtari(EnvPoolVectorEnv):
+    """An EnvPool Atari pool that reports each game's score (module doc)."""
+
+    game_scores = True
+
+    def __init__(self, task_id: str, num_envs: int, seed: int = 0,
+                 env_kwargs: dict[str, Any] | None = None):
+        super().__init__(task_id, num_envs, seed, {**ATARI_KWARGS, **(env_kwargs or {})})
+        self._score = np.zeros(num_envs)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        self._score[:] = 0.0
+        return super().reset(seed=seed, options=options)
+
+    def step(self, actions):
+        obs, r, te, tr, info = super().step(actions)
+        # the raw reward: 0 on the reset row that follows an ended episode (NEXT_STEP)
+        self._score += np.asarray(info["reward"], np.float64)
+        over = (np.asarray(info["terminated"]) != 0) | tr
+        if over.any():
+            info = dict(info, game_score=np.where(over, self._score, 0.0),
+                        _game_score=over,
+                        game_length=np.where(over, np.asarray(info["elapsed_step"]), 0))
+            self._score[over] = 0.0
+        return obs, r, te, tr, info
+
+
 def make_envpool(env_id: str, num_envs: int, autoreset: str,
                  env_kwargs: dict[str, Any] | None) -> EnvPoolVectorEnv:
-    """The EnvPool vector env of ``env_id`` (an id EnvPool lists; not an Atari game)."""
+    """The EnvPool vector env of ``env_id`` (an id EnvPool lists, or an ALE id of a game
+    it has: :class:`EnvPoolAtari`)."""
     ids = envpool_ids()
-    if env_id.startswith("ALE/") or env_id not in ids:
-        why = ("Atari games use ppokit's own preprocessing (sync or async)"
-               if env_id.startswith("ALE/") else "EnvPool does not provide it")
-        raise UsageError(f"vectorization: envpool cannot run {env_id!r}: {why}")
+    atari = env_id.startswith("ALE/")
+    task = env_id.removeprefix("ALE/")
+    if task not in ids:
+        raise UsageError(f"vectorization: envpool cannot run {env_id!r}: EnvPool does not "
+                         "provide it")
     if autoreset not in ("auto", "next_step"):
         raise UsageError("autoreset_mode: EnvPool resets in next_step mode only; set "
                          "autoreset_mode=auto or next_step")
+    if atari:
+        return EnvPoolAtari(task, num_envs, 0, env_kwargs)
     return EnvPoolVectorEnv(env_id, num_envs, 0, env_kwargs)

@@ -68,9 +68,10 @@ def make_vec(env_id: str | Callable[[], gym.Env], num_envs: int, *,
     a registered id, a ``module:Id`` whose module the user named (:mod:`.source`), or a
     factory ``() -> gym.Env`` (sync or async vectorisation; ``env_kwargs`` do not apply).
 
-    An Atari game (an ALE id) gets ppokit's preprocessing (:mod:`.atari`), sync or async;
-    ``training=False`` builds it for evaluation (whole games, unclipped rewards). For every
-    other environment ``training`` changes nothing."""
+    An Atari game (an ALE id) gets ppokit's preprocessing (:mod:`.atari`), sync or async,
+    or EnvPool's equivalent in C++ (``envpool``, :mod:`.envpool_vec`); ``training=False``
+    builds ppokit's stack for evaluation (whole games, unclipped rewards) whatever the
+    vectorisation. For every other environment ``training`` changes nothing."""
     if vectorization not in VECTORIZATIONS:
         raise UsageError(f"vectorization: expected one of {', '.join(VECTORIZATIONS)}, "
                          f"got {vectorization!r}")
@@ -87,9 +88,9 @@ def make_vec(env_id: str | Callable[[], gym.Env], num_envs: int, *,
     if vectorization == "envpool":  # EnvPool's C++ environments (ppokit.envs.envpool_vec)
         from .envpool_vec import make_envpool
 
-        if atari.is_atari_spec(spec):
-            raise UsageError(f"vectorization: envpool cannot run {env_id!r}: Atari games "
-                             "use ppokit's own preprocessing (sync or async)")
+        if atari.is_atari_spec(spec) and not training:  # evaluation: whole games
+            return _make_atari_vec(env_id, gid, num_envs, "sync", autoreset,
+                                   dict(env_kwargs or {}), training)
         return make_envpool(gid, num_envs, autoreset, env_kwargs)
     if atari.is_atari_spec(spec):
         return _make_atari_vec(env_id, gid, num_envs, vectorization, autoreset,
