@@ -485,14 +485,15 @@ class Trainer:
         from ppokit.policies.encoders import NatureCNN
 
         cnn = next((m for m in self.policy.modules() if isinstance(m, NatureCNN)), None)
-        if cnn is None or (asked == "fp32"):
+        if cnn is None or asked == "fp32":
             return
-        why = {"auto": " (precision=auto: this CPU "
-                       + ("computes bfloat16 natively)" if cnn.precision == "bf16"
-                          else "has no native bfloat16)"),
-               "bf16": ""}[asked]
-        self.log(f"convolutional trunk in {cnn.precision}{why}; heads, losses and "
-                 "optimiser in float32 (--set precision=fp32 for float32 throughout)")
+        if cnn.precision == "fp32":  # auto, on a CPU without native bfloat16
+            self.log("convolutional trunk in float32 (precision=auto: this CPU has no "
+                     "native bfloat16)")
+            return
+        why = " (precision=auto: this CPU computes it natively)" if asked == "auto" else ""
+        self.log(f"convolutional trunk in bfloat16{why}; heads, losses and optimiser in "
+                 "float32 (--set precision=fp32 for float32 throughout)")
 
     def train(self, on_iteration: Callable[[dict], Any] | None = None, *,
               stop: GracefulStop | None = None) -> None:
