@@ -203,11 +203,12 @@ def test_atari_preset_resolves():
     want = dict(n_envs=8, n_steps=128, n_epochs=4, batch_size=256, learning_rate=2.5e-4,
                 lr_schedule="linear", clip_range=0.1, clip_schedule="linear", ent_coef=0.01,
                 vf_coef=0.5, gamma=0.99, gae_lambda=0.95, max_grad_norm=0.5,
-                total_timesteps=10_000_000, policy="cnn", net_arch=())
+                total_timesteps=10_000_000, policy="cnn", net_arch=(), precision="auto")
     assert {k: getattr(c, k) for k in want} == want == {**ATARI_PRESET}
     assert resolve_config(env_id="ALE/Pong-v5").clip_range == 0.1
     assert resolve_config(env_id=GAME, overrides={"n_envs": 4}).n_envs == 4
     assert resolve_config(env_id="CartPole-v1").policy == "auto"
+    assert resolve_config(env_id="CartPole-v1").precision == "fp32"
 
 
 def test_atari_env_kwargs_are_checked():
