@@ -184,10 +184,12 @@ def test_atari_evaluation_on_envpool_runs_ppokits_whole_games(tmp_path):
     ev = make_vec("ALE/Breakout-v5", 1, vectorization="envpool", training=False)
     assert not isinstance(ev, EnvPoolVectorEnv) and ev.game_scores
     ev.close()
-    agent = ppokit.train("ALE/Breakout-v5", total_steps=2048, run_dir=tmp_path / "r", seed=0,
-                         vectorization="envpool", n_envs=4, n_steps=128, progress=False,
-                         tensorboard=False, precision="fp32")
+    agent = ppokit.train("ALE/Breakout-v5", total_steps=1024, run_dir=tmp_path / "r", seed=0,
+                         vectorization="envpool", n_envs=2, n_steps=128, batch_size=128,
+                         n_epochs=1, progress=False, tensorboard=False)
     assert agent.cfg.vectorization == "envpool"
-    rows = [r for r in ppokit.io.read_metrics(tmp_path / "r") if "episode_return_mean" in r]
-    assert rows and all(r["episode_return_mean"] >= 0 for r in rows)
+    scores = [r["episode_return_mean"] for r in ppokit.io.read_metrics(tmp_path / "r")
+              if r.get("episode_return_mean") is not None]
+    assert scores and all(s >= 0 for s in scores)
+    assert agent._trainer.collector.games  # the collector counts games, not single lives
     agent.close()
