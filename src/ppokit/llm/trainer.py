@@ -225,6 +225,12 @@ class TokenTrainer:
             self.critic = ValueModel(self.policy, separate=False)
         if self.critic is not None:
             self.critic.eval()
+        if cfg.precision == "bf16":  # attention in float32 on the CPU (llm/precision.py)
+            from .precision import use_float32_attention
+
+            for m in (self.policy, self.reference, self.critic):
+                if m is not None:
+                    use_float32_attention(m)
         if self.dp is not None:  # every rank starts from rank 0's weights
             # the reference too: ranks may have built their starting models differently
             # (a warm start's arithmetic on another machine, an unseeded model)
