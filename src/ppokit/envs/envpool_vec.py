@@ -22,7 +22,7 @@ preprocessing in C++, set to what :mod:`ppokit.envs.atari` does in Python: stick
 0.25, 1–30 no-ops, 4-frame skip with a max over the last two, FIRE at reset, episodic life
 and sign-clipped rewards (training), 84×84 grey by area interpolation, 4 stacked uint8
 frames channel-first, 27,000 agent steps (108,000 frames) at most. The two are alike, not
-identical (EnvPool's emulator seeding, its own resize, FIRE only at a reset), so a run on
+identical (EnvPool's emulator seeding, resize, FIRE and no-op code), so a run on
 EnvPool is not the same run as on ``sync``. :class:`EnvPoolAtari` adds the game score
 ppokit reports for Atari (all lives, unclipped rewards: the sum of EnvPool's raw
 ``info["reward"]`` up to the step where ``info["terminated"]`` says the game is over, or
