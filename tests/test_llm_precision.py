@@ -10,8 +10,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ppokit.llm.models import build_char_tokenizer, build_tiny_model, save_policy
-from ppokit.llm.precision import ATTENTION, use_float32_attention
+from ppokit.llm.models import build_char_tokenizer, build_tiny_model, frozen_copy, save_policy
+from ppokit.llm.precision import ATTENTION, frozen_linears_to_bf16, use_float32_attention
 from ppokit.llm.rollout import sequence_logprobs
 
 SETTINGS = settings(max_examples=10, deadline=None,
@@ -81,3 +81,26 @@ def test_the_choice_is_not_saved_with_the_model(tok, pairs, tmp_path):
     save_policy(fast, tok, str(tmp_path / "m"))
     cfg = json.loads((tmp_path / "m" / "config.json").read_text())
     assert ATTENTION not in json.dumps(cfg)
+
+
+@SETTINGS
+@given(arch=st.sampled_from(["llama", "gpt2"]), rows=st.integers(1, 5),
+       length=st.integers(2, 12), seed=st.integers(0, 10**6))
+def test_reference_stored_in_bf16_computes_the_same_numbers(tok, arch, rows, length, seed):
+    """The frozen reference's linear layers stored in bfloat16: under autocast the same
+    log-probs bit for bit (autocast rounds those weights to bfloat16 anyway); the
+    embedding (and a head tied to it) stays float32."""
+    ref = frozen_copy(build_tiny_model(tok, arch=arch, seed=7))
+    stored = copy.deepcopy(ref)
+    n = frozen_linears_to_bf16(stored)
+    linears = [m for m in stored.modules() if isinstance(m, torch.nn.Linear)]
+    emb = stored.get_input_embeddings().weight
+    assert emb.dtype == torch.float32
+    assert n == sum(m.weight is not emb for m in linears)
+    assert n > 0 or arch == "gpt2"  # GPT-2's projections are transformers' Conv1D
+    assert all(m.weight.dtype == torch.bfloat16 for m in linears if m.weight is not emb)
+    ids, mask = _batch(tok, rows, length, seed)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        a = sequence_logprobs(ref, ids, mask)["logp"]
+        b = sequence_logprobs(stored, ids, mask)["logp"]
+    assert torch.equal(a, b)

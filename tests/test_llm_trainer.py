@@ -69,6 +69,8 @@ def test_bf16_forward_passes_keep_log_probs_and_values_float32(tmp_path, tok, cr
     the sampler's log-probs and the update's first forward differ by bfloat16 rounding
     only (first ratio within 2% of 1), and the float32 forward is a few thousandths away."""
     tr = _trainer(tmp_path, tok, precision="bf16", critic=critic, use_critic=True)
+    assert {p.dtype for p in tr.policy.parameters()} == {torch.float32}
+    assert torch.bfloat16 in {p.dtype for p in tr.reference.parameters()}
     roll, lab = _rollout_and_labels(tr)
     am = roll.action_mask
     assert lab.old_logp.dtype == torch.float32 and lab.values.dtype == torch.float32

@@ -165,8 +165,10 @@ class LLMRun:
             raise UsageError("evaluate: no held-out rows (eval_fraction=0); pass a dataset")
         temp = self.config.temperature if temperature is None else temperature
         kw = {"max_new_tokens": self._tr.max_new_tokens, "temperature": temp, "seed": seed}
-        pol = score_policy(self.model, self.tokenizer, rows, self._tr.rewards, **kw)
-        ref = score_policy(self._tr.reference, self.tokenizer, rows, self._tr.rewards, **kw)
+        with self._tr.autocast():  # the number format the run trains in
+            pol = score_policy(self.model, self.tokenizer, rows, self._tr.rewards, **kw)
+            ref = score_policy(self._tr.reference, self.tokenizer, rows, self._tr.rewards,
+                               **kw)
         out = {k: v for k, v in pol.items() if k not in ("samples",)}
         out.update({"reference_" + k: v for k, v in ref.items()
                     if k not in ("samples", "n")})

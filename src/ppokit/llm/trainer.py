@@ -214,6 +214,7 @@ class TokenTrainer:
             self._train_texts = [self.render(r["prompt"]) for r in self.train_rows]
             for r in self.eval_rows:
                 self.render(r["prompt"])
+        own_reference = reference is None
         self.reference = reference if reference is not None else frozen_copy(policy)
         self.critic = None
         if cfg.use_critic and cfg.critic == "separate":
@@ -236,6 +237,10 @@ class TokenTrainer:
             # (a warm start's arithmetic on another machine, an unseeded model)
             self.dp.broadcast_([p.data for p in self.trained_parameters()]
                                + [p.data for p in self.reference.parameters()])
+        if cfg.precision == "bf16" and own_reference:  # llm/precision.py
+            from .precision import frozen_linears_to_bf16
+
+            frozen_linears_to_bf16(self.reference)
         self.fsdp = bool(cfg.fsdp)
         if self.fsdp:
             self._shard_models(resume)
