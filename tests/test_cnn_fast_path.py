@@ -109,10 +109,10 @@ def test_bf16_trunk_is_autocast_and_near_float32(batch, size, channels, last, fa
                                                   seed):
     """precision=bf16 on random pixels: the features are the bfloat16 computation written
     out (all but a few elements exactly; the rest a rounding step apart, one rounding
-    flipped upstream), within 3% of their scale of the float32 reference; the gradient
-    points the float32 one's way (cosine > 0.9; bfloat16's 8-bit mantissa in the
-    backward, with the cancellation of a sum over pixels, costs a few percent); weights,
-    gradients and features stay float32."""
+    flipped upstream), within 3% of their scale of the float32 reference; the gradient is
+    that of the written-out computation (cosine > 0.95; typically above 0.9999, the
+    lowest of 1500 random cases 0.987 — against plain float32 it can fall below 0.9,
+    where a rounding flips a ReLU); weights, gradients and features stay float32."""
     shape = (size, size, channels) if last else (channels, size, size)
     space = spaces.Box(0, 255, shape, np.uint8)
     g = torch.Generator().manual_seed(seed)
@@ -121,24 +121,26 @@ def test_bf16_trunk_is_autocast_and_near_float32(batch, size, channels, last, fa
     ref.fast_layout = False
     low = copy.deepcopy(ref)
     low.fast_layout, low.precision = fast_layout, "bf16"
+    emu = copy.deepcopy(low)
     x = torch.randint(0, 256, (batch, *shape), generator=g, dtype=torch.uint8)
     w = torch.randn(batch, 32, generator=g)
-    outs, grads = [], []
+    outs = []
     for net in (ref, low):
         out = net(x)
         assert out.dtype == torch.float32
         (out * w).sum().backward()
         outs.append(out.detach())
-        grads.append(torch.cat([p.grad.flatten() for p in net.parameters()]))
     assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32
                for p in low.parameters())
+    emulated = _bf16_emulated(emu, x)
+    (emulated * w).sum().backward()
     scale = outs[0].abs().max().clamp_min(1e-3)
-    with torch.no_grad():
-        emulated = _bf16_emulated(low, x)
-    off = (outs[1] - emulated).abs() > 1e-3 * scale
+    off = (outs[1] - emulated.detach()).abs() > 1e-3 * scale
     assert off.float().mean() <= 0.1
     assert (outs[1] - outs[0]).abs().max() <= 0.03 * scale
-    assert torch.nn.functional.cosine_similarity(grads[1], grads[0], 0) > 0.9
+    grad_low, grad_emu = (torch.cat([p.grad.flatten() for p in n.parameters()])
+                          for n in (low, emu))
+    assert torch.nn.functional.cosine_similarity(grad_low, grad_emu, 0) > 0.95
 
 
 def test_precision_auto_follows_the_hardware(monkeypatch):
