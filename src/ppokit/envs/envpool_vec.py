@@ -66,6 +66,8 @@ class EnvPoolVectorEnv(VectorEnv):
 
     metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}
 
+    defaults: dict[str, Any] = {}  # EnvPool options set before the user's env_kwargs
+
     def __init__(self, task_id: str, num_envs: int, seed: int = 0,
                  env_kwargs: dict[str, Any] | None = None):
         self.task_id = task_id
@@ -89,7 +91,8 @@ class EnvPoolVectorEnv(VectorEnv):
             with warnings.catch_warnings():  # EnvPool's float64 Box bounds, cast by Gymnasium
                 warnings.filterwarnings("ignore", message=".*precision lowered by casting")
                 self.pool = envpool.make_gymnasium(self.task_id, num_envs=self.num_envs,
-                                                   seed=int(seed), **self.env_kwargs)
+                                                   seed=int(seed),
+                                                   **{**self.defaults, **self.env_kwargs})
         except (TypeError, ValueError, KeyError, AssertionError) as exc:
             msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise UsageError(f"env_kwargs: EnvPool cannot build {self.task_id!r} with "
@@ -123,10 +126,11 @@ class EnvPoolAtari(EnvPoolVectorEnv):
     """An EnvPool Atari pool that reports each game's score (module doc)."""
 
     game_scores = True
+    defaults = ATARI_KWARGS
 
     def __init__(self, task_id: str, num_envs: int, seed: int = 0,
                  env_kwargs: dict[str, Any] | None = None):
-        super().__init__(task_id, num_envs, seed, {**ATARI_KWARGS, **(env_kwargs or {})})
+        super().__init__(task_id, num_envs, seed, env_kwargs)
         self._score = np.zeros(num_envs)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
