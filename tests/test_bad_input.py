@@ -540,7 +540,7 @@ def test_llm_config_every_field_has_a_rule():
     ("dpo_train", dict(pairs=[{"prompt": 1}])),
     ("run_bench", dict(length=-1)), ("run_bench", dict(batch=0)),
     ("run_bench", dict(iterations=0)), ("run_bench", dict(algo="trpo")),
-    ("run_bench", dict(precision="fp16")),
+    ("run_bench", dict(precision="fp16")), ("run_bench", dict(rounds=0)),
 ])
 def test_python_entry_points_name_the_argument(call, name):
     from ppokit.llm.bench import run_bench

@@ -55,6 +55,7 @@ from ppokit.core import (
 from ppokit.core.losses import AGGREGATION_MODES
 
 __all__ = ["UpdateSpec", "LabelledBatch", "Forward", "run_update", "eager_minibatch_step",
+           "clip_grad_norm_",
            "STAT_KEYS", "UPDATE_KEYS"]
 
 # per-minibatch statistics, in this order in every backend
@@ -266,9 +267,26 @@ def eager_minibatch_step(spec: UpdateSpec, forward: Callable[[dict], Forward],
     if dp is not None and getattr(dp, "lockstep", False):  # sharded parameters
         sums["grad_norm"] = dp.clip_grad_norm_(params, max_norm)
     else:
-        sums["grad_norm"] = torch.nn.utils.clip_grad_norm_(params, max_norm).detach()
+        sums["grad_norm"] = clip_grad_norm_(params, max_norm)
     optimizer.step()
     return sums
+
+
+def clip_grad_norm_(params: list[Tensor], max_norm: float) -> Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` with the same numbers, the per-tensor loops done
+    by torch's multi-tensor (``_foreach``) kernels. torch takes that route itself only on
+    accelerators; on a CPU its loop over a language model's hundred-odd parameters costs
+    about 4 % of a training step (tested equal in ``tests/test_engine_clip.py``)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    if any(g.is_sparse or g.device != grads[0].device or g.dtype != grads[0].dtype
+           for g in grads):
+        return torch.nn.utils.clip_grad_norm_(params, max_norm).detach()
+    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
+    torch._foreach_mul_(grads, coef)
+    return total.detach()
 
 
 _IDLE = object()  # marks a lockstep pass of a rank without rows (engine.dist)

@@ -120,6 +120,7 @@ def bench_trainer(algo: str = "grpo", iterations: int = 5, model_size: str = "ti
     cfg = replace(LLMConfig(algo=algo, iterations=iterations, checkpoint_every=10**9),
                   **overrides)
     tmp = tempfile.mkdtemp(prefix="ppokit-bench-")
+    tr = None
     try:
         tr = TokenTrainer(cfg, tmp, policy=model, tokenizer=tok, log=lambda *a: None)
         rss_start = _rss_mb()  # libraries imported, models built: before any iteration
@@ -130,6 +131,8 @@ def bench_trainer(algo: str = "grpo", iterations: int = 5, model_size: str = "ti
             recs.append(tr.train_iteration())
             cpu.append(time.process_time() - c0)
     finally:
+        if tr is not None:
+            tr.close()  # its metrics writers, before their directory goes
         shutil.rmtree(tmp, ignore_errors=True)
     out = {"algo": algo, "sequences_per_iter": tr.cfg.prompts_per_iter * tr.cfg.samples_per_prompt}
     for phase in ("generation", "scoring", "training"):
@@ -259,7 +262,12 @@ def _timed(fn, times: list):
 
 
 def run_bench(batch: int = 64, length: int = 4096, iterations: int = 5,
-              algo: str = "grpo", model_size: str = "tiny", precision: str = "bf16") -> dict:
+              algo: str = "grpo", model_size: str = "tiny", precision: str = "bf16",
+              rounds: int | None = None) -> dict:
+    """``ppokit llm bench``. With TRL installed (and ``grpo``), ``rounds`` pairs of runs,
+    ppokit then TRL, each in a fresh process (default 3): the table gives each figure's
+    median over the rounds, and each round's end-to-end ratio is printed, so that a drift
+    of the machine's speed during one run shows instead of deciding the result."""
     check_bench_args(batch=batch, length=length, iterations=iterations, algo=algo)
     if model_size not in MODEL_SIZES:
         from ppokit.errors import UsageError
@@ -270,45 +278,72 @@ def run_bench(batch: int = 64, length: int = 4096, iterations: int = 5,
         from ppokit.errors import UsageError
 
         raise UsageError(f"--precision: expected bf16 or fp32, got {precision!r}")
+    compare = importlib.util.find_spec("trl") is not None and algo == "grpo"
+    if rounds is not None:
+        check_int("--rounds", rounds, 1, 100)
+    rounds = (3 if compare else 1) if rounds is None else rounds
     g = bench_token_gae(batch, length)
     print(f"token_gae B={g['batch']} L={g['length']}: vectorised {g['token_gae_s'] * 1e3:.1f} ms, "
           f"position loop {g['loop_s'] * 1e3:.1f} ms  (x{g['speedup']:.1f}; max |diff| "
           f"{g['max_abs_diff']:.2e})")
-    compare = importlib.util.find_spec("trl") is not None and algo == "grpo"
-    if compare:  # each side in its own process: its own peak memory and settings
-        t = in_own_process("bench_trainer", algo=algo, iterations=iterations,
-                           model_size=model_size, precision=precision)
-    else:
-        t = bench_trainer(algo, iterations, model_size=model_size, precision=precision)
+    kw = {"iterations": iterations, "model_size": model_size, "precision": precision}
+    ours, theirs = [], []
+    for r in range(rounds):
+        if compare:  # each side in its own process: its own peak memory and settings
+            ours.append(in_own_process("bench_trainer", algo=algo, **kw))
+            theirs.append(in_own_process("bench_trl_grpo", **kw))
+            if rounds > 1:
+                a, b = ours[-1]["seconds_per_iteration"], theirs[-1]["seconds_per_iteration"]
+                print(f"round {r + 1}/{rounds}: ppokit {a:.3f} s/iteration, TRL {b:.3f}: "
+                      f"TRL/ppokit {b / a:.2f}x")
+        else:
+            ours.append(bench_trainer(algo, iterations, model_size=model_size,
+                                      precision=precision))
+    t = _median_record(ours)
     print(f"trainer ({t['algo']}, model {model_size}, precision {precision}, "
           f"{t['sequences_per_iter']} "
-          f"sequences/iteration, torch threads {torch.get_num_threads()}):")
+          f"sequences/iteration, torch threads {torch.get_num_threads()}"
+          f"{f', median of {rounds} runs' if rounds > 1 else ''}):")
     for phase in ("generation", "scoring", "training"):
         print(f"  {phase:<10} {t[f'tokens_per_s_{phase}']:>10.0f} tokens/s   "
               f"{t[f'time_{phase}'] * 1e3:7.1f} ms/iteration")
     print(f"  total      {t['tokens_per_s_total']:>10.0f} tokens/s   "
           f"{t['seconds_per_iteration'] * 1e3:7.1f} ms/iteration")
-    res = {"token_gae": g, "trainer": t}
+    res = {"token_gae": g, "trainer": t, "rounds": rounds}
     if importlib.util.find_spec("trl") is None:
         print("trl is not installed: the TRL GRPO comparison is skipped")
         return res
     if algo != "grpo":
         print("the TRL comparison runs with --algo grpo only")
         return res
-    trl_res = in_own_process("bench_trl_grpo", iterations=iterations, model_size=model_size,
-                             precision=precision)
+    trl_res = _median_record(theirs)
     res["trl"] = trl_res
+    res["round_ratios"] = [b["seconds_per_iteration"] / a["seconds_per_iteration"]
+                           for a, b in zip(ours, theirs)]
     res["ratio"] = t["tokens_per_s_total"] / trl_res["tokens_per_s_total"]
     res["cpu_ratio"] = trl_res["cpu_seconds_per_iteration"] / t["cpu_seconds_per_iteration"]
-    print(comparison_table(t, trl_res))
+    print(comparison_table(t, trl_res, rounds))
     return res
 
 
-def comparison_table(t: dict, trl: dict) -> str:
+def _median_record(recs: list[dict]) -> dict:
+    """Each numeric figure's median over the runs (the others from the first run)."""
+    out = dict(recs[0])
+    for k, v in recs[0].items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            vals = [r[k] for r in recs if isinstance(r.get(k), (int, float))]
+            out[k] = statistics.median(vals)
+    return out
+
+
+def comparison_table(t: dict, trl: dict, rounds: int = 1) -> str:
     """ppokit and TRL side by side: seconds per iteration by phase (wall), end-to-end
     tokens/s, CPU seconds, memory, and TRL / ppokit for each time (above 1: ppokit is
-    faster)."""
-    rows = [f"{'TRL GRPOTrainer vs ppokit, same model, prompts and batch geometry':<66}",
+    faster); ``rounds`` > 1: each figure the median over that many runs."""
+    title = "TRL GRPOTrainer vs ppokit, same model, prompts and batch geometry"
+    if rounds > 1:
+        title += f" (medians of {rounds} runs each)"
+    rows = [f"{title:<66}",
             f"  {'':<30}{'ppokit':>10}{'TRL':>10}{'TRL/ppokit':>12}"]
 
     def line(label, a, b, fmt="{:.3f}", ratio=True):

@@ -166,6 +166,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", default="bf16", choices=("bf16", "fp32"),
                    help="number format of both libraries' forward passes: bf16 (TRL's "
                         "default bf16=True; ppokit's precision=bf16) or fp32 (both float32)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="pairs of runs (ppokit, then TRL, each in a fresh process) whose "
+                        "medians the comparison prints (default 3 with TRL installed, else 1)")
 
 
 def run(args) -> int:
@@ -449,5 +452,5 @@ def _bench(args) -> int:
     from .bench import run_bench
 
     run_bench(batch=args.batch, length=args.length, iterations=args.iterations, algo=args.algo,
-              model_size=args.model_size, precision=args.precision)
+              model_size=args.model_size, precision=args.precision, rounds=args.rounds)
     return 0
