@@ -275,8 +275,8 @@ def eager_minibatch_step(spec: UpdateSpec, forward: Callable[[dict], Forward],
 def clip_grad_norm_(params: list[Tensor], max_norm: float) -> Tensor:
     """``torch.nn.utils.clip_grad_norm_`` with the same numbers, the per-tensor loops done
     by torch's multi-tensor (``_foreach``) kernels. torch takes that route itself only on
-    accelerators; on a CPU its loop over a language model's hundred-odd parameters costs
-    about 4 % of a training step (tested equal in ``tests/test_engine_clip.py``)."""
+    accelerators; on a CPU its Python loop over a language model's hundred-odd parameters
+    is part of the cost (tested equal in ``tests/test_engine_clip.py``)."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros(())
