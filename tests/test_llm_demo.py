@@ -52,6 +52,21 @@ def test_benchmark_side_runs_in_its_own_process_and_the_table_gives_trl_over_ppo
         "3.00x (ppokit/TRL)")
 
 
+def test_bench_rounds_tabulate_each_figures_median():
+    from ppokit.llm.bench import _median_record, comparison_table
+
+    runs = [{"algo": "grpo", "seconds_per_iteration": s, "time_training": s / 2,
+             "tokens_per_s_total": 100 / s, "cpu_seconds_per_iteration": s}
+            for s in (1.0, 3.0, 1.5)]
+    m = _median_record(runs)
+    assert m["algo"] == "grpo" and m["seconds_per_iteration"] == 1.5
+    assert m["time_training"] == 0.75 and m["tokens_per_s_total"] == 100 / 1.5
+    trl = {**m, "seconds_per_iteration": 3.0, "completion_tokens_per_iteration": 100}
+    table = comparison_table(m, trl, rounds=3)
+    assert "medians of 3 runs" in table.splitlines()[0]
+    assert next(x for x in table.splitlines() if "end to end" in x).endswith("2.00x")
+
+
 def test_trl_grpo_comparison_runs_when_trl_is_installed():
     import pytest
 
