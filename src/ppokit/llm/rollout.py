@@ -127,11 +127,18 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
     # values then gathered per row into buffers that decoding fills in place
     shared = _distinct_prompts(prompt_ids, attn)
     first = shared[0] if shared is not None else slice(None)
-    out = model(input_ids=prompt_ids[first], attention_mask=attn[first],
-                position_ids=pos[first], use_cache=True)
     rows = shared[1] if shared is not None else None
-    cache = _decode_cache(_cache_of(out), rows, prompt_ids.shape[1] + max_new_tokens)
-    logits = out.logits[:, -1, :] if rows is None else out.logits[rows, -1, :]
+    from .fused import FusedSampler, unsupported_reason
+
+    sampler = None
+    if unsupported_reason(model) is None:  # Llama, Qwen2: the fused pass (fused.py)
+        sampler = FusedSampler(model, prompt_ids.shape[1] + max_new_tokens, prompt_ids.device)
+        logits = sampler.prefill(prompt_ids[first], attn[first], rows)
+    else:
+        out = model(input_ids=prompt_ids[first], attention_mask=attn[first],
+                    position_ids=pos[first], use_cache=True)
+        cache = _decode_cache(_cache_of(out), rows, prompt_ids.shape[1] + max_new_tokens)
+        logits = out.logits[:, -1, :] if rows is None else out.logits[rows, -1, :]
     next_pos = pos[:, -1] + 1
     finished = torch.zeros(bsz, dtype=torch.bool)
     toks, alive_cols, logps = [], [], []
@@ -156,11 +163,14 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
             done = all_done(done)
         if done or step == max_new_tokens - 1:
             break
-        attn = torch.cat([attn, alive.long()[:, None]], dim=1)
-        out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None],
-                    use_cache=True, **{cache_kw: cache})
-        cache = _cache_of(out)
-        logits = out.logits[:, -1, :]
+        if sampler is not None:
+            logits = sampler.step(tok, next_pos, alive)
+        else:
+            attn = torch.cat([attn, alive.long()[:, None]], dim=1)
+            out = model(input_ids=tok[:, None], attention_mask=attn,
+                        position_ids=next_pos[:, None], use_cache=True, **{cache_kw: cache})
+            cache = _cache_of(out)
+            logits = out.logits[:, -1, :]
         next_pos = next_pos + 1
     if was_training:
         model.train()
@@ -202,7 +212,7 @@ def shift_to_tokens(per_position: torch.Tensor) -> torch.Tensor:
 
 def sequence_logprobs(model, input_ids, attention_mask, *, temperature: float = 1.0,
                       with_entropy: bool = False, with_hidden: bool = False,
-                      prompt_len: int | None = None):
+                      prompt_len: int | None = None, min_prompts: int = 0):
     """Log-probs ``[B, L]`` of each token under ``model`` (token convention), from one
     forward pass with position ids counted over real tokens. Optionally the entropy
     ``[B, L]`` of the distribution each token was drawn from, and the last hidden states.
@@ -211,9 +221,10 @@ def sequence_logprobs(model, input_ids, attention_mask, *, temperature: float = 
     ``prompt_len``: the first ``prompt_len`` columns are the (left-padded) prompt. Rows
     that share a prompt — the ``samples_per_prompt`` completions of one group — then have
     it computed once (:func:`_logits_with_shared_prompts`); the result is the plain
-    forward's to float rounding, gradients included (``tests/test_llm_shared_prompts.py``)."""
+    forward's to float rounding, gradients included (``tests/test_llm_shared_prompts.py``).
+    ``min_prompts``: see :func:`ppokit.llm.fused.fused_logits`."""
     logits, hidden = _logits_with_shared_prompts(model, input_ids, attention_mask,
-                                                 prompt_len, with_hidden)
+                                                 prompt_len, with_hidden, min_prompts)
     logits = logits[:, :-1, :].float()
     if temperature not in (0, 1):
         logits = logits / temperature
@@ -228,7 +239,8 @@ def sequence_logprobs(model, input_ids, attention_mask, *, temperature: float = 
     return res
 
 
-def _logits_with_shared_prompts(model, input_ids, attention_mask, prompt_len, with_hidden):
+def _logits_with_shared_prompts(model, input_ids, attention_mask, prompt_len, with_hidden,
+                                min_prompts=0):
     """Logits ``[B, L, V]`` (and last hidden states, or None) of every position.
 
     Without ``prompt_len``, or when no two rows share a prompt, this is one forward pass.
@@ -238,6 +250,12 @@ def _logits_with_shared_prompts(model, input_ids, attention_mask, prompt_len, wi
     thus costs ``P + G·(L − P)`` positions instead of ``G·L``. Autograd flows through the
     gather, so the prompt positions receive the summed gradient of every row that used
     them, as in the plain pass."""
+    if not with_hidden:  # Llama and Qwen2: one fused pass (ppokit/llm/fused.py)
+        from .fused import fused_logits
+
+        logits = fused_logits(model, input_ids, attention_mask, prompt_len, min_prompts)
+        if logits is not None:
+            return logits, None
     pos = position_ids_from_mask(attention_mask)
     p = prompt_len or 0
     if 0 < p < input_ids.shape[1]:

@@ -98,7 +98,14 @@ from .models import (
 from .parallel import NoRunDir, gather_rollout, shard
 from .progress import Progress
 from .rewards import per_function_stats
-from .rollout import TokenRollout, encode_prompts, generate, sequence_logprobs, shift_to_tokens
+from .rollout import (
+    TokenRollout,
+    _distinct_prompts,
+    encode_prompts,
+    generate,
+    sequence_logprobs,
+    shift_to_tokens,
+)
 from .runfiles import (  # noqa: F401 (config_from_run re-exported)
     EVAL_PROMPTS,
     TRAIN_PROMPTS,
@@ -457,6 +464,12 @@ class TokenTrainer:
         """The policy (and critic) on a set of the rollout's sequences: log-probs and
         entropies of the action tokens and the critic's values, each ``[M, L]``."""
         t = self.cfg.temperature
+        # the rollout's number of distinct prompts: each minibatch's shared-prompt pass
+        # computes that many prompt rows (or its own row count, if fewer), so that every
+        # minibatch has one shape (ppokit/llm/fused.py, fused_logits: min_prompts)
+        p = self._shared_prompt_len(roll)
+        groups = _distinct_prompts(roll.input_ids[:, :p], roll.attention_mask[:, :p]) if p else None
+        n_prompts = 0 if groups is None else int(groups[0].shape[0])
 
         def forward(rows: dict) -> Forward:
             with self.autocast():
@@ -467,7 +480,8 @@ class TokenTrainer:
             out = sequence_logprobs(self.policy, sub.input_ids, sub.attention_mask,
                                     temperature=t, with_entropy=True,
                                     with_hidden=self._shared_critic,
-                                    prompt_len=self._shared_prompt_len(sub))
+                                    prompt_len=self._shared_prompt_len(sub),
+                                    min_prompts=min(n_prompts, len(rows["row"])))
             v = None
             if self.critic is not None:
                 v_after = self.critic(sub.input_ids, sub.attention_mask, sub.position_ids,

@@ -1,0 +1,385 @@
+"""A fused forward pass for Llama-architecture decoders (Llama and Qwen2), used by the
+token trainer wherever it needs the logits of whole sequences: the update's minibatch
+forward and the reference model's scoring pass.
+
+It reads the model's own parameters and computes what transformers' forward computes,
+layer by layer (RMS norm, rotary embedding, causal attention over real tokens, SiLU-gated
+MLP, tied or separate head), with three differences in *how*, none in *what*:
+
+- **Fused projections.** The query, key and value projections are one matrix product on
+  the concatenated weights, and so are the MLP's gate and up projections: one product (and
+  one gradient product) instead of three or two, and the normed activations cast to
+  bfloat16 once instead of once per projection.
+- **One pass for shared prompts.** When rows repeat a prompt (a group's completions), the
+  distinct prompts and every row's remaining positions are laid out as one token matrix
+  for all the projections and MLPs; only attention sees the two parts apart (the
+  completions attend to their prompt's keys and values, gathered per row). transformers'
+  API needs two model calls for that (:func:`ppokit.llm.rollout._logits_with_shared_prompts`),
+  each with its own casts, and the weight gradients of the two calls summed.
+- **Number formats as ppokit's ``precision = bf16``.** Under bfloat16 autocast the
+  projections run in bfloat16 (weights and inputs rounded, products accumulated in
+  float32), the residual stream, norms, rotary embedding and attention in float32 — the
+  format the trainer's transformers forward has (attention in float32:
+  :mod:`ppokit.llm.precision`). Without autocast everything is float32.
+
+It is held to transformers' forward by ``tests/test_llm_fused.py``: logits and every
+parameter's gradient on random Llama and Qwen2 models (grouped-query attention, biases,
+untied heads), random left and right padding and shared prompts, in float32 and under
+bfloat16 autocast (hypothesis).
+
+What it does not cover falls back to transformers' forward, with the same results:
+other architectures, PEFT adapters, sharded (FSDP) models or any module with forward
+hooks, gradient checkpointing, sliding-window attention, rotary scalings that depend on
+the sequence length, activations other than SiLU, attention dropout in training, and
+callers that want hidden states (a critic sharing the policy's body).
+``PPOKIT_FUSED_FORWARD=0`` turns it off (everything then runs through transformers).
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["ENV_VAR", "FusedSampler", "fused_logits", "unsupported_reason"]
+
+ENV_VAR = "PPOKIT_FUSED_FORWARD"
+_ARCHS = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+_STATIC_ROPE = ("default", "linear", "llama3")
+_tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def unsupported_reason(model) -> str | None:
+    """Why :func:`fused_logits` would not run ``model`` (None: it would)."""
+    if os.environ.get(ENV_VAR, "1").strip() == "0":
+        return f"{ENV_VAR}=0"
+    name = type(model).__name__
+    if name not in _ARCHS:
+        return f"architecture {name}"
+    cfg = model.config
+    ckpt = ("is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing")
+            else "is_gradient_checkpointing")
+    if getattr(model, ckpt, False):
+        return "gradient checkpointing"
+    if getattr(cfg, "hidden_act", None) != "silu":
+        return f"activation {getattr(cfg, 'hidden_act', None)!r}"
+    if getattr(cfg, "pretraining_tp", 1) not in (1, None):
+        return "pretraining_tp"
+    if model.training and float(getattr(cfg, "attention_dropout", 0.0) or 0.0) > 0:
+        return "attention dropout"
+    rot = getattr(model.model, "rotary_emb", None)
+    if rot is None or getattr(rot, "rope_type", None) not in _STATIC_ROPE:
+        return f"rotary embedding {getattr(rot, 'rope_type', None)!r}"
+    hooks = (torch.nn.modules.module._global_forward_hooks,
+             torch.nn.modules.module._global_forward_pre_hooks)
+    if any(hooks):
+        return "global module hooks"
+    for m in model.modules():
+        if m._forward_hooks or m._forward_pre_hooks:
+            return f"forward hooks on {type(m).__name__}"
+    for layer in model.model.layers:
+        if getattr(layer.self_attn, "sliding_window", None) is not None:
+            return "sliding-window attention"
+    return None
+
+
+def fused_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 prompt_len: int | None = None, min_prompts: int = 0) -> torch.Tensor | None:
+    """Logits ``[B, L, V]`` of every position (as transformers' forward with position ids
+    counted over real tokens), or None when ``model`` is not one this pass covers
+    (:func:`unsupported_reason`). ``prompt_len``: the first columns are the left-padded
+    prompt; rows that repeat one have it computed once.
+
+    ``min_prompts``: compute at least that many prompt rows (the first distinct prompt
+    repeated; nothing reads the extra rows, so they receive no gradient). The update's
+    minibatches hold a varying number of a rollout's groups; padding to the rollout's
+    count gives every minibatch one token-matrix shape. The CPU's matrix-product library
+    (oneDNN) compiles and keeps a kernel per shape: on the 10M-parameter bench model the
+    varying shapes held about 35 MB more memory, for about 2 % more arithmetic here."""
+    if unsupported_reason(model) is not None:
+        return None
+    dev = input_ids.device.type
+    low = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
+    if low is None and model.model.embed_tokens.weight.dtype != torch.float32:
+        return None  # a model held in a low-precision format: transformers' forward
+    with torch.autocast(dev, enabled=False):
+        return _forward(model, input_ids, attention_mask.long(), prompt_len, low, min_prompts)
+
+
+def _rope_tables(rot, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos``, ``sin`` ``[n, head_dim]`` in float32, each row the values transformers'
+    rotary module computes for that position (the same float32 operations)."""
+    have = _tables.get(rot)
+    if have is not None and have[0].shape[0] >= n and have[0].device == device:
+        return have
+    n = max(n, int(getattr(rot, "max_seq_len_cached", 0) or 0))
+    freqs = torch.arange(n, device=device)[:, None].float() * rot.inv_freq.to(device).float()
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos() * rot.attention_scaling, emb.sin() * rot.attention_scaling
+    _tables[rot] = (cos, sin)
+    return cos, sin
+
+
+def _rms(h: torch.Tensor, norm) -> torch.Tensor:
+    var = h.pow(2).mean(-1, keepdim=True)
+    return norm.weight * (h * torch.rsqrt(var + norm.variance_epsilon))
+
+
+def _cast(t, dtype):
+    return t if t is None or t.dtype == dtype else t.to(dtype)
+
+
+def _linear(x, weights, biases, dtype):
+    """``x`` times the concatenation of ``weights`` (plus biases), in ``dtype``."""
+    w = torch.cat([_cast(v, dtype) for v in weights]) if len(weights) > 1 else _cast(
+        weights[0], dtype)
+    if all(b is None for b in biases):
+        b = None
+    else:
+        b = torch.cat([_cast(bb, dtype) if bb is not None else
+                       torch.zeros(v.shape[0], dtype=dtype, device=v.device)
+                       for bb, v in zip(biases, weights)])
+    return F.linear(_cast(x, dtype), w, b)
+
+
+def _rotate(t, cos, sin):
+    half = t.shape[-1] // 2
+    return (t * cos) + (torch.cat((-t[..., half:], t[..., :half]), dim=-1) * sin)
+
+
+def _masks(mask: torch.Tensor, p: int, first, U: int):
+    """Boolean attention masks: ``head`` ``[U, 1, P, P]`` for the distinct prompts, ``tail``
+    ``[B, 1, T, P + T]`` for every row's remaining positions (``P`` = 0 without shared
+    prompts). A real query sees the real keys at or before it; a padding query sees itself
+    only, so that no row of the softmax is empty (its output is never read)."""
+    dev = mask.device
+    real = mask.bool()
+    L = mask.shape[1]
+    T = L - p
+    eye_t = torch.eye(T, dtype=torch.bool, device=dev)
+    causal_t = torch.ones(T, T, dtype=torch.bool, device=dev).tril()
+    tail = causal_t[None] & (real[:, None, p:] | eye_t[None])
+    head = None
+    if U:
+        eye_p = torch.eye(p, dtype=torch.bool, device=dev)
+        causal_p = torch.ones(p, p, dtype=torch.bool, device=dev).tril()
+        hreal = real[first, :p]
+        head = (causal_p[None] & (hreal[:, None, :] | eye_p[None]))[:, None]
+        tail = torch.cat([real[:, None, :p].expand(-1, T, -1), tail], 2)
+    return head, tail[:, None]
+
+
+def _expand_kv(t: torch.Tensor, rep: int) -> torch.Tensor:
+    """``[R, KV, S, D]`` → ``[R, KV·rep, S, D]``, query head h reading key head h // rep."""
+    if rep == 1:
+        return t
+    r, kv, s, d = t.shape
+    return t[:, :, None].expand(r, kv, rep, s, d).reshape(r, kv * rep, s, d)
+
+
+def _forward(model, ids, mask, prompt_len, low, min_prompts=0):
+    from .rollout import _distinct_prompts, position_ids_from_mask
+
+    body = model.model
+    cfg = model.config
+    B, L = ids.shape
+    pos = position_ids_from_mask(mask)
+    p = prompt_len or 0
+    shared = _distinct_prompts(ids[:, :p], mask[:, :p]) if 0 < p < L else None
+    if shared is None:
+        p, first, inv, U = 0, None, None, 0
+    else:
+        first, inv = shared
+        if first.shape[0] < min_prompts:
+            first = torch.cat([first, first[:1].expand(min_prompts - first.shape[0])])
+        U = first.shape[0]
+    T = L - p
+    nh = U * p
+    if U:
+        tok = torch.cat([ids[first, :p].reshape(-1), ids[:, p:].reshape(-1)])
+        tpos = torch.cat([pos[first, :p].reshape(-1), pos[:, p:].reshape(-1)])
+    else:
+        tok, tpos = ids.reshape(-1), pos.reshape(-1)
+    head_mask, tail_mask = _masks(mask, p, first, U)
+
+    attn0 = body.layers[0].self_attn
+    H = cfg.num_attention_heads
+    KV = getattr(cfg, "num_key_value_heads", None) or H
+    hd = attn0.head_dim
+    cos_t, sin_t = _rope_tables(body.rotary_emb, int(tpos.max()) + 1, ids.device)
+    cos, sin = cos_t[tpos][:, None, :], sin_t[tpos][:, None, :]
+    act = torch.float32 if low is None else low
+    # attention in float32 on the CPU (as ppokit/llm/precision.py gives transformers'
+    # forward there); elsewhere in the autocast format, as autocast would run it
+    att = torch.float32 if low is None or ids.device.type == "cpu" else low
+
+    def attend(q, k, v, scale):
+        """q ``[N, H, D]``, k and v ``[N, KV, D]`` → ``[N, H·D]``."""
+        kt = k[nh:].view(B, T, KV, hd).transpose(1, 2)
+        vt = v[nh:].view(B, T, KV, hd).transpose(1, 2)
+        outs = []
+        if U:
+            qh = q[:nh].view(U, p, H, hd).transpose(1, 2)
+            kh = k[:nh].view(U, p, KV, hd).transpose(1, 2)
+            vh = v[:nh].view(U, p, KV, hd).transpose(1, 2)
+            oh = F.scaled_dot_product_attention(qh, _expand_kv(kh, H // KV),
+                                                _expand_kv(vh, H // KV),
+                                                attn_mask=head_mask, scale=scale)
+            outs.append(oh.transpose(1, 2).reshape(nh, H * hd))
+            kt = torch.cat([kh[inv], kt], 2)
+            vt = torch.cat([vh[inv], vt], 2)
+        qt = q[nh:].view(B, T, H, hd).transpose(1, 2)
+        ot = F.scaled_dot_product_attention(qt, _expand_kv(kt, H // KV), _expand_kv(vt, H // KV),
+                                            attn_mask=tail_mask, scale=scale)
+        outs.append(ot.transpose(1, 2).reshape(B * T, H * hd))
+        return torch.cat(outs) if len(outs) > 1 else outs[0]
+
+    h = body.embed_tokens(tok)
+    for layer in body.layers:
+        a, mlp = layer.self_attn, layer.mlp
+        x = _rms(h, layer.input_layernorm)
+        qkv = _linear(x, [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight],
+                      [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias], act)
+        q, k, v = qkv.view(-1, H + 2 * KV, hd).split([H, KV, KV], 1)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        o = attend(q.to(att), k.to(att), v.to(att), a.scaling)
+        h = h + _linear(o, [a.o_proj.weight], [a.o_proj.bias], act)
+        x = _rms(h, layer.post_attention_layernorm)
+        gate, up = _linear(x, [mlp.gate_proj.weight, mlp.up_proj.weight],
+                           [mlp.gate_proj.bias, mlp.up_proj.bias], act).chunk(2, -1)
+        h = h + _linear(F.silu(gate) * up, [mlp.down_proj.weight], [mlp.down_proj.bias], act)
+    h = _rms(h, body.norm)
+    logits = _linear(h, [model.lm_head.weight], [model.lm_head.bias], act)
+    V = logits.shape[-1]
+    tail = logits[nh:].view(B, T, V)
+    if not U:
+        return tail
+    return torch.cat([logits[:nh].view(U, p, V)[inv], tail], 1)
+
+
+class FusedSampler:
+    """Incremental decoding with the fused pass (no gradient): the prompts' keys and values
+    in float32 buffers of a fixed capacity (the autocast format off the CPU), each step
+    one token per row. The weights are cast and concatenated once per sampling call
+    instead of at every step. Used by :func:`ppokit.llm.rollout.generate` for the models
+    :func:`unsupported_reason` accepts; ``tests/test_llm_fused.py`` holds its tokens and
+    log-probs to transformers' cached decoding."""
+
+    def __init__(self, model, capacity: int, device):
+        dev = torch.device(device).type
+        self.low = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
+        act = torch.float32 if self.low is None else self.low
+        self.att = torch.float32 if self.low is None or dev == "cpu" else self.low
+        body, cfg = model.model, model.config
+        self.body, self.cap = body, capacity
+        self.H = cfg.num_attention_heads
+        self.KV = getattr(cfg, "num_key_value_heads", None) or self.H
+        self.hd = body.layers[0].self_attn.head_dim
+
+        def prep(weights, biases):
+            w = torch.cat([_cast(v, act) for v in weights])
+            if all(b is None for b in biases):
+                return w, None
+            return w, torch.cat([_cast(b, act) if b is not None else
+                                 torch.zeros(v.shape[0], dtype=act, device=v.device)
+                                 for b, v in zip(biases, weights)])
+
+        self.layers = []
+        for layer in body.layers:
+            a, mlp = layer.self_attn, layer.mlp
+            self.layers.append((
+                layer.input_layernorm, a.scaling,
+                prep([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight],
+                     [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]),
+                prep([a.o_proj.weight], [a.o_proj.bias]),
+                layer.post_attention_layernorm,
+                prep([mlp.gate_proj.weight, mlp.up_proj.weight],
+                     [mlp.gate_proj.bias, mlp.up_proj.bias]),
+                prep([mlp.down_proj.weight], [mlp.down_proj.bias])))
+        self.head = prep([model.lm_head.weight], [model.lm_head.bias])
+        self.act = act
+        self.cos, self.sin = _rope_tables(body.rotary_emb, capacity + 1, torch.device(device))
+        self.k = self.v = self.keymask = None
+        self.n = 0
+
+    def _lin(self, x, wb):
+        return F.linear(_cast(x, self.act), wb[0], wb[1])
+
+    def _layer_io(self, h, pos, attend):
+        for i, (n1, scale, qkv_w, o_w, n2, gu_w, d_w) in enumerate(self.layers):
+            qkv = self._lin(_rms(h, n1), qkv_w)
+            q, k, v = qkv.view(*qkv.shape[:-1], self.H + 2 * self.KV, self.hd).split(
+                [self.H, self.KV, self.KV], -2)
+            cos, sin = self.cos[pos].unsqueeze(-2), self.sin[pos].unsqueeze(-2)
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            o = attend(i, q.to(self.att), k.to(self.att), v.to(self.att), scale)
+            h = h + self._lin(o, o_w)
+            gate, up = self._lin(_rms(h, n2), gu_w).chunk(2, -1)
+            h = h + self._lin(F.silu(gate) * up, d_w)
+        return h
+
+    @torch.no_grad()
+    def prefill(self, ids, mask, rows=None):
+        """The prompts ``[U, P]`` (left padded); ``rows`` ``[B]``: the prompt of each
+        sampled row (None: one row per prompt). Returns each row's next-token logits."""
+        with torch.autocast(ids.device.type, enabled=False):
+            return self._prefill(ids, mask.long(), rows)
+
+    def _prefill(self, ids, mask, rows):
+        from .rollout import position_ids_from_mask
+
+        U, P = ids.shape
+        rows = torch.arange(U, device=ids.device) if rows is None else rows
+        B = rows.shape[0]
+        pos = position_ids_from_mask(mask)
+        head_mask, _ = _masks(mask, P, torch.arange(U, device=ids.device), U)
+        self.k = torch.empty(len(self.layers), B, self.KV, max(self.cap, P), self.hd,
+                             dtype=self.att, device=ids.device)
+        self.v = torch.empty_like(self.k)
+        self.keymask = torch.zeros(B, max(self.cap, P), dtype=torch.bool, device=ids.device)
+        self.keymask[:, :P] = mask.bool()[rows]
+        H, hd, rep = self.H, self.hd, self.H // self.KV
+
+        def attend(i, q, k, v, scale):
+            qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))  # [U, heads, P, hd]
+            self.k[i, :, :, :P] = kh[rows]
+            self.v[i, :, :, :P] = vh[rows]
+            o = F.scaled_dot_product_attention(qh, _expand_kv(kh, rep), _expand_kv(vh, rep),
+                                               attn_mask=head_mask, scale=scale)
+            return o.transpose(1, 2).reshape(U, P, H * hd)
+
+        h = self._layer_io(self.body.embed_tokens(ids), pos, attend)
+        self.n = P
+        return self._lin(_rms(h[:, -1], self.body.norm), self.head)[rows]
+
+    @torch.no_grad()
+    def step(self, tok, pos, alive):
+        """Feed one token per row (``tok``, ``pos`` ``[B]``; ``alive``: rows still
+        generating — the others' new keys stay masked); next-token logits ``[B, V]``."""
+        with torch.autocast(tok.device.type, enabled=False):
+            return self._step(tok, pos, alive)
+
+    def _step(self, tok, pos, alive):
+        n = self.n
+        if n >= self.k.shape[3]:
+            raise ValueError(f"FusedSampler: capacity {self.k.shape[3]} positions reached")
+        self.keymask[:, n] = alive
+        B = tok.shape[0]
+        mask = self.keymask[:, None, None, :n + 1]  # [B, 1, 1, n + 1]
+        rep = self.H // self.KV
+
+        def attend(i, q, k, v, scale):  # q [B, H, hd], k and v [B, KV, hd]
+            self.k[i, :, :, n] = k
+            self.v[i, :, :, n] = v
+            # one query per row: plain products (the query heads of one key head side by
+            # side) are faster here than the flash kernel, which is built for long queries
+            scores = torch.matmul(q.view(B, self.KV, rep, self.hd),
+                                  self.k[i, :, :, :n + 1].transpose(-1, -2)) * scale
+            probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+            return torch.matmul(probs, self.v[i, :, :, :n + 1]).reshape(B, self.H * self.hd)
+
+        h = self._layer_io(self.body.embed_tokens(tok), pos, attend)
+        self.n = n + 1
+        return self._lin(_rms(h, self.body.norm), self.head)
