@@ -60,9 +60,11 @@ def test_grpo_raises_held_out_accuracy_on_the_arithmetic_task(tmp_path):
 
     run = tmp_path / "arith"
     assert main(["llm", "train", "--algo", "grpo", "--task", "arithmetic", "--run-dir",
-                 str(run), "--no-progress", "--iterations", "250", "--time-limit", "0",
+                 str(run), "--no-progress", "--iterations", "400", "--time-limit", "0",
                  "--learning-rate", "5e-5"]) == 0
     ev = json.loads((run / "eval.json").read_text())
-    # measured 0.328 -> 0.484 after 215 iterations, 0.586 after 400
+    # measured 0.328 -> 0.484 after 215 iterations, 0.586 after 400; with the fused
+    # forward (the SFT warm start, hence the reference, differs in rounding) 0.430 ->
+    # 0.523 after 250 and 0.555 after 400 (format 0.703 -> 0.906)
     assert ev["reward/correct_answer"] >= ev["reference_reward/correct_answer"] + 0.1
     assert ev["reward/answer_format"] >= ev["reference_reward/answer_format"] + 0.1
