@@ -224,3 +224,59 @@ def test_fused_sampling_equals_transformers_cached_decoding(tok, monkeypatch, ar
         assert torch.equal(a.input_ids, b.input_ids)
         assert torch.equal(a.action_mask, b.action_mask)
         assert torch.allclose(a.logp, b.logp, atol=1e-5)
+
+
+def _teacher_forced(model, ids, mask, p):
+    """The sampler's next-token logits after the prompt and after each later token of
+    ``ids`` (fed one at a time): ``[B, L - p, V]``, positions p-1 … L-2."""
+    pos = position_ids_from_mask(mask)
+    s = fused.FusedSampler(model, ids.shape[1], ids.device)
+    out = [s.prefill(ids[:, :p], mask[:, :p])]
+    for j in range(p, ids.shape[1] - 1):
+        out.append(s.step(ids[:, j], pos[:, j], mask[:, j].bool()))
+    return torch.stack(out, 1)
+
+
+def test_sampler_steps_equal_the_whole_sequence_pass(tok):
+    model = _model(tok, "qwen2", 2, True, False, 5)
+    ids, mask, p = _batch(tok, [1, 4, 6], 2, 6, random.Random(5))
+    with torch.no_grad():
+        step_logits = _teacher_forced(model, ids, mask, p)
+        whole = fused.fused_logits(model, ids, mask, p)[:, p - 1:-1]
+    seen = mask.bool()[:, p - 1:-1]
+    assert torch.allclose(step_logits[seen], whole[seen], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("arch", [("llama", 2, True, False), ("qwen2", 1, True, True)])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_on_cuda_the_fused_pass_equals_transformers(tok, arch, seed):
+    """On a GPU: float32 logits and gradients as on the CPU; under bfloat16 autocast
+    (attention then in bfloat16, as autocast runs transformers' there) within bfloat16
+    rounding of the float32 logits; the sampler's incremental logits, fed the sequences
+    token by token, equal the whole-sequence pass's."""
+    name, kv, bias, tied = arch
+    dev = torch.device("cuda")
+    model = _model(tok, name, kv, bias, tied, seed).to(dev)
+    ids, mask, p = _batch(tok, [2, 5, 3], 3, 5, random.Random(seed))
+    ids, mask = ids.to(dev), mask.to(dev)
+    real = mask.bool()
+    w = torch.randn(*ids.shape, len(tok), device=dev) * real[..., None]
+    ref, ref_g = _logits_and_grads(model, lambda: _reference_logits(model, ids, mask), w)
+    got, got_g = _logits_and_grads(
+        model, lambda: fused.fused_logits(model, ids, mask, p, min_prompts=4), w)
+    assert torch.allclose(got[real], ref[real], atol=1e-4, rtol=1e-3)
+    for k in ref_g:
+        assert torch.allclose(got_g[k], ref_g[k], atol=2e-4, rtol=1e-2), k
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        hf = _reference_logits(model, ids, mask).float()
+        low = fused.fused_logits(model, ids, mask, p).float()
+    scale = ref[real].abs().max()
+    err_hf, err = (hf - ref)[real].abs(), (low - ref)[real].abs()
+    assert err.max() <= 0.05 * scale
+    assert err.mean() <= 2 * err_hf.mean() + 1e-3 * scale
+    with torch.no_grad():
+        step_logits = _teacher_forced(model, ids, mask, p)
+        whole = fused.fused_logits(model, ids, mask, p)[:, p - 1:-1]
+    seen = real[:, p - 1:-1]
+    assert torch.allclose(step_logits[seen], whole[seen], atol=1e-4, rtol=1e-3)
