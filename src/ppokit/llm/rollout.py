@@ -18,6 +18,10 @@ second forward pass over the batch (``old_logprobs = "sampler"``; ``"recompute"`
 :func:`sequence_logprobs` as before). The two agree to float rounding — the cached
 incremental forward adds the same terms in a different order — which
 ``tests/test_llm_shared_prompts.py`` checks on random models, prompts and padding.
+
+For Llama and Qwen2 models both the sampler and the log-prob passes run ppokit's fused
+forward (:mod:`ppokit.llm.fused`, held to transformers' in ``tests/test_llm_fused.py``);
+other models run transformers' forward as described here.
 """
 
 from __future__ import annotations
