@@ -1,10 +1,10 @@
 """A fused forward pass for Llama-architecture decoders (Llama and Qwen2), used by the
-token trainer wherever it needs the logits of whole sequences: the update's minibatch
-forward and the reference model's scoring pass.
+token trainer wherever it runs the model: the update's minibatch forward, the reference
+model's scoring pass (:func:`fused_logits`) and the sampler (:class:`FusedSampler`).
 
 It reads the model's own parameters and computes what transformers' forward computes,
 layer by layer (RMS norm, rotary embedding, causal attention over real tokens, SiLU-gated
-MLP, tied or separate head), with three differences in *how*, none in *what*:
+MLP, tied or separate head), with these differences in *how*, none in *what*:
 
 - **Fused projections.** The query, key and value projections are one matrix product on
   the concatenated weights, and so are the MLP's gate and up projections: one product (and
@@ -15,24 +15,33 @@ MLP, tied or separate head), with three differences in *how*, none in *what*:
   for all the projections and MLPs; only attention sees the two parts apart (the
   completions attend to their prompt's keys and values, gathered per row). transformers'
   API needs two model calls for that (:func:`ppokit.llm.rollout._logits_with_shared_prompts`),
-  each with its own casts, and the weight gradients of the two calls summed.
+  each with its own casts, and the weight gradients of the two calls summed. The prompt
+  rows can be padded to a fixed count (``min_prompts``) so that every minibatch of a
+  rollout has one shape.
+- **Sampling** casts and concatenates the weights once per call, keeps the keys and values
+  in buffers of a fixed capacity, and computes a decoding step's attention (one query per
+  row) as two plain products.
 - **Number formats as ppokit's ``precision = bf16``.** Under bfloat16 autocast the
   projections run in bfloat16 (weights and inputs rounded, products accumulated in
-  float32), the residual stream, norms, rotary embedding and attention in float32 — the
-  format the trainer's transformers forward has (attention in float32:
-  :mod:`ppokit.llm.precision`). Without autocast everything is float32.
+  float32); the residual stream, norms and rotary embedding in float32; attention in
+  float32 on the CPU — the formats the trainer's transformers forward has there
+  (:mod:`ppokit.llm.precision`) — and in the autocast format elsewhere. Without autocast
+  everything is float32.
 
-It is held to transformers' forward by ``tests/test_llm_fused.py``: logits and every
-parameter's gradient on random Llama and Qwen2 models (grouped-query attention, biases,
-untied heads), random left and right padding and shared prompts, in float32 and under
-bfloat16 autocast (hypothesis).
+It is held to transformers' forward by ``tests/test_llm_fused.py`` (hypothesis): logits and
+every parameter's gradient on random Llama and Qwen2 models (grouped-query attention,
+biases, tied and separate heads), random left and right padding and shared prompts, in
+float32 and under bfloat16 autocast; the sampler's tokens and log-probs against
+transformers' cached decoding, and its step-by-step logits against the whole-sequence
+pass.
 
 What it does not cover falls back to transformers' forward, with the same results:
 other architectures, PEFT adapters, sharded (FSDP) models or any module with forward
 hooks, gradient checkpointing, sliding-window attention, rotary scalings that depend on
-the sequence length, activations other than SiLU, attention dropout in training, and
-callers that want hidden states (a critic sharing the policy's body).
-``PPOKIT_FUSED_FORWARD=0`` turns it off (everything then runs through transformers).
+the sequence length, activations other than SiLU, attention dropout in training, a model
+held in a low-precision format outside autocast, and callers that want hidden states (a
+critic sharing the policy's body). ``PPOKIT_FUSED_FORWARD=0`` turns it off (everything then
+runs through transformers).
 """
 
 from __future__ import annotations
