@@ -161,6 +161,15 @@ def test_uncovered_models_fall_back_to_transformers(tok, monkeypatch):
     handle = llama.model.layers[0].mlp.register_forward_hook(lambda *a: None)
     assert fused.unsupported_reason(llama) == "forward hooks on LlamaMLP"
     handle.remove()
+
+    class Quantised(torch.nn.Linear):  # stands for a replaced projection (e.g. 4-bit)
+        pass
+
+    other = build_tiny_model(tok)
+    old = other.model.layers[1].mlp.up_proj
+    other.model.layers[1].mlp.up_proj = Quantised(old.in_features, old.out_features,
+                                                  bias=False)
+    assert fused.unsupported_reason(other) == "projection of type Quantised"
     monkeypatch.setenv(fused.ENV_VAR, "0")
     assert fused.fused_logits(llama, ids, mask, p) is None
     off = sequence_logprobs(llama, ids, mask, prompt_len=p)["logp"]

@@ -36,8 +36,8 @@ transformers' cached decoding, and its step-by-step logits against the whole-seq
 pass.
 
 What it does not cover falls back to transformers' forward, with the same results:
-other architectures, PEFT adapters, sharded (FSDP) models or any module with forward
-hooks, gradient checkpointing, sliding-window attention, rotary scalings that depend on
+other architectures, PEFT adapters, quantised or otherwise replaced layers, sharded
+(FSDP) models or any module with forward hooks, gradient checkpointing, sliding-window attention, rotary scalings that depend on
 the sequence length, activations other than SiLU, attention dropout in training, a model
 held in a low-precision format outside autocast, and callers that want hidden states (a
 critic sharing the policy's body). ``PPOKIT_FUSED_FORWARD=0`` turns it off (everything then
@@ -91,6 +91,20 @@ def unsupported_reason(model) -> str | None:
     for layer in model.model.layers:
         if getattr(layer.self_attn, "sliding_window", None) is not None:
             return "sliding-window attention"
+        a, mlp = layer.self_attn, layer.mlp
+        # plain layers only: a quantised or otherwise replaced projection keeps its own
+        # forward, which reading ``.weight`` here would bypass
+        for m in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, mlp.gate_proj, mlp.up_proj,
+                  mlp.down_proj):
+            if type(m) is not torch.nn.Linear:
+                return f"projection of type {type(m).__name__}"
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+            if not hasattr(norm, "variance_epsilon"):
+                return f"norm of type {type(norm).__name__}"
+    if type(model.lm_head) is not torch.nn.Linear:
+        return f"head of type {type(model.lm_head).__name__}"
+    if type(model.model.embed_tokens) is not torch.nn.Embedding:
+        return f"embedding of type {type(model.model.embed_tokens).__name__}"
     return None
 
 
