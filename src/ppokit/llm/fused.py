@@ -37,11 +37,11 @@ pass.
 
 What it does not cover falls back to transformers' forward, with the same results:
 other architectures, PEFT adapters, quantised or otherwise replaced layers, sharded
-(FSDP) models or any module with forward hooks, gradient checkpointing, sliding-window attention, rotary scalings that depend on
-the sequence length, activations other than SiLU, attention dropout in training, a model
-held in a low-precision format outside autocast, and callers that want hidden states (a
-critic sharing the policy's body). ``PPOKIT_FUSED_FORWARD=0`` turns it off (everything then
-runs through transformers).
+(FSDP) models or any module with forward hooks, gradient checkpointing, sliding-window
+attention, rotary scalings that depend on the sequence length, activations other than
+SiLU, attention dropout in training, a model held in a low-precision format outside
+autocast, and callers that want hidden states (a critic sharing the policy's body).
+``PPOKIT_FUSED_FORWARD=0`` turns it off (everything then runs through transformers).
 """
 
 from __future__ import annotations
@@ -154,17 +154,65 @@ def _cast(t, dtype):
     return t if t is None or t.dtype == dtype else t.to(dtype)
 
 
-def _linear(x, weights, biases, dtype):
-    """``x`` times the concatenation of ``weights`` (plus biases), in ``dtype``."""
+def _prep(weights, biases, dtype):
+    """``(weight, bias)`` of one product: ``weights`` concatenated (and their biases,
+    zeros standing for a missing one) in ``dtype``; differentiable."""
     w = torch.cat([_cast(v, dtype) for v in weights]) if len(weights) > 1 else _cast(
         weights[0], dtype)
     if all(b is None for b in biases):
-        b = None
-    else:
-        b = torch.cat([_cast(bb, dtype) if bb is not None else
-                       torch.zeros(v.shape[0], dtype=dtype, device=v.device)
-                       for bb, v in zip(biases, weights)])
-    return F.linear(_cast(x, dtype), w, b)
+        return w, None
+    return w, torch.cat([_cast(b, dtype) if b is not None else
+                         torch.zeros(v.shape[0], dtype=dtype, device=v.device)
+                         for b, v in zip(biases, weights)])
+
+
+def _layer_weights(model, dtype):
+    """Per decoder layer, lazily (each layer's concatenations made when it is reached):
+    ``(input norm, attention scale, qkv, o, post-attention norm, gate/up, down)``, the
+    products as :func:`_prep` pairs."""
+    for layer in model.model.layers:
+        a, mlp = layer.self_attn, layer.mlp
+        yield (layer.input_layernorm, a.scaling,
+               _prep([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight],
+                     [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias], dtype),
+               _prep([a.o_proj.weight], [a.o_proj.bias], dtype),
+               layer.post_attention_layernorm,
+               _prep([mlp.gate_proj.weight, mlp.up_proj.weight],
+                     [mlp.gate_proj.bias, mlp.up_proj.bias], dtype),
+               _prep([mlp.down_proj.weight], [mlp.down_proj.bias], dtype))
+
+
+def _formats(device_type: str, low):
+    """``(projection dtype, attention dtype)`` under autocast format ``low`` (None: off):
+    attention in float32 on the CPU (as ppokit/llm/precision.py gives transformers'
+    forward there), elsewhere in the autocast format, as autocast would run it."""
+    act = torch.float32 if low is None else low
+    att = torch.float32 if low is None or device_type == "cpu" else low
+    return act, att
+
+
+def _decoder(h, layers, cos, sin, heads: tuple[int, int, int], act, att, attend):
+    """The decoder layers on hidden states ``h`` ``[..., D]`` (float32): ``layers`` from
+    :func:`_layer_weights`, rotary ``cos``/``sin`` broadcastable to ``[..., heads, hd]``,
+    ``attend(i, q, k, v, scale)`` the attention of layer ``i`` (q ``[..., H, hd]``, k and v
+    ``[..., KV, hd]``, in ``att``) returning ``[..., H·hd]``."""
+    H, KV, hd = heads
+    for i, (n1, scale, qkv_w, o_w, n2, gu_w, d_w) in enumerate(layers):
+        qkv = F.linear(_cast(_rms(h, n1), act), *qkv_w)
+        q, k, v = qkv.view(*qkv.shape[:-1], H + 2 * KV, hd).split([H, KV, KV], -2)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        o = attend(i, q.to(att), k.to(att), v.to(att), scale)
+        h = h + F.linear(_cast(o, act), *o_w)
+        gate, up = F.linear(_cast(_rms(h, n2), act), *gu_w).chunk(2, -1)
+        h = h + F.linear(_cast(F.silu(gate) * up, act), *d_w)
+    return h
+
+
+def _head(model, h, act, weights=None):
+    """The final norm and the output head (``weights``: its :func:`_prep` pair, made here
+    when not given)."""
+    w, b = weights or _prep([model.lm_head.weight], [model.lm_head.bias], act)
+    return F.linear(_cast(_rms(h, model.model.norm), act), w, b)
 
 
 def _rotate(t, cos, sin):
@@ -227,18 +275,14 @@ def _forward(model, ids, mask, prompt_len, low, min_prompts=0):
         tok, tpos = ids.reshape(-1), pos.reshape(-1)
     head_mask, tail_mask = _masks(mask, p, first, U)
 
-    attn0 = body.layers[0].self_attn
     H = cfg.num_attention_heads
     KV = getattr(cfg, "num_key_value_heads", None) or H
-    hd = attn0.head_dim
+    hd = body.layers[0].self_attn.head_dim
     cos_t, sin_t = _rope_tables(body.rotary_emb, int(tpos.max()) + 1, ids.device)
     cos, sin = cos_t[tpos][:, None, :], sin_t[tpos][:, None, :]
-    act = torch.float32 if low is None else low
-    # attention in float32 on the CPU (as ppokit/llm/precision.py gives transformers'
-    # forward there); elsewhere in the autocast format, as autocast would run it
-    att = torch.float32 if low is None or ids.device.type == "cpu" else low
+    act, att = _formats(ids.device.type, low)
 
-    def attend(q, k, v, scale):
+    def attend(_, q, k, v, scale):
         """q ``[N, H, D]``, k and v ``[N, KV, D]`` → ``[N, H·D]``."""
         kt = k[nh:].view(B, T, KV, hd).transpose(1, 2)
         vt = v[nh:].view(B, T, KV, hd).transpose(1, 2)
@@ -259,22 +303,9 @@ def _forward(model, ids, mask, prompt_len, low, min_prompts=0):
         outs.append(ot.transpose(1, 2).reshape(B * T, H * hd))
         return torch.cat(outs) if len(outs) > 1 else outs[0]
 
-    h = body.embed_tokens(tok)
-    for layer in body.layers:
-        a, mlp = layer.self_attn, layer.mlp
-        x = _rms(h, layer.input_layernorm)
-        qkv = _linear(x, [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight],
-                      [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias], act)
-        q, k, v = qkv.view(-1, H + 2 * KV, hd).split([H, KV, KV], 1)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        o = attend(q.to(att), k.to(att), v.to(att), a.scaling)
-        h = h + _linear(o, [a.o_proj.weight], [a.o_proj.bias], act)
-        x = _rms(h, layer.post_attention_layernorm)
-        gate, up = _linear(x, [mlp.gate_proj.weight, mlp.up_proj.weight],
-                           [mlp.gate_proj.bias, mlp.up_proj.bias], act).chunk(2, -1)
-        h = h + _linear(F.silu(gate) * up, [mlp.down_proj.weight], [mlp.down_proj.bias], act)
-    h = _rms(h, body.norm)
-    logits = _linear(h, [model.lm_head.weight], [model.lm_head.bias], act)
+    h = _decoder(body.embed_tokens(tok), _layer_weights(model, act), cos, sin, (H, KV, hd),
+                 act, att, attend)
+    logits = _head(model, h, act)
     V = logits.shape[-1]
     tail = logits[nh:].view(B, T, V)
     if not U:
@@ -292,56 +323,23 @@ class FusedSampler:
 
     def __init__(self, model, capacity: int, device):
         dev = torch.device(device).type
-        self.low = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
-        act = torch.float32 if self.low is None else self.low
-        self.att = torch.float32 if self.low is None or dev == "cpu" else self.low
+        low = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
+        self.act, self.att = _formats(dev, low)
         body, cfg = model.model, model.config
-        self.body, self.cap = body, capacity
+        self.model, self.body, self.cap = model, body, capacity
         self.H = cfg.num_attention_heads
         self.KV = getattr(cfg, "num_key_value_heads", None) or self.H
         self.hd = body.layers[0].self_attn.head_dim
-
-        def prep(weights, biases):
-            w = torch.cat([_cast(v, act) for v in weights])
-            if all(b is None for b in biases):
-                return w, None
-            return w, torch.cat([_cast(b, act) if b is not None else
-                                 torch.zeros(v.shape[0], dtype=act, device=v.device)
-                                 for b, v in zip(biases, weights)])
-
-        self.layers = []
-        for layer in body.layers:
-            a, mlp = layer.self_attn, layer.mlp
-            self.layers.append((
-                layer.input_layernorm, a.scaling,
-                prep([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight],
-                     [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]),
-                prep([a.o_proj.weight], [a.o_proj.bias]),
-                layer.post_attention_layernorm,
-                prep([mlp.gate_proj.weight, mlp.up_proj.weight],
-                     [mlp.gate_proj.bias, mlp.up_proj.bias]),
-                prep([mlp.down_proj.weight], [mlp.down_proj.bias])))
-        self.head = prep([model.lm_head.weight], [model.lm_head.bias])
-        self.act = act
+        self.layers = list(_layer_weights(model, self.act))  # cast once per sampling call
+        self.head_w = _prep([model.lm_head.weight], [model.lm_head.bias], self.act)
         self.cos, self.sin = _rope_tables(body.rotary_emb, capacity + 1, torch.device(device))
         self.k = self.v = self.keymask = None
         self.n = 0
 
-    def _lin(self, x, wb):
-        return F.linear(_cast(x, self.act), wb[0], wb[1])
-
     def _layer_io(self, h, pos, attend):
-        for i, (n1, scale, qkv_w, o_w, n2, gu_w, d_w) in enumerate(self.layers):
-            qkv = self._lin(_rms(h, n1), qkv_w)
-            q, k, v = qkv.view(*qkv.shape[:-1], self.H + 2 * self.KV, self.hd).split(
-                [self.H, self.KV, self.KV], -2)
-            cos, sin = self.cos[pos].unsqueeze(-2), self.sin[pos].unsqueeze(-2)
-            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-            o = attend(i, q.to(self.att), k.to(self.att), v.to(self.att), scale)
-            h = h + self._lin(o, o_w)
-            gate, up = self._lin(_rms(h, n2), gu_w).chunk(2, -1)
-            h = h + self._lin(F.silu(gate) * up, d_w)
-        return h
+        cos, sin = self.cos[pos].unsqueeze(-2), self.sin[pos].unsqueeze(-2)
+        return _decoder(h, self.layers, cos, sin, (self.H, self.KV, self.hd), self.act,
+                        self.att, attend)
 
     @torch.no_grad()
     def prefill(self, ids, mask, rows=None):
@@ -375,7 +373,7 @@ class FusedSampler:
 
         h = self._layer_io(self.body.embed_tokens(ids), pos, attend)
         self.n = P
-        return self._lin(_rms(h[:, -1], self.body.norm), self.head)[rows]
+        return _head(self.model, h[:, -1], self.act, self.head_w)[rows]
 
     @torch.no_grad()
     def step(self, tok, pos, alive):
@@ -405,4 +403,4 @@ class FusedSampler:
 
         h = self._layer_io(self.body.embed_tokens(tok), pos, attend)
         self.n = n + 1
-        return self._lin(_rms(h, self.body.norm), self.head)
+        return _head(self.model, h, self.act, self.head_w)
