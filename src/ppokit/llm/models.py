@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -28,9 +29,13 @@ __all__ = [
     "load_tokenizer",
     "load_causal_lm",
     "load_lm",
+    "load_gguf",
     "save_policy",
     "ValueModel",
+    "AdaptersOff",
+    "plain_model",
     "frozen_copy",
+    "load_policy_state",
     "count_parameters",
     "quiet_transformers",
 ]
@@ -148,17 +153,79 @@ def _local_dir(path: str, what: str = "--model") -> None:
     """Models load only from a local directory: a name that is not one (``gpt2``) is an
     error, never a download from a model hub."""
     if not os.path.isdir(path):
-        raise UsageError(f"{what}: {path!r} is not a local model directory (ppokit never "
-                         "downloads models)")
+        from .fetch import KNOWN_MODELS
+
+        raise UsageError(f"{what}: {path!r} is not a local model directory, a .gguf file or "
+                         f"the name of a fetched model ({', '.join(KNOWN_MODELS)}: `ppokit "
+                         "llm fetch NAME`); ppokit never downloads from a model hub")
 
 
 def load_lm(path: str):
-    """``(model, tokenizer)`` from a local directory."""
+    """``(model, tokenizer)`` from a local model directory, a local ``.gguf`` file
+    (:func:`load_gguf`) or the name of a fetched model (:mod:`ppokit.llm.fetch`)."""
+    from .fetch import resolve_model
+
+    path = resolve_model(path)
+    if path.endswith(".gguf") and os.path.isfile(path):
+        return load_gguf(path)
     tok = load_tokenizer(path)
     model = load_causal_lm(path)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tok.pad_token_id
     return model, tok
+
+
+def load_gguf(path: str):
+    """``(model, tokenizer)`` from a local GGUF file through transformers' GGUF support
+    (the ``gguf`` package: ``pip install 'ppokit[gguf]'``). Quantised tensors are
+    dequantised to float32, and the weights are moved into a plain model of the same class,
+    so that the model trains and saves like any other (transformers refuses to save a model
+    it still marks as GGUF-quantised). The tokenizer and its chat template come from the
+    file."""
+    import importlib.util
+
+    if importlib.util.find_spec("gguf") is None:
+        raise UsageError(f"--model: {path!r} is a GGUF file, which needs the gguf package "
+                         "(pip install 'ppokit[gguf]')")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    quiet_transformers()
+    folder, name = os.path.split(os.path.abspath(path))
+    try:
+        tok = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True,
+                                            trust_remote_code=False)
+        quantised = AutoModelForCausalLM.from_pretrained(
+            folder, gguf_file=name, dtype=torch.float32, local_files_only=True,
+            trust_remote_code=False)
+    except Exception as exc:  # noqa: BLE001 - report one line
+        raise UsageError(f"--model: cannot load the GGUF file {path!r}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+                         ) from None
+    cfg = quantised.config
+    if hasattr(cfg, "quantization_config"):
+        del cfg.quantization_config
+    model = type(quantised)(cfg)
+    missing, unexpected = model.load_state_dict(quantised.state_dict(), strict=False)
+    missing = [k for k in missing if k not in _tied_keys(model)]
+    if missing or unexpected:
+        raise UsageError(f"--model: the GGUF file {path!r} does not fill a "
+                         f"{type(model).__name__} (missing {missing[:3]}, unexpected "
+                         f"{unexpected[:3]})")
+    model.tie_weights()
+    model.eval()
+    if tok.eos_token_id is None:
+        raise UsageError(f"--model: the tokenizer in {path!r} has no EOS token")
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tok.pad_token_id
+    return model, tok
+
+
+def _tied_keys(model) -> set:
+    """State-dict keys that tying fills (the output head of a tied-embedding model)."""
+    return {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
 
 
 def check_output_dir(path: str, what: str = "--out") -> None:
@@ -219,6 +286,49 @@ def frozen_copy(model: nn.Module) -> nn.Module:
     for p in ref.parameters():
         p.requires_grad_(False)
     return ref
+
+
+class AdaptersOff(nn.Module):
+    """A PEFT policy seen with its adapters disabled: the frozen base model that LoRA trains
+    beside, which is exactly the starting policy — the token trainer's reference without a
+    second copy of the weights. It holds the policy without registering it, so it has no
+    parameters of its own (nothing to train, save, broadcast or shard); the rollout code
+    runs it through :func:`plain_model`."""
+
+    def __init__(self, peft_model: nn.Module):
+        super().__init__()
+        object.__setattr__(self, "peft", peft_model)
+
+    def forward(self, *args, **kwargs):
+        with self.peft.disable_adapter():
+            return self.peft(*args, **kwargs)
+
+
+@contextmanager
+def plain_model(model):
+    """The model to run: an :class:`AdaptersOff` as its PEFT model with the adapters
+    disabled for the duration, anything else as it is."""
+    if isinstance(model, AdaptersOff):
+        with model.peft.disable_adapter():
+            yield model.peft
+    else:
+        yield model
+
+
+def load_policy_state(model: nn.Module, state: dict, *, lora: bool) -> None:
+    """Load a checkpoint's policy tensors into ``model``: all of them, or with ``lora``
+    the adapters only (a LoRA run's checkpoint leaves out the frozen base, which the run's
+    ``reference/`` directory holds; a full state is accepted too). ``ValueError`` when the
+    tensors do not fit."""
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad} if lora else set()
+    frozen |= {n for n, _ in model.named_buffers()}
+    if model.config.tie_word_embeddings if hasattr(model, "config") else False:
+        frozen |= {n for n in missing if n.endswith("lm_head.weight")}
+    left = sorted(set(missing) - frozen)
+    if unexpected or left:
+        raise ValueError(f"policy tensors do not match the model: missing {left[:3]}, "
+                         f"unexpected {sorted(unexpected)[:3]}")
 
 
 def backbone_of(lm: nn.Module) -> nn.Module:

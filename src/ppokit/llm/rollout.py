@@ -117,6 +117,13 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
     ``all_done(flag) -> bool`` (sharded models, :mod:`ppokit.llm.fsdp`): whether every
     rank's rows have finished; the loop runs until they have, so that every rank makes
     the same number of forward passes (finished rows only receive padding)."""
+    from .models import AdaptersOff, plain_model
+
+    if isinstance(model, AdaptersOff):
+        with plain_model(model) as plain:
+            return generate(plain, prompt_ids, prompt_mask, max_new_tokens=max_new_tokens,
+                            eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+                            temperature=temperature, generator=generator, all_done=all_done)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: expected an integer >= 1, got {max_new_tokens}")
     if temperature < 0:
@@ -216,7 +223,8 @@ def shift_to_tokens(per_position: torch.Tensor) -> torch.Tensor:
 
 def sequence_logprobs(model, input_ids, attention_mask, *, temperature: float = 1.0,
                       with_entropy: bool = False, with_hidden: bool = False,
-                      prompt_len: int | None = None, min_prompts: int = 0):
+                      prompt_len: int | None = None, min_prompts: int = 0,
+                      actions_from: int | None = None, entropy_grad: bool = True):
     """Log-probs ``[B, L]`` of each token under ``model`` (token convention), from one
     forward pass with position ids counted over real tokens. Optionally the entropy
     ``[B, L]`` of the distribution each token was drawn from, and the last hidden states.
@@ -226,26 +234,46 @@ def sequence_logprobs(model, input_ids, attention_mask, *, temperature: float = 
     that share a prompt — the ``samples_per_prompt`` completions of one group — then have
     it computed once (:func:`_logits_with_shared_prompts`); the result is the plain
     forward's to float rounding, gradients included (``tests/test_llm_shared_prompts.py``).
-    ``min_prompts``: see :func:`ppokit.llm.fused.fused_logits`."""
+    ``min_prompts``: see :func:`ppokit.llm.fused.fused_logits`.
+
+    ``actions_from``: only tokens at columns ``>= actions_from`` are wanted (a rollout's
+    actions start after its prompt): the output head and the log-softmax then run on the
+    positions that predict them only, and the columns before hold 0. Over a vocabulary of
+    tens of thousands the head is a large share of a position's cost, and a chat prompt
+    is often longer than its completion. ``entropy_grad=False`` computes the entropy
+    without a gradient (a statistic to log, when it is not in the loss)."""
+    from .models import AdaptersOff, plain_model
+
+    if isinstance(model, AdaptersOff):
+        with plain_model(model) as plain:
+            return sequence_logprobs(plain, input_ids, attention_mask,
+                                     temperature=temperature, with_entropy=with_entropy,
+                                     with_hidden=with_hidden, prompt_len=prompt_len,
+                                     min_prompts=min_prompts, actions_from=actions_from,
+                                     entropy_grad=entropy_grad)
+    L = input_ids.shape[1]
+    k = 0 if not actions_from else min(max(int(actions_from) - 1, 0), L - 1)
     logits, hidden = _logits_with_shared_prompts(model, input_ids, attention_mask,
-                                                 prompt_len, with_hidden, min_prompts)
-    logits = logits[:, :-1, :].float()
+                                                 prompt_len, with_hidden, min_prompts, k)
+    logits = logits[:, :-1, :].float()  # positions k .. L-2 predict tokens k+1 .. L-1
     if temperature not in (0, 1):
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
-    lp = shift_to_tokens(logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1))
+    lp = F.pad(logp_all.gather(-1, input_ids[:, k + 1:, None]).squeeze(-1), (k + 1, 0))
     res = {"logp": lp}
     if with_entropy:
-        ent = -(logp_all.exp() * logp_all).sum(-1)
-        res["entropy"] = shift_to_tokens(ent)
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            ent = -(logp_all.exp() * logp_all).sum(-1)
+        res["entropy"] = F.pad(ent, (k + 1, 0))
     if with_hidden:
         res["hidden"] = hidden
     return res
 
 
 def _logits_with_shared_prompts(model, input_ids, attention_mask, prompt_len, with_hidden,
-                                min_prompts=0):
-    """Logits ``[B, L, V]`` (and last hidden states, or None) of every position.
+                                min_prompts=0, logits_from: int = 0):
+    """Logits ``[B, L - logits_from, V]`` of positions ``logits_from`` .. ``L - 1`` (and the
+    last hidden states of every position, or None).
 
     Without ``prompt_len``, or when no two rows share a prompt, this is one forward pass.
     Otherwise two: the distinct prompts alone (``U`` rows of ``P`` positions, keeping their
@@ -257,36 +285,59 @@ def _logits_with_shared_prompts(model, input_ids, attention_mask, prompt_len, wi
     if not with_hidden:  # Llama and Qwen2: one fused pass (ppokit/llm/fused.py)
         from .fused import fused_logits
 
-        logits = fused_logits(model, input_ids, attention_mask, prompt_len, min_prompts)
+        logits = fused_logits(model, input_ids, attention_mask, prompt_len, min_prompts,
+                              logits_from=logits_from)
         if logits is not None:
             return logits, None
     pos = position_ids_from_mask(attention_mask)
     p = prompt_len or 0
-    if 0 < p < input_ids.shape[1]:
+    L = input_ids.shape[1]
+    if 0 < p < L:
         shared = _distinct_prompts(input_ids[:, :p], attention_mask[:, :p])
         if shared is not None:
             first, inv = shared
+            keep = max(p - logits_from, 1)  # the prompt's last position predicts a token
             head = model(input_ids=input_ids[first, :p], attention_mask=attention_mask[first, :p],
                          position_ids=pos[first, :p], use_cache=True,
-                         output_hidden_states=with_hidden)
+                         output_hidden_states=with_hidden, **_keep(model, keep))
             cache = _cache_of(head)
             if cache is None:  # the model keeps no cache (e.g. gradient checkpointing)
-                return _plain_logits(model, input_ids, attention_mask, pos, with_hidden)
+                return _plain_logits(model, input_ids, attention_mask, pos, with_hidden,
+                                     logits_from)
             cache = _select_rows(cache, inv)
             tail = model(input_ids=input_ids[:, p:], attention_mask=attention_mask,
                          position_ids=pos[:, p:], use_cache=True,
                          output_hidden_states=with_hidden, **{_cache_keyword(model): cache})
-            logits = torch.cat([head.logits[inv], tail.logits], 1)
+            head_logits = head.logits[inv, -keep:] if logits_from < p else \
+                head.logits[inv, :0]
+            tail_logits = tail.logits[:, max(logits_from - p, 0):]
+            logits = torch.cat([head_logits, tail_logits], 1)
             hidden = (torch.cat([head.hidden_states[-1][inv], tail.hidden_states[-1]], 1)
                       if with_hidden else None)
             return logits, hidden
-    return _plain_logits(model, input_ids, attention_mask, pos, with_hidden)
+    return _plain_logits(model, input_ids, attention_mask, pos, with_hidden, logits_from)
 
 
-def _plain_logits(model, input_ids, attention_mask, pos, with_hidden):
+def _plain_logits(model, input_ids, attention_mask, pos, with_hidden, logits_from=0):
+    n = input_ids.shape[1] - logits_from
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos,
-                output_hidden_states=with_hidden)
-    return out.logits, (out.hidden_states[-1] if with_hidden else None)
+                output_hidden_states=with_hidden, **_keep(model, n))
+    return out.logits[:, -n:], (out.hidden_states[-1] if with_hidden else None)
+
+
+def _keep(model, n: int) -> dict:
+    """``logits_to_keep=n`` for a model whose forward takes it (transformers computes the
+    output head on the last ``n`` positions only); nothing for one that does not (the
+    caller then slices)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
+    fwd = type(inner).forward
+    ok = _TAKES_KEEP.get(fwd)
+    if ok is None:
+        ok = _TAKES_KEEP[fwd] = "logits_to_keep" in inspect.signature(fwd).parameters
+    return {"logits_to_keep": n} if ok else {}
+
+
+_TAKES_KEEP: dict = {}
 
 
 def _distinct_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
