@@ -55,6 +55,7 @@ import torch
 
 from .kl import kl_estimate
 from .validation import (
+    NonFiniteError,
     Tensor,
     check_mask,
     check_nonempty,
@@ -155,7 +156,8 @@ def _valid_only(t: Tensor, m: Tensor | None, name: str) -> Tensor:
     # finite (which large finite values can also cause)
     if not bool(torch.isfinite(d.sum())) and not bool(torch.isfinite(d).all()):
         where = "valid " if m is not None else ""
-        raise ValueError(f"{name}: expected finite values at {where}positions, found NaN or inf")
+        raise NonFiniteError(f"{name}: expected finite values at {where}positions, found "
+                             "NaN or inf")
     return t
 
 

@@ -59,10 +59,17 @@ def check_same_shape(ref: Tensor, ref_name: str, **others: Tensor | None) -> Non
                 f"{tuple(t.shape)}; ppokit never broadcasts these inputs")
 
 
+class NonFiniteError(ValueError):
+    """A NaN or inf where finite values are required (a ``ValueError``: bad input; a caller
+    that can undo what produced it, such as the token trainer's divergence guard, catches
+    this kind alone)."""
+
+
 def check_finite(t: Tensor, name: str) -> None:
     if t.is_floating_point() and not bool(torch.isfinite(t).all()):
         bad = int((~torch.isfinite(t)).sum())
-        raise ValueError(f"{name}: expected finite values, found {bad} NaN or inf entries")
+        raise NonFiniteError(f"{name}: expected finite values, found {bad} NaN or inf "
+                             "entries")
 
 
 def check_binary(t: Tensor, name: str) -> Tensor:

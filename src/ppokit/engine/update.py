@@ -62,7 +62,7 @@ __all__ = ["UpdateSpec", "LabelledBatch", "Forward", "run_update", "eager_miniba
 STAT_KEYS = ("policy_loss", "value_loss", "entropy", "approx_kl", "approx_kl_k1", "clipfrac",
              "clip_active_frac", "ratio_min", "ratio_max", "grad_norm", "kl_loss")
 # what run_update returns besides the averaged STAT_KEYS
-UPDATE_KEYS = ("n_updates", "early_stop_epoch", "early_stop_minibatch")
+UPDATE_KEYS = ("n_updates", "early_stop_epoch", "early_stop_minibatch", "grad_norm_max")
 
 KL_ANCHORS = ("none", "old", "ref")
 TARGET_KL_CHECKS = ("minibatch", "epoch")
@@ -396,6 +396,7 @@ def summarise(stats: list, stop_epoch: int | None = None, stop_mb: int | None = 
     """Per-minibatch statistics (dicts or vectors) → one record: means, ``ratio_min`` /
     ``ratio_max`` as min / max, ``None`` for a statistic no step produced."""
     out: dict[str, Any] = dict.fromkeys(STAT_KEYS)
+    out["grad_norm_max"] = None
     if stats:
         if isinstance(stats[0], Tensor):
             cols = torch.stack(stats).unbind(1)
@@ -410,6 +411,9 @@ def summarise(stats: list, stop_epoch: int | None = None, stop_mb: int | None = 
             else:
                 val = float(v.mean())
                 out[k] = None if val != val else val  # NaN: the term does not exist
+        g = stacked.get("grad_norm")
+        if g is not None:  # the largest step (a mean can hide one exploding step)
+            out["grad_norm_max"] = float(g.max())
     out.update(n_updates=len(stats), early_stop_epoch=stop_epoch,
                early_stop_minibatch=stop_mb)
     return out

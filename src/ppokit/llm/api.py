@@ -73,7 +73,7 @@ def train(model, reward_funcs, train_dataset, algo: str = "grpo", eval_dataset=N
                                                                         (str, os.PathLike))
                                   else f"<{type(eval_dataset).__name__}>")
     cfg = config_from_values(("train()", values), ("train()", config))
-    cfg = cfg.resolved()
+    cfg = cfg.resolved(pretrained=True)  # the user's model: a pretrained checkpoint's defaults
     if model_dir is not None:
         policy, tok = load_lm(model_dir)
         if tokenizer is not None:

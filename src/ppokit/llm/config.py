@@ -47,6 +47,19 @@ PRESETS = {
                     "kl_coef": 0.02, "agg": "token-mean", "normalize_advantage": False},
 }
 
+# Defaults that follow what is trained: the built-in tiny model, warm-started in seconds,
+# or a pretrained checkpoint (--model, or a model given to ppokit.llm.train), which one
+# Adam step at the toy's learning rate wrecks. LoRA trains a pretrained model through
+# low-rank adapters beside its frozen weights (the frozen weights are then the reference:
+# no copy), and the divergence guard (ppokit/llm/divergence.py) undoes an update that
+# moves it too far. docs/real_models.md gives the measurements behind the values.
+MODEL_DEFAULTS = {
+    "builtin": {"lora_r": 0, "guard_kl": 0.0, "guard_grad_norm": 0.0},
+    "pretrained": {"lora_r": 16, "guard_kl": 0.5, "guard_grad_norm": 0.0},
+}
+LEARNING_RATES = {"builtin": 2e-4, "lora": 2e-5, "full": 1e-6}
+DEFAULT_MAX_NEW_TOKENS = 64  # the generation cap with the user's own prompts
+
 # Names of earlier versions, accepted on the command line, in --set and in TOML with a
 # deprecation message (minibatches was a count; batch_size is sequences per minibatch).
 DEPRECATED = {"lr": "learning_rate", "epochs": "n_epochs", "clip_eps": "clip_range",
@@ -64,11 +77,17 @@ class LLMConfig:
     trainer use for every shared quantity. ``None`` means "the algorithm preset's value";
     each field's ``metadata["help"]`` is its documentation (and the ``--help`` text)."""
 
-    algo: str = _f("ppo", "algorithm preset: ppo | grpo | dr-grpo | rloo | reinforce++")
+    algo: str | None = _f(None, "algorithm preset: ppo | grpo | dr-grpo | rloo | reinforce++ "
+                                "(default: ppo on the built-in model and task, grpo with "
+                                "--model or --prompts)")
     model: str | None = _f(None, "local HF causal LM dir (None: built-in tiny model + warm "
                                  "start)")
-    task: str = _f("reverse", "built-in task when no prompts are given: reverse | "
-                              "arithmetic")
+    task: str | None = _f(None, "built-in task when no prompts are given: reverse | "
+                                "arithmetic (the built-in model); numbers | "
+                                "reasoning-gym:NAME (a pretrained chat --model; default: "
+                                "reverse for the built-in model, numbers with --model)")
+    task_options: str | None = _f(None, "a reasoning-gym task's dataset settings, a JSON "
+                                        "object (e.g. '{\"max_terms\": 2}')")
     prompts: str | None = _f(None, "prompt dataset: JSONL/JSON/CSV/Parquet rows with a "
                                    "'prompt' column (None: the built-in task)")
     eval_prompts: str | None = _f(None, "held-out prompt dataset (default: eval_fraction "
@@ -86,7 +105,8 @@ class LLMConfig:
                                          "limit)")
     prompts_per_iter: int | None = _f(None, "distinct prompts per iteration")
     samples_per_prompt: int | None = _f(None, "completions per prompt (group size G)")
-    max_new_tokens: int | None = _f(None, "generation cap (default: the task's)")
+    max_new_tokens: int | None = _f(None, "generation cap in tokens (default: the built-in "
+                                          "task's; 64 with --prompts)")
     temperature: float = _f(1.0, "sampling temperature (log-probs use the same scaling)")
     old_logprobs: str = _f("sampler", "PPO's old log-probs: sampler (those the sampler drew "
                                       "each token with; no extra forward pass) | recompute "
@@ -95,7 +115,9 @@ class LLMConfig:
                                 "bf16 (policy, reference and critic run under bfloat16 "
                                 "autocast, as TRL's default bf16=True; weights, optimiser, "
                                 "log-softmax, values and losses stay float32)")
-    learning_rate: float = _f(2e-4, "policy learning rate (AdamW)")
+    learning_rate: float | None = _f(None, "policy learning rate (AdamW; default: 2e-4 for "
+                                           "the built-in model; a pretrained --model: "
+                                           "2e-5 with LoRA, 1e-6 fully fine-tuned)")
     critic_lr: float = _f(1e-3, "critic learning rate")
     n_epochs: int = _f(2, "passes over each rollout batch")
     batch_size: int | None = _f(None, "sequences per minibatch, one optimiser step each "
@@ -127,10 +149,21 @@ class LLMConfig:
     truncation_penalty: float = _f(0.5, "truncation=penalty: subtracted from a truncated "
                                         "response's score")
     critic: str = _f("separate", "separate backbone copy | shared policy backbone")
-    lora_r: int = _f(0, "LoRA rank for the policy (0: full fine-tuning; needs peft)")
+    lora_r: int | None = _f(None, "LoRA rank for the policy (0: full fine-tuning; default: 16 "
+                                  "for a pretrained --model, 0 for the built-in model)")
     fsdp: bool = _f(False, "with several ranks (torchrun / --nproc): shard the policy, "
                     "reference and critic across them with FSDP2 (docs/llm_distributed.md)")
-    lora_alpha: float = _f(16.0, "LoRA scaling alpha")
+    lora_alpha: float | None = _f(None, "LoRA scaling alpha (default: 2 x lora_r)")
+    guard_kl: float | None = _f(None, "divergence guard: an update that moves the policy more "
+                                      "than this many nats per token (k3 of old vs new on "
+                                      "its samples) is undone and retried at half the "
+                                      "learning rate (0: off; default 0.5 for a pretrained "
+                                      "--model, off for the built-in model)")
+    guard_grad_norm: float | None = _f(None, "divergence guard: likewise for a gradient norm "
+                                             "above this (before clipping; 0: off; default "
+                                             "off)")
+    guard_retries: int = _f(3, "divergence guard: halvings of the learning rate within one "
+                                "iteration before training stops")
     sft_steps: int | None = _f(None, "warm-start SFT steps for the built-in model (None: "
                                      "the task's, 150 for reverse, 600 for arithmetic)")
     sft_lr: float = _f(3e-3, "warm-start SFT learning rate")
@@ -139,14 +172,35 @@ class LLMConfig:
     checkpoint_every: int = _f(25, "iterations between checkpoints (and at the end)")
     samples_logged: int = _f(4, "completions written to samples.jsonl per iteration")
 
-    def resolved(self) -> LLMConfig:
+    def resolved(self, pretrained: bool | None = None) -> LLMConfig:
         """Fill preset defaults and validate every field; errors name the field (the flag
-        of ``ppokit llm train`` is the field with dashes: ``kl_coef`` is ``--kl-coef``)."""
-        if not isinstance(self.algo, str) or self.algo not in ALGOS:
-            _fail("algo", f"unknown algorithm {_brief(self.algo)}; known: {', '.join(ALGOS)}")
-        preset = PRESETS[self.algo]
-        upd = {k: v for k, v in preset.items() if getattr(self, k) is None}
-        cfg = replace(self, **upd)
+        of ``ppokit llm train`` is the field with dashes: ``kl_coef`` is ``--kl-coef``).
+
+        ``pretrained``: the policy is a pretrained checkpoint given as an object (a
+        ``model`` path always is one), not the built-in tiny model; the defaults of
+        :data:`MODEL_DEFAULTS` follow it. Resolving a resolved configuration changes
+        nothing."""
+        cfg = self
+        if cfg.algo is None:
+            cfg = replace(cfg, algo="ppo" if cfg.model is None and cfg.prompts is None
+                          and not pretrained else "grpo")
+        if not isinstance(cfg.algo, str) or cfg.algo not in ALGOS:
+            _fail("algo", f"unknown algorithm {_brief(cfg.algo)}; known: {', '.join(ALGOS)}")
+        kind = "pretrained" if cfg.model is not None or pretrained else "builtin"
+        preset = {**MODEL_DEFAULTS[kind], **PRESETS[cfg.algo]}
+        upd = {k: v for k, v in preset.items() if getattr(cfg, k) is None}
+        cfg = replace(cfg, **upd)
+        if cfg.learning_rate is None:
+            cfg = replace(cfg, learning_rate=LEARNING_RATES[kind if kind == "builtin" else (
+                "lora" if cfg.lora_r else "full")])
+        if cfg.lora_alpha is None:
+            cfg = replace(cfg, lora_alpha=float(2 * cfg.lora_r) if cfg.lora_r else 16.0)
+        if cfg.task is None:
+            cfg = replace(cfg, task="reverse" if kind == "builtin" else "numbers")
+        _check_task(cfg, kind)
+        if cfg.max_new_tokens is None:
+            cfg = replace(cfg, max_new_tokens=make_task(cfg.task, cfg.task_options)
+                          .max_new_tokens if cfg.prompts is None else DEFAULT_MAX_NEW_TOKENS)
         if cfg.normalize_std is None:
             cfg = replace(cfg, normalize_std=True)
         if cfg.batch_size is None:
@@ -230,6 +284,9 @@ LIMITS: dict[str, tuple[bool, float, float, bool]] = {
     "truncation_penalty": (False, 0.0, COEF_MAX, False),
     "lora_r": (True, 0, 65_536, False),
     "lora_alpha": (False, 0.0, COEF_MAX, True),
+    "guard_kl": (False, 0.0, COEF_MAX, False),
+    "guard_grad_norm": (False, 0.0, COEF_MAX, False),
+    "guard_retries": (True, 0, 20, False),
     "sft_steps": (True, 1, 10**7, False),
     "sft_lr": (False, 0.0, 10.0, True),
     "seed": (True, 0, SEED_MAX, False),
@@ -243,8 +300,9 @@ CHOICES = {"agg": AGGREGATION_MODES, "old_logprobs": ("sampler", "recompute"),
            "kl_mode": ("reward", "loss", "none"), "truncation": TRUNCATION,
            "critic": ("separate", "shared"),
            "score_norm": ("none", "batch"), "advantage_estimator": ADVANTAGE_ESTIMATORS,
-           "task": tuple(TASKS)}
+           }
 PATHS = ("model", "prompts", "eval_prompts", "reward_model")
+# task (a built-in name or reasoning-gym:NAME) and task_options: _check_task
 # checked by their own rules: reward entries (module:function, a directory or a callable)
 # in _check_fields, reward_weights (finite numbers, one per reward) in resolved()
 SPECIAL = ("reward", "reward_weights")
@@ -304,6 +362,24 @@ def _check_fields(cfg: LLMConfig) -> None:
                   "callable", e, show=True)
 
 
+def _check_task(cfg: LLMConfig, kind: str) -> None:
+    """``task`` names a built-in task that fits the model: the toy tasks' character-level
+    prompts for the built-in model, the chat tasks for a pretrained chat model."""
+    from .chat_tasks import CHAT_TASKS, is_chat_task
+
+    if not isinstance(cfg.task, str) or not (cfg.task in TASKS or is_chat_task(cfg.task)):
+        _fail("task", f"expected one of {', '.join([*TASKS, *CHAT_TASKS])} or "
+              "reasoning-gym:NAME", cfg.task, show=True)
+    if cfg.prompts is None and kind == "builtin" and is_chat_task(cfg.task):
+        _fail("task", f"{cfg.task!r} is a task for a pretrained chat model (its prompts go "
+              "through a chat template): give --model, e.g. --model smollm2-135m-instruct "
+              "(ppokit llm fetch smollm2-135m-instruct)")
+    if cfg.task_options is not None and not (isinstance(cfg.task_options, str)
+                                             and cfg.task.startswith("reasoning-gym:")):
+        _fail("task_options", "only a reasoning-gym task takes options", cfg.task_options,
+              show=True)
+
+
 def _weights(w):
     """``reward_weights`` as a tuple of finite floats (from a list or '1,0.5')."""
     import math
@@ -351,7 +427,7 @@ def prompt_sets(cfg: LLMConfig) -> tuple[list[dict] | None, list[dict]]:
     from .data import load_rows, split_rows
 
     if cfg.prompts is None:
-        task = make_task(cfg.task)
+        task = make_task(cfg.task, cfg.task_options)
         return None, [task.row(p) for p in task.heldout_prompts(cfg.n_eval_prompts)]
     rows = load_rows(cfg.prompts, "prompts")
     if cfg.eval_prompts:
@@ -492,4 +568,5 @@ def config_help() -> str:
     return "\n".join(lines)
 
 
-_PRESET_KEYS = {k for p in PRESETS.values() for k in p}
+_PRESET_KEYS = {k for p in (*PRESETS.values(), *MODEL_DEFAULTS.values()) for k in p} | {
+    "algo", "learning_rate", "lora_alpha", "max_new_tokens"}

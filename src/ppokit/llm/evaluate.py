@@ -70,7 +70,7 @@ def evaluate_lm_run(run_dir: str, *, n_prompts: int | None = None, temperature: 
     from ppokit.io import RunLock, check_tree, find_checkpoint, load_checkpoint
     from ppokit.io.checkpoint import no_checkpoint_message
 
-    from .models import load_lm
+    from .models import load_lm, load_policy_state
     from .runfiles import config_from_run
     from .trainer import _check_reward_named_again, wrap_lora
 
@@ -100,8 +100,8 @@ def evaluate_lm_run(run_dir: str, *, n_prompts: int | None = None, temperature: 
         if rcfg.lora_r > 0:
             policy = wrap_lora(policy, rcfg.lora_r, rcfg.lora_alpha)
         try:
-            policy.load_state_dict(tensors["policy"])
-        except (KeyError, RuntimeError) as exc:
+            load_policy_state(policy, tensors["policy"], lora=rcfg.lora_r > 0)
+        except (KeyError, RuntimeError, ValueError) as exc:
             raise UsageError(f"eval: checkpoint {ckpt} does not fit the run's reference "
                              f"model ({type(exc).__name__})") from None
         if rcfg.lora_r > 0:
@@ -143,7 +143,7 @@ class _EvalSetup:
         from .task import make_task
         from .trainer import reward_set
 
-        task = make_task(cfg.task) if cfg.prompts is None else None
+        task = make_task(cfg.task, cfg.task_options) if cfg.prompts is None else None
         self.reward_fn = reward_set(cfg, reward_fn, task)
         self.prompts = run_prompt_sets(run_dir, cfg)[1][: cfg.n_eval_prompts]
         if not self.prompts:

@@ -27,7 +27,7 @@ EVAL_PROMPTS = "eval_prompts.jsonl"
 MAX_PROMPTS_FILE = 2**31
 # what may differ from the saved configuration when a run is resumed or evaluated
 RESUMABLE = ("iterations", "time_limit", "checkpoint_every", "samples_logged", "reward",
-             "reward_model", "n_eval_prompts", "temperature")
+             "reward_model", "n_eval_prompts", "temperature", "learning_rate")
 
 
 def write_prompts(path: str, rows: list) -> None:

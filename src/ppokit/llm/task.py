@@ -17,6 +17,7 @@ that a verifiable reward can improve.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 from dataclasses import dataclass
@@ -198,5 +199,20 @@ class ArithmeticTask:
 TASKS = {"reverse": ReverseTask, "arithmetic": ArithmeticTask}
 
 
-def make_task(name: str):
-    return TASKS[name]()
+def make_task(name: str, options: str | None = None):
+    """The task named ``name``: a built-in task of this module, or a task for pretrained
+    chat models (:mod:`ppokit.llm.chat_tasks`, with its ``options``)."""
+    if name in TASKS:
+        if options:
+            from ppokit.errors import UsageError
+
+            raise UsageError(f"task_options: the built-in task {name!r} takes none")
+        return TASKS[name]()
+    return _chat_task(name, options)
+
+
+@functools.lru_cache(maxsize=8)
+def _chat_task(name: str, options: str | None):
+    from .chat_tasks import make_chat_task
+
+    return make_chat_task(name, options)

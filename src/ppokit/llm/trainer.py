@@ -52,6 +52,7 @@ from ppokit.core import (
     AdaptiveKLController,
     FixedKLController,
 )
+from ppokit.core.validation import NonFiniteError
 from ppokit.engine import Forward, LabelledBatch, UpdateSpec, eager_minibatch_step, run_update
 from ppokit.engine.allocator import keep_freed_memory
 from ppokit.errors import UsageError
@@ -86,13 +87,16 @@ from .config import (  # noqa: F401 (re-exported)
     load_prompts,
     prompt_sets,
 )
+from .divergence import PROBE_ROWS, DivergenceGuard, TrainingDiverged, update_kl
 from .labels import Labels, compute_labels  # noqa: F401 (re-exported)
 from .models import (
+    AdaptersOff,
     ValueModel,
     build_char_tokenizer,
     build_tiny_model,
     frozen_copy,
     load_lm,
+    load_policy_state,
     save_policy,
 )
 from .parallel import NoRunDir, gather_rollout, shard
@@ -183,7 +187,7 @@ class TokenTrainer:
         # sampling: one stream per rank; shuffling minibatches: the same on every rank
         self.gen = torch.Generator().manual_seed(cfg.seed + 1_000_003 * self.rank)
         self.shuffle_gen = torch.Generator().manual_seed(cfg.seed + 17)
-        self.task = make_task(cfg.task) if cfg.prompts is None else None
+        self.task = make_task(cfg.task, cfg.task_options) if cfg.prompts is None else None
         # reward and prompts before any model work: a bad one fails fast
         self.rewards = self._reward_set(reward_fn)
         if resume:
@@ -222,13 +226,20 @@ class TokenTrainer:
             for r in self.eval_rows:
                 self.render(r["prompt"])
         own_reference = reference is None
-        self.reference = reference if reference is not None else frozen_copy(policy)
         self.critic = None
         if cfg.use_critic and cfg.critic == "separate":
             self.critic = ValueModel(self.policy, separate=True)  # full copy, no adapters
         if cfg.lora_r > 0:
             self.policy = wrap_lora(self.policy, cfg.lora_r, cfg.lora_alpha)
             self.policy.eval()
+        # the reference: with LoRA, the policy with its adapters off (the frozen base is
+        # the starting policy: no second copy of the weights); else a frozen copy
+        if reference is not None:
+            self.reference = reference
+        elif cfg.lora_r > 0:
+            self.reference = AdaptersOff(self.policy)
+        else:
+            self.reference = frozen_copy(policy)
         if cfg.use_critic and cfg.critic == "shared":
             self.critic = ValueModel(self.policy, separate=False)
         if self.critic is not None:
@@ -263,6 +274,8 @@ class TokenTrainer:
         self.minibatch_observer = None  # called with each minibatch (ppokit check)
         self.kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.kl_target) if cfg.kl_target
                        else FixedKLController(cfg.kl_coef))
+        self.guard = DivergenceGuard(cfg.guard_kl or None, cfg.guard_grad_norm or None,
+                                     cfg.guard_retries, log=self.log)
         self.max_new_tokens = cfg.max_new_tokens or (self.task.max_new_tokens if self.task
                                                      else 64)
         self.probe_rewards()
@@ -413,9 +426,11 @@ class TokenTrainer:
         else:
             old = sequence_logprobs(self.policy, roll.input_ids, roll.attention_mask,
                                     temperature=t, with_hidden=self._shared_critic,
-                                    prompt_len=self._shared_prompt_len(roll))
+                                    prompt_len=self._shared_prompt_len(roll),
+                                    actions_from=roll.prompt_len)
         ref = sequence_logprobs(self.reference, roll.input_ids, roll.attention_mask,
-                                temperature=t, prompt_len=self._shared_prompt_len(roll))["logp"]
+                                temperature=t, prompt_len=self._shared_prompt_len(roll),
+                                actions_from=roll.prompt_len)["logp"]
         values_after = None
         if self.critic is not None:
             values_after = self.critic(roll.input_ids, roll.attention_mask, roll.position_ids,
@@ -481,7 +496,9 @@ class TokenTrainer:
                                     temperature=t, with_entropy=True,
                                     with_hidden=self._shared_critic,
                                     prompt_len=self._shared_prompt_len(sub),
-                                    min_prompts=min(n_prompts, len(rows["row"])))
+                                    min_prompts=min(n_prompts, len(rows["row"])),
+                                    actions_from=sub.prompt_len,
+                                    entropy_grad=self.cfg.ent_coef > 0)
             v = None
             if self.critic is not None:
                 v_after = self.critic(sub.input_ids, sub.attention_mask, sub.position_ids,
@@ -521,6 +538,64 @@ class TokenTrainer:
                           self.trained_parameters(), generator=self.shuffle_gen,
                           step_fn=step, dp=self.dp)
 
+    def guarded_update(self, roll: TokenRollout, lab: Labels) -> dict:
+        """:meth:`update` under the divergence guard (ppokit/llm/divergence.py): an update
+        whose gradient or movement passes the guard's limits is undone and run again at
+        half the learning rate, at most ``guard_retries`` times; ``kl_after``,
+        ``guard_rollbacks`` and ``learning_rate`` join its statistics."""
+        guard = self.guard
+        params = self.trained_parameters()
+        snap = guard.snapshot(params, self.opt, self.shuffle_gen) if guard.enabled else None
+        base_lrs = [g["lr"] for g in self.opt.param_groups]
+        rollbacks = 0
+        while True:
+            try:
+                upd = self.update(roll, lab)
+            except NonFiniteError as exc:  # a step made the policy's outputs NaN or inf
+                if not guard.enabled:
+                    raise
+                upd, kl_after = {}, None
+                problem = f"the update made the policy non-finite ({exc})"
+            else:
+                kl_after = self.movement(roll, lab) if guard.enabled else None
+                problem = guard.problem(upd, kl_after)
+            if problem is None:
+                break
+            lr = self.opt.param_groups[0]["lr"]
+            if rollbacks >= self.cfg.guard_retries:
+                guard.restore(snap, params, self.opt, self.shuffle_gen)  # lr as it was
+                raise TrainingDiverged(
+                    f"iteration {self.iteration + 1}: {problem}, still at learning rate "
+                    f"{lr:.3g} after {rollbacks} halving(s); training stopped before this "
+                    "update was kept (the last checkpoint in the run directory is intact). "
+                    "Lower --learning-rate (or train LoRA adapters: --lora-r 16), or raise "
+                    "--guard-kl / --guard-grad-norm if the movement is intended")
+            guard.restore(snap, params, self.opt, self.shuffle_gen)
+            rollbacks += 1
+            for group, base in zip(self.opt.param_groups, base_lrs):
+                group["lr"] = base * 0.5 ** rollbacks
+            self.log(f"guard: iteration {self.iteration + 1}: {problem}; the update was "
+                     f"undone and is retried at learning rate {lr * 0.5:.3g}")
+        upd["kl_after"] = kl_after
+        upd["guard_rollbacks"] = rollbacks
+        upd["learning_rate"] = self.opt.param_groups[0]["lr"]
+        return upd
+
+    @torch.no_grad()
+    def movement(self, roll: TokenRollout, lab: Labels) -> float:
+        """How far the last update moved the policy: :func:`update_kl` of the rollout's
+        old log-probs and the updated policy's, on up to ``PROBE_ROWS`` of its sequences
+        spread over the batch (every group represented)."""
+        n = roll.input_ids.shape[0]
+        rows = torch.linspace(0, n - 1, min(n, PROBE_ROWS)).round().long().unique()
+        sub = roll.select(rows)
+        with self.autocast():
+            new = sequence_logprobs(self.policy, sub.input_ids, sub.attention_mask,
+                                    temperature=self.cfg.temperature,
+                                    prompt_len=self._shared_prompt_len(sub),
+                                    actions_from=sub.prompt_len)["logp"]
+        return update_kl(new, lab.old_logp[rows], lab.loss_mask[rows])
+
     # ------------------------------------------------------------------ loop
     def train_iteration(self, roll: TokenRollout | None = None) -> dict:
         """One iteration. ``roll``: this rank's rollout of this iteration's prompts,
@@ -548,7 +623,7 @@ class TokenTrainer:
         beta = self.kl_ctl.value
         lab = compute_labels(cfg, roll, scores, old, ref, beta, values_after)
         t2 = time.perf_counter()
-        upd = self.update(roll, lab)
+        upd = self.guarded_update(roll, lab)
         t3 = time.perf_counter()
         if isinstance(self.kl_ctl, AdaptiveKLController):
             self.kl_ctl.update(lab.stats["kl_ref"], len(prompts))
@@ -673,6 +748,17 @@ class TokenTrainer:
             model = copy.deepcopy(self.policy).merge_and_unload()
         save_policy(model, self.tok, path)
 
+    def _policy_state(self) -> dict:
+        """The policy's tensors a checkpoint holds: with LoRA only the adapters (the frozen
+        base is the run's ``reference/`` directory, which resume loads first), else all."""
+        if self.cfg.lora_r > 0:
+            trained = {n for n, p in self.policy.named_parameters() if p.requires_grad}
+            return {k: v for k, v in self.policy.state_dict().items() if k in trained}
+        return dict(self.policy.state_dict())
+
+    def _load_policy_state(self, state: dict) -> None:
+        load_policy_state(self.policy, state, lora=self.cfg.lora_r > 0)
+
     def save_checkpoint(self) -> Path:
         """Write this iteration's checkpoint (once per iteration) with the run-directory
         layer every ppokit run uses (:func:`ppokit.io.save_checkpoint`)."""
@@ -688,7 +774,7 @@ class TokenTrainer:
             opt_shards = self.dp.gather_to_main(  # only rank 0 holds them all
                 optimizer_to_flat(local_optimizer_state(self.opt)))
         else:
-            policy_sd = dict(self.policy.state_dict())
+            policy_sd = self._policy_state()
             critic_sd = dict(self.critic.state_dict()) if self.critic is not None else None
         if self.dp is not None:  # every rank's sampling stream, written by rank 0
             ranks = self.dp.gather_objects(self.gen.get_state())
@@ -732,11 +818,17 @@ class TokenTrainer:
                 load_local_optimizer_state(self.opt,
                                            optimizer_from_flat(mine, shards[self.rank]))
             else:
-                self.policy.load_state_dict(tensors["policy"])
+                self._load_policy_state(tensors["policy"])
                 if self.critic is not None:
                     self.critic.load_state_dict(tensors["critic"])
                 self.opt.load_state_dict(optimizer_from_flat(tensors["optimizer"],
                                                              state["optimizer"]))
+                saved_lr = (state.get("config") or {}).get("learning_rate")
+                if saved_lr is not None and saved_lr != self.cfg.learning_rate:
+                    # --learning-rate given with --resume: the policy's rate from here on
+                    self.opt.param_groups[0]["lr"] = self.cfg.learning_rate
+                    self.log(f"learning rate {self.cfg.learning_rate:g} from here on (the "
+                             f"run was started at {saved_lr:g})")
             rng = tensors["rng"]
             restore_rng(rng, state["rng"], {"generator": self.gen}, {"prompts": self.py_rng})
             if "gen/shuffle" in rng:  # (checkpoints before data parallelism lack it)
@@ -813,7 +905,7 @@ def reward_set(cfg: LLMConfig, reward_fn=None, task=None, log=print):
         if cfg.prompts is not None:
             raise UsageError("reward: with --prompts give --reward module:function or "
                              "--reward-model PATH")
-        task = task or make_task(cfg.task)
+        task = task or make_task(cfg.task, cfg.task_options)
         entries, weights = list(task.rewards), weights or task.reward_weights
     return RewardSet(entries, weights, log=log)
 
