@@ -47,11 +47,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--no-labels", action="store_true",
                         help="skip the label-freezing check (it runs the trainer briefly)")
+    parser.add_argument("--no-config", action="store_true",
+                        help="with --lm/--model: only the token-layout checks, not the "
+                             "run's configuration")
+    parser.add_argument("--lm-prompts", type=int_arg, default=8, metavar="N",
+                        help="with --lm/--model: training prompts sampled for the "
+                             "configuration checks (default 8), each completed "
+                             "samples_per_prompt times (4 when that is 1)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--strict", action="store_true",
                         help="exit with status 1 on a warning too")
     parser.add_argument("--list-codes", action="store_true",
                         help="list the check codes and exit")
+    group = parser.add_argument_group(
+        "the language-model run's configuration (with --lm / --model: the flags of "
+        "ppokit llm train, --config FILE.toml and --set KEY=VALUE)")
+    from ppokit.llm.cli import _add_config_arguments
+
+    _add_config_arguments(group, skip=("model", "seed"), epilog=False)
 
 
 def _env_report(args):
@@ -105,7 +118,10 @@ def _env_report(args):
                       target=target)
 
 
-def _lm_report(args):
+def _lm_report(args, cfg=None):
+    """The token-layout checks on the model; with ``cfg`` (the run's configuration, from
+    the ``ppokit llm train`` flags) the configuration checks too, on the model training
+    would start from (the built-in model after its warm start, on the built-in task)."""
     from .token_checks import run_token_checks
 
     if args.model is not None:
@@ -119,8 +135,59 @@ def _lm_report(args):
         tok = build_char_tokenizer()
         model = build_tiny_model(tok, seed=args.seed)
         target = "built-in tiny language model"
-    return run_token_checks(model, tok, seed=args.seed, labels=not args.no_labels,
-                            target=target)
+    report = run_token_checks(model, tok, seed=args.seed, labels=not args.no_labels,
+                              target=target)
+    if cfg is not None:
+        from .lm_config import run_config_checks
+
+        start = model
+        if args.model is None and cfg.prompts is None:
+            start = _warm_start(model, tok, cfg)
+        report.results += run_config_checks(cfg, start, tok, prompts=args.lm_prompts,
+                                            seed=args.seed,
+                                            log=lambda m: print(m, file=sys.stderr))
+    return report
+
+
+def _warm_start(model, tok, cfg):
+    """A copy of the built-in model after the warm start ``ppokit llm train`` gives it."""
+    import copy
+
+    from ppokit.llm.sft import builtin_sft
+    from ppokit.llm.task import make_task
+
+    task = make_task(cfg.task)
+    warm = copy.deepcopy(model)
+    builtin_sft(task, warm, tok, steps=cfg.sft_steps or task.sft_steps, lr=cfg.sft_lr,
+                seed=cfg.seed)
+    return warm
+
+
+def _lm_config(args):
+    """The run's configuration from the ``ppokit llm train`` flags given to ``check``, or
+    None when none was given and no model is checked; an error when flags come without
+    ``--lm`` / ``--model``."""
+    from ppokit.llm.cli import _config_from_args, _flag_values
+
+    given = {k for k in _flag_values(args) if k not in ("model", "seed")}
+    given |= {"--set"} if args.sets else set()
+    given |= {"--config"} if args.config_file else set()
+    if not (args.model or args.lm) or args.no_config:
+        if given:
+            name = sorted(given)[0]
+            flag = name if name.startswith("--") else "--" + name.replace("_", "-")
+            raise UsageError(f"{flag}: a language-model setting; give --lm or --model DIR "
+                             "with it (and not --no-config)")
+        return None
+    if args.lm_prompts < 1:
+        raise UsageError(f"--lm-prompts: expected an integer >= 1, got {args.lm_prompts}")
+    cfg = _config_from_args(args)
+    try:  # every field valid before any work (one sample per group is a finding, later)
+        cfg.resolved()
+    except UsageError as exc:
+        if not str(exc).startswith("samples_per_prompt:"):
+            raise
+    return cfg
 
 
 def _environment_report(args):
@@ -168,6 +235,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("give either RUN_DIR or --model/--lm, not both")
     if args.model and args.lm:
         raise UsageError("give either --model PATH or --lm, not both")
+    if (args.model or args.lm) and args.env:
+        raise UsageError("--env: an environment is not checked together with --lm/--model")
+    cfg = _lm_config(args)
     if args.run_dir and (Path(args.run_dir) / "reference").is_dir():
         # a language-model run directory: check the policy it saved
         policy_dir = Path(args.run_dir) / "policy"
@@ -178,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
         check_tree(policy_dir, "run dir")  # what it reads stays inside the run
         args.model, args.run_dir = str(policy_dir), None
     if args.model or args.lm:
-        report = _lm_report(args)
+        report = _lm_report(args, cfg)
     elif args.env is not None and args.run_dir is None:
         report = _environment_report(args)
     else:

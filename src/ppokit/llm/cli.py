@@ -20,16 +20,21 @@ from ppokit.errors import UsageError
 __all__ = ["add_arguments", "run"]
 
 
-def _add_config_arguments(p: argparse.ArgumentParser) -> None:
+def _add_config_arguments(p: argparse.ArgumentParser, skip: tuple[str, ...] = (),
+                          epilog: bool = True) -> None:
     """One flag per :class:`LLMConfig` field (help from the field's metadata), the
-    deprecated names as hidden flags, and ``--set`` / ``--config`` as for ``ppokit train``."""
+    deprecated names as hidden flags, and ``--set`` / ``--config`` as for ``ppokit train``.
+    ``skip``: fields whose flag the command defines itself (with the same meaning)."""
     from .config import DEPRECATED, LLMConfig, config_help
 
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.epilog = config_help()
+    if epilog:
+        p.epilog = config_help()
     types = {}
     for f in fields(LLMConfig):
         ann = str(f.type)
+        if f.name in skip:
+            continue
         flag = "--" + f.name.replace("_", "-")
         default = None if f.default is MISSING else f.default
         h = f.metadata.get("help", "")
