@@ -254,3 +254,11 @@ def test_list_codes(capsys):
     out = capsys.readouterr().out
     for code in CHECKS:
         assert code in out
+
+
+def test_docs_list_every_code():
+    from ppokit.diagnose import CODES
+
+    doc = (Path(__file__).parent.parent / "docs" / "checks.md").read_text()
+    missing = [c for c in [*CHECKS, *CODES] if f"`{c}`" not in doc]
+    assert missing == []
