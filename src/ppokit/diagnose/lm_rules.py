@@ -20,7 +20,7 @@ happens within the first iterations and then stays — a length that explodes by
 * ``zero-spread-groups``: most groups (``zero_spread_frac``) have all-equal rewards at the
   end while the score has stopped improving: no learning signal.
 * ``sampler-mismatch``: ``mismatch_k3_mean`` — the mean k3 between the sampler's and the
-  trainer's log-probs of the sampled tokens — ends above 1e-3 nats per token. ppokit's
+  trainer's log-probs of the sampled tokens — ends at 1e-3 nats per token or more. ppokit's
   sampler and trainer agree to float rounding, so ppokit does not log it yet; the rule
   reads it from any trainer that does (a separate inference engine).
 
@@ -252,13 +252,21 @@ def rule_kl_ref_blowup(table: MetricsTable, th: Thresholds) -> list[Finding]:
         "samples for what the reward pays.", ev)]
 
 
+def _ends_at_least(table: MetricsTable, name: str, limit: float, th: Thresholds):
+    """``(positions, values, end)`` of ``name`` when its end reaches ``limit``, else
+    None (also when it is logged in fewer than ``min_iterations`` iterations)."""
+    pos, v = table.series(name)
+    if len(v) < th.min_iterations:
+        return None
+    end = start_end(v)[1]
+    return (pos, v, end) if end >= limit else None
+
+
 def rule_zero_spread_groups(table: MetricsTable, th: Thresholds) -> list[Finding]:
-    pos, z = table.series("zero_spread_frac")
-    if len(z) < th.min_iterations:
+    got = _ends_at_least(table, "zero_spread_frac", th.zero_spread_median, th)
+    if got is None:
         return []
-    z1 = start_end(z)[1]
-    if not z1 >= th.zero_spread_median:
-        return []
+    pos, z, z1 = got
     spos, sc = table.series("score_mean")
     half = len(sc) // 2
     if len(sc) >= th.min_iterations and spearman(spos[half:], sc[half:]) >= 0.3:
@@ -277,12 +285,10 @@ def rule_zero_spread_groups(table: MetricsTable, th: Thresholds) -> list[Finding
 
 
 def rule_sampler_mismatch(table: MetricsTable, th: Thresholds) -> list[Finding]:
-    pos, m = table.series("mismatch_k3_mean")
-    if len(m) < th.min_iterations:
+    got = _ends_at_least(table, "mismatch_k3_mean", th.mismatch_k3, th)
+    if got is None:
         return []
-    m1 = start_end(m)[1]
-    if not m1 > th.mismatch_k3:
-        return []
+    pos, m, m1 = got
     return [Finding(
         "sampler-mismatch", "warning",
         f"The sampler's and the trainer's log-probs of the same tokens disagree: mean k3 "
