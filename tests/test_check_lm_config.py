@@ -177,9 +177,11 @@ def test_prompts_longer_than_the_context(warm, tok, tmp_path):
 
 # -- command line ----------------------------------------------------------------------
 
-def test_cli_lm_with_the_train_flags(capsys):
-    argv = ["check", "--lm", "--algo", "grpo", "--samples-per-prompt", "1", "--sft-steps",
-            "150", "--no-labels", "--json"]
+def test_cli_with_the_train_flags(warm, tok, tmp_path, capsys):
+    # (--lm runs the same after the warm start: tests/test_check_lm.py::test_cli_builtin_lm)
+    save_policy(warm, tok, str(tmp_path / "m"))
+    argv = ["check", "--model", str(tmp_path / "m"), "--algo", "grpo",
+            "--samples-per-prompt", "1", "--no-labels", "--json"]
     assert main(argv) == 1
     out = json.loads(capsys.readouterr().out)
     res = {r["name"]: r["status"] for r in out["results"]}

@@ -39,9 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-policy", action="store_true",
                         help="with --env: only the environment checks")
     parser.add_argument("--model", metavar="PATH",
-                        help="check a local Hugging Face causal LM directory (token layout)")
+                        help="check a local Hugging Face causal LM directory (token layout), "
+                             "and the run's configuration on it")
     parser.add_argument("--lm", action="store_true",
-                        help="check ppokit's built-in tiny language model (token layout)")
+                        help="check ppokit's built-in tiny language model (token layout), "
+                             "and the run's configuration on it after its warm start")
     parser.add_argument("--samples", type=int, default=256,
                         help="environment transitions to check on (default 256)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
@@ -130,8 +132,10 @@ def _lm_report(args, cfg=None):
         model, tok = load_lm(args.model)
         target = args.model
     else:
+        from ppokit.llm.cli import set_threads
         from ppokit.llm.models import build_char_tokenizer, build_tiny_model
 
+        set_threads(None)  # as ppokit llm train runs the built-in model
         tok = build_char_tokenizer()
         model = build_tiny_model(tok, seed=args.seed)
         target = "built-in tiny language model"

@@ -177,7 +177,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    import torch
 
     from .guards import check_cli_args
     from .models import quiet_transformers
@@ -186,15 +185,21 @@ def run(args) -> int:
     quiet_transformers()
     # never reach a model hub: every model and tokenizer is a local directory
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    # The built-in tiny model runs fastest on one thread (and shares a busy CPU better);
-    # PPOKIT_THREADS overrides, and a user model keeps torch's default.
-    if os.environ.get("PPOKIT_THREADS"):
-        torch.set_num_threads(int(os.environ["PPOKIT_THREADS"]))
-    elif getattr(args, "model", None) is None:
-        torch.set_num_threads(1)
+    set_threads(getattr(args, "model", None))
     cmd = args.llm_command
     return {"train": _train, "eval": _eval, "sft": _sft, "rm": _rm, "dpo": _dpo,
             "bench": _bench}[cmd](args)
+
+
+def set_threads(model: str | None) -> None:
+    """The built-in tiny model (``model`` None) runs fastest on one thread (and shares a
+    busy CPU better); PPOKIT_THREADS overrides, and a user model keeps torch's default."""
+    import torch
+
+    if os.environ.get("PPOKIT_THREADS"):
+        torch.set_num_threads(int(os.environ["PPOKIT_THREADS"]))
+    elif model is None:
+        torch.set_num_threads(1)
 
 
 def _print_eval(ev: dict) -> None:
