@@ -97,10 +97,20 @@ def test_sign_error_in_token_surrogate(lm):
     assert rep.failed == ["flipped-advantage-direction"]
 
 
+CONFIG_CHECKS = ["lm-group-size", "lm-kl-reference", "lm-chat-template",
+                 "lm-reward-constant", "lm-truncation", "lm-prompt-length"]
+
+
 def test_cli_builtin_lm(capsys):
+    # the token layout on the built-in model, then the default run's configuration on the
+    # model after its warm start
     assert main(["check", "--lm", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["ok"] and [r["name"] for r in out["results"]] == TOKEN_CHECKS
+    assert out["ok"] and [r["name"] for r in out["results"]] == TOKEN_CHECKS + CONFIG_CHECKS
+    assert {r["status"] for r in out["results"]} == {"PASS"}
+    assert main(["check", "--lm", "--no-config", "--no-labels", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in out["results"]] == TOKEN_CHECKS[:-1]
 
 
 def test_cli_model_dir(lm, tmp_path, capsys):

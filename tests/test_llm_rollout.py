@@ -254,6 +254,15 @@ def test_grpo_advantages_hand_computed_on_tokens():
     assert torch.allclose(lab.advantages[:, 3], torch.tensor([0.5, -0.5, 0.125, -0.125]))
 
 
+def test_zero_spread_frac_counts_groups_with_equal_scores():
+    # the share of groups whose scores are all equal: their group advantage is 0
+    assert _group_labels("grpo", [1.0, 0.0, 0.5, 0.5])[1].stats["zero_spread_frac"] == 0.5
+    assert _group_labels("rloo", [0.0, 0.0, 1.0, 1.0])[1].stats["zero_spread_frac"] == 1.0
+    assert _group_labels("grpo", [0.0, 1e-7, 1.0, 0.9])[1].stats["zero_spread_frac"] == 0.0
+    _, lab = _labels("penalty")                # ppo: one sample per prompt, no groups
+    assert "zero_spread_frac" not in lab.stats
+
+
 def test_rloo_advantages_hand_computed_on_tokens():
     _, lab = _group_labels("rloo", [1.0, 0.0, 0.5, 0.25])
     # r_i - mean of the others (G = 2: the other sample)

@@ -298,3 +298,26 @@ def test_lora_policy_trains_adapters_only_and_exports_a_plain_model(tmp_path, to
     assert c.iteration == 2
     for (n1, p1), (n2, p2) in zip(tr.policy.named_parameters(), c.policy.named_parameters()):
         assert n1 == n2 and torch.equal(p1, p2)
+
+
+def test_eval_every_logs_the_held_out_score_without_changing_training(tmp_path, tok):
+    from ppokit.llm.evaluate import score_policy
+
+    plain = _trainer(tmp_path, tok, "plain", algo="grpo", prompts_per_iter=4,
+                     samples_per_prompt=2, iterations=3)
+    with_eval = _trainer(tmp_path, tok, "eval", algo="grpo", prompts_per_iter=4,
+                         samples_per_prompt=2, iterations=3, eval_every=2, n_eval_prompts=16)
+    a, b = plain.train(progress=False), with_eval.train(progress=False)
+    assert ["eval/score_mean" in r for r in b] == [False, True, False]
+    for x, y in zip(a, b):                      # the run's own random streams are untouched
+        for key in ("score_mean", "kl_ref", "approx_kl", "response_length_mean"):
+            assert x[key] == y[key], key
+    # the logged figure is score_policy's on the held-out rows, with the eval's own seed
+    ev = with_eval.evaluate_heldout()
+    ref = score_policy(with_eval.policy, tok, with_eval.eval_rows[:16], with_eval.rewards,
+                       max_new_tokens=with_eval.max_new_tokens, seed=with_eval.cfg.seed + 7919)
+    assert ev["eval/score_mean"] == ref["score_mean"]
+    assert ev["eval/reward/reverse_score"] == ref["reward/reverse_score"]
+    assert 0 <= ev["eval/truncated_frac"] <= 1
+    with pytest.raises(UsageError, match="eval_every"):
+        LLMConfig(eval_every=-1).resolved()

@@ -289,9 +289,10 @@ def test_length_reward_coupling():
         r["response_length_mean"] = float(12 + 40 * i / n + rng.normal(0, 1.5))
         r["kl_ref"] = float(0.02 + 0.8 * i / n + abs(rng.normal(0, 0.02)))
         r["non_score_reward"] = -0.0 * r["kl_ref"]    # beta = 0
-    found = diagnose(MetricsTable(recs))
-    assert [f.code for f in found] == ["length-reward-coupling"]
-    assert {e["metric"] for e in found[0].evidence} == {
+    found = {f.code: f for f in diagnose(MetricsTable(recs))}
+    # a length 4x its start is also a length explosion (lm-rules), said apart
+    assert set(found) == {"length-reward-coupling", "length-explosion"}
+    assert {e["metric"] for e in found["length-reward-coupling"].evidence} == {
         "response_length_mean", "score_mean", "kl_ref"}
 
 
@@ -302,7 +303,7 @@ def test_length_reward_coupling_from_non_score_reward():
         r["response_length_mean"] = 12 + 40 * i / n
         r["non_score_reward"] = -0.1 * (0.02 + 0.8 * i / n)
         del r["kl_ref"]
-    assert codes(recs) == ["length-reward-coupling"]
+    assert codes(recs) == ["length-reward-coupling", "length-explosion"]
 
 
 def test_length_rising_alone_is_not_coupling():
@@ -313,13 +314,13 @@ def test_length_rising_alone_is_not_coupling():
     for i, r in enumerate(recs):
         r["response_length_mean"] = 12 + 40 * i / n
         r["kl_ref"] = float(0.03 + rng.normal(0, 0.005))
-    assert codes(recs) == []
+    assert codes(recs) == ["length-explosion"]       # not the coupling
     # length and KL rise but the score does not
     recs = healthy_lm_run(seed=9)
     for i, r in enumerate(recs):
         r["response_length_mean"] = 12 + 40 * i / n
         r["score_mean"] = float(0.4 + rng.normal(0, 0.03))
-    assert codes(recs) == []
+    assert codes(recs) == ["length-explosion"]
 
 
 def test_truncation_high():

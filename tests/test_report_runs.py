@@ -101,3 +101,21 @@ def test_collapsed_seed_is_reported_and_said_at_the_end(tmp_path, capsys):
     run = train(tmp_path, "s18", 100_000, seed=18)
     assert "return-collapse" in warnings(run)
     assert "the final policy is not the best" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_provoked_length_hacking_run_is_named(tmp_path, monkeypatch):
+    """GRPO with a reward that pays 0.1 per character on top of the task's score (the
+    recorded llm_length_hacking run, shortened to 60 iterations): the report names the
+    length explosion, the truncations and the fall of the task's own reward."""
+    pytest.importorskip("transformers")
+    from pathlib import Path
+
+    monkeypatch.chdir(Path(__file__).parent.parent)   # tests._lm_rewards importable
+    run = tmp_path / "lenhack"
+    assert main(["llm", "train", "--algo", "grpo", "--iterations", "60",
+                 "--max-new-tokens", "24", "--reward", "ppokit.llm.task:reverse_score",
+                 "--reward", "tests._lm_rewards:length_bonus", "--eval-every", "10",
+                 "--run-dir", str(run), "--no-progress", "--no-eval"]) == 0
+    found = set(warnings(str(run)))
+    assert {"length-explosion", "truncation-high", "reward-hacking"} <= found

@@ -1,12 +1,13 @@
 """ppokit: policy-gradient reinforcement learning centred on PPO.
 
-``ppokit.train``, ``ppokit.load`` and ``ppokit.Agent`` (:mod:`ppokit.api`) are imported on
-first use, so ``import ppokit`` stays light (no torch, no Gymnasium).
+``ppokit.train``, ``ppokit.load`` and ``ppokit.Agent`` (:mod:`ppokit.api`), and
+``ppokit.check_env`` (:mod:`ppokit.checks.environment`) are imported on first use, so
+``import ppokit`` stays light (no torch, no Gymnasium).
 """
 
 __version__ = "0.1.0"
 
-__all__ = ["Agent", "load", "train", "__version__"]
+__all__ = ["Agent", "check_env", "load", "train", "__version__"]
 
 
 def __getattr__(name: str):
@@ -14,4 +15,8 @@ def __getattr__(name: str):
         from . import api
 
         return getattr(api, name)
+    if name == "check_env":
+        from .checks.environment import check_env
+
+        return check_env
     raise AttributeError(f"module 'ppokit' has no attribute {name!r}")

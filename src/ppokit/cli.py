@@ -24,7 +24,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("ppokit.commands.eval", "evaluate a trained run's policy, write eval.json"),
     "plot": ("ppokit.commands.plot", "overlay learning curves of runs"),
     "report": ("ppokit.diagnose.cli", "read a run's metrics and name what looks wrong"),
-    "check": ("ppokit.checks.cli", "pre-flight acceptance checks on a policy or language model"),
+    "check": ("ppokit.checks.cli", "pre-flight checks of a policy, an environment or a "
+              "language-model run"),
 }
 
 

@@ -1,4 +1,4 @@
-"""Check results and the PASS/FAIL table."""
+"""Check results and the PASS/WARN/FAIL table."""
 
 from __future__ import annotations
 
@@ -9,9 +9,12 @@ __all__ = ["CheckResult", "CheckReport"]
 
 @dataclass
 class CheckResult:
-    """One check: a stable ``name``, whether it ``passed`` (``None`` = skipped), the
-    ``measured`` figure as text, the ``criterion`` it was held to and a ``detail`` line
-    (what it means when it fails, or why it was skipped)."""
+    """One check: a stable ``name`` (its code, :data:`ppokit.checks.codes.CHECKS`),
+    whether it ``passed`` (``None`` = skipped), the ``measured`` figure as text (the
+    evidence), the ``criterion`` it was held to, a ``detail`` line (what it means when it
+    fails or warns, or why it was skipped), the numbers behind it (``values``) and the
+    ``fix`` to try, in one line. ``warn``: passed, but with something worth a look (WARN:
+    likely wrong, though only the author can tell; FAIL: wrong)."""
 
     name: str
     passed: bool | None
@@ -19,9 +22,13 @@ class CheckResult:
     criterion: str
     detail: str = ""
     values: dict = field(default_factory=dict)
+    warn: bool = False
+    fix: str = ""
 
     @property
     def status(self) -> str:
+        if self.passed is True and self.warn:
+            return "WARN"
         return {True: "PASS", False: "FAIL", None: "SKIP"}[self.passed]
 
     def to_dict(self) -> dict:
@@ -32,7 +39,8 @@ class CheckResult:
 
 @dataclass
 class CheckReport:
-    """All results of one ``run_checks`` call; ``ok`` is False when any check failed."""
+    """All results of one ``run_checks`` call; ``ok`` is False when any check failed (a
+    warning does not make it False)."""
 
     target: str
     results: list[CheckResult]
@@ -45,6 +53,14 @@ class CheckReport:
     def failed(self) -> list[str]:
         return [r.name for r in self.results if r.passed is False]
 
+    @property
+    def warned(self) -> list[str]:
+        return [r.name for r in self.results if r.status == "WARN"]
+
+    def to_dict(self) -> dict:
+        return {"target": self.target, "ok": self.ok,
+                "results": [r.to_dict() for r in self.results]}
+
     def __getitem__(self, name: str) -> CheckResult:
         for r in self.results:
             if r.name == name:
@@ -56,6 +72,7 @@ class CheckReport:
 
     def print(self, console=None) -> None:
         from rich.console import Console
+        from rich.markup import escape
         from rich.table import Table
 
         if console is None:
@@ -66,12 +83,18 @@ class CheckReport:
         table.add_column("result", no_wrap=True)
         table.add_column("measured")
         table.add_column("criterion")
-        colour = {"PASS": "green", "FAIL": "bold red", "SKIP": "dim"}
+        colour = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red", "SKIP": "dim"}
         for r in self.results:
-            table.add_row(r.name, f"[{colour[r.status]}]{r.status}[/]", r.measured, r.criterion)
+            table.add_row(r.name, f"[{colour[r.status]}]{r.status}[/]", escape(r.measured),
+                          escape(r.criterion))
         console.print(table)
         for r in self.results:
-            if r.passed is not True and r.detail:
-                console.print(f"[{colour[r.status]}]{r.status}[/] {r.name}: {r.detail}")
-        n_fail = len(self.failed)
-        console.print("all checks passed" if self.ok else f"{n_fail} check(s) failed")
+            if r.status != "PASS" and r.detail:
+                console.print(f"[{colour[r.status]}]{r.status}[/] {r.name}: "
+                              f"{escape(r.detail)}")
+                if r.fix:
+                    console.print(f"     fix: {escape(r.fix)}")
+        n_fail, n_warn = len(self.failed), len(self.warned)
+        warned = f", {n_warn} warning(s)" if n_warn else ""
+        console.print(f"all checks passed{warned}" if self.ok else
+                      f"{n_fail} check(s) failed{warned}")

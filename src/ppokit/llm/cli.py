@@ -20,16 +20,21 @@ from ppokit.errors import UsageError
 __all__ = ["add_arguments", "run"]
 
 
-def _add_config_arguments(p: argparse.ArgumentParser) -> None:
+def _add_config_arguments(p: argparse.ArgumentParser, skip: tuple[str, ...] = (),
+                          epilog: bool = True) -> None:
     """One flag per :class:`LLMConfig` field (help from the field's metadata), the
-    deprecated names as hidden flags, and ``--set`` / ``--config`` as for ``ppokit train``."""
+    deprecated names as hidden flags, and ``--set`` / ``--config`` as for ``ppokit train``.
+    ``skip``: fields whose flag the command defines itself (with the same meaning)."""
     from .config import DEPRECATED, LLMConfig, config_help
 
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.epilog = config_help()
+    if epilog:
+        p.epilog = config_help()
     types = {}
     for f in fields(LLMConfig):
         ann = str(f.type)
+        if f.name in skip:
+            continue
         flag = "--" + f.name.replace("_", "-")
         default = None if f.default is MISSING else f.default
         h = f.metadata.get("help", "")
@@ -181,7 +186,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    import torch
 
     from .guards import check_cli_args
     from .models import quiet_transformers
@@ -190,15 +194,21 @@ def run(args) -> int:
     quiet_transformers()
     # never reach a model hub: every model and tokenizer is a local directory
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    # The built-in tiny model runs fastest on one thread (and shares a busy CPU better);
-    # PPOKIT_THREADS overrides, and a user model keeps torch's default.
-    if os.environ.get("PPOKIT_THREADS"):
-        torch.set_num_threads(int(os.environ["PPOKIT_THREADS"]))
-    elif getattr(args, "model", None) is None:
-        torch.set_num_threads(1)
+    set_threads(getattr(args, "model", None))
     cmd = args.llm_command
     return {"train": _train, "eval": _eval, "sft": _sft, "rm": _rm, "dpo": _dpo,
             "bench": _bench, "fetch": _fetch}[cmd](args)
+
+
+def set_threads(model: str | None) -> None:
+    """The built-in tiny model (``model`` None) runs fastest on one thread (and shares a
+    busy CPU better); PPOKIT_THREADS overrides, and a user model keeps torch's default."""
+    import torch
+
+    if os.environ.get("PPOKIT_THREADS"):
+        torch.set_num_threads(int(os.environ["PPOKIT_THREADS"]))
+    elif model is None:
+        torch.set_num_threads(1)
 
 
 def _print_eval(ev: dict) -> None:

@@ -168,7 +168,10 @@ class LLMConfig:
                                      "the task's, 150 for reverse, 600 for arithmetic)")
     sft_lr: float = _f(3e-3, "warm-start SFT learning rate")
     seed: int = _f(0, "seed for everything")
-    n_eval_prompts: int = _f(128, "held-out prompts for `ppokit llm eval`")
+    n_eval_prompts: int = _f(128, "held-out prompts for `ppokit llm eval` (and eval_every)")
+    eval_every: int = _f(0, "score the policy on n_eval_prompts held-out prompts every N "
+                            "iterations while training, logged as eval/score_mean, "
+                            "eval/reward/NAME, ... (0: never)")
     checkpoint_every: int = _f(25, "iterations between checkpoints (and at the end)")
     samples_logged: int = _f(4, "completions written to samples.jsonl per iteration")
 
@@ -226,6 +229,10 @@ class LLMConfig:
         if cfg.fsdp and cfg.precision != "fp32":
             raise UsageError("precision: bf16 is not offered with fsdp (sharded parameters "
                              "are gathered in float32); use precision=fp32")
+        if cfg.fsdp and cfg.eval_every:
+            raise UsageError("eval_every: not with fsdp (the sharded policy generates only "
+                             "with every rank taking part); evaluate after training with "
+                             "ppokit llm eval")
         if cfg.fsdp and cfg.lora_r > 0:
             raise UsageError("fsdp: not with LoRA (lora_r > 0): the adapters are small, "
                              "plain data parallelism replicates them")
@@ -291,6 +298,7 @@ LIMITS: dict[str, tuple[bool, float, float, bool]] = {
     "sft_lr": (False, 0.0, 10.0, True),
     "seed": (True, 0, SEED_MAX, False),
     "n_eval_prompts": (True, 1, 10**6, False),
+    "eval_every": (True, 0, 10**9, False),
     "eval_fraction": (False, 0.0, 0.99, False),
     "checkpoint_every": (True, 1, 10**9, False),
     "samples_logged": (True, 0, 10**6, False),

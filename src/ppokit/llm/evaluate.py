@@ -18,11 +18,13 @@ __all__ = ["score_policy", "evaluate_lm_run"]
 
 @torch.no_grad()
 def score_policy(model, tokenizer, prompts: list, reward_fn, *, max_new_tokens: int,
-                 temperature: float = 1.0, seed: int = 0, batch_size: int = 128) -> dict:
+                 temperature: float = 1.0, seed: int = 0, batch_size: int = 128,
+                 per_sample: bool = False) -> dict:
     """Mean score (and each reward function's mean, ``reward/NAME``), mean response
     length and truncated share of one policy on ``prompts`` (prompt rows, or plain
     strings); ``reward_fn``: a :class:`ppokit.llm.rewards.RewardSet`, a reward function or
-    a list of them."""
+    a list of them. ``per_sample``: also ``scores``, ``truncated`` (one per prompt, in
+    order) and ``per_function`` (``{name: [n]}``, NaN where a function returned None)."""
     from .data import render_prompt
     from .rewards import RewardSet, per_function_stats
     from .trainer import reward_arguments
@@ -50,10 +52,15 @@ def score_policy(model, tokenizer, prompts: list, reward_fn, *, max_new_tokens: 
         trunc += roll.truncated.tolist()
         samples += list(zip(texts, decoded))
     n = len(scores)
-    stats = per_function_stats({k: torch.cat(v) for k, v in per_all.items()})
-    return {"score_mean": sum(scores) / n, "response_length_mean": sum(lengths) / n,
-            "truncated_frac": sum(trunc) / n, "samples": samples[:8], "n": n,
-            **{k: v for k, v in stats.items() if not k.endswith("_std")}}
+    per_all = {k: torch.cat(v) for k, v in per_all.items()}
+    stats = per_function_stats(per_all)
+    out = {"score_mean": sum(scores) / n, "response_length_mean": sum(lengths) / n,
+           "truncated_frac": sum(trunc) / n, "samples": samples[:8], "n": n,
+           **{k: v for k, v in stats.items() if not k.endswith("_std")}}
+    if per_sample:
+        out.update(scores=scores, truncated=[bool(t) for t in trunc],
+                   per_function={k: v.tolist() for k, v in per_all.items()})
+    return out
 
 
 def evaluate_lm_run(run_dir: str, *, n_prompts: int | None = None, temperature: float | None = None,

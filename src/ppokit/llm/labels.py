@@ -105,6 +105,10 @@ def compute_labels(cfg: LLMConfig, roll: TokenRollout, scores: torch.Tensor, old
         "truncated_frac": float(trunc.float().mean()),
         "advantage_mean": float(masked_mean(adv, loss_mask)),
     }
+    if cfg.samples_per_prompt > 1 and bsz % cfg.samples_per_prompt == 0:
+        # groups whose raw scores are all equal: a group estimator gives them advantage 0
+        groups = raw.view(-1, cfg.samples_per_prompt)
+        stats["zero_spread_frac"] = float((groups.amax(1) == groups.amin(1)).float().mean())
     if returns is not None:
         stats["explained_variance"] = explained_variance(values, returns, loss_mask)
         stats["return_mean"] = float(masked_mean(returns, loss_mask))

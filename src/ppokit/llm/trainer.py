@@ -639,6 +639,8 @@ class TokenTrainer:
                **per_function_stats(per_func)}
         if self.dp is not None:
             rec["ranks"] = self.world
+        if cfg.eval_every and self.iteration % cfg.eval_every == 0 and self.is_main:
+            rec.update(self.evaluate_heldout())
         for mon in (self.monitors if self.is_main else ()):
             rec.update({k: float(v) for k, v in mon(prompts, comps).items()})
         rec = {k: (float(v) if isinstance(v, float) else v) for k, v in rec.items()}
@@ -651,6 +653,22 @@ class TokenTrainer:
                                 "completion": comps[i], "score": float(scores[i]),
                                 "truncated": bool(roll.truncated[i])})
         return rec
+
+    def evaluate_heldout(self) -> dict:
+        """``eval/...``: the policy's mean score (and each reward function's, length,
+        truncated share) on ``n_eval_prompts`` held-out rows, sampled at the training
+        temperature with a generator of its own (the same seed each time, so the series
+        compares policies, and the run's own random streams are untouched)."""
+        from .evaluate import score_policy
+
+        rows = (self.eval_rows or [])[: self.cfg.n_eval_prompts]
+        if not rows:
+            return {}
+        with self.autocast():
+            out = score_policy(self.policy, self.tok, rows, self.rewards,
+                               max_new_tokens=self.max_new_tokens,
+                               temperature=self.cfg.temperature, seed=self.cfg.seed + 7919)
+        return {f"eval/{k}": float(v) for k, v in out.items() if isinstance(v, float)}
 
     def train(self, progress: bool = True, *, stop: GracefulStop | None = None
               ) -> list[dict]:
