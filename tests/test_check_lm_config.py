@@ -180,7 +180,7 @@ def test_prompts_longer_than_the_context(warm, tok, tmp_path):
 def test_cli_with_the_train_flags(warm, tok, tmp_path, capsys):
     # (--lm runs the same after the warm start: tests/test_check_lm.py::test_cli_builtin_lm)
     save_policy(warm, tok, str(tmp_path / "m"))
-    argv = ["check", "--model", str(tmp_path / "m"), "--algo", "grpo",
+    argv = ["check", "--model", str(tmp_path / "m"), "--algo", "grpo", "--task", "reverse",
             "--samples-per-prompt", "1", "--no-labels", "--json"]
     assert main(argv) == 1
     out = json.loads(capsys.readouterr().out)

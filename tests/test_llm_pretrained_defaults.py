@@ -196,3 +196,19 @@ def test_resume_with_a_new_learning_rate(tmp_path, tok):
     assert again.opt.param_groups[0]["lr"] == 2.5e-4
     assert any("learning rate 0.00025 from here on" in m for m in msgs)
     again.close()
+
+
+def test_learning_rate_warning_follows_size_and_mode():
+    from ppokit.llm.divergence import learning_rate_warning, tolerated_learning_rate
+
+    n = 135_000_000
+    assert learning_rate_warning(LEARNING_RATES["full"], n, lora=False) is None
+    assert learning_rate_warning(LEARNING_RATES["lora"], n, lora=True) is None
+    msg = learning_rate_warning(2e-4, n, lora=False)
+    assert msg.startswith("warning: learning_rate 0.0002 is 20x the about 1e-05 that a "
+                          "135M-parameter pretrained model tolerates fully fine-tuned")
+    assert learning_rate_warning(2e-4, n, lora=True) is None
+    # larger models tolerate less; the built-in model is never warned about
+    assert tolerated_learning_rate(4 * n, False) == pytest.approx(
+        tolerated_learning_rate(n, False) / 2)
+    assert learning_rate_warning(10.0, 110_000, lora=False) is None

@@ -229,7 +229,21 @@ def test_cli_loads_a_local_model_dir(tmp_path, tok):
     rd = str(tmp_path / "r")
     assert main(["llm", "train", "--model", mdir, "--algo", "rloo", "--iterations", "1",
                  "--prompts-per-iter", "4", "--samples-per-prompt", "2", "--run-dir", rd,
-                 "--no-progress", "--no-eval"]) == 0
+                 "--no-progress", "--no-eval", "--task", "reverse"]) == 0
+
+
+def test_chat_task_with_a_tokenizer_without_template_is_one_line(tmp_path, tok, capsys):
+    """A pretrained --model defaults to the numbers chat task, which needs a chat
+    template: a model without one is told what to give instead."""
+    from ppokit.llm.models import save_policy
+
+    mdir = str(tmp_path / "m")
+    save_policy(build_tiny_model(tok), tok, mdir)
+    assert main(["llm", "train", "--model", mdir, "--iterations", "1", "--run-dir",
+                 str(tmp_path / "r"), "--no-progress", "--no-eval"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "task: 'numbers' asks its questions through" in err[0]
+    assert "--task reverse" in err[0] and not os.path.exists(tmp_path / "r" / "metrics.jsonl")
 
 
 def test_reward_model_and_dpo_commands(tmp_path):
@@ -281,7 +295,9 @@ def test_lora_policy_trains_adapters_only_and_exports_a_plain_model(tmp_path, to
 
     tr = _trainer(tmp_path, tok, critic, lora_r=4, critic=critic, iterations=2,
                   checkpoint_every=1)
-    base = {k: v.clone() for k, v in tr.reference.state_dict().items()}
+    # the reference is the policy with its adapters off: the starting weights, saved as
+    # the run's reference/ directory
+    base = load_lm(str(tmp_path / critic / "reference"))[0].state_dict()
     roll, lab = _rollout_and_labels(tr)
     stats = _first_step_stats(tr, roll, lab)
     # adapters start at zero: policy == reference (sampler log-probs: equal to rounding)

@@ -160,7 +160,7 @@ def _warm_start(model, tok, cfg):
     from ppokit.llm.sft import builtin_sft
     from ppokit.llm.task import make_task
 
-    task = make_task(cfg.task)
+    task = make_task(cfg.task or "reverse")  # the built-in model's default task
     warm = copy.deepcopy(model)
     builtin_sft(task, warm, tok, steps=cfg.sft_steps or task.sft_steps, lr=cfg.sft_lr,
                 seed=cfg.seed)

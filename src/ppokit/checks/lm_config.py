@@ -248,7 +248,7 @@ def run_config_checks(cfg, model, tokenizer, *, reward_fn=None, prompts: int = 8
         cfg = replace(cfg, samples_per_prompt=2)
     rcfg = cfg.resolved()
     results = [group, check_kl_reference(cfg, rcfg)]
-    task = make_task(rcfg.task) if rcfg.prompts is None else None
+    task = make_task(rcfg.task, rcfg.task_options) if rcfg.prompts is None else None
     train_rows, eval_rows = prompt_sets(rcfg)
     rows = list(train_rows) if train_rows is not None else [
         task.row(p) for p in task.train_prompts(256, random.Random(seed))]

@@ -183,9 +183,9 @@ CHAT_TASKS = {
 class ReasoningGymTask(ChatTask):
     """A ``reasoning-gym`` dataset as a task: its questions as chat prompts, its own scorer
     as the reward, applied to the completion's final answer (:func:`final_answer` for a
-    numeric answer, else the last line, or the ``<answer>`` tag's content). Training
-    problems come from the dataset built with seed 1, held-out ones from seed 2, minus any
-    question the training set holds."""
+    numeric answer, else the last line, or the ``<answer>`` tag's content). The dataset is
+    built once (seed 1, ``size`` problems); a question is held out when a fixed hash of its
+    text falls in the held-out bucket, so the two sides never share a question."""
 
     reward_weights = (1.0,)
 
@@ -206,37 +206,44 @@ class ReasoningGymTask(ChatTask):
                              + (f"; did you mean {', '.join(close)}?" if close else ""))
         opts = dict(options or {})
         try:
-            train = reasoning_gym.create_dataset(dataset, seed=1, size=size, **opts)
-            held = reasoning_gym.create_dataset(dataset, seed=2, size=max(size // 10, 256),
-                                                **opts)
+            self.data = reasoning_gym.create_dataset(dataset, seed=1, size=size, **opts)
         except (TypeError, ValueError, AssertionError) as exc:
             raise UsageError(f"task_options: reasoning-gym dataset {dataset!r} refused them: "
                              f"{exc}") from None
-        seen = {e["question"] for e in train}
-        self.splits = {"train": train, "held": held}
-        self.held_index = [i for i, e in enumerate(held) if e["question"] not in seen]
+        held, train, seen = [], [], set()
+        for i, e in enumerate(self.data):
+            q = e["question"]
+            if _held_out(f"{dataset}:{q}"):
+                if q not in seen:
+                    held.append(i)
+                    seen.add(q)
+            else:
+                train.append(i)
+        if not held or not train:
+            raise UsageError(f"task_options: reasoning-gym dataset {dataset!r} with these "
+                             f"settings has too few distinct problems ({len(set(seen))} held "
+                             f"out, {len(train)} for training) to hold some out")
+        self.train_index, self.held_index = train, held
         super().__init__(f"reasoning-gym:{dataset}", (), max_new_tokens)
         self.rewards = (self.reasoning_gym_score,)
 
     def train_prompts(self, n: int, rng: random.Random) -> list[str]:
-        size = len(self.splits["train"])
-        return [json.dumps(["train", rng.randrange(size)]) for _ in range(n)]
+        return [str(self.train_index[rng.randrange(len(self.train_index))])
+                for _ in range(n)]
 
     def heldout_prompts(self, n: int = 128, seed: int = 12345) -> list[str]:
-        return [json.dumps(["held", i]) for i in self.held_index[:n]]
+        return [str(i) for i in self.held_index[:n]]
 
     def row(self, prompt: str) -> dict:
-        split, i = json.loads(prompt)
-        e = self.splits[split][i]
+        e = self.data[int(prompt)]
         return {"prompt": [{"role": "user", "content": e["question"]}],
-                "answer": str(e["answer"]), "entry": f"{split}:{i}"}
+                "answer": str(e["answer"]), "entry": int(prompt)}
 
     def reasoning_gym_score(self, completions, entry, **kwargs) -> list[float]:
         """The dataset's own scorer on each completion's final answer."""
         out = []
-        for c, ref in zip(completions, entry):
-            split, i = ref.split(":")
-            e = self.splits[split][int(i)]
+        for c, i in zip(completions, entry):
+            e = self.data[int(i)]
             text = _text(c)
             numeric = _NUMBER.fullmatch(str(e["answer"]).strip()) is not None
             tagged = re.findall(r"<answer>(.*?)</answer>", text, flags=re.S)
@@ -247,7 +254,7 @@ class ReasoningGymTask(ChatTask):
             else:
                 lines = [x.strip() for x in text.strip().splitlines() if x.strip()]
                 got = lines[-1] if lines else None
-            out.append(float(self.splits[split].score_answer(got, e)) if got else 0.0)
+            out.append(float(self.data.score_answer(got, e)) if got else 0.0)
         return out
 
 

@@ -310,10 +310,10 @@ CHOICES = {"agg": AGGREGATION_MODES, "old_logprobs": ("sampler", "recompute"),
            "score_norm": ("none", "batch"), "advantage_estimator": ADVANTAGE_ESTIMATORS,
            }
 PATHS = ("model", "prompts", "eval_prompts", "reward_model")
-# task (a built-in name or reasoning-gym:NAME) and task_options: _check_task
 # checked by their own rules: reward entries (module:function, a directory or a callable)
 # in _check_fields, reward_weights (finite numbers, one per reward) in resolved()
-SPECIAL = ("reward", "reward_weights")
+# task (a built-in name or reasoning-gym:NAME) and task_options in _check_task
+SPECIAL = ("reward", "reward_weights", "task", "task_options")
 FLAGS_BOOL = ("normalize_advantage", "normalize_std", "use_critic", "fsdp")
 
 _repr = reprlib.Repr()
@@ -358,6 +358,10 @@ def _check_fields(cfg: LLMConfig) -> None:
         v = getattr(cfg, name)
         if v is not None and not (isinstance(v, str) and v.strip() and "\0" not in v):
             _fail(name, "expected a non-empty path or name", v, show=True)
+    if isinstance(cfg.model, str):  # a known model's name: fetched? (before any work)
+        from .fetch import resolve_model
+
+        resolve_model(cfg.model)
     for name in FLAGS_BOOL:
         if not isinstance(getattr(cfg, name), bool):
             _fail(name, "expected true or false", getattr(cfg, name), show=True)

@@ -32,9 +32,13 @@ import torch
 
 from ppokit.errors import UsageError
 
-__all__ = ["TrainingDiverged", "DivergenceGuard", "PROBE_ROWS", "update_kl"]
+__all__ = ["TrainingDiverged", "DivergenceGuard", "PROBE_ROWS", "update_kl",
+           "tolerated_learning_rate", "learning_rate_warning"]
 
 PROBE_ROWS = 16
+# models below this size (the built-in model, test and bench models) train at their own rates
+PRETRAINED_MIN_PARAMS = 20_000_000
+REFERENCE_PARAMS = 135_000_000  # SmolLM2-135M, where the rates below were measured
 
 
 class TrainingDiverged(UsageError):
@@ -91,3 +95,30 @@ class DivergenceGuard:
             return (f"the update moved the policy {kl_after:.3g} nats per token (kl_after) > "
                     f"guard_kl {self.kl_limit:g}")
         return None
+
+
+def tolerated_learning_rate(n_params: int, lora: bool) -> float:
+    """A rule of thumb for the largest learning rate a pretrained model of ``n_params``
+    parameters takes without one update wrecking it: ten times ppokit's default for a
+    pretrained model (``LEARNING_RATES`` in ppokit.llm.config, measured on a 135M-parameter
+    model: docs/real_models.md), scaled as 1/sqrt(size) — larger models are wider, and the
+    change an Adam step makes to a layer's output grows with its width."""
+    from .config import LEARNING_RATES
+
+    base = LEARNING_RATES["lora" if lora else "full"]
+    return 10 * base * math.sqrt(REFERENCE_PARAMS / max(n_params, 1))
+
+
+def learning_rate_warning(lr: float, n_params: int, lora: bool) -> str | None:
+    """The pre-flight warning for a learning rate far above :func:`tolerated_learning_rate`
+    (None: no warning; always None below ``PRETRAINED_MIN_PARAMS``)."""
+    if n_params < PRETRAINED_MIN_PARAMS:
+        return None
+    limit = tolerated_learning_rate(n_params, lora)
+    if lr <= limit:
+        return None
+    how = "with LoRA adapters" if lora else "fully fine-tuned"
+    return (f"warning: learning_rate {lr:g} is {lr / limit:.0f}x the about {limit:.1g} that a "
+            f"{n_params / 1e6:.0f}M-parameter pretrained model tolerates {how} "
+            "(docs/real_models.md); one update may wreck it (the divergence guard, guard_kl, "
+            "undoes such an update and halves the rate)")

@@ -1,20 +1,50 @@
-"""The token trainer's progress bar: the figures people watch, elapsed and remaining time."""
+"""The token trainer's progress: a live bar on a terminal, plain lines in a log.
+
+On a terminal, a rich progress bar with the figures people watch and the elapsed and
+remaining time. Off a terminal (CI logs, ``nohup``, ``| tee``) a bar cannot redraw, so one
+plain line is printed every ``every`` seconds (and after the last iteration) with the same
+figures: never a half-rendered bar.
+"""
 
 from __future__ import annotations
 
-__all__ = ["Progress"]
+import sys
+import time
+
+__all__ = ["Progress", "LOG_EVERY_S"]
+
+LOG_EVERY_S = 30.0
+
+
+def _figures(rec: dict) -> str:
+    clip = rec.get("clipfrac")
+    return (f"score {rec['score_mean']:.3f}  kl_ref {rec['kl_ref']:.3f}  "
+            f"len {rec['response_length_mean']:.1f}  clip "
+            + ("-" if clip is None else f"{clip:.3f}"))
+
+
+def _clock(s: float) -> str:
+    s = int(max(s, 0))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
 class Progress:
-    """A rich progress bar with the figures people watch (quiet when disabled)."""
+    """Progress of ``total`` iterations from ``start`` (quiet when disabled); ``tty``:
+    whether to draw a bar (default: whether stderr is a terminal)."""
 
-    def __init__(self, total: int, start: int, enabled: bool = True):
+    def __init__(self, total: int, start: int, enabled: bool = True, *, tty: bool | None = None,
+                 every: float = LOG_EVERY_S, stream=None):
         self.enabled = enabled
         self.total, self.start = total, start
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.every = every
         self._p = None
+        self._t0 = self._last = None
+        self._done = start
 
     def __enter__(self):
-        if self.enabled:
+        if self.enabled and self.tty:
             from rich.progress import (
                 BarColumn,
                 MofNCompleteColumn,
@@ -30,16 +60,24 @@ class Progress:
                                TextColumn("{task.description}"))
             self._p.__enter__()
             self._task = self._p.add_task("", total=self.total, completed=self.start)
+        self._t0 = self._last = time.monotonic()
         return self
 
     def advance(self, rec: dict) -> None:
-        if self._p is None:
+        if not self.enabled:
             return
-        clip = rec.get("clipfrac")
-        desc = (f"score {rec['score_mean']:.3f}  kl_ref {rec['kl_ref']:.3f}  "
-                f"len {rec['response_length_mean']:.1f}  clip "
-                + ("-" if clip is None else f"{clip:.3f}"))
-        self._p.update(self._task, advance=1, description=desc)
+        self._done += 1
+        if self._p is not None:
+            self._p.update(self._task, advance=1, description=_figures(rec))
+            return
+        now = time.monotonic()
+        if now - self._last >= self.every or self._done >= self.total:
+            self._last = now
+            elapsed = now - self._t0
+            rate = elapsed / max(self._done - self.start, 1)
+            print(f"llm train: iteration {self._done}/{self.total}  {_figures(rec)}  "
+                  f"elapsed {_clock(elapsed)}  remaining "
+                  f"{_clock(rate * (self.total - self._done))}", file=self.stream, flush=True)
 
     def __exit__(self, *exc):
         if self._p is not None:

@@ -87,7 +87,13 @@ from .config import (  # noqa: F401 (re-exported)
     load_prompts,
     prompt_sets,
 )
-from .divergence import PROBE_ROWS, DivergenceGuard, TrainingDiverged, update_kl
+from .divergence import (
+    PROBE_ROWS,
+    DivergenceGuard,
+    TrainingDiverged,
+    learning_rate_warning,
+    update_kl,
+)
 from .labels import Labels, compute_labels  # noqa: F401 (re-exported)
 from .models import (
     AdaptersOff,
@@ -220,6 +226,10 @@ class TokenTrainer:
         if self.is_main and (not os.path.isdir(ref_dir) or os.path.islink(ref_dir)):
             save_policy(policy, tokenizer, ref_dir)
         self.policy, self.tok = policy, tokenizer
+        if getattr(self.task, "chat", False) and not getattr(tokenizer, "chat_template", None):
+            raise UsageError(f"task: {cfg.task!r} asks its questions through the model's "
+                             "chat template, and this tokenizer has none; give --task "
+                             "reverse or arithmetic (plain-text prompts) or your own --prompts")
         self.policy.eval()  # no dropout anywhere: old and new log-probs must agree
         if self.train_rows is not None:  # a missing chat template fails here, not later
             self._train_texts = [self.render(r["prompt"]) for r in self.train_rows]
@@ -276,6 +286,10 @@ class TokenTrainer:
                        else FixedKLController(cfg.kl_coef))
         self.guard = DivergenceGuard(cfg.guard_kl or None, cfg.guard_grad_norm or None,
                                      cfg.guard_retries, log=self.log)
+        warning = learning_rate_warning(cfg.learning_rate, sum(
+            p.numel() for p in self.policy.parameters()), cfg.lora_r > 0)
+        if warning and self.is_main and not resume:
+            self.log(warning)
         self.max_new_tokens = cfg.max_new_tokens or (self.task.max_new_tokens if self.task
                                                      else 64)
         self.probe_rewards()
