@@ -17,7 +17,8 @@ import torch
 
 from .validation import Tensor, as_tensor, check_finite, check_mask, check_nonempty
 
-__all__ = ["masked_sum", "masked_mean", "masked_var", "masked_whiten", "explained_variance"]
+__all__ = ["masked_sum", "masked_mean", "masked_var", "masked_whiten", "explained_variance",
+           "wilson_interval", "mean_interval"]
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -142,3 +143,34 @@ def explained_variance(y_pred, y_true, mask=None) -> float:
     if float(var_y) == 0.0:
         return float("nan")
     return float(1.0 - masked_var(y_true - y_pred, m, ddof=0) / var_y)
+
+
+def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a proportion ``k / n`` (95 % with ``z`` = 1.96): unlike
+    the normal approximation it stays inside [0, 1] and is sensible near 0 and 1;
+    ``(0, 1)`` when ``n`` is 0."""
+    import math
+
+    if n <= 0:
+        return (0.0, 1.0)
+    p = k / n
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return (max(0.0, c - h), min(1.0, c + h))
+
+
+def mean_interval(values, z: float = 1.96) -> tuple[float, float]:
+    """A 95 % interval of the mean of ``values`` (a list of numbers): Wilson's for 0/1
+    values (an accuracy), else the normal approximation ``mean ± z·s/√n``."""
+    import math
+
+    xs = [float(v) for v in values]
+    n = len(xs)
+    if n == 0:
+        return (math.nan, math.nan)
+    if all(x in (0.0, 1.0) for x in xs):
+        return wilson_interval(int(sum(xs)), n, z)
+    m = sum(xs) / n
+    s = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1)) if n > 1 else 0.0
+    return (m - z * s / math.sqrt(n), m + z * s / math.sqrt(n))

@@ -211,15 +211,23 @@ def set_threads(model: str | None) -> None:
         torch.set_num_threads(1)
 
 
+def _ci(ev: dict, key: str) -> str:
+    lo_hi = ev.get(key.replace("_mean", "_ci95"))
+    return f" [{lo_hi[0]:.3f}, {lo_hi[1]:.3f}]" if lo_hi else ""
+
+
 def _print_eval(ev: dict) -> None:
-    print(f"held-out prompts: {ev['n_prompts']}  (temperature {ev['temperature']})")
-    print(f"  trained   score_mean {ev['score_mean']:.4f}   length "
+    print(f"held-out prompts: {ev['n_prompts']}  (temperature {ev['temperature']}; score: the "
+          "weighted sum of the rewards per completion, mean [95 % interval])")
+    print(f"  trained   score_mean {ev['score_mean']:.4f}{_ci(ev, 'score_mean')}   length "
           f"{ev['response_length_mean']:.2f}")
-    print(f"  reference score_mean {ev['reference_score_mean']:.4f}   length "
+    print(f"  reference score_mean {ev['reference_score_mean']:.4f}"
+          f"{_ci(ev, 'reference_score_mean')}   length "
           f"{ev['reference_response_length_mean']:.2f}")
     if "greedy_score_mean" in ev:
-        print(f"  greedy: trained {ev['greedy_score_mean']:.4f}  reference "
-              f"{ev['reference_greedy_score_mean']:.4f}")
+        print(f"  greedy: trained {ev['greedy_score_mean']:.4f}{_ci(ev, 'greedy_score_mean')}"
+              f"  reference {ev['reference_greedy_score_mean']:.4f}"
+              f"{_ci(ev, 'reference_greedy_score_mean')}")
     for k in ev:
         if k.startswith("reward/"):
             print(f"  {k:<24} trained {ev[k]:.4f}  reference {ev['reference_' + k]:.4f}")

@@ -54,7 +54,10 @@ def score_policy(model, tokenizer, prompts: list, reward_fn, *, max_new_tokens: 
     n = len(scores)
     per_all = {k: torch.cat(v) for k, v in per_all.items()}
     stats = per_function_stats(per_all)
-    out = {"score_mean": sum(scores) / n, "response_length_mean": sum(lengths) / n,
+    from ppokit.core.stats import mean_interval
+
+    out = {"score_mean": sum(scores) / n, "score_ci95": list(mean_interval(scores)),
+           "response_length_mean": sum(lengths) / n,
            "truncated_frac": sum(trunc) / n, "samples": samples[:8], "n": n,
            **{k: v for k, v in stats.items() if not k.endswith("_std")}}
     if per_sample:
@@ -126,17 +129,17 @@ def evaluate_lm_run(run_dir: str, *, n_prompts: int | None = None, temperature: 
         per.update({"reference_" + k: ref[k] for k in ref if k.startswith("reward/")})
         out.update(per)
         out.update({"score_mean": pol["score_mean"], "reference_score_mean": ref["score_mean"],
+                    "score_ci95": pol["score_ci95"], "reference_score_ci95": ref["score_ci95"],
                     "response_length_mean": pol["response_length_mean"],
                     "reference_response_length_mean": ref["response_length_mean"],
                     "truncated_frac": pol["truncated_frac"],
                     "reference_truncated_frac": ref["truncated_frac"]})
         if greedy:
-            out["greedy_score_mean"] = score_policy(policy, tok, holder.prompts,
-                                                    holder.reward_fn, temperature=0.0,
-                                                    **kw)["score_mean"]
-            out["reference_greedy_score_mean"] = score_policy(
-                reference, tok, holder.prompts, holder.reward_fn, temperature=0.0,
-                **kw)["score_mean"]
+            for key, model in (("greedy", policy), ("reference_greedy", reference)):
+                res = score_policy(model, tok, holder.prompts, holder.reward_fn,
+                                   temperature=0.0, **kw)
+                out[f"{key}_score_mean"] = res["score_mean"]
+                out[f"{key}_score_ci95"] = res["score_ci95"]
         out["samples"] = [{"prompt": p, "completion": c} for p, c in pol["samples"]]
         atomic_write_text(os.path.join(run_dir, "eval.json"), json.dumps(out, indent=2) + "\n")
     return out

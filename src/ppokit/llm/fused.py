@@ -307,26 +307,133 @@ def _rotate(t, cos, sin):
     return (t * cos) + (torch.cat((-t[..., half:], t[..., :half]), dim=-1) * sin)
 
 
-def _masks(mask: torch.Tensor, p: int, first, U: int):
-    """Boolean attention masks: ``head`` ``[U, 1, P, P]`` for the distinct prompts, ``tail``
-    ``[B, 1, T, P + T]`` for every row's remaining positions (``P`` = 0 without shared
-    prompts). A real query sees the real keys at or before it; a padding query sees itself
-    only, so that no row of the softmax is empty (its output is never read)."""
-    dev = mask.device
+ROOT_MIN = 4  # a common prefix shorter than this is computed with each prompt
+
+
+def _common_prefix(ids: torch.Tensor, mask: torch.Tensor) -> tuple[int, int]:
+    """``(c, shortest)`` of left-padded prompt rows ``[U, P]``: the number ``c`` of leading
+    real tokens every row shares (at most ``shortest − 1``, so that each row keeps a token
+    of its own) and the length of the shortest row."""
     real = mask.bool()
-    L = mask.shape[1]
-    T = L - p
-    eye_t = torch.eye(T, dtype=torch.bool, device=dev)
-    causal_t = torch.ones(T, T, dtype=torch.bool, device=dev).tril()
-    tail = causal_t[None] & (real[:, None, p:] | eye_t[None])
-    head = None
-    if U:
-        eye_p = torch.eye(p, dtype=torch.bool, device=dev)
-        causal_p = torch.ones(p, p, dtype=torch.bool, device=dev).tril()
-        hreal = real[first, :p]
-        head = (causal_p[None] & (hreal[:, None, :] | eye_p[None]))[:, None]
-        tail = torch.cat([real[:, None, :p].expand(-1, T, -1), tail], 2)
-    return head, tail[:, None]
+    lens = real.sum(1)
+    m = int(lens.min())
+    if ids.shape[0] < 2 or m < 2:
+        return 0, m
+    idx = (ids.shape[1] - lens)[:, None] + torch.arange(m, device=ids.device)[None]
+    toks = ids.gather(1, idx)
+    same = (toks == toks[:1]).all(0).long().cumprod(0)
+    return min(int(same.sum()), m - 1), m
+
+
+class _Layout:
+    """How a batch is laid out as one token matrix: an optional *root* (the ``c`` leading
+    tokens every distinct prompt shares — a chat template's system prompt — computed
+    once), the distinct prompts (the last ``hp`` columns of each; with a root, its tokens
+    there are not keys), and every row's remaining ``T`` positions. Each part attends to
+    the keys before it that its row can see: the root to itself (causally), a prompt to
+    the root and itself, a row's completion to the root, its prompt and itself.
+
+    ``ids``, ``mask`` ``[B, L]`` with the prompt in the first ``p`` columns; ``first``
+    ``[U]`` the row of each distinct prompt (repeats allowed), ``inv`` ``[B]`` each row's
+    prompt (``first`` None: no prompt part, ``p`` = 0); ``keep_from``: the first column
+    whose output is read — the root is used only when no column it holds is read."""
+
+    def __init__(self, ids, mask, pos, p, first, inv, keep_from, root=True):
+        dev = ids.device
+        B, L = ids.shape
+        self.B, self.T, self.p, self.inv = B, L - p, p, inv
+        self.U = 0 if first is None else first.shape[0]
+        c, hp = 0, p
+        if self.U >= 2 and root:
+            c, shortest = _common_prefix(ids[first, :p], mask[first, :p])
+            longest = int(mask[first, :p].sum(1).max())
+            if c < ROOT_MIN or keep_from < p - shortest + c:
+                c = 0
+            else:
+                hp = longest - c
+        self.c, self.hp, self.off = c, hp, p - hp
+        real = mask.bool()
+        parts_tok, parts_pos = [], []
+        if c:
+            r0 = int(first[0])
+            start = p - int(real[r0, :p].sum())
+            parts_tok.append(ids[r0, start:start + c])
+            parts_pos.append(pos[r0, start:start + c])
+        hreal = None
+        if self.U:
+            hreal = real[first, self.off:p]
+            hpos = pos[first, self.off:p]
+            if c:
+                hreal = hreal & (hpos >= c)
+            parts_tok.append(ids[first, self.off:p].reshape(-1))
+            parts_pos.append(hpos.reshape(-1))
+        parts_tok.append(ids[:, p:].reshape(-1))
+        parts_pos.append(pos[:, p:].reshape(-1))
+        self.tok, self.pos = torch.cat(parts_tok), torch.cat(parts_pos)
+        self.nr, self.nh = c, self.U * hp
+        # boolean masks (True: may attend); a padding query sees itself, so that no row
+        # of a softmax is empty (its output is never read)
+        T = self.T
+        causal_t = torch.ones(T, T, dtype=torch.bool, device=dev).tril()
+        eye_t = torch.eye(T, dtype=torch.bool, device=dev)
+        tail = [causal_t[None] & (real[:, None, p:] | eye_t[None])]
+        self.root_mask = self.head_mask = None
+        if self.U:
+            causal_h = torch.ones(hp, hp, dtype=torch.bool, device=dev).tril()
+            eye_h = torch.eye(hp, dtype=torch.bool, device=dev)
+            head = [causal_h[None] & (hreal[:, None, :] | eye_h[None])]
+            tail.insert(0, hreal[inv][:, None, :].expand(-1, T, -1))
+            if c:
+                head.insert(0, torch.ones(self.U, hp, c, dtype=torch.bool, device=dev))
+                tail.insert(0, torch.ones(B, T, c, dtype=torch.bool, device=dev))
+                self.root_mask = torch.ones(c, c, dtype=torch.bool, device=dev).tril()[None,
+                                                                                       None]
+            self.head_mask = torch.cat(head, 2)[:, None]
+        self.tail_mask = torch.cat(tail, 2)[:, None]
+
+    def split(self, t: torch.Tensor):
+        """A ``[N, heads, D]`` per-token tensor → ``(root [1, heads, c, D] or None,
+        prompts [U, heads, hp, D] or None, rest [B, heads, T, D])``."""
+        heads, d = t.shape[1], t.shape[2]
+        r = t[:self.nr].transpose(0, 1)[None] if self.nr else None
+        h = (t[self.nr:self.nr + self.nh].view(self.U, self.hp, heads, d).transpose(1, 2)
+             if self.U else None)
+        rest = t[self.nr + self.nh:].view(self.B, self.T, heads, d).transpose(1, 2)
+        return r, h, rest
+
+    def attend(self, q, k, v, scale, H: int, KV: int, with_rest: bool = True):
+        """Attention of every part (q ``[N, H, D]``, k and v ``[N, KV, D]``) → the outputs
+        ``[N', H·D]`` (without the rows' remaining part when not ``with_rest``) and the
+        prompts' keys and values ``(root, prompts)`` for the sampler."""
+        rep = H // KV
+        (qr, qh, qt), (kr, kh, kt), (vr, vh, vt) = self.split(q), self.split(k), self.split(v)
+        hd = q.shape[-1]
+        outs = []
+
+        def sdpa(q_, k_, v_, m):
+            return F.scaled_dot_product_attention(q_, _expand_kv(k_, rep), _expand_kv(v_, rep),
+                                                  attn_mask=m, scale=scale)
+
+        if qr is not None:
+            outs.append(sdpa(qr, kr, vr, self.root_mask)[0].transpose(0, 1).reshape(-1, H * hd))
+        kh_all, vh_all = kh, vh
+        if qh is not None:
+            if kr is not None:
+                kh_all = torch.cat([kr.expand(self.U, -1, -1, -1), kh], 2)
+                vh_all = torch.cat([vr.expand(self.U, -1, -1, -1), vh], 2)
+            oh = sdpa(qh, kh_all, vh_all, self.head_mask)
+            outs.append(oh.transpose(1, 2).reshape(self.nh, H * hd))
+        if with_rest:
+            if kh is not None:
+                keys = [kh[self.inv], kt] if kr is None else [
+                    kr.expand(self.B, -1, -1, -1), kh[self.inv], kt]
+                vals = [vh[self.inv], vt] if vr is None else [
+                    vr.expand(self.B, -1, -1, -1), vh[self.inv], vt]
+                kt, vt = torch.cat(keys, 2), torch.cat(vals, 2)
+            ot = sdpa(qt, kt, vt, self.tail_mask)
+            outs.append(ot.transpose(1, 2).reshape(self.B * self.T, H * hd))
+        out = torch.cat(outs) if len(outs) > 1 else outs[0]
+        return out, (kr, vr, kh, vh)
 
 
 def _expand_kv(t: torch.Tensor, rep: int) -> torch.Tensor:
@@ -348,58 +455,32 @@ def _forward(model, ids, mask, prompt_len, low, min_prompts=0, logits_from=0):
     p = prompt_len or 0
     shared = _distinct_prompts(ids[:, :p], mask[:, :p]) if 0 < p < L else None
     if shared is None:
-        p, first, inv, U = 0, None, None, 0
+        p, first, inv = 0, None, None
     else:
         first, inv = shared
         if first.shape[0] < min_prompts:
             first = torch.cat([first, first[:1].expand(min_prompts - first.shape[0])])
-        U = first.shape[0]
-    T = L - p
-    nh = U * p
-    if U:
-        tok = torch.cat([ids[first, :p].reshape(-1), ids[:, p:].reshape(-1)])
-        tpos = torch.cat([pos[first, :p].reshape(-1), pos[:, p:].reshape(-1)])
-    else:
-        tok, tpos = ids.reshape(-1), pos.reshape(-1)
-    head_mask, tail_mask = _masks(mask, p, first, U)
+    lay = _Layout(ids, mask, pos, p, first, inv, logits_from)
 
     H = cfg.num_attention_heads
     KV = getattr(cfg, "num_key_value_heads", None) or H
     hd = body.layers[0].self_attn.head_dim
-    cos_t, sin_t = _rope_tables(body.rotary_emb, int(tpos.max()) + 1, ids.device)
-    cos, sin = cos_t[tpos][:, None, :], sin_t[tpos][:, None, :]
+    cos_t, sin_t = _rope_tables(body.rotary_emb, int(lay.pos.max()) + 1, ids.device)
+    cos, sin = cos_t[lay.pos][:, None, :], sin_t[lay.pos][:, None, :]
     act, att = _formats(ids.device.type, low)
 
     def attend(_, q, k, v, scale):
-        """q ``[N, H, D]``, k and v ``[N, KV, D]`` → ``[N, H·D]``."""
-        kt = k[nh:].view(B, T, KV, hd).transpose(1, 2)
-        vt = v[nh:].view(B, T, KV, hd).transpose(1, 2)
-        outs = []
-        if U:
-            qh = q[:nh].view(U, p, H, hd).transpose(1, 2)
-            kh = k[:nh].view(U, p, KV, hd).transpose(1, 2)
-            vh = v[:nh].view(U, p, KV, hd).transpose(1, 2)
-            oh = F.scaled_dot_product_attention(qh, _expand_kv(kh, H // KV),
-                                                _expand_kv(vh, H // KV),
-                                                attn_mask=head_mask, scale=scale)
-            outs.append(oh.transpose(1, 2).reshape(nh, H * hd))
-            kt = torch.cat([kh[inv], kt], 2)
-            vt = torch.cat([vh[inv], vt], 2)
-        qt = q[nh:].view(B, T, H, hd).transpose(1, 2)
-        ot = F.scaled_dot_product_attention(qt, _expand_kv(kt, H // KV), _expand_kv(vt, H // KV),
-                                            attn_mask=tail_mask, scale=scale)
-        outs.append(ot.transpose(1, 2).reshape(B * T, H * hd))
-        return torch.cat(outs) if len(outs) > 1 else outs[0]
+        return lay.attend(q, k, v, scale, H, KV)[0]
 
-    h = _decoder(body.embed_tokens(tok), _layer_weights(model, act), cos, sin, (H, KV, hd),
-                 act, att, attend)
+    h = _decoder(body.embed_tokens(lay.tok), _layer_weights(model, act), cos, sin,
+                 (H, KV, hd), act, att, attend)
     # the output head only where logits are wanted (positions logits_from .. L-1)
     k, D = logits_from, h.shape[-1]
-    tail = _head(model, h[nh:].view(B, T, D)[:, max(k - p, 0):], act)
-    if not U or k >= p:
+    tail = _head(model, h[lay.nr + lay.nh:].view(B, lay.T, D)[:, max(k - p, 0):], act)
+    if not lay.U or k >= p:
         return tail
-    head = _head(model, h[:nh].view(U, p, D)[:, k:], act)
-    return torch.cat([head[inv], tail], 1)
+    prompts = h[lay.nr:lay.nr + lay.nh].view(lay.U, lay.hp, D)[:, k - lay.off:]
+    return torch.cat([_head(model, prompts, act)[inv], tail], 1)
 
 
 class FusedSampler:
@@ -442,28 +523,40 @@ class FusedSampler:
         from .rollout import position_ids_from_mask
 
         U, P = ids.shape
-        rows = torch.arange(U, device=ids.device) if rows is None else rows
+        dev = ids.device
+        rows = torch.arange(U, device=dev) if rows is None else rows
         B = rows.shape[0]
         pos = position_ids_from_mask(mask)
-        head_mask, _ = _masks(mask, P, torch.arange(U, device=ids.device), U)
-        self.k = torch.empty(len(self.layers), B, self.KV, max(self.cap, P), self.hd,
-                             dtype=self.att, device=ids.device)
+        # the prompts as the prompt part of a layout without completions (a shared
+        # system prompt computed once); only each prompt's last position is read
+        every = torch.arange(U, device=dev)
+        lay = _Layout(ids, mask, pos, P, every, every, P - 1)
+        cap = max(self.cap, P)
+        self.k = torch.empty(len(self.layers), B, self.KV, cap, self.hd, dtype=self.att,
+                             device=dev)
         self.v = torch.empty_like(self.k)
-        self.keymask = torch.zeros(B, max(self.cap, P), dtype=torch.bool, device=ids.device)
+        self.keymask = torch.zeros(B, cap, dtype=torch.bool, device=dev)
         self.keymask[:, :P] = mask.bool()[rows]
-        H, hd, rep = self.H, self.hd, self.H // self.KV
+        # a row's root keys go to its prompt's first real columns (left padding differs)
+        lens = mask.sum(1)[rows]
+        root_cols = (P - lens)[:, None] + torch.arange(lay.c, device=dev)[None]
+        brow = torch.arange(B, device=dev)[:, None]
+        H = self.H
 
         def attend(i, q, k, v, scale):
-            qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))  # [U, heads, P, hd]
-            self.k[i, :, :, :P] = kh[rows]
-            self.v[i, :, :, :P] = vh[rows]
-            o = F.scaled_dot_product_attention(qh, _expand_kv(kh, rep), _expand_kv(vh, rep),
-                                               attn_mask=head_mask, scale=scale)
-            return o.transpose(1, 2).reshape(U, P, H * hd)
+            out, (kr, vr, kh, vh) = lay.attend(q, k, v, scale, H, self.KV, with_rest=False)
+            self.k[i, :, :, lay.off:P] = kh[rows]
+            self.v[i, :, :, lay.off:P] = vh[rows]
+            if kr is not None:  # [1, KV, c, hd] into each row's root columns
+                kb, vb = self.k[i].transpose(1, 2), self.v[i].transpose(1, 2)
+                kb[brow, root_cols] = kr[0].transpose(0, 1)[None].expand(B, -1, -1, -1)
+                vb[brow, root_cols] = vr[0].transpose(0, 1)[None].expand(B, -1, -1, -1)
+            return out
 
-        h = self._layer_io(self.body.embed_tokens(ids), pos, attend)
+        h = self._layer_io(self.body.embed_tokens(lay.tok), lay.pos, attend)
         self.n = P
-        return _head(self.model, h[:, -1], self.act, self.head_w)[rows]
+        last = h[lay.nr:lay.nr + lay.nh].view(U, lay.hp, -1)[:, -1]
+        return _head(self.model, last, self.act, self.head_w)[rows]
 
     @torch.no_grad()
     def step(self, tok, pos, alive):
