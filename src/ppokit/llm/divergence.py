@@ -35,7 +35,7 @@ from ppokit.errors import UsageError
 __all__ = ["TrainingDiverged", "DivergenceGuard", "PROBE_ROWS", "update_kl",
            "tolerated_learning_rate", "learning_rate_warning"]
 
-PROBE_ROWS = 16
+PROBE_ROWS = 8
 # models below this size (the built-in model, test and bench models) train at their own rates
 PRETRAINED_MIN_PARAMS = 20_000_000
 REFERENCE_PARAMS = 135_000_000  # SmolLM2-135M, where the rates below were measured

@@ -216,15 +216,26 @@ def _cat(key, weights, biases, dtype):
     return w, b
 
 
-def _prep(modules, dtype):
+def _prep(modules, dtype, merge: bool = False):
     """One product over ``modules`` (their outputs concatenated): ``(weight, bias,
     adapters)``, ``adapters`` None without LoRA, else ``(A, [(B, scale, rank, width)])``
     with the modules' A matrices concatenated (one product for every adapter's input
-    projection) and a ``B`` of None for a module without one."""
+    projection) and a ``B`` of None for a module without one.
+
+    ``merge`` (no gradient: the sampler): each adapter's ``scale · B A`` is added to a
+    copy of its module's weight rows instead, so that a decoding step makes one product
+    per projection (the same function; float rounding differs)."""
     parts = [_parts(m) for m in modules]
     lin = [p[0] for p in parts]
     w, b = _cat(modules[0], [x.weight for x in lin], [x.bias for x in lin], dtype)
     if not any(p[1] for p in parts):
+        return w, b, None
+    if merge:
+        w, row = w.clone(), 0
+        for x, (_, ads) in zip(lin, parts):
+            for a_w, b_w, scale in ads:
+                w[row:row + x.out_features] += (b_w.float() @ a_w.float() * scale).to(dtype)
+            row += x.out_features
         return w, b, None
     a_all, outs = [], []
     for x, (_, ads) in zip(lin, parts):
@@ -255,18 +266,18 @@ def _lin(x, prod):
     return y + (torch.cat(cols, -1) if len(cols) > 1 else cols[0])
 
 
-def _layer_weights(model, dtype):
+def _layer_weights(model, dtype, merge: bool = False):
     """Per decoder layer, lazily (each layer's concatenations made when it is reached):
     ``(input norm, attention scale, qkv, o, post-attention norm, gate/up, down)``, the
     products as :func:`_prep` triples."""
     for layer in _unwrap(model).model.layers:
         a, mlp = layer.self_attn, layer.mlp
         yield (layer.input_layernorm, a.scaling,
-               _prep([a.q_proj, a.k_proj, a.v_proj], dtype),
-               _prep([a.o_proj], dtype),
+               _prep([a.q_proj, a.k_proj, a.v_proj], dtype, merge),
+               _prep([a.o_proj], dtype, merge),
                layer.post_attention_layernorm,
-               _prep([mlp.gate_proj, mlp.up_proj], dtype),
-               _prep([mlp.down_proj], dtype))
+               _prep([mlp.gate_proj, mlp.up_proj], dtype, merge),
+               _prep([mlp.down_proj], dtype, merge))
 
 
 def _formats(device_type: str, low):
@@ -501,7 +512,8 @@ class FusedSampler:
         self.H = cfg.num_attention_heads
         self.KV = getattr(cfg, "num_key_value_heads", None) or self.H
         self.hd = body.layers[0].self_attn.head_dim
-        self.layers = list(_layer_weights(model, self.act))  # cast once per sampling call
+        # cast (and LoRA adapters merged) once per sampling call, not at every step
+        self.layers = list(_layer_weights(model, self.act, merge=True))
         self.head_w = _prep([_unwrap(model).lm_head], self.act)
         self.cos, self.sin = _rope_tables(body.rotary_emb, capacity + 1, torch.device(device))
         self.k = self.v = self.keymask = None
@@ -532,9 +544,11 @@ class FusedSampler:
         every = torch.arange(U, device=dev)
         lay = _Layout(ids, mask, pos, P, every, every, P - 1)
         cap = max(self.cap, P)
-        self.k = torch.empty(len(self.layers), B, self.KV, cap, self.hd, dtype=self.att,
+        # zeros, not uninitialised memory: a padding column's key is masked, but its value
+        # is still multiplied by a zero weight, and 0 x NaN would be NaN
+        self.k = torch.zeros(len(self.layers), B, self.KV, cap, self.hd, dtype=self.att,
                              device=dev)
-        self.v = torch.empty_like(self.k)
+        self.v = torch.zeros_like(self.k)
         self.keymask = torch.zeros(B, cap, dtype=torch.bool, device=dev)
         self.keymask[:, :P] = mask.bool()[rows]
         # a row's root keys go to its prompt's first real columns (left padding differs)
