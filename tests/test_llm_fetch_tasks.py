@@ -189,3 +189,14 @@ def test_reasoning_gym_task(tmp_path):
         make_task("reasoning-gym:chain_summ")
     with pytest.raises(UsageError, match="task_options: expected a JSON object"):
         make_task("reasoning-gym:chain_sum", "[1]")
+
+
+def test_real_model_bench_names_a_missing_model(tmp_path, monkeypatch, capsys):
+    from ppokit.cli import main
+
+    monkeypatch.setenv("PPOKIT_CACHE", str(tmp_path))
+    assert main(["llm", "bench", "--model", "smollm2-135m-instruct", "--rounds", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has not been fetched" in err[0]
+    assert main(["llm", "bench", "--model", str(tmp_path / "nope"), "--rounds", "1"]) == 2
+    assert "is not a model directory" in capsys.readouterr().err

@@ -172,11 +172,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("bench", help="token_gae vs a position loop, and trainer tokens/s per phase")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--length", type=int, default=4096)
-    p.add_argument("--iterations", type=int, default=5)
+    p.add_argument("--iterations", type=int, default=None,
+                   help="timed iterations per run (default: 5; 3 with --model)")
     p.add_argument("--algo", default="grpo")
     p.add_argument("--model-size", default="tiny", choices=("tiny", "10m"),
                    help="tiny: the built-in 0.1M-parameter model; 10m: a Qwen2-architecture "
                         "model of about 10M parameters (random init)")
+    p.add_argument("--model", default=None, metavar="NAME_OR_DIR",
+                   help="a pretrained model (a fetched name such as smollm2-135m-instruct, a "
+                        "directory or a .gguf file): GRPO with LoRA against TRL's "
+                        "GRPOTrainer on it, float32, on a chat task (ppokit/llm/bench_real.py)")
+    p.add_argument("--task", default="numbers",
+                   help="with --model: the chat task whose prompts both train on")
     p.add_argument("--precision", default="bf16", choices=("bf16", "fp32"),
                    help="number format of both libraries' forward passes: bf16 (TRL's "
                         "default bf16=True; ppokit's precision=bf16) or fp32 (both float32)")
@@ -497,6 +504,14 @@ def _fetch(args) -> int:
 def _bench(args) -> int:
     from .bench import run_bench
 
-    run_bench(batch=args.batch, length=args.length, iterations=args.iterations, algo=args.algo,
+    if args.model is not None:
+        from .bench_real import run_real_bench
+
+        run_real_bench(args.model, task=args.task, iterations=args.iterations or 3,
+                       rounds=3 if args.rounds is None else args.rounds)
+        return 0
+
+    run_bench(batch=args.batch, length=args.length, iterations=args.iterations or 5,
+              algo=args.algo,
               model_size=args.model_size, precision=args.precision, rounds=args.rounds)
     return 0

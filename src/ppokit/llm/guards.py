@@ -157,7 +157,8 @@ def check_cli_args(args) -> None:
         check_dpo_args(beta=args.beta, epochs=args.epochs, batch_size=args.batch_size,
                        lr=args.lr, seed=args.seed)
     elif cmd == "bench":
-        check_bench_args(batch=args.batch, length=args.length, iterations=args.iterations,
+        check_bench_args(batch=args.batch, length=args.length,
+                         iterations=5 if args.iterations is None else args.iterations,
                          algo=args.algo)
     elif cmd == "eval":
         if args.n_prompts is not None:
