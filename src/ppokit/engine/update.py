@@ -15,8 +15,10 @@ target-KL early stop — happens here, once, and means the same for both:
   or the reference model (``"ref"``, k3 of the current vs the reference policy), or absent.
 * **Aggregation.** Policy, entropy and KL terms use ``agg``
   (:func:`ppokit.core.aggregate`); the value loss is always the mean over valid elements.
-  With gradient accumulation each micro-batch divides by its *minibatch's* token and
-  sequence counts, so accumulation changes memory, not the update.
+  With gradient accumulation (and on several ranks) each micro-batch divides by its
+  *minibatch's* token and sequence counts — a row without any action is not a sequence,
+  as :func:`ppokit.core.aggregate` counts — so accumulation changes memory, not the
+  update, whatever rows a micro-batch holds.
 * **Gradient clipping.** One global norm over every trained parameter (``max_grad_norm``;
   ``None`` = off); ``grad_norm`` is the norm before clipping.
 * **Target KL.** An early stop, never a trust region. ``target_kl_check="minibatch"``:
@@ -184,10 +186,24 @@ class LabelledBatch:
 
 
 def _counts(rows: dict[str, Tensor]) -> dict[str, Any]:
+    """The denominators :func:`ppokit.core.aggregate` uses by default on ``rows``, as
+    numbers: ``num_tokens`` (valid positions) and ``num_seqs`` (rows holding at least one;
+    a row without any action is not a sequence), each at least 1. Handed to every
+    micro-batch (and every rank), they make the sum of the micro-batches' terms the whole
+    minibatch's term, whatever the micro-batches hold — empty rows, or nothing valid."""
+    tokens, seqs = _valid_counts(rows)
+    return {"num_tokens": float(max(tokens, 1)), "num_seqs": float(max(seqs, 1))}
+
+
+def _valid_counts(rows: dict[str, Tensor]) -> tuple[int, int]:
+    """``(valid positions, rows holding at least one)`` of ``rows`` (``[M]`` rows are the
+    ``[M, 1]`` layout: each valid element is a sequence), unclamped."""
     m = rows.get("mask")
-    n = rows["logp"].shape[0]
-    tokens = float(m.sum().clamp(min=1)) if m is not None else float(rows["logp"].numel())
-    return {"num_tokens": tokens, "num_seqs": float(n)}
+    logp = rows["logp"]
+    if m is None:
+        return logp.numel(), logp.shape[0]
+    per_row = m.reshape(m.shape[0], -1).sum(1)
+    return int(per_row.sum()), int((per_row > 0).sum())
 
 
 def eager_minibatch_step(spec: UpdateSpec, forward: Callable[[dict], Forward],
@@ -254,7 +270,8 @@ def eager_minibatch_step(spec: UpdateSpec, forward: Callable[[dict], Forward],
             (0.0 * total).backward()
             continue
         total.backward()
-        w = 1.0 if idx is None else _counts(micro)["num_tokens"] / total_tokens
+        # the micro-batch's share of the minibatch's valid positions (0 for one without)
+        w = 1.0 if idx is None else _valid_counts(micro)[0] / total_tokens
         _accumulate(sums, pl, terms, w)
     if dp is not None:
         sums = _sum_across_ranks(dp, sums, spec)
