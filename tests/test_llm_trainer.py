@@ -144,6 +144,26 @@ def test_gradient_accumulation_matches_the_full_minibatch(tmp_path, tok, agg):
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
 
 
+@pytest.mark.parametrize("estimator", [None, "k2", "k3"])
+def test_the_kl_loss_term_is_the_configured_estimator(tmp_path, tok, estimator):
+    """kl_mode=loss: the update's KL term is kl_estimator (default k2, whose expected
+    gradient is that of KL(pi || pi_ref)) of the policy vs the reference, per token."""
+    kw = {} if estimator is None else {"kl_estimator": estimator}
+    tr = _trainer(tmp_path, tok, algo="grpo", agg="token-mean", kl_coef=0.1, **kw)
+    assert tr.update_spec(0.1).kl_estimator == (estimator or "k2")
+    roll, lab = _rollout_and_labels(tr)
+    with torch.no_grad():
+        for p in tr.policy.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    stats = _first_step_stats(tr, roll, lab)
+    batch = tr.labelled_batch(roll, lab)
+    with torch.no_grad():
+        logp = tr.forward_adapter(roll)(batch.rows(None)).logp
+    d = (lab.ref_logp - logp)[roll.action_mask].double()
+    per = d.expm1() - d if estimator == "k3" else 0.5 * d * d
+    assert float(stats["kl_loss"]) == pytest.approx(float(per.mean()), rel=1e-5)
+
+
 def test_resume_continues_exactly(tmp_path, tok):
     cfg = {"iterations": 4, "checkpoint_every": 2}
     a = _trainer(tmp_path, tok, "straight", **cfg)

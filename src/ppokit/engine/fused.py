@@ -59,6 +59,7 @@ _SPEC_SUPPORT: dict[str, object] = {
     "ent_coef": _ANY,
     "kl_anchor": {"none"},
     "kl_coef": _ANY,  # unused without a KL term
+    "kl_estimator": _ANY,  # (likewise)
     "clip_range_vf": _ANY,
     "value_clip_mode": {"max", "clipped"},
     "max_grad_norm": _ANY,
