@@ -182,8 +182,10 @@ class Agent:
         """``(action, state)`` for one observation or a batch ``[n, *obs_shape]`` (NumPy).
 
         The run's observation normalisation is applied (its statistics are not updated);
-        Box actions are clipped to the action space. ``deterministic=False`` samples from
-        the policy.
+        the action is one of the action space (``action_space.contains`` accepts it: Box
+        actions clipped to the bounds, the ``start`` of a Discrete or MultiDiscrete space
+        added, the space's shape and dtype). ``deterministic=False`` samples from the
+        policy.
 
         A recurrent policy (``recurrent = "lstm"``) carries its memory in ``state``: pass
         back the state it returned, ``None`` at the start (the zero state), and
@@ -195,6 +197,8 @@ class Agent:
         """
         import torch
         from gymnasium import spaces
+
+        from ppokit.policies.actions import env_actions
 
         if not isinstance(deterministic, bool):
             raise UsageError(f"deterministic: expected True or False, got {deterministic!r}")
@@ -228,15 +232,13 @@ class Agent:
                 if self._gen is None:
                     self._gen = torch.Generator().manual_seed(self.cfg.seed + 2_000_000)
                 a = self.policy.act(t, self._gen)[0]
-        a = a.numpy()
-        if isinstance(self.action_space, spaces.Box):
-            a = np.clip(a.reshape(len(obs), *self.action_space.shape),
-                        self.action_space.low, self.action_space.high)
-        return (a if batched else a[0]), state
+        a = env_actions(a.numpy(), self.action_space)
+        return (a if batched else _one(a, self.action_space)), state
 
     def _predict_recurrent(self, t, state, episode_start, deterministic: bool, batched: bool):
         import torch
-        from gymnasium import spaces
+
+        from ppokit.policies.actions import env_actions
 
         pol = self.policy
         n = t.shape[0]
@@ -266,12 +268,9 @@ class Agent:
             gen = self._gen
         with torch.inference_mode():
             a, st = pol.predict(t, st, start, deterministic, gen)
-            a = a.numpy()
+            a = env_actions(a.numpy(), self.action_space)
             new_state = tuple(s.numpy().copy() for s in st)
-        if isinstance(self.action_space, spaces.Box):
-            a = np.clip(a.reshape(n, *self.action_space.shape),
-                        self.action_space.low, self.action_space.high)
-        return (a if batched else a[0]), new_state
+        return (a if batched else _one(a, self.action_space)), new_state
 
     def evaluate(self, episodes: int = 10, *, deterministic: bool = True,
                  seed: int | None = None, video: str | os.PathLike | None = None) -> dict:
@@ -445,6 +444,14 @@ class Agent:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _one(actions: np.ndarray, space):
+    """The one action of a batch of one: a NumPy integer for a Discrete space, else an
+    array of the space's shape (0-d for a scalar Box, which ``contains`` expects)."""
+    from gymnasium import spaces
+
+    return actions[0] if isinstance(space, spaces.Discrete) else actions[0, ...]
 
 
 def _flatten_dict_obs(space, observation) -> np.ndarray:

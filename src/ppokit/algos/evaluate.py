@@ -6,11 +6,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gymnasium import spaces
 
 from ppokit.envs import ObsNormalizer, env_for_run, make_vec
 from ppokit.errors import UsageError
 from ppokit.policies import is_recurrent, policy_for_config
+from ppokit.policies.actions import env_actions
 
 from .config import TrainConfig
 from .trainer import load_run_checkpoint
@@ -69,9 +69,11 @@ def new_memory(policy, n: int) -> Memory | None:
 
 def policy_actions(policy, obs, space, obs_norm, deterministic: bool, gen,
                    memory: Memory | None = None) -> np.ndarray:
-    """Actions ``[n, ...]`` of ``policy`` for a batch of raw observations ``[n, ...]``: the
-    run's normalisation applied, the most likely / mean action or a sample, Box actions
-    clipped to the space (the one place evaluation and video recording take actions).
+    """Actions ``[n, *space.shape]`` of ``policy`` for a batch of raw observations
+    ``[n, ...]``: the run's normalisation applied, the most likely / mean action or a
+    sample, as actions of ``space`` (:func:`ppokit.policies.actions.env_actions`: start
+    offsets added, Box actions clipped; the one place evaluation and video recording
+    take actions).
     A recurrent policy needs its ``memory`` (:func:`new_memory`), which is carried on."""
     o = obs if obs_norm is None else obs_norm(obs)
     o = torch.as_tensor(np.asarray(o, np.float32))
@@ -83,10 +85,7 @@ def policy_actions(policy, obs, space, obs_norm, deterministic: bool, gen,
         memory.episode_start[:] = False
     else:
         a = policy.deterministic_action(o) if deterministic else policy.act(o, gen)[0]
-    a = a.numpy()
-    if isinstance(space, spaces.Box):
-        a = np.clip(a.reshape(a.shape[0], *space.shape), space.low, space.high)
-    return a
+    return env_actions(a.numpy(), space)
 
 
 def evaluate_policy(policy, cfg: TrainConfig, *, episodes: int = 10, seed: int = 0,

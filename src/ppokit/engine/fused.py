@@ -413,6 +413,8 @@ class FusedStep:
         actions = mb["actions"]
         if self._opts["categorical"]:
             actions = actions.long()
+        else:  # a Box of any shape, read flattened (ppokit.policies.actions)
+            actions = actions.reshape(actions.shape[0], -1)
         stats, stopped = self.kernel(
             x, actions, mb["logp"], mb["advantages"], mb["returns"], mb["values"],
             *self._nets, *self._log_std, self.flat.grad, clip=float(clip_range),

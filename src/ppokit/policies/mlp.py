@@ -127,7 +127,7 @@ class MLPActorCritic(nn.Module):
     def __init__(self, obs_dim: int, kind: str, action_dim: int, *,
                  nvec: tuple[int, ...] | None = None, hidden: tuple[int, ...] = (64, 64),
                  activation: str = "tanh", ortho_init: bool = True,
-                 log_std_init: float = 0.0, obs_onehot: int | None = None,
+                 log_std_init: float = 0.0, obs_onehot: int | None = None, obs_start: int = 0,
                  encoder: nn.Module | None = None, critic_encoder: nn.Module | None = None):
         super().__init__()
         if kind not in ("categorical", "gaussian", "multicategorical", "bernoulli"):
@@ -135,6 +135,7 @@ class MLPActorCritic(nn.Module):
         act = ACTIVATIONS[activation]
         self.kind = kind
         self.obs_onehot = obs_onehot
+        self.obs_start = int(obs_start)
         self.encoder = encoder
         self.critic_encoder = critic_encoder
         n_logits = int(sum(nvec)) if kind == "multicategorical" else action_dim
@@ -160,7 +161,9 @@ class MLPActorCritic(nn.Module):
         if self.encoder is not None:
             return self.encoder(obs)
         if self.obs_onehot is not None:
-            return nn.functional.one_hot(obs.long().reshape(-1), self.obs_onehot).float()
+            # a Discrete(n, start) observation s is the one-hot of s − start
+            idx = obs.long().reshape(-1) - self.obs_start
+            return nn.functional.one_hot(idx, self.obs_onehot).float()
         return obs.reshape(obs.shape[0], -1)
 
     def _split(self, logits: Tensor) -> tuple[Tensor, ...]:
@@ -209,10 +212,14 @@ class MLPActorCritic(nn.Module):
         return torch.cat(acts, -1), torch.cat(logps, -1).sum(-1)
 
     def _logp_entropy(self, out: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
+        """Log-probability and entropy of ``actions`` (``[B]`` indices, or ``[B, ...]`` of
+        any shape, read flattened: ppokit.policies.actions) under the head's ``out``."""
         if self.kind == "categorical":
             logp_all = out.log_softmax(-1)
             ent = -(logp_all.exp() * logp_all).sum(-1)
-            return logp_all.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1), ent
+            a = actions.long().reshape(-1, 1)
+            return logp_all.gather(-1, a).squeeze(-1), ent
+        actions = actions.reshape(actions.shape[0], -1)
         if self.kind == "gaussian":
             z = (actions - out) * torch.exp(-self.log_std)
             logp = (-0.5 * z.square() - self.log_std - _LOG_SQRT_2PI).sum(-1)
@@ -295,8 +302,10 @@ def make_policy(obs_space: spaces.Space, action_space: spaces.Space, *,
     """Build the actor-critic matching single-env observation and action spaces: the
     encoder ``policy`` names (:func:`resolve_policy`; for ``cnn`` and ``multi_input`` one
     trunk shared by actor and critic unless ``share_features`` is false), then the MLPs."""
+    from .actions import check_action_space
     from .encoders import MultiInputEncoder, NatureCNN
 
+    check_action_space(action_space)
     onehot = None
     encoder = critic_encoder = None
     kind = resolve_policy(obs_space, policy)
@@ -316,7 +325,8 @@ def make_policy(obs_space: spaces.Space, action_space: spaces.Space, *,
         raise ValueError(f"observation space {obs_space} is not supported (Box, Discrete, "
                          "or Dict with policy=multi_input)")
     kw = dict(hidden=tuple(hidden), activation=activation, ortho_init=ortho_init,
-              obs_onehot=onehot, encoder=encoder, critic_encoder=critic_encoder)
+              obs_onehot=onehot, obs_start=int(getattr(obs_space, "start", 0) or 0),
+              encoder=encoder, critic_encoder=critic_encoder)
     if isinstance(action_space, spaces.Discrete):
         return MLPActorCritic(obs_dim, "categorical", int(action_space.n), **kw)
     if isinstance(action_space, spaces.Box):
@@ -325,8 +335,5 @@ def make_policy(obs_space: spaces.Space, action_space: spaces.Space, *,
     if isinstance(action_space, spaces.MultiDiscrete):
         nvec = tuple(int(n) for n in np.asarray(action_space.nvec).reshape(-1))
         return MLPActorCritic(obs_dim, "multicategorical", len(nvec), nvec=nvec, **kw)
-    if isinstance(action_space, spaces.MultiBinary):
-        n = int(np.prod(action_space.shape))
-        return MLPActorCritic(obs_dim, "bernoulli", n, **kw)
-    raise ValueError(f"action space {action_space} is not supported "
-                     "(Discrete, Box, MultiDiscrete or MultiBinary)")
+    n = int(np.prod(action_space.shape))  # (check_action_space: MultiBinary is what is left)
+    return MLPActorCritic(obs_dim, "bernoulli", n, **kw)
