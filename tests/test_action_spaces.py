@@ -15,41 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ppokit
-from _space_env import factory
+from _space_env import action_spaces, factory
 from ppokit.algos import Trainer
 from ppokit.api import _resolve
 from ppokit.errors import UsageError
 from ppokit.policies.actions import check_action_space, env_actions
-
-
-@st.composite
-def shapes(draw, scalar: bool = False):
-    dims = draw(st.integers(0 if scalar else 1, 2))
-    return tuple(draw(st.lists(st.integers(1, 3), min_size=dims, max_size=dims)))
-
-
-@st.composite
-def action_spaces(draw):
-    kind = draw(st.sampled_from(["discrete", "multidiscrete", "multibinary", "box"]))
-    if kind == "discrete":
-        return spaces.Discrete(draw(st.integers(1, 5)), start=draw(st.integers(-5, 5)))
-    if kind == "multidiscrete":
-        shape = draw(shapes())
-        n = int(np.prod(shape))
-        nvec = np.array(draw(st.lists(st.integers(1, 4), min_size=n, max_size=n)))
-        start = np.array(draw(st.lists(st.integers(-3, 3), min_size=n, max_size=n)))
-        return spaces.MultiDiscrete(nvec.reshape(shape), start=start.reshape(shape))
-    if kind == "multibinary":
-        shape = draw(shapes())
-        return spaces.MultiBinary(shape[0] if len(shape) == 1 and draw(st.booleans())
-                                  else shape)
-    shape = draw(shapes(scalar=True))
-    dtype = draw(st.sampled_from([np.float32, np.float64]))
-    n = int(np.prod(shape))
-    low = np.array(draw(st.lists(st.floats(-3, 0.5), min_size=n, max_size=n)))
-    width = np.array(draw(st.lists(st.floats(0, 2), min_size=n, max_size=n)))
-    return spaces.Box(low.reshape(shape).astype(dtype), (low + width).reshape(shape).astype(dtype),
-                      dtype=dtype)
 
 
 def _train(tmp_path, space, **config):

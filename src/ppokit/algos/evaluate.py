@@ -31,12 +31,17 @@ def load_policy(run_dir: str | Path, env=None, where: str = "--env", *, best: bo
     return cfg, policy, norm, maker
 
 
-def policy_from_checkpoint(cfg: TrainConfig, tensors: dict, arrays: dict, maker):
+def policy_from_checkpoint(cfg: TrainConfig, tensors: dict, arrays: dict, maker,
+                           spaces: tuple | None = None):
     """``(policy, obs_normalizer | None, (observation_space, action_space))`` rebuilt from a
-    checkpoint's tensors and arrays; ``maker`` builds one env to read the spaces."""
-    env = make_vec(maker, 1, vectorization="sync", env_kwargs=cfg.env_kwargs)
-    obs_space, act_space = env.single_observation_space, env.single_action_space
-    env.close()
+    checkpoint's tensors and arrays, for ``spaces`` (the ones the checkpoint recorded,
+    :func:`ppokit.io.spaces.spaces_from_state`) or, when ``None`` (a checkpoint written
+    before spaces were recorded), those of one env ``maker`` builds."""
+    if spaces is None:
+        env = make_vec(maker, 1, vectorization="sync", env_kwargs=cfg.env_kwargs)
+        spaces = env.single_observation_space, env.single_action_space
+        env.close()
+    obs_space, act_space = spaces
     policy = policy_for_config(cfg, obs_space, act_space)
     try:
         policy.load_state_dict(tensors["model"])

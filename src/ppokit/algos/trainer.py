@@ -81,6 +81,7 @@ from ppokit.io.checkpoint import (
 from ppokit.io.metrics import MetricsWriter, truncate_metrics
 from ppokit.io.rundir import RunDir
 from ppokit.io.signals import GracefulStop, Interrupted
+from ppokit.io.spaces import recorded_spaces
 from ppokit.io.tracking import check_tracker, make_tracker
 from ppokit.policies import is_recurrent, policy_for_config
 from ppokit.rollout import Collector, RecurrentCollector, Rollout, recurrent_forward
@@ -575,6 +576,9 @@ class Trainer:
             "rng": rng_meta,
             "kl_controller": self.kl_ctl.state_dict() if self.kl_ctl is not None else None,
             "env_state": env_state(self.env),
+            # the spaces the policy was built for: loading needs no environment
+            "spaces": recorded_spaces(self.env.single_observation_space,
+                                      self.env.single_action_space),
             "config": self.cfg.to_dict(),
         }
         own = root is None
