@@ -28,9 +28,13 @@ TINY = dict(tensorboard=False, progress=False)
 
 @st.composite
 def observation_spaces(draw):
-    kind = draw(st.sampled_from(["action", "box-inf", "dict"]))
+    kind = draw(st.sampled_from(["action", "box-inf", "dict", "image"]))
     if kind == "action":
         return draw(action_spaces())
+    if kind == "image":  # uint8 pixels, or boolean object planes (MinAtar)
+        dtype = draw(st.sampled_from([np.uint8, np.bool_]))
+        shape = (draw(st.integers(1, 12)), draw(st.integers(1, 12)), draw(st.integers(1, 4)))
+        return spaces.Box(0, 1 if dtype == np.bool_ else 255, shape, dtype=dtype)
     if kind == "box-inf":  # unbounded and half-bounded entries
         low = np.array([-np.inf, 0.0, -1.5], np.float32)
         high = np.array([np.inf, np.inf, draw(st.floats(-1.5, 4.0))], np.float32)

@@ -497,9 +497,9 @@ class Trainer:
 
     def _log_precision(self, asked: str) -> None:
         """Say the number format of the convolutional trunk when it is not float32."""
-        from ppokit.policies.encoders import NatureCNN
+        from ppokit.policies.encoders import ImageCNN
 
-        cnn = next((m for m in self.policy.modules() if isinstance(m, NatureCNN)), None)
+        cnn = next((m for m in self.policy.modules() if isinstance(m, ImageCNN)), None)
         if cnn is None or asked == "fp32":
             return
         if cnn.precision == "fp32":  # auto, on a CPU without native bfloat16

@@ -47,11 +47,16 @@ class SpaceDataError(ValueError):
 def _bound(values: np.ndarray) -> Any:
     """One number when every entry is the same, else nested lists of the shape (integers
     for an integer dtype, exactly)."""
-    number = int if np.issubdtype(values.dtype, np.integer) else _number
+    number = int if _whole(values.dtype) else _number
     flat = values.reshape(-1)
     if flat.size and (np.all(flat == flat[0]) or np.all(np.isnan(flat.astype(float)))):
         return number(flat[0])
     return np.array([number(x) for x in flat], dtype=object).reshape(values.shape).tolist()
+
+
+def _whole(dtype) -> bool:
+    """Integer and boolean boxes: bounds written and read as integers, exactly."""
+    return bool(np.issubdtype(dtype, np.integer) or dtype == np.bool_)
 
 
 def _number(v) -> Any:
@@ -150,8 +155,9 @@ def space_from_data(data: Any, where: str = "space", depth: int = 0) -> spaces.S
     try:
         if kind == "Box":
             shape = _shape(data.get("shape"), f"{where}.shape")
-            dtype = _dtype(data.get("dtype"), _FLOAT_DTYPES + _INT_DTYPES, f"{where}.dtype")
-            integer = np.issubdtype(dtype, np.integer)
+            dtype = _dtype(data.get("dtype"), _FLOAT_DTYPES + _INT_DTYPES + ("bool",),
+                           f"{where}.dtype")
+            integer = _whole(dtype)
             low = _values(data.get("low"), shape, f"{where}.low", integer)
             high = _values(data.get("high"), shape, f"{where}.high", integer)
             box = spaces.Box(low.astype(dtype), high.astype(dtype), shape, dtype)

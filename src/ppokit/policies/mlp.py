@@ -268,23 +268,21 @@ def _bernoulli_logp(logits: Tensor, a: Tensor) -> Tensor:
 
 def resolve_policy(obs_space: spaces.Space, policy: str = "auto") -> str:
     """The encoder a ``policy`` value means for ``obs_space``: ``auto`` picks ``cnn`` for an
-    image Box of at least 36x36 pixels (smaller ones are flattened into the MLP),
-    ``multi_input`` for a Dict, ``mlp`` otherwise; an explicit choice that does
-    not fit the space is an error naming ``policy``."""
-    from .encoders import MIN_CNN_SIZE, POLICIES, image_layout, is_image_space
+    image Box (the Nature CNN from 36x36 pixels, the small-image CNN below:
+    :func:`ppokit.policies.encoders.image_cnn`), ``multi_input`` for a Dict, ``mlp``
+    otherwise; an explicit choice that does not fit the space is an error naming
+    ``policy``."""
+    from .encoders import POLICIES, is_image_space
 
     if policy not in POLICIES:
         raise ValueError(f"policy: expected one of {', '.join(POLICIES)}, got {policy!r}")
     if policy == "auto":
         if isinstance(obs_space, spaces.Dict):
             return "multi_input"
-        if is_image_space(obs_space):  # big enough for the Nature CNN's kernels
-            _, _, h, w, _ = image_layout(obs_space)
-            return "cnn" if min(h, w) >= MIN_CNN_SIZE else "mlp"
-        return "mlp"
+        return "cnn" if is_image_space(obs_space) else "mlp"
     if policy == "cnn" and not is_image_space(obs_space):
-        raise ValueError(f"policy: cnn needs an image observation space (a 3-D uint8 Box, "
-                         f"or floats in [0, 1]); this env has {obs_space}")
+        raise ValueError(f"policy: cnn needs an image observation space (a 3-D Box of "
+                         f"uint8 or bool, or of floats in [0, 1]); this env has {obs_space}")
     if policy == "multi_input" and not isinstance(obs_space, spaces.Dict):
         raise ValueError(f"policy: multi_input needs a Dict observation space; this env has "
                          f"{obs_space}")
@@ -303,7 +301,7 @@ def make_policy(obs_space: spaces.Space, action_space: spaces.Space, *,
     encoder ``policy`` names (:func:`resolve_policy`; for ``cnn`` and ``multi_input`` one
     trunk shared by actor and critic unless ``share_features`` is false), then the MLPs."""
     from .actions import check_action_space
-    from .encoders import MultiInputEncoder, NatureCNN
+    from .encoders import MultiInputEncoder, image_cnn
 
     check_action_space(action_space)
     onehot = None
@@ -312,7 +310,7 @@ def make_policy(obs_space: spaces.Space, action_space: spaces.Space, *,
     if kind in ("cnn", "multi_input"):
         def build():
             if kind == "cnn":
-                return NatureCNN(obs_space, tuple(cnn_channels), features_dim)
+                return image_cnn(obs_space, tuple(cnn_channels), features_dim)
             return MultiInputEncoder(obs_space, tuple(cnn_channels))
         encoder = build()
         critic_encoder = None if share_features else build()
