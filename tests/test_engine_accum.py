@@ -17,26 +17,13 @@ import torch.multiprocessing as mp
 from hypothesis import given
 from hypothesis import strategies as st
 
+from _nostep import NoStep
 from ppokit.core.losses import AGGREGATION_MODES
 from ppokit.engine import Forward, UpdateSpec, eager_minibatch_step
 
 F = 3  # features per position
 COMPARED = ("policy_loss", "value_loss", "entropy", "kl_loss", "approx_kl", "approx_kl_k1",
             "clipfrac", "clip_active_frac", "ratio_min", "ratio_max")
-
-
-class _NoStep:
-    """An optimiser stand-in: the gradients are kept, nothing moves."""
-
-    def __init__(self, params):
-        self.params = list(params)
-
-    def zero_grad(self, set_to_none=True):
-        for p in self.params:
-            p.grad = None
-
-    def step(self):
-        pass
 
 
 def _params(seed: int) -> list[torch.Tensor]:
@@ -78,7 +65,7 @@ def _spec(agg: str, kl_anchor: str, grad_accum: int = 1) -> UpdateSpec:
 
 def _run(spec: UpdateSpec, mb: dict, seed: int, dp=None):
     params = _params(seed)
-    stats = eager_minibatch_step(spec, _forward(params), _NoStep(params), params, mb,
+    stats = eager_minibatch_step(spec, _forward(params), NoStep(params), params, mb,
                                  clip_range=0.2, kl_coef=0.3, dp=dp)
     grads = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in params]
     return stats, grads

@@ -7,6 +7,7 @@ import os
 import pytest
 import torch
 
+from _nostep import NoStep
 from ppokit.cli import main
 from ppokit.errors import UsageError
 from ppokit.llm.models import build_char_tokenizer, build_tiny_model
@@ -87,20 +88,6 @@ def test_bf16_forward_passes_keep_log_probs_and_values_float32(tmp_path, tok, cr
         _trainer(tmp_path, tok, name="fsdp", precision="bf16", fsdp=True)
 
 
-class _NoStep:
-    """An optimiser stand-in: gradients are computed and kept, nothing moves."""
-
-    def __init__(self, params):
-        self.params = list(params)
-
-    def zero_grad(self, set_to_none=True):
-        for p in self.params:
-            p.grad = None
-
-    def step(self):
-        pass
-
-
 def _first_step_stats(tr, roll, lab, **spec_changes):
     import dataclasses
 
@@ -110,7 +97,7 @@ def _first_step_stats(tr, roll, lab, **spec_changes):
                                **spec_changes)
     batch = tr.labelled_batch(roll, lab)
     params = tr.trained_parameters()
-    return eager_minibatch_step(spec, tr.forward_adapter(roll), _NoStep(params), params,
+    return eager_minibatch_step(spec, tr.forward_adapter(roll), NoStep(params), params,
                                 batch.rows(None), clip_range=spec.clip_range,
                                 kl_coef=spec.kl_coef)
 
