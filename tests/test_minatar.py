@@ -54,7 +54,7 @@ def test_a_minatar_id_without_the_extra_says_which_extra(monkeypatch):
 def test_breakout_learns_well_above_random_play(tmp_path):
     """The preset for 262144 steps (a quarter of its budget): measured 4.8 over the last
     100 training games and 4.8 ± 1.3 in 10 deterministic games; random play 0.41."""
-    agent = ppokit.train(BREAKOUT, total_steps=262_144, run_dir=tmp_path / "r", seed=1,
+    agent = ppokit.train(BREAKOUT, total_steps=262_144, run_dir=tmp_path / "r", seed=0,
                          progress=False, tensorboard=False, torch_threads=1)
     assert agent.mean_training_return >= 5 * RANDOM_RETURN
     res = agent.evaluate(episodes=10)
