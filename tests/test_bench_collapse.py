@@ -55,9 +55,9 @@ def test_the_summary_prints_both_step_types_counts_and_the_test():
 def test_the_worker_runs_the_step_asked_for(step):
     out = subprocess.run(
         [sys.executable, "-m", "bench._ppokit_worker", "--env", "CartPole-v1", "--steps",
-         "512", "--step", step, "--eval-episodes", "1", "--set", "n_envs=2",
+         "256", "--step", step, "--eval-episodes", "1", "--set", "n_envs=2",
          "--set", "n_steps=128", "--set", "batch_size=128"],
         capture_output=True, text=True, check=True, timeout=300)
     rec = json.loads(out.stdout.strip().splitlines()[-1])
-    assert rec["steps"] == 512 and rec["eval_mean"] > 0
+    assert rec["steps"] == 256 and rec["eval_mean"] > 0
     assert rec["minibatch_step"] == ("fused" if step == "default" else "eager")
