@@ -1,5 +1,7 @@
 """One run of ``bench.atari_learning``: train with one library, then play whole games with
-the trained policy; prints one JSON line."""
+the trained policy; prints one JSON line. An ALE game gets ppokit's Atari wrappers and
+preset; a MinAtar game (``MinAtar/...``) its preset and, on SB3's side, a small-image
+extractor (``bench._split.sb3_minatar_ppo``)."""
 
 from __future__ import annotations
 
@@ -8,10 +10,11 @@ import json
 import tempfile
 import time
 
+import gymnasium as gym
 import numpy as np
 import torch
 
-from bench._split import sb3_atari_ppo, sb3_rollout_clock, train_ppokit
+from bench._split import sb3_atari_ppo, sb3_minatar_ppo, sb3_rollout_clock, train_ppokit
 
 
 def _ppokit(a) -> dict:
@@ -32,10 +35,12 @@ def _ppokit(a) -> dict:
 
 
 def _sb3(a) -> dict:
-    from ppokit.algos.config import ATARI_PRESET
+    from ppokit.algos.config import ATARI_PRESET, MINATAR_PREFIX
     from ppokit.envs import atari
 
-    model = sb3_atari_ppo(a.env, ATARI_PRESET["n_envs"], a.seed)
+    minatar = a.env.startswith(MINATAR_PREFIX)
+    model = (sb3_minatar_ppo(a.env, a.seed) if minatar
+             else sb3_atari_ppo(a.env, ATARI_PRESET["n_envs"], a.seed))
     games: list[float] = []
     clock = sb3_rollout_clock(lambda loc: _record_games(loc.get("infos", ()), games))
     t0 = time.perf_counter()
@@ -43,7 +48,7 @@ def _sb3(a) -> dict:
     train_s = time.perf_counter() - t0
     scores = []
     for i in range(a.episodes):  # whole games seeded as ppokit's evaluation seeds them
-        game = atari.make_env(a.env, training=False)
+        game = gym.make(a.env) if minatar else atari.make_env(a.env, training=False)
         obs, _ = game.reset(seed=_EVAL_SEED + i)
         total, done = 0.0, False
         while not done:
@@ -59,10 +64,13 @@ def _sb3(a) -> dict:
 
 
 def _record_games(infos, games: list[float]) -> None:
-    """The game scores the wrappers report when a game (not a life) ends."""
+    """The game scores the wrappers report when a game (not a life) ends (a MinAtar game is
+    one episode: SB3's Monitor reports its return)."""
     for info in infos:
         if "game_score" in info:
             games.append(float(info["game_score"]))
+        elif "episode" in info:
+            games.append(float(info["episode"]["r"]))
 
 
 _EVAL_SEED = 10_000

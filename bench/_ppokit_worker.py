@@ -24,6 +24,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--eval-episodes", type=int, default=10)
     p.add_argument("--set", dest="sets", action="append", default=[])
+    p.add_argument("--step", choices=("default", "eager"), default="default",
+                   help="eager: the eager minibatch step (the fused step's reference) with "
+                        "everything else as the configuration says (the fast collector "
+                        "too), to compare the two steps alone")
     a = p.parse_args()
     from ppokit.algos import Trainer, resolve_config
     from ppokit.algos.config import parse_value
@@ -35,8 +39,19 @@ def main() -> None:
         overrides[k] = parse_value(k, v)
     flags = {"env_id": a.env, "seed": a.seed, "total_timesteps": a.steps}
     cfg = resolve_config(overrides=overrides, flags=flags)
+    if a.step == "eager":
+        class EagerStep(Trainer):
+            """A Trainer whose minibatch step is its own: the eager one (Trainer's
+            _minibatch_step uses the fused step only when it is not overridden)."""
+
+            def update_minibatch(self, mb, clip, kl_limit=None):
+                return super().update_minibatch(mb, clip, kl_limit)
+
+        trainer_cls = EagerStep
+    else:
+        trainer_cls = Trainer
     with tempfile.TemporaryDirectory() as run_dir:
-        tr = Trainer(cfg, run_dir, log=lambda s: None)
+        tr = trainer_cls(cfg, run_dir, log=lambda s: None)
         train_s, rollout_s = train_ppokit(tr)
         tr.close()
         res = evaluate_run(run_dir, episodes=a.eval_episodes, seed=10_000 + a.seed)
@@ -49,6 +64,8 @@ def main() -> None:
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "in_process_s": time.perf_counter() - T_START,
         "threads": torch.get_num_threads(),
+        # which minibatch step ran (the trainer builds the fused one when it uses it)
+        "minibatch_step": "fused" if tr._fused is not None else "eager",
     }))
 
 

@@ -1,11 +1,14 @@
-"""Breakout (or another ALE game) learned by ppokit and by Stable-Baselines3 at the same
-budget: the same wrappers (ppokit.envs.atari) and PPO Atari preset, SB3's ``CnnPolicy``,
-one torch thread each; both libraries' runs of a seed train at the same time, each in its
-own process. Each trained policy then plays whole games (all lives, unclipped score,
-deterministic actions) on the same evaluation seeds; the table gives the mean score and
-its spread per library.
+"""Breakout (or another ALE game, or a MinAtar game) learned by ppokit and by
+Stable-Baselines3 at the same budget: the same wrappers (ppokit.envs.atari) and PPO Atari
+preset, SB3's ``CnnPolicy``, one torch thread each; both libraries' runs of a seed train
+at the same time, each in its own process. Each trained policy then plays whole games (all
+lives, unclipped score, deterministic actions) on the same evaluation seeds; the table
+gives the mean score and its spread per library. A MinAtar game (``MinAtar/Breakout-v1``)
+gets ppokit's MinAtar preset on both sides, SB3's ``CnnPolicy`` with a small-image
+extractor of the same three 3x3 convolutions.
 
     python -m bench.atari_learning --steps 1000000 --seeds 0,1
+    python -m bench.atari_learning --env MinAtar/Breakout-v1 --steps 1000000 --seeds 0
 """
 
 from __future__ import annotations

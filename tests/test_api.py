@@ -89,8 +89,10 @@ def test_a_factory_env_trains_and_is_needed_again(tmp_path, monkeypatch, capsys)
     assert latest_checkpoint(rd / "checkpoints").name == f"iter_{steps // 512:09d}"
     assert agent.evaluate(episodes=4)["mean_return"] >= best_return(3) - 0.3
     agent.close()
+    bare = ppokit.load(rd)  # the run records its spaces: predict needs no environment
+    assert bare.predict(np.array([0.0], np.float32))[0] == 1  # step right
     with pytest.raises(UsageError, match="pass the factory again"):
-        ppokit.load(rd)
+        bare.evaluate(episodes=1)  # evaluation does
     assert main(["eval", str(rd)]) == 2
     assert "environment factory" in capsys.readouterr().err
     loaded = ppokit.load(rd, env=make_env, best=True)

@@ -1,5 +1,6 @@
 """Numerics that must hold on every input: zero-spread groups and batches give exactly 0,
-the PPO-KL penalty's gradient is the KL gradient, masked positions never reach a loss or its
+the PPO-KL penalty's gradient is the KL gradient, the KL-to-reference loss's gradient is
+the one its estimator promises, masked positions never reach a loss or its
 gradient, and ``aggregate`` reads ``[M]`` as ``[M, 1]``."""
 
 import math
@@ -176,9 +177,103 @@ def test_ppo_kl_penalty_gradient_on_the_reported_policies(p_old):
     new = torch.log(torch.tensor([0.302, 0.698], dtype=f64))
     _, grad, _, kl_grad = _categorical_penalty_gradient(old, new, core.ppo_kl_penalty_loss)
     torch.testing.assert_close(grad, kl_grad, rtol=1e-12, atol=1e-14)
-    # k3 with the roles swapped (the reference-policy term) is a different penalty
-    _, other, _, _ = _categorical_penalty_gradient(old, new, core.kl_penalty_loss)
+    # k3 with the roles swapped (GRPO's reference-policy term) is a different penalty
+    _, other, _, _ = _categorical_penalty_gradient(
+        old, new, lambda lp, lq: core.kl_penalty_loss(lp, lq, estimator="k3"))
     assert float((other - kl_grad).norm() / kl_grad.norm()) > 0.05
+
+
+# ------------------------------------------------------------------ the KL-to-reference loss
+
+
+def _kl_directions(logits, ref_logits):
+    """The exact gradients, with respect to the policy's logits, of KL(π ‖ π_ref) and of
+    KL(π_ref ‖ π) (the reference is frozen)."""
+    out = []
+    for first_is_policy in (True, False):
+        x = logits.detach().clone().requires_grad_()
+        kl = (core.categorical_kl(x, ref_logits) if first_is_policy
+              else core.categorical_kl(ref_logits, x))
+        out.append(torch.autograd.grad(kl, x)[0])
+    return out
+
+
+def _per_sample(estimator):
+    """The per-sample loss of an estimator of KL(π ‖ π_ref) on sampled tokens: through
+    kl_penalty_loss for the ones it offers, k1 from the estimator itself."""
+    if estimator == "k1":
+        return lambda lp, lr: core.kl_k1(lp, lr).mean()
+    return lambda lp, lr: core.kl_penalty_loss(lp, lr, estimator=estimator)
+
+
+# estimator -> which KL's gradient its expected gradient is (None: zero)
+KL_LOSS_DIRECTION = {"k1": None, "k2": "forward", "k3": "reverse"}
+
+
+@given(st.integers(2, 6), st.integers(0, 2**31 - 1), st.floats(0.2, 2.0))
+def test_kl_loss_expected_gradient_follows_its_estimators_direction(n, seed, spread):
+    """Exact expectation over tokens sampled from π of each estimator's per-sample
+    gradient: k2's is ∇KL(π ‖ π_ref), GRPO's k3's is ∇KL(π_ref ‖ π), k1's is 0."""
+    g = torch.Generator().manual_seed(seed)
+    ref = torch.randn(n, generator=g, dtype=f64) * spread
+    logits = ref + torch.randn(n, generator=g, dtype=f64) * spread
+    forward, reverse = _kl_directions(logits, ref)
+    assume(float((forward - reverse).norm()) > 1e-6)  # (the two directions differ)
+    for est, direction in KL_LOSS_DIRECTION.items():
+        x = logits.clone().requires_grad_()
+        logp, logp_ref = torch.log_softmax(x, -1), torch.log_softmax(ref, -1)
+        per = torch.stack([_per_sample(est)(logp[a:a + 1], logp_ref[a:a + 1])
+                           for a in range(n)])
+        (grad,) = torch.autograd.grad((logp.detach().exp() * per).sum(), x)
+        want = {"forward": forward, "reverse": reverse, None: torch.zeros(n, dtype=f64)}
+        torch.testing.assert_close(grad, want[direction], rtol=1e-9, atol=1e-12,
+                                   msg=f"{est}: expected the gradient of {direction}")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_kl_loss_monte_carlo_gradient_matches_the_exact_kl_gradients(seed):
+    """Monte-Carlo: the mean gradient of each estimator's loss over 20 batches of 20000
+    tokens sampled from a small categorical policy, against the exact gradient of both KL
+    directions (within 5 standard errors of the batches' mean, and far from the other)."""
+    g = torch.Generator().manual_seed(seed)
+    ref = torch.randn(5, generator=g, dtype=f64)
+    logits = ref + torch.randn(5, generator=g, dtype=f64) * 1.2
+    forward, reverse = _kl_directions(logits, ref)
+    exact = {"forward": forward, "reverse": reverse, None: torch.zeros(5, dtype=f64)}
+    probs = torch.softmax(logits, -1)
+    for est, direction in KL_LOSS_DIRECTION.items():
+        grads = []
+        for _ in range(20):
+            a = torch.multinomial(probs, 20_000, replacement=True, generator=g)
+            x = logits.clone().requires_grad_()
+            logp = torch.log_softmax(x, -1)[a]
+            loss = _per_sample(est)(logp, torch.log_softmax(ref, -1)[a])
+            grads.append(torch.autograd.grad(loss.mean(), x)[0])
+        grads = torch.stack(grads)
+        mean, sem = grads.mean(0), grads.std(0) / math.sqrt(len(grads))
+        err = (mean - exact[direction]).abs()
+        assert bool((err <= 5 * sem + 1e-12).all()), (est, mean, exact[direction], sem)
+        for other in ("forward", "reverse"):
+            if other != direction:  # the other direction is many standard errors away
+                assert float((mean - exact[other]).abs().max()) > 20 * float(sem.max())
+
+
+def test_kl_loss_default_is_the_gradient_of_kl_policy_to_reference():
+    """The default estimator of the KL loss term (the engine's and the token trainer's)
+    has the expected gradient of KL(π ‖ π_ref); GRPO's k3 stays selectable by name; k1,
+    whose expected gradient is 0, is refused as a loss."""
+    from ppokit.engine import UpdateSpec
+    from ppokit.llm.config import LLMConfig
+
+    assert KL_LOSS_DIRECTION[core.DEFAULT_KL_LOSS_ESTIMATOR] == "forward"
+    assert UpdateSpec().kl_estimator == core.DEFAULT_KL_LOSS_ESTIMATOR
+    assert LLMConfig(algo="grpo").resolved().kl_estimator == core.DEFAULT_KL_LOSS_ESTIMATOR
+    assert LLMConfig(algo="grpo", kl_estimator="k3").resolved().kl_estimator == "k3"
+    lp = torch.randn(6, dtype=f64, requires_grad=True)
+    lr = lp.detach() + torch.randn(6, dtype=f64)
+    torch.testing.assert_close(core.kl_penalty_loss(lp, lr), (0.5 * (lp - lr) ** 2).mean())
+    with pytest.raises(ValueError, match="estimator: expected one of k2, k3 .*k1's expected"):
+        core.kl_penalty_loss(lp, lr, estimator="k1")
 
 
 @settings(max_examples=25)

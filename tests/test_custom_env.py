@@ -116,8 +116,10 @@ def test_a_hostile_run_dir_naming_a_module_imports_nothing(in_tmp, capsys):
                  ["plot", str(rd), "--out", str(in_tmp / "p.png")]):
         main(argv)
         capsys.readouterr()
+    loaded = ppokit.load(rd)  # the recorded spaces: an agent that predicts, nothing imported
+    assert loaded.predict(np.zeros(4, np.float32))[0] in (0, 1)
     with pytest.raises(ValueError, match="pass --env ppk_hostile:PpkHostile-v0 again"):
-        ppokit.load(rd)
+        loaded.evaluate(episodes=1)
     with pytest.raises(ValueError, match="trained on 'ppk_hostile:PpkHostile-v0', not"):
         ppokit.train("CartPole-v1", run_dir=rd, resume=True, progress=False)
     assert not marker.exists()
@@ -127,7 +129,7 @@ def test_a_hostile_run_dir_naming_a_module_imports_nothing(in_tmp, capsys):
     assert main(["eval", str(rd)]) == 2
     assert "environment factory" in _err_line(capsys)
     with pytest.raises(ValueError, match="pass the factory again"):
-        ppokit.load(rd)
+        ppokit.load(rd).learn(64)
     assert not marker.exists() and "ppk_hostile" not in sys.modules
 
 

@@ -115,6 +115,29 @@ def test_collector_two_masks_on_envpool():
     assert torch.isfinite(ro.advantages).all()
 
 
+class _Contains(_Spy):
+    """Refuses a batch of actions with a row its single action space does not contain."""
+
+    def step(self, a):
+        sp = self.single_action_space
+        bad = [i for i in range(len(a)) if not sp.contains(np.asarray(a)[i, ...])]
+        assert not bad, f"actions {np.asarray(a)[bad]} are not in {sp}"
+        return super().step(a)
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1", "MountainCarContinuous-v0"])
+@pytest.mark.parametrize("fast", [True, False])
+def test_actions_sent_to_envpool_are_in_its_action_space(env_id, fast):
+    env = _Contains(make_vec(env_id, 3, vectorization="envpool"))
+    torch.manual_seed(0)
+    pol = make_policy(env.single_observation_space, env.single_action_space,
+                      log_std_init=1.5)  # wide samples: many outside a Box's bounds
+    col = Collector(env, pol, generator=torch.Generator().manual_seed(1), fast=fast)
+    col.reset(seed=0)
+    col.collect(40)
+    env.env.close()
+
+
 def test_envpool_reseeds_on_reset():
     env = make_vec("CartPole-v1", 2, vectorization="envpool")
     a, _ = env.reset(seed=1)

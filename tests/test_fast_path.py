@@ -170,9 +170,10 @@ def test_building_the_fused_step_has_no_side_effect_on_the_policy():
 
 @pytest.mark.parametrize("multi", [False, True])
 def test_an_image_observation_trains_by_default(tmp_path, multi):
-    """A 3-D image observation through the MLP trains with the default settings: on the
-    fused step (observations flattened, as the eager forward does) and, where the fused
-    step does not apply (MultiDiscrete actions), on the eager step — said once."""
+    """A 3-D image observation through the MLP (policy=mlp; auto gives an image this small
+    the small-image CNN) trains with the default settings otherwise: on the fused step
+    (observations flattened, as the eager forward does) and, where the fused step does
+    not apply (MultiDiscrete actions), on the eager step — said once."""
     import gymnasium as gym
 
     act = spaces.MultiDiscrete([2, 3]) if multi else spaces.Discrete(2)
@@ -197,7 +198,8 @@ def test_an_image_observation_trains_by_default(tmp_path, multi):
 
     cfg = resolve_config(overrides=dict(env_id=env_id, n_envs=2, n_steps=16,
                                         batch_size=16, n_epochs=2, total_timesteps=64,
-                                        tensorboard=False, vectorization="sync"))
+                                        tensorboard=False, vectorization="sync",
+                                        policy="mlp"))
     msgs = []
     tr = Trainer(cfg, tmp_path / "px", log=msgs.append)
     said = sum("fused minibatch step not used" in m for m in msgs)

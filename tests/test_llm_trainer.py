@@ -7,6 +7,7 @@ import os
 import pytest
 import torch
 
+from _nostep import NoStep
 from ppokit.cli import main
 from ppokit.errors import UsageError
 from ppokit.llm.models import build_char_tokenizer, build_tiny_model
@@ -87,20 +88,6 @@ def test_bf16_forward_passes_keep_log_probs_and_values_float32(tmp_path, tok, cr
         _trainer(tmp_path, tok, name="fsdp", precision="bf16", fsdp=True)
 
 
-class _NoStep:
-    """An optimiser stand-in: gradients are computed and kept, nothing moves."""
-
-    def __init__(self, params):
-        self.params = list(params)
-
-    def zero_grad(self, set_to_none=True):
-        for p in self.params:
-            p.grad = None
-
-    def step(self):
-        pass
-
-
 def _first_step_stats(tr, roll, lab, **spec_changes):
     import dataclasses
 
@@ -110,7 +97,7 @@ def _first_step_stats(tr, roll, lab, **spec_changes):
                                **spec_changes)
     batch = tr.labelled_batch(roll, lab)
     params = tr.trained_parameters()
-    return eager_minibatch_step(spec, tr.forward_adapter(roll), _NoStep(params), params,
+    return eager_minibatch_step(spec, tr.forward_adapter(roll), NoStep(params), params,
                                 batch.rows(None), clip_range=spec.clip_range,
                                 kl_coef=spec.kl_coef)
 
@@ -142,6 +129,26 @@ def test_gradient_accumulation_matches_the_full_minibatch(tmp_path, tok, agg):
     full, acc = grads(1), grads(4)
     for a, b in zip(full, acc):
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("estimator", [None, "k2", "k3"])
+def test_the_kl_loss_term_is_the_configured_estimator(tmp_path, tok, estimator):
+    """kl_mode=loss: the update's KL term is kl_estimator (default k2, whose expected
+    gradient is that of KL(pi || pi_ref)) of the policy vs the reference, per token."""
+    kw = {} if estimator is None else {"kl_estimator": estimator}
+    tr = _trainer(tmp_path, tok, algo="grpo", agg="token-mean", kl_coef=0.1, **kw)
+    assert tr.update_spec(0.1).kl_estimator == (estimator or "k2")
+    roll, lab = _rollout_and_labels(tr)
+    with torch.no_grad():
+        for p in tr.policy.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    stats = _first_step_stats(tr, roll, lab)
+    batch = tr.labelled_batch(roll, lab)
+    with torch.no_grad():
+        logp = tr.forward_adapter(roll)(batch.rows(None)).logp
+    d = (lab.ref_logp - logp)[roll.action_mask].double()
+    per = d.expm1() - d if estimator == "k3" else 0.5 * d * d
+    assert float(stats["kl_loss"]) == pytest.approx(float(per.mean()), rel=1e-5)
 
 
 def test_resume_continues_exactly(tmp_path, tok):

@@ -20,20 +20,32 @@ FAST = dict(progress=False, tensorboard=False, n_envs=4, n_steps=128, batch_size
             n_epochs=4)
 
 
-@pytest.mark.parametrize("make, encoder, precision", [
-    (lambda: ImageChoice(), "NatureCNN", "fp32"),
-    (lambda: ImageChoice(), "NatureCNN", "bf16"),
-    (lambda: DictGoal(), "MultiInputEncoder", "fp32"),
-    (lambda: CopyBits(), None, "fp32"),
+SMALL = {"cnn_channels": (8, 16, 16), "features_dim": 64}  # a cheaper trunk for the tests
+
+
+@pytest.mark.parametrize("make, encoder, precision, more", [
+    (lambda: ImageChoice(), "NatureCNN", "fp32", {}),
+    (lambda: ImageChoice(), "NatureCNN", "bf16", {}),
+    (lambda: ImageChoice(size=10, dtype="bool"), "SmallImageCNN", "fp32", SMALL),
+    (lambda: ImageChoice(size=32, channels_first=True), "SmallImageCNN", "fp32", SMALL),
+    (lambda: DictGoal(), "MultiInputEncoder", "fp32", {}),
+    (lambda: DictGoal(img_size=32), "MultiInputEncoder", "fp32", SMALL),
+    (lambda: CopyBits(), None, "fp32", {}),
 ])
-def test_pixels_dicts_and_bits_learn(tmp_path, make, encoder, precision):
+def test_pixels_dicts_and_bits_learn(tmp_path, make, encoder, precision, more):
     """8192 steps: a policy that reads the image / the goal key / the target bits scores
     8 per episode, a random one 4 (ImageChoice, CopyBits) or 8/3 (DictGoal); the image
-    task also with the convolutions in bfloat16."""
+    task also with the convolutions in bfloat16, and below the Nature CNN's 36x36 (10x10
+    boolean planes as MinAtar's, 32x32 pixels, a 32x32 image in a Dict) with the
+    small-image CNN."""
     agent = ppokit.train(make, total_steps=8192, run_dir=tmp_path / "r", seed=0,
-                         precision=precision, **FAST)
+                         precision=precision, **FAST, **more)
     assert type(agent.policy.encoder).__name__ == str(encoder) or (
         encoder is None and agent.policy.encoder is None)
+    if encoder == "MultiInputEncoder":  # the Dict's image key: the trunk its size takes
+        img = agent.policy.encoder.cnns["img"]
+        assert type(img).__name__ == ("NatureCNN" if make().img_size >= 36
+                                      else "SmallImageCNN")
     res = agent.evaluate(episodes=10)
     assert res["mean_return"] >= 7.5, res
     agent.close()
@@ -45,6 +57,8 @@ def test_pixels_dicts_and_bits_learn(tmp_path, make, encoder, precision):
     ((84, 84, 4), np.uint8, 255, True, 1 / 255),
     ((4, 84, 84), np.float32, 1.0, False, 1.0),
     ((64, 64, 1), np.float32, 255.0, True, 1 / 255),
+    ((10, 10, 4), np.bool_, 1, True, 1.0),  # MinAtar's object planes
+    ((10, 10, 10), np.bool_, 1, True, 1.0),  # a tie (MinAtar Seaquest): H×W×C
 ])
 def test_image_layout(shape, dtype, high, last, scale):
     space = spaces.Box(0, high, shape, dtype=dtype)
@@ -136,22 +150,22 @@ def test_policy_choices_are_checked(tmp_path, kwargs, message):
     assert not (tmp_path / "r").exists()
 
 
-def test_small_images_go_to_the_mlp_unless_cnn_is_asked(tmp_path):
-    class Tiny(ImageChoice):
-        def __init__(self):
-            super().__init__()
-            self.observation_space = spaces.Box(0, 255, (16, 16, 3), np.uint8)
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 10, 16, 19, 20, 32, 35, 36])
+def test_images_of_every_size_get_a_cnn(size):
+    """policy=auto: the Nature CNN from 36x36 pixels, the small-image CNN below (never a
+    map that vanishes); the same in a Dict; policy=mlp still flattens them."""
+    from ppokit.policies import make_policy
 
-        def _obs(self):
-            return np.zeros((16, 16, 3), np.uint8)
-
-    with pytest.raises(UsageError, match="too small for the Nature CNN"):
-        ppokit.train(lambda: Tiny(), total_steps=512, run_dir=tmp_path / "r", n_envs=4,
-                     n_steps=128, policy="cnn", progress=False)
-    agent = ppokit.train(lambda: Tiny(), total_steps=512, run_dir=tmp_path / "r2", n_envs=4,
-                         n_steps=128, progress=False, tensorboard=False)
-    assert agent.policy.encoder is None  # auto: 16x16 is flattened into the MLP
-    agent.close()
+    space = spaces.Box(0, 255, (size, size, 3), np.uint8)
+    want = "NatureCNN" if size >= 36 else "SmallImageCNN"
+    pol = make_policy(space, spaces.Discrete(2))
+    assert type(pol.encoder).__name__ == want
+    out = pol.encoder(torch.randint(0, 256, (2, size, size, 3)).float())
+    assert out.shape == (2, 512) and bool(torch.isfinite(out).all())
+    d = make_policy(spaces.Dict({"img": space, "v": spaces.Box(-1, 1, (2,))}),
+                    spaces.Discrete(2))
+    assert type(d.encoder.cnns["img"]).__name__ == want
+    assert make_policy(space, spaces.Discrete(2), policy="mlp").encoder is None
 
 
 def test_cnn_checkpoints_round_trip_and_predict_with_images(tmp_path):

@@ -136,6 +136,29 @@ def test_two_actors_reproducible_from_the_seed(tmp_path):
     assert len(a) == 2 and a[-1]["global_step"] == 512
 
 
+def test_actors_send_actions_their_spaces_contain(tmp_path):
+    """Ray actors convert the policy's actions as the local collector does (the one
+    conversion, ppokit.policies.actions): start offsets, shapes, Box bounds and dtypes
+    (the environment refuses any action outside its space)."""
+    from gymnasium import spaces
+    from ray import cloudpickle
+
+    import _space_env
+    from ppokit.api import _resolve
+
+    cloudpickle.register_pickle_by_value(_space_env)  # the actors cannot import tests/
+    for space in (spaces.MultiDiscrete([[2, 3], [4, 2]], start=[[1, -1], [0, 5]]),
+                  spaces.Box(-0.5, 0.25, (2, 2), np.float64)):
+        maker = _space_env.factory(space)
+        cfg = _resolve("SpaceEnv", "ppo", 32, None, "factory",
+                       dict(n_envs=2, n_steps=16, batch_size=16, n_epochs=1,
+                            tensorboard=False, vectorization="ray", num_workers=1), maker)
+        tr = Trainer(cfg, tmp_path / type(space).__name__, env=maker, log=lambda m: None)
+        tr.train()
+        tr.close()
+        assert tr.global_step == 32
+
+
 def test_envs_per_worker_sets_n_envs_and_bad_splits_are_refused():
     from ppokit.errors import UsageError
 

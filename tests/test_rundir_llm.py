@@ -45,11 +45,14 @@ def _trained(tmp_path, name="run", **kw) -> Path:
     return tmp_path / name
 
 
-def _rewrite_config(ck: Path, **changes) -> None:
+def _rewrite_config(ck: Path, *, drop: tuple[str, ...] = (), **changes) -> None:
     """Edit a checkpoint's saved configuration *and* its manifest consistently — what an
-    attacker who hands over a run directory can do."""
+    attacker who hands over a run directory can do (``drop``: keys removed, as in a run
+    saved before they existed)."""
     state = json.loads((ck / "state.json").read_text())
     state["config"].update(changes)
+    for k in drop:
+        del state["config"][k]
     data = json.dumps(state).encode()
     (ck / "state.json").write_bytes(data)
     m = json.loads((ck / "manifest.json").read_text())
@@ -136,6 +139,17 @@ def test_resume_cannot_change_the_run_configuration(tmp_path, capsys):
     assert main(["llm", "train", "--resume", str(rd), "--algo", "grpo", "--no-progress"]) == 2
     assert "--algo" in capsys.readouterr().err
     assert _snapshot(rd) == before
+
+
+def test_a_run_saved_before_kl_estimator_resumes_with_the_k3_it_trained_with(tmp_path):
+    """kl_estimator's default is k2; a run whose configuration predates the field trained
+    its KL loss with k3 and goes on with it."""
+    from ppokit.llm.runfiles import config_from_run
+
+    rd = _trained(tmp_path, algo="grpo", iterations=1, samples_per_prompt=2)
+    assert config_from_run(str(rd)).kl_estimator == "k2"
+    _rewrite_config(latest_checkpoint(rd / "checkpoints"), drop=("kl_estimator",))
+    assert config_from_run(str(rd)).kl_estimator == "k3"
 
 
 def test_llm_resume_refuses_without_an_intact_checkpoint_and_falls_back(tmp_path, capsys):

@@ -16,8 +16,9 @@ same guarantees (docs/training.md). An environment is a registered Gymnasium id,
 ``() -> gymnasium.Env``, or a ``gymnasium.vector.VectorEnv`` (trained as it is, its
 ``num_envs`` being the run's; evaluation builds single copies from its ``env_fns`` or
 registered spec). A factory or a vector env cannot be recorded in a run directory, so
-resuming, evaluating or loading such a run needs it again: ``ppokit.load(path,
-env=make_env)``.
+resuming or evaluating such a run needs it again: ``ppokit.load(path, env=make_env)``;
+the run records its observation and action spaces, so ``ppokit.load(path)`` alone gives
+an agent that predicts.
 """
 
 from __future__ import annotations
@@ -150,6 +151,8 @@ class Agent:
         self._checkpoint = checkpoint  # (tensors, arrays, state) of a loaded agent
         self._writable = writable
         self._gen = None
+        # why there is no env_maker (a loaded run's factory or module:Id not given again)
+        self._env_missing: str | None = None
 
     def __repr__(self) -> str:
         return (f"Agent({self.cfg.algo} on {self.cfg.env_id}, {self.num_timesteps} steps, "
@@ -182,8 +185,10 @@ class Agent:
         """``(action, state)`` for one observation or a batch ``[n, *obs_shape]`` (NumPy).
 
         The run's observation normalisation is applied (its statistics are not updated);
-        Box actions are clipped to the action space. ``deterministic=False`` samples from
-        the policy.
+        the action is one of the action space (``action_space.contains`` accepts it: Box
+        actions clipped to the bounds, the ``start`` of a Discrete or MultiDiscrete space
+        added, the space's shape and dtype). ``deterministic=False`` samples from the
+        policy.
 
         A recurrent policy (``recurrent = "lstm"``) carries its memory in ``state``: pass
         back the state it returned, ``None`` at the start (the zero state), and
@@ -195,6 +200,8 @@ class Agent:
         """
         import torch
         from gymnasium import spaces
+
+        from ppokit.policies.actions import env_actions
 
         if not isinstance(deterministic, bool):
             raise UsageError(f"deterministic: expected True or False, got {deterministic!r}")
@@ -228,15 +235,13 @@ class Agent:
                 if self._gen is None:
                     self._gen = torch.Generator().manual_seed(self.cfg.seed + 2_000_000)
                 a = self.policy.act(t, self._gen)[0]
-        a = a.numpy()
-        if isinstance(self.action_space, spaces.Box):
-            a = np.clip(a.reshape(len(obs), *self.action_space.shape),
-                        self.action_space.low, self.action_space.high)
-        return (a if batched else a[0]), state
+        a = env_actions(a.numpy(), self.action_space)
+        return (a if batched else _one(a, self.action_space)), state
 
     def _predict_recurrent(self, t, state, episode_start, deterministic: bool, batched: bool):
         import torch
-        from gymnasium import spaces
+
+        from ppokit.policies.actions import env_actions
 
         pol = self.policy
         n = t.shape[0]
@@ -266,12 +271,9 @@ class Agent:
             gen = self._gen
         with torch.inference_mode():
             a, st = pol.predict(t, st, start, deterministic, gen)
-            a = a.numpy()
+            a = env_actions(a.numpy(), self.action_space)
             new_state = tuple(s.numpy().copy() for s in st)
-        if isinstance(self.action_space, spaces.Box):
-            a = np.clip(a.reshape(n, *self.action_space.shape),
-                        self.action_space.low, self.action_space.high)
-        return (a if batched else a[0]), new_state
+        return (a if batched else _one(a, self.action_space)), new_state
 
     def evaluate(self, episodes: int = 10, *, deterministic: bool = True,
                  seed: int | None = None, video: str | os.PathLike | None = None) -> dict:
@@ -299,6 +301,7 @@ class Agent:
 
             check_video_dir(video, "video")
             require_video_extra("video")
+        self._need_env("evaluate")
         seed = self.cfg.seed + 1_000_000 if seed is None else seed
         rets = evaluate_policy(self.policy, self.cfg, episodes=episodes, seed=seed,
                                deterministic=deterministic, obs_norm=self.obs_norm,
@@ -321,6 +324,14 @@ class Agent:
                                            deterministic=deterministic,
                                            obs_norm=self.obs_norm, where="video")
         return res
+
+    def _need_env(self, what: str) -> None:
+        """A loaded agent without its run's environment: ``what`` needs it (one line
+        saying what to pass to ``ppokit.load``)."""
+        if self._env is None:
+            why = self._env_missing or "no environment was given"
+            raise UsageError(f"{what}: needs the run's environment, which ppokit.load was "
+                             f"not given ({why.split(': ', 1)[-1]})")
 
     def log(self, name: str, value: float) -> None:
         """Log a scalar of your own from a callback: it joins the iteration's metrics
@@ -345,6 +356,8 @@ class Agent:
         show = _check_progress(progress)
         if self._trainer is None:
             from ppokit.algos import Trainer
+
+            self._need_env("learn")
 
             self._trainer = Trainer(self.cfg, self.run_dir, resume=True, env=self._env,
                                     log=_log)
@@ -445,6 +458,14 @@ class Agent:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _one(actions: np.ndarray, space):
+    """The one action of a batch of one: a NumPy integer for a Discrete space, else an
+    array of the space's shape (0-d for a scalar Box, which ``contains`` expects)."""
+    from gymnasium import spaces
+
+    return actions[0] if isinstance(space, spaces.Discrete) else actions[0, ...]
 
 
 def _flatten_dict_obs(space, observation) -> np.ndarray:
@@ -561,13 +582,18 @@ def train(env, algo: str = "ppo", total_steps: int | None = None,
 def load(path: str | os.PathLike, env=None, *, best: bool = False) -> Agent:
     """The agent of a run directory's newest intact checkpoint: its policy and observation
     normaliser, read-only (safetensors and JSON only; nothing in the directory is imported
-    or executed). ``env`` is needed again for a run trained on a factory (``env=make_env``)
-    or on a ``"module:Id"`` (``env="module:Id"``: imported because you name it here).
-    ``best=True``: the best policy the evaluations during training kept (``best/``); its
-    ``learn`` continues the run itself, from the newest checkpoint."""
+    or executed). The checkpoint records the observation and action spaces, so ``predict``
+    needs no environment. ``env`` is what builds the run's environments for ``evaluate``
+    and ``learn``: a registered id needs nothing; a run trained on a factory needs it
+    again (``env=make_env``), and one trained on a ``"module:Id"`` needs the id named
+    again (``env="module:Id"``: imported because you name it here). Without it the agent
+    predicts, and ``evaluate`` / ``learn`` say what to pass. ``best=True``: the best
+    policy the evaluations during training kept (``best/``); its ``learn`` continues the
+    run itself, from the newest checkpoint."""
     from ppokit.algos.evaluate import policy_from_checkpoint
     from ppokit.algos.trainer import load_run_checkpoint
     from ppokit.envs.source import env_for_run
+    from ppokit.io.spaces import SpaceDataError, spaces_from_state
 
     path = _check_path(path, "path")
     if not path.is_dir():
@@ -577,7 +603,20 @@ def load(path: str | os.PathLike, env=None, *, best: bool = False) -> Agent:
     if not isinstance(best, bool):
         raise UsageError(f"best: expected True or False, got {best!r}")
     cfg, tensors, arrays, st = load_run_checkpoint(path, best=best)
-    maker = env_for_run(cfg.env_id, cfg.env_source, env, "env")
-    policy, norm, spaces = policy_from_checkpoint(cfg, tensors, arrays, maker)
-    return Agent(cfg, path, policy, norm, spaces, maker, checkpoint=(tensors, arrays, st),
-                 writable=False)
+    try:
+        recorded = spaces_from_state(st)
+    except SpaceDataError as exc:
+        raise UsageError(f"run dir: {path}'s checkpoint records unusable spaces ({exc})"
+                         ) from None
+    maker, missing = None, None
+    try:
+        maker = env_for_run(cfg.env_id, cfg.env_source, env, "env")
+    except UsageError as exc:
+        if env is not None or recorded is None:  # the spaces come from the env: needed
+            raise
+        missing = str(exc)  # said when evaluate or learn needs the environment
+    policy, norm, spaces = policy_from_checkpoint(cfg, tensors, arrays, maker, recorded)
+    agent = Agent(cfg, path, policy, norm, spaces, maker, checkpoint=(tensors, arrays, st),
+                  writable=False)
+    agent._env_missing = missing
+    return agent

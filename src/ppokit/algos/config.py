@@ -26,7 +26,8 @@ from ppokit.cliutil import in_range
 from ppokit.core.registry import ENV_ADVANTAGES, POLICY_LOSSES
 from ppokit.errors import UsageError
 
-__all__ = ["TrainConfig", "ALGORITHMS", "ENV_PRESETS", "ATARI_PRESET", "env_preset",
+__all__ = ["TrainConfig", "ALGORITHMS", "ENV_PRESETS", "ATARI_PRESET", "MINATAR_PRESET",
+           "env_preset",
            "resolve_config", "config_help",
            "parse_value", "config_from_dict", "LIMITS", "SEED_MAX", "FLAGS",
            "available_memory", "estimate_memory", "check_memory", "max_torch_threads"]
@@ -86,10 +87,11 @@ class TrainConfig:
     ortho_init: bool = _f(True, "orthogonal initialisation")
     log_std_init: float = _f(0.0, "initial log-std of Gaussian policies")
     policy: str = _f("auto", "observation encoder: auto (cnn for image Box, multi_input for "
-                     "Dict, mlp otherwise), mlp, cnn (Nature-DQN trunk) or multi_input "
-                     "(one encoder per Dict key)")
+                     "Dict, mlp otherwise), mlp, cnn (Nature-DQN trunk; under 36x36 pixels "
+                     "three 3x3 convolutions) or multi_input (one encoder per Dict key)")
     cnn_channels: tuple[int, ...] = _f((32, 64, 64), "cnn: filters of the three "
-                                       "convolutions (8x8/4, 4x4/2, 3x3/1)")
+                                       "convolutions (8x8/4, 4x4/2, 3x3/1; images under "
+                                       "36x36: 3x3 each)")
     features_dim: int = _f(512, "cnn: features after the convolutions (a linear layer)")
     share_features: bool = _f(True, "cnn / multi_input: actor and critic share one encoder "
                               "(false: each has its own)")
@@ -532,13 +534,29 @@ ATARI_PRESET: dict[str, Any] = dict(
     policy="cnn", net_arch=(), precision="auto")
 ATARI_PREFIX = "ALE/"
 
+# MinAtar's games ("MinAtar/Breakout-v1", ...: the minatar extra, ppokit.envs.minatar):
+# 10x10 boolean object planes through the small-image CNN (three 3x3 convolutions of 16,
+# 32, 32 filters, 256 features; linear heads on them), and PPO's Atari settings otherwise,
+# with the larger learning rate and clip range of PPO on MinAtar's small games: 8 envs x
+# 128 steps, 4 epochs of minibatches of 256, learning rate 5e-4 and clip range 0.2 decayed
+# linearly, entropy bonus 0.01, 1M steps (docs/pixels.md: Breakout's learning curve).
+MINATAR_PRESET: dict[str, Any] = dict(
+    n_envs=8, total_timesteps=1_000_000, n_steps=128, n_epochs=4, batch_size=256,
+    learning_rate=5e-4, lr_schedule="linear", clip_range=0.2, clip_schedule="linear",
+    ent_coef=0.01, vf_coef=0.5, gamma=0.99, gae_lambda=0.95, max_grad_norm=0.5,
+    policy="cnn", cnn_channels=(16, 32, 32), features_dim=256, net_arch=())
+MINATAR_PREFIX = "MinAtar/"
+
 
 def env_preset(env_id: str) -> dict[str, Any]:
     """The tuned PPO values of ``env_id``: its entry of :data:`ENV_PRESETS`, else
-    :data:`ATARI_PRESET` for an ALE id (``ALE/...``), else none."""
+    :data:`ATARI_PRESET` for an ALE id (``ALE/...``) and :data:`MINATAR_PRESET` for a
+    MinAtar game (``MinAtar/...``), else none."""
     if env_id in ENV_PRESETS:
         return ENV_PRESETS[env_id]
-    return ATARI_PRESET if env_id.startswith(ATARI_PREFIX) else {}
+    if env_id.startswith(ATARI_PREFIX):
+        return ATARI_PRESET
+    return MINATAR_PRESET if env_id.startswith(MINATAR_PREFIX) else {}
 
 
 # ------------------------------------------------------------------------------ parsing

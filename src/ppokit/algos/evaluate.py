@@ -6,11 +6,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gymnasium import spaces
 
 from ppokit.envs import ObsNormalizer, env_for_run, make_vec
 from ppokit.errors import UsageError
 from ppokit.policies import is_recurrent, policy_for_config
+from ppokit.policies.actions import env_actions
 
 from .config import TrainConfig
 from .trainer import load_run_checkpoint
@@ -31,12 +31,17 @@ def load_policy(run_dir: str | Path, env=None, where: str = "--env", *, best: bo
     return cfg, policy, norm, maker
 
 
-def policy_from_checkpoint(cfg: TrainConfig, tensors: dict, arrays: dict, maker):
+def policy_from_checkpoint(cfg: TrainConfig, tensors: dict, arrays: dict, maker,
+                           spaces: tuple | None = None):
     """``(policy, obs_normalizer | None, (observation_space, action_space))`` rebuilt from a
-    checkpoint's tensors and arrays; ``maker`` builds one env to read the spaces."""
-    env = make_vec(maker, 1, vectorization="sync", env_kwargs=cfg.env_kwargs)
-    obs_space, act_space = env.single_observation_space, env.single_action_space
-    env.close()
+    checkpoint's tensors and arrays, for ``spaces`` (the ones the checkpoint recorded,
+    :func:`ppokit.io.spaces.spaces_from_state`) or, when ``None`` (a checkpoint written
+    before spaces were recorded), those of one env ``maker`` builds."""
+    if spaces is None:
+        env = make_vec(maker, 1, vectorization="sync", env_kwargs=cfg.env_kwargs)
+        spaces = env.single_observation_space, env.single_action_space
+        env.close()
+    obs_space, act_space = spaces
     policy = policy_for_config(cfg, obs_space, act_space)
     try:
         policy.load_state_dict(tensors["model"])
@@ -69,9 +74,11 @@ def new_memory(policy, n: int) -> Memory | None:
 
 def policy_actions(policy, obs, space, obs_norm, deterministic: bool, gen,
                    memory: Memory | None = None) -> np.ndarray:
-    """Actions ``[n, ...]`` of ``policy`` for a batch of raw observations ``[n, ...]``: the
-    run's normalisation applied, the most likely / mean action or a sample, Box actions
-    clipped to the space (the one place evaluation and video recording take actions).
+    """Actions ``[n, *space.shape]`` of ``policy`` for a batch of raw observations
+    ``[n, ...]``: the run's normalisation applied, the most likely / mean action or a
+    sample, as actions of ``space`` (:func:`ppokit.policies.actions.env_actions`: start
+    offsets added, Box actions clipped; the one place evaluation and video recording
+    take actions).
     A recurrent policy needs its ``memory`` (:func:`new_memory`), which is carried on."""
     o = obs if obs_norm is None else obs_norm(obs)
     o = torch.as_tensor(np.asarray(o, np.float32))
@@ -83,10 +90,7 @@ def policy_actions(policy, obs, space, obs_norm, deterministic: bool, gen,
         memory.episode_start[:] = False
     else:
         a = policy.deterministic_action(o) if deterministic else policy.act(o, gen)[0]
-    a = a.numpy()
-    if isinstance(space, spaces.Box):
-        a = np.clip(a.reshape(a.shape[0], *space.shape), space.low, space.high)
-    return a
+    return env_actions(a.numpy(), space)
 
 
 def evaluate_policy(policy, cfg: TrainConfig, *, episodes: int = 10, seed: int = 0,

@@ -17,9 +17,11 @@ The three choices of the engine (docs/theory.md#one-idea):
 * advantage: ``advantage_estimator`` (``gae`` / ``reward_to_go``), ``use_critic``;
 * ratio / surrogate: ``policy_loss`` — ``clip`` (PPO-Clip), ``vanilla`` (``−log π · Â``;
   A2C, REINFORCE), ``kl_penalty`` (``ρ Â − β KL(π_old ‖ π)``, the KL estimated without
-  bias from the rollout's actions by :func:`ppokit.core.ppo_kl_penalty_loss` — the same
-  quantity as the ``approx_kl`` statistic — and β adapted from that statistic after each
-  iteration by :class:`ppokit.core.AdaptiveKLController`);
+  bias from the rollout's actions by :func:`ppokit.core.ppo_kl_penalty_loss`, and β
+  adapted after each iteration by :class:`ppokit.core.AdaptiveKLController` from the KL
+  between the rollout's policy and the policy *after* the iteration's epochs, measured on
+  the iteration's samples — the metric ``kl_after_update``, the mean k3 estimate
+  ``(ρ − 1) − log ρ`` over every sample, as the PPO paper's rule reads it);
 * step control: ``clip_range`` (+ schedule), ``learning_rate`` (+ schedule), ``n_epochs``,
   ``max_grad_norm``, ``target_kl``.
 
@@ -50,7 +52,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ppokit.core import AdaptiveKLController, explained_variance
+from ppokit.core import AdaptiveKLController, approx_kl, explained_variance
 from ppokit.engine import LabelledBatch, UpdateSpec, eager_minibatch_step, run_update
 from ppokit.engine.allocator import keep_freed_memory
 from ppokit.engine.flat import FlatParameters
@@ -79,6 +81,7 @@ from ppokit.io.checkpoint import (
 from ppokit.io.metrics import MetricsWriter, truncate_metrics
 from ppokit.io.rundir import RunDir
 from ppokit.io.signals import GracefulStop, Interrupted
+from ppokit.io.spaces import recorded_spaces
 from ppokit.io.tracking import check_tracker, make_tracker
 from ppokit.policies import is_recurrent, policy_for_config
 from ppokit.rollout import Collector, RecurrentCollector, Rollout, recurrent_forward
@@ -373,12 +376,23 @@ class Trainer:
                          generator=self.shuffle_gen, clip_range=clip,
                          kl_coef=self.kl_ctl.value if self.kl_ctl is not None else None,
                          step_fn=step)
+        if self.kl_ctl is not None:
+            out["kl_after_update"] = self._kl_after_update(batch)
         values, returns = batch.data["values"], batch.data["returns"]
         if batch.mask is not None:
             values, returns = values[batch.mask], returns[batch.mask]
         out["explained_variance"] = (explained_variance(values, returns)
                                      if self.cfg.use_critic else None)
         return out
+
+    def _kl_after_update(self, batch: LabelledBatch) -> float:
+        """The mean k3 estimate of ``KL(π_old ‖ π)`` over every sample of the iteration
+        (valid elements of a sequence batch), ``π`` the policy after the update's epochs
+        and ``π_old`` the rollout's (its frozen log-probabilities): what the adaptive β
+        is adapted from."""
+        with torch.no_grad():
+            logp = self._forward()(batch.rows(None)).logp
+        return float(approx_kl(logp, batch.data["logp"], batch.mask))
 
     # ------------------------------------------------------------------ loop
     def iterate(self, on_record: Callable[[dict], Any] | None = None) -> dict[str, Any]:
@@ -395,9 +409,9 @@ class Trainer:
         upd = self.update(rollout, clip)
         kl_coef = None
         if self.kl_ctl is not None:
-            kl_coef = self.kl_ctl.value
-            if upd["approx_kl"] is not None:
-                self.kl_ctl.update(upd["approx_kl"])
+            kl_coef = self.kl_ctl.value  # the β this iteration's update used
+            if upd["n_updates"]:  # (no step taken: the policy did not move, β stays)
+                self.kl_ctl.update(upd["kl_after_update"])
         self.iteration += 1
         dt = time.perf_counter() - t0
         self.elapsed += dt
@@ -422,6 +436,7 @@ class Trainer:
             "learning_rate": lr,
             "clip_range": clip if c.policy_loss == "clip" else None,
             "kl_coef": kl_coef,
+            "kl_after_update": upd.get("kl_after_update"),
             "target_kl_check": c.target_kl_check if c.target_kl is not None else None,
             "early_stop_epoch": upd["early_stop_epoch"],
             "early_stop_minibatch": upd["early_stop_minibatch"],
@@ -482,9 +497,9 @@ class Trainer:
 
     def _log_precision(self, asked: str) -> None:
         """Say the number format of the convolutional trunk when it is not float32."""
-        from ppokit.policies.encoders import NatureCNN
+        from ppokit.policies.encoders import ImageCNN
 
-        cnn = next((m for m in self.policy.modules() if isinstance(m, NatureCNN)), None)
+        cnn = next((m for m in self.policy.modules() if isinstance(m, ImageCNN)), None)
         if cnn is None or asked == "fp32":
             return
         if cnn.precision == "fp32":  # auto, on a CPU without native bfloat16
@@ -561,6 +576,9 @@ class Trainer:
             "rng": rng_meta,
             "kl_controller": self.kl_ctl.state_dict() if self.kl_ctl is not None else None,
             "env_state": env_state(self.env),
+            # the spaces the policy was built for: loading needs no environment
+            "spaces": recorded_spaces(self.env.single_observation_space,
+                                      self.env.single_action_space),
             "config": self.cfg.to_dict(),
         }
         own = root is None

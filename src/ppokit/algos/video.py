@@ -133,8 +133,8 @@ def record_episodes(policy, cfg, maker, out: str | os.PathLike, *, episodes: int
                     while not done:
                         a = policy_actions(policy, np.asarray(obs)[None], space, obs_norm,
                                            deterministic, gen, memory)[0]
-                        if not isinstance(space, spaces.Box):
-                            a = a.reshape(()).item()
+                        if isinstance(space, spaces.Discrete):
+                            a = a.item()
                         obs, r, te, tr, _ = env.step(a)
                         total += float(r)
                         done = bool(te or tr)

@@ -68,9 +68,8 @@ def collect_batch(policy, env_id: str = "CartPole-v1", n: int = 256, seed: int =
     """Step ``env_id`` (built with ``env_kwargs``) with ``policy.act`` (under inference mode,
     as a collector does) until ``n`` transitions are recorded. ``obs_transform`` maps raw
     observations to what the policy sees (e.g. a trained run's observation normaliser)."""
-    from gymnasium import spaces
-
     from ppokit.envs import make_vec
+    from ppokit.policies.actions import env_actions
 
     # ppokit's own vector env: a module:Id only if the user named it (ppokit.envs.source),
     # an Atari game with its preprocessing (the observations the policy trains on)
@@ -79,7 +78,6 @@ def collect_batch(policy, env_id: str = "CartPole-v1", n: int = 256, seed: int =
     try:
         raw, _ = env.reset(seed=seed)
         obs_l, act_l, logp_l = [], [], []
-        box = isinstance(env.single_action_space, spaces.Box)
         while sum(len(o) for o in obs_l) < n:
             o = np.asarray(raw, dtype=np.float32)
             if obs_transform is not None:
@@ -90,11 +88,7 @@ def collect_batch(policy, env_id: str = "CartPole-v1", n: int = 256, seed: int =
             obs_l.append(ot.clone())
             act_l.append(a.clone())
             logp_l.append(logp.clone())
-            a_env = a.numpy()
-            if box:
-                sp = env.single_action_space
-                a_env = np.clip(a_env, sp.low, sp.high)
-            raw, *_ = env.step(a_env)
+            raw, *_ = env.step(env_actions(a.numpy(), env.single_action_space))
     finally:
         env.close()
     return Batch(torch.cat(obs_l)[:n], torch.cat(act_l)[:n], torch.cat(logp_l)[:n])

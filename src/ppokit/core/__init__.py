@@ -15,7 +15,9 @@ from .group import (
     rloo_advantages,
 )
 from .kl import (
+    DEFAULT_KL_LOSS_ESTIMATOR,
     KL_ESTIMATORS,
+    KL_LOSS_ESTIMATORS,
     AdaptiveKLController,
     FixedKLController,
     ProportionalKLController,
@@ -45,8 +47,9 @@ from .returns import discount_weights, discounted_return, reward_to_go
 from .stats import explained_variance, masked_mean, masked_sum, masked_var, masked_whiten
 
 __all__ = [
-    "AGGREGATION_MODES", "AdaptiveKLController", "ENV_ADVANTAGES", "FixedKLController",
-    "GROUP_ADVANTAGES", "KL_ESTIMATORS", "LossTerms", "POLICY_LOSSES", "PolicyLoss",
+    "AGGREGATION_MODES", "AdaptiveKLController", "DEFAULT_KL_LOSS_ESTIMATOR", "ENV_ADVANTAGES",
+    "FixedKLController", "GROUP_ADVANTAGES", "KL_ESTIMATORS", "KL_LOSS_ESTIMATORS", "LossTerms",
+    "POLICY_LOSSES", "PolicyLoss",
     "ProportionalKLController", "Registry", "aggregate", "approx_kl", "broadcast_to_tokens",
     "categorical_kl", "clip_fractions", "clipped_surrogate_loss", "discount_weights",
     "discounted_return", "discounted_reverse_cumsum", "dr_grpo_advantages", "entropy_bonus",

@@ -11,6 +11,18 @@ Per-sample estimators of ``KL(p ‖ q)`` from actions sampled from ``p``, given
 * ``k3 = (r − 1) − log_r``: non-negative and unbiased (``E_p[r − 1] = 0``). Stable-Baselines3's
   and CleanRL's ``approx_kl`` is k3 with ``p`` = old policy and ``q`` = new policy.
 
+An estimator unbiased in *value* need not be in *gradient*. Used as a loss on tokens sampled
+from the policy ``π`` being trained (``p = π``, ``q = π_ref``, the sampled tokens held fixed),
+the per-sample gradients have the expectations (docs/theory.md#the-kl-loss-and-its-gradient):
+
+* k1: ``E_π[∇log π] = 0`` — no pull towards the reference at all;
+* k2: ``E_π[(log π − log π_ref) ∇log π] = ∇KL(π ‖ π_ref)`` — the gradient of the KL it
+  penalises;
+* k3: ``E_π[(1 − π_ref/π) ∇log π] = ∇KL(π_ref ‖ π)`` — the *other* direction's gradient.
+
+:data:`KL_LOSS_ESTIMATORS` lists the ones the KL loss term offers, with that direction.
+None of these estimators is clamped or bounded.
+
 :func:`categorical_kl` is the exact KL between full categorical distributions, for when the
 whole distribution is available (it sees the unobserved actions that a sampled ratio cannot:
 docs/theory.md#unobserved-actions, KL 5.2012 at an observed ratio of 1.2).
@@ -31,6 +43,8 @@ __all__ = [
     "kl_k3",
     "kl_estimate",
     "KL_ESTIMATORS",
+    "KL_LOSS_ESTIMATORS",
+    "DEFAULT_KL_LOSS_ESTIMATOR",
     "categorical_kl",
     "AdaptiveKLController",
     "ProportionalKLController",
@@ -67,6 +81,16 @@ def kl_k3(logp, logq) -> Tensor:
 
 
 KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+
+# The estimators of the KL-to-reference loss term (ppokit.core.kl_penalty_loss; the token
+# trainer's kl_estimator), each with the gradient its expected gradient is when the tokens
+# are samples of the policy being trained (module doc). k1 is not one: its expected
+# gradient is 0, it belongs in the reward (kl_mode=reward).
+KL_LOSS_ESTIMATORS = {
+    "k2": "∇KL(π ‖ π_ref)",  # ½ (log π − log π_ref)²: the gradient of the KL penalised
+    "k3": "∇KL(π_ref ‖ π)",  # GRPO's form π_ref/π − 1 − log(π_ref/π): the reverse one's
+}
+DEFAULT_KL_LOSS_ESTIMATOR = "k2"
 
 
 def kl_estimate(logp, logq, kind: str = "k3") -> Tensor:

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .kl import kl_estimate
+from .kl import DEFAULT_KL_LOSS_ESTIMATOR, KL_LOSS_ESTIMATORS, kl_estimate
 from .validation import (
     NonFiniteError,
     Tensor,
@@ -366,18 +366,38 @@ def entropy_bonus(entropy, mask=None, *, agg: str = "token-mean", num_tokens=Non
                      norm_length=norm_length)
 
 
-def kl_penalty_loss(logp, logp_ref, mask=None, *, estimator: str = "k3",
-                    agg: str = "token-mean", num_tokens=None, num_seqs=None,
-                    norm_length=None) -> Tensor:
-    """KL to a reference policy as a differentiable loss term (GRPO style).
+def kl_penalty_loss(logp, logp_ref, mask=None, *,
+                    estimator: str = DEFAULT_KL_LOSS_ESTIMATOR, agg: str = "token-mean",
+                    num_tokens=None, num_seqs=None, norm_length=None) -> Tensor:
+    """KL to a reference policy as a differentiable loss term.
 
-    ``logp`` (current policy, with gradient) and ``logp_ref`` (frozen) of the sampled
-    tokens, ``[M]`` or ``[B, L]``. Per sample ``estimator`` (default k3, non-negative) of
-    ``KL(π ‖ π_ref)`` for tokens sampled from ``π``, aggregated. This is the alternative to
-    the per-token KL *reward* (k1 of old vs reference, folded into the rewards before GAE,
+    ``logp`` (current policy ``π``, with gradient) and ``logp_ref`` (frozen) of the sampled
+    tokens, ``[M]`` or ``[B, L]``; per sample an estimate of ``KL(π ‖ π_ref)`` for tokens
+    sampled from ``π``, aggregated. ``estimator`` (:data:`ppokit.core.KL_LOSS_ESTIMATORS`)
+    decides where its gradient points:
+
+    * ``"k2"`` (default): ``½ (log π − log π_ref)²``, per-sample gradient
+      ``(log π − log π_ref) ∇log π`` whose expectation under ``π`` is ``∇KL(π ‖ π_ref)``: the
+      gradient of the KL the term penalises. Its value is biased (it agrees with the KL to
+      second order near the reference).
+    * ``"k3"`` (GRPO's form): ``π_ref/π − 1 − log(π_ref/π)``, unbiased in value for
+      ``KL(π ‖ π_ref)``, but per-sample gradient ``(1 − π_ref/π) ∇log π``, whose expectation
+      is ``∇KL(π_ref ‖ π)``: it pulls towards the reference along the other direction
+      (mass-covering; ``π_ref/π`` is unbounded where ``π`` is small).
+
+    Neither is clamped. The expectations hold for tokens sampled from the policy being
+    differentiated: on a rollout of ``π_old`` that is the update's first step, and
+    approximately so while ``π`` stays near ``π_old`` (docs/theory.md#the-kl-loss-and-its-gradient).
+    k1 (``log π − log π_ref``) is refused: its expected gradient is 0; it belongs in the
+    per-token KL *reward* (k1 of old vs reference, folded into the rewards before GAE,
     never clamped). For the PPO paper's penalty on the distance from the *sampling* policy,
     use :func:`ppo_kl_penalty_loss`. Masked positions are never read.
     """
+    if estimator not in KL_LOSS_ESTIMATORS:
+        why = (" (k1's expected gradient is 0: it belongs in the reward)"
+               if estimator == "k1" else "")
+        raise ValueError(f"estimator: expected one of {', '.join(KL_LOSS_ESTIMATORS)} for "
+                         f"the KL loss term, got {estimator!r}{why}")
     f, m = _masked_terms({"logp": logp, "logp_ref": logp_ref}, mask, "logp")
     per = kl_estimate(f["logp"], f["logp_ref"].detach(), estimator)
     return aggregate(per, m, agg, num_tokens=num_tokens, num_seqs=num_seqs,

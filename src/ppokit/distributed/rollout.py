@@ -120,10 +120,10 @@ class RolloutWorker:
         # a Dict observation is stored flat; the encoder reads it per key
         self.policy = make_policy(getattr(obs_space, "dict_space", obs_space),
                                   self.env.single_action_space, **spec["policy"])
-        from ppokit.policies.encoders import NatureCNN
+        from ppokit.policies.encoders import ImageCNN
 
         for m in self.policy.modules():  # the CNN's layout as the learner's (fast)
-            if isinstance(m, NatureCNN):
+            if isinstance(m, ImageCNN):
                 m.fast_layout = bool(spec["fast"])
         self.obs_norm = None
         if spec["normalize_obs"]:

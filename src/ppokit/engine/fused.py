@@ -59,6 +59,7 @@ _SPEC_SUPPORT: dict[str, object] = {
     "ent_coef": _ANY,
     "kl_anchor": {"none"},
     "kl_coef": _ANY,  # unused without a KL term
+    "kl_estimator": _ANY,  # (likewise)
     "clip_range_vf": _ANY,
     "value_clip_mode": {"max", "clipped"},
     "max_grad_norm": _ANY,
@@ -412,6 +413,8 @@ class FusedStep:
         actions = mb["actions"]
         if self._opts["categorical"]:
             actions = actions.long()
+        else:  # a Box of any shape, read flattened (ppokit.policies.actions)
+            actions = actions.reshape(actions.shape[0], -1)
         stats, stopped = self.kernel(
             x, actions, mb["logp"], mb["advantages"], mb["returns"], mb["values"],
             *self._nets, *self._log_std, self.flat.grad, clip=float(clip_range),

@@ -12,11 +12,15 @@ target-KL early stop — happens here, once, and means the same for both:
   :class:`ppokit.core.LossTerms`. The policy term is the registry's ``policy_loss``
   (:data:`ppokit.core.POLICY_LOSSES`: ``clip``, ``vanilla``, ``kl_penalty``); the KL term
   is anchored at the old policy (``kl_anchor="old"``, PPO-KL's penalty, k3 in ratio form)
-  or the reference model (``"ref"``, k3 of the current vs the reference policy), or absent.
+  or the reference model (``"ref"``, ``kl_estimator`` of the current vs the reference
+  policy: k2 by default, whose expected gradient is ``∇KL(π ‖ π_ref)``, or GRPO's k3, whose
+  expected gradient is ``∇KL(π_ref ‖ π)``; :func:`ppokit.core.kl_penalty_loss`), or absent.
 * **Aggregation.** Policy, entropy and KL terms use ``agg``
   (:func:`ppokit.core.aggregate`); the value loss is always the mean over valid elements.
-  With gradient accumulation each micro-batch divides by its *minibatch's* token and
-  sequence counts, so accumulation changes memory, not the update.
+  With gradient accumulation (and on several ranks) each micro-batch divides by its
+  *minibatch's* token and sequence counts — a row without any action is not a sequence,
+  as :func:`ppokit.core.aggregate` counts — so accumulation changes memory, not the
+  update, whatever rows a micro-batch holds.
 * **Gradient clipping.** One global norm over every trained parameter (``max_grad_norm``;
   ``None`` = off); ``grad_norm`` is the norm before clipping.
 * **Target KL.** An early stop, never a trust region. ``target_kl_check="minibatch"``:
@@ -44,6 +48,8 @@ import torch
 from torch import Tensor
 
 from ppokit.core import (
+    DEFAULT_KL_LOSS_ESTIMATOR,
+    KL_LOSS_ESTIMATORS,
     POLICY_LOSSES,
     LossTerms,
     entropy_bonus,
@@ -86,6 +92,7 @@ class UpdateSpec:
     ent_coef: float = 0.0
     kl_anchor: str = "none"  # none | old (PPO-KL penalty) | ref (reference model)
     kl_coef: float = 0.0  # β of the KL term (a controller's value overrides per update)
+    kl_estimator: str = DEFAULT_KL_LOSS_ESTIMATOR  # kl_anchor="ref": a KL_LOSS_ESTIMATORS name
     clip_range_vf: float | None = None  # value clipping around the rollout's values
     value_clip_mode: str = "max"  # max (pessimistic) | clipped
     max_grad_norm: float | None = 0.5  # one global norm; None: no clipping
@@ -110,6 +117,8 @@ class UpdateSpec:
                               ("value_clip_mode", VALUE_CLIP_MODES)):
             if getattr(self, name) not in allowed:
                 bad(name, f"one of {', '.join(allowed)}")
+        if self.kl_estimator not in KL_LOSS_ESTIMATORS:
+            bad("kl_estimator", f"one of {', '.join(KL_LOSS_ESTIMATORS)}")
         if not self.clip_range > 0:
             bad("clip_range", "a number > 0")
         for name in ("n_epochs", "grad_accum"):
@@ -184,10 +193,24 @@ class LabelledBatch:
 
 
 def _counts(rows: dict[str, Tensor]) -> dict[str, Any]:
+    """The denominators :func:`ppokit.core.aggregate` uses by default on ``rows``, as
+    numbers: ``num_tokens`` (valid positions) and ``num_seqs`` (rows holding at least one;
+    a row without any action is not a sequence), each at least 1. Handed to every
+    micro-batch (and every rank), they make the sum of the micro-batches' terms the whole
+    minibatch's term, whatever the micro-batches hold — empty rows, or nothing valid."""
+    tokens, seqs = _valid_counts(rows)
+    return {"num_tokens": float(max(tokens, 1)), "num_seqs": float(max(seqs, 1))}
+
+
+def _valid_counts(rows: dict[str, Tensor]) -> tuple[int, int]:
+    """``(valid positions, rows holding at least one)`` of ``rows`` (``[M]`` rows are the
+    ``[M, 1]`` layout: each valid element is a sequence), unclamped."""
     m = rows.get("mask")
-    n = rows["logp"].shape[0]
-    tokens = float(m.sum().clamp(min=1)) if m is not None else float(rows["logp"].numel())
-    return {"num_tokens": tokens, "num_seqs": float(n)}
+    logp = rows["logp"]
+    if m is None:
+        return logp.numel(), logp.shape[0]
+    per_row = m.reshape(m.shape[0], -1).sum(1)
+    return int(per_row.sum()), int((per_row > 0).sum())
 
 
 def eager_minibatch_step(spec: UpdateSpec, forward: Callable[[dict], Forward],
@@ -247,14 +270,15 @@ def eager_minibatch_step(spec: UpdateSpec, forward: Callable[[dict], Forward],
         if spec.kl_anchor == "old":
             terms.kl = ppo_kl_penalty_loss(f.logp, micro["logp"], m, **agg_kw)
         elif spec.kl_anchor == "ref":
-            terms.kl = kl_penalty_loss(f.logp, micro["ref_logp"], m, estimator="k3",
-                                       **agg_kw)
+            terms.kl = kl_penalty_loss(f.logp, micro["ref_logp"], m,
+                                       estimator=spec.kl_estimator, **agg_kw)
         total = terms.total(vf_coef=spec.vf_coef, ent_coef=spec.ent_coef, kl_coef=kl_coef)
         if idle:
             (0.0 * total).backward()
             continue
         total.backward()
-        w = 1.0 if idx is None else _counts(micro)["num_tokens"] / total_tokens
+        # the micro-batch's share of the minibatch's valid positions (0 for one without)
+        w = 1.0 if idx is None else _valid_counts(micro)[0] / total_tokens
         _accumulate(sums, pl, terms, w)
     if dp is not None:
         sums = _sum_across_ranks(dp, sums, spec)

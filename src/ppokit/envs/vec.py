@@ -24,7 +24,7 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, Vecto
 
 from ppokit.errors import UsageError
 
-from . import atari
+from . import atari, minatar
 from .source import gym_id
 
 __all__ = ["make_vec", "training_vec", "autoreset_mode_of", "env_state", "load_env_state",
@@ -43,8 +43,17 @@ def check_env_id(env_id: str) -> gym.envs.registration.EnvSpec:
     try:
         return gym.spec(bare)
     except (gym.error.Error, ModuleNotFoundError, ImportError) as exc:
+        if bare.startswith(minatar.NAMESPACE):  # MinAtar's games (the minatar extra)
+            if not minatar.register():
+                raise UsageError(f"env: {env_id!r} is a MinAtar game, which needs the "
+                                 f"minatar extra: {minatar.EXTRA_HINT} (minatar is not "
+                                 "installed)") from None
+            try:
+                return gym.spec(bare)
+            except (gym.error.Error, ModuleNotFoundError, ImportError):
+                pass
         # ale-py's games are registered when ale-py is imported (the atari extra)
-        if atari.register():
+        elif atari.register():
             try:
                 return gym.spec(bare)
             except (gym.error.Error, ModuleNotFoundError, ImportError):

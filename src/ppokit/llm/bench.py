@@ -290,7 +290,8 @@ def run_bench(batch: int = 64, length: int = 4096, iterations: int = 5,
     ours, theirs = [], []
     for r in range(rounds):
         if compare:  # each side in its own process: its own peak memory and settings
-            ours.append(in_own_process("bench_trainer", algo=algo, **kw))
+            # the KL loss term TRL's GRPOTrainer computes (k3), so both do the same work
+            ours.append(in_own_process("bench_trainer", algo=algo, kl_estimator="k3", **kw))
             theirs.append(in_own_process("bench_trl_grpo", **kw))
             if rounds > 1:
                 a, b = ours[-1]["seconds_per_iteration"], theirs[-1]["seconds_per_iteration"]

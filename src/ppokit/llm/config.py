@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 from ppokit.algos.config import SEED_MAX
 from ppokit.cliutil import in_range
+from ppokit.core.kl import DEFAULT_KL_LOSS_ESTIMATOR, KL_LOSS_ESTIMATORS
 from ppokit.core.losses import AGGREGATION_MODES
 from ppokit.core.registry import GROUP_ADVANTAGES
 from ppokit.errors import UsageError
@@ -137,7 +138,12 @@ class LLMConfig:
     advantage_estimator: str | None = _f(None, "gae | reinforce_pp | grpo | dr_grpo | rloo")
     use_critic: bool | None = _f(None, "learn a value model (needed by gae)")
     kl_mode: str | None = _f(None, "where the reference KL enters: reward (k1 per token) | "
-                                   "loss (k3 term) | none")
+                                   "loss (a term, kl_estimator) | none")
+    kl_estimator: str = _f(DEFAULT_KL_LOSS_ESTIMATOR,
+                           "kl_mode=loss: the term's per-token estimator: k2 (1/2 (log pi - "
+                           "log pi_ref)^2; expected gradient that of KL(pi || pi_ref), the KL "
+                           "penalised) | k3 (GRPO's pi_ref/pi - 1 - log(pi_ref/pi); unbiased "
+                           "value, but expected gradient that of KL(pi_ref || pi))")
     kl_coef: float | None = _f(None, "beta: the weight of the KL to the reference")
     kl_target: float | None = _f(None, "adaptive beta (PPO paper rule) on the sequence KL")
     normalize_advantage: bool | None = _f(None, "whiten token advantages over the batch")
@@ -306,6 +312,7 @@ LIMITS: dict[str, tuple[bool, float, float, bool]] = {
 CHOICES = {"agg": AGGREGATION_MODES, "old_logprobs": ("sampler", "recompute"),
            "precision": ("fp32", "bf16"),
            "kl_mode": ("reward", "loss", "none"), "truncation": TRUNCATION,
+           "kl_estimator": tuple(KL_LOSS_ESTIMATORS),
            "critic": ("separate", "shared"),
            "score_norm": ("none", "batch"), "advantage_estimator": ADVANTAGE_ESTIMATORS,
            }

@@ -28,6 +28,9 @@ MAX_PROMPTS_FILE = 2**31
 # what may differ from the saved configuration when a run is resumed or evaluated
 RESUMABLE = ("iterations", "time_limit", "checkpoint_every", "samples_logged", "reward",
              "reward_model", "n_eval_prompts", "temperature", "learning_rate")
+# fields added after runs were first saved, with the value those runs trained with (a
+# resumed run goes on as it started, whatever today's default)
+ADDED_FIELDS = {"kl_estimator": "k3", "guard_kl": 0.0, "guard_grad_norm": 0.0}
 
 
 def write_prompts(path: str, rows: list) -> None:
@@ -79,6 +82,7 @@ def config_from_run(run_dir: str, **overrides) -> LLMConfig:
     known = {f.name for f in fields(LLMConfig)}
     data = {DEPRECATED.get(k, k): v for k, v in data.items() if k != "minibatches"}
     data = {k: v for k, v in data.items() if k in known}
+    data = {**ADDED_FIELDS, **data}
     data["reward"] = data["reward_model"] = None
     for k, v in overrides.items():
         if v is None:

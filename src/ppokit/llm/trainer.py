@@ -21,7 +21,8 @@ One iteration (docs/theory.md#the-ppo-iteration, in this order):
    accumulated over ``grad_accum`` micro-batches whose losses divide by the minibatch's
    *global* token / sequence counts (so accumulation changes nothing but memory),
    PPO-Clip surrogate, optional value clipping, entropy bonus, KL loss term
-   (``kl_mode="loss"``, k3 of the current policy vs the reference), one global gradient
+   (``kl_mode="loss"``, ``kl_estimator`` of the current policy vs the reference: k2 by
+   default, whose expected gradient is ``∇KL(π ‖ π_ref)``), one global gradient
    clip over policy and critic, and the target-KL early stop — each meaning exactly what
    it means for environment training (docs/architecture.md, glossary).
 
@@ -469,7 +470,8 @@ class TokenTrainer:
             norm_length=float(self.max_new_tokens), use_critic=self.critic is not None,
             vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef,
             kl_anchor="ref" if cfg.kl_mode == "loss" and beta > 0 else "none",
-            kl_coef=beta, clip_range_vf=cfg.clip_range_vf, value_clip_mode="max",
+            kl_coef=beta, kl_estimator=cfg.kl_estimator, clip_range_vf=cfg.clip_range_vf,
+            value_clip_mode="max",
             max_grad_norm=cfg.max_grad_norm, target_kl=cfg.target_kl,
             target_kl_check="minibatch", n_epochs=cfg.n_epochs,
             minibatch_size=cfg.batch_size, grad_accum=cfg.grad_accum,

@@ -24,11 +24,11 @@ def policy_for_config(cfg, obs_space, action_space):
         from ppokit.errors import UsageError
 
         raise UsageError(str(exc)) from None
-    from .encoders import NatureCNN, resolve_precision
+    from .encoders import ImageCNN, resolve_precision
 
     precision = resolve_precision(getattr(cfg, "precision", "fp32"))
     for m in policy.modules():
-        if isinstance(m, NatureCNN):
+        if isinstance(m, ImageCNN):
             m.fast_layout = bool(getattr(cfg, "fast", True))
             m.precision = precision
     return policy

@@ -22,10 +22,13 @@ method                                     returns
 Shapes:
 
 * ``obs``: ``[B, *obs_shape]`` float32 (already normalised when normalisation is on).
-* ``action``: ``[B]`` int64 (Discrete), ``[B, A]`` float32 (Box), ``[B, K]`` int64
-  (MultiDiscrete). Box actions are the *unclipped* Gaussian sample: ``logp`` is the density
-  of exactly this sample; the environment receives it clipped to the Box bounds
-  (the collector does the clipping, see :mod:`ppokit.rollout`).
+* ``action``: the policy's own coordinates (:mod:`ppokit.policies.actions`): ``[B]``
+  int64 indices from 0 (Discrete, whatever its ``start``), ``[B, K]`` float32 (Box,
+  flattened), ``[B, K]`` int64 (MultiDiscrete indices from 0, MultiBinary bits,
+  flattened); ``evaluate`` also takes them in the space's shape ``[B, *shape]``. Box
+  actions are the *unclipped* Gaussian sample: ``logp`` is the density of exactly this
+  sample. The environment receives :func:`ppokit.policies.actions.env_actions` of them
+  (start added, Box clipped to its bounds, the space's shape and dtype).
 * ``logp``, ``entropy``, ``value``: ``[B]`` float32. For MultiDiscrete the heads are
   independent: ``logp`` and ``entropy`` are sums over heads.
 

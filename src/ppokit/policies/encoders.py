@@ -1,21 +1,32 @@
 """Observation encoders: what turns an observation into the feature vector the actor and
 critic MLPs read.
 
-* **Images** (``policy = "cnn"``, or ``auto`` on an image ``Box`` of at least 36×36
-  pixels; smaller images go flattened into the MLP): a ``Box`` with three
-  dimensions is an image when its dtype is uint8, or when it is float with bounds 0 and 1
-  (or 0 and 255). The channel axis is the smallest of the first and last axes (``C×H×W``
-  when ``shape[0] <= shape[-1]``, else ``H×W×C``: 84×84×4 and 4×84×84 are both read
-  right). Pixels are scaled to [0, 1] (divided by 255 for uint8 or 0–255 bounds) and go
-  through the convolutional trunk of the Nature DQN paper — 8×8 stride 4, 4×4 stride 2,
-  3×3 stride 1, with ``cnn_channels`` filters (32, 64, 64), ReLU, then a linear layer to
-  ``features_dim`` (512) and ReLU. With ``precision = "bf16"`` the trunk computes in
-  bfloat16 (autocast) and hands float32 features to the heads.
+* **Images** (``policy = "cnn"``, or ``auto`` on an image ``Box``): a ``Box`` with three
+  dimensions is an image when its dtype is uint8, bool (one plane per kind of object, as
+  MinAtar's games), or float with bounds 0 and 1 (or 0 and 255). The channel axis is the
+  smaller of the first and last axes (``C×H×W`` when ``shape[0] < shape[-1]``, else
+  ``H×W×C``, Gymnasium's layout, which a tie such as MinAtar Seaquest's 10×10×10 also
+  reads: 84×84×4 and 4×84×84 are both read right). Pixels are scaled to [0, 1] (divided
+  by 255 for uint8 or 0–255 bounds) and go through a convolutional trunk with
+  ``cnn_channels`` filters (32, 64, 64), ReLU after each convolution, then a linear layer
+  to ``features_dim`` (512) and ReLU:
+
+  - images of at least 36×36 pixels: the trunk of the Nature DQN paper — 8×8 stride 4,
+    4×4 stride 2, 3×3 stride 1 (:class:`NatureCNN`);
+  - smaller ones (MinAtar's 10×10, 32×32 thumbnails, down to 1×1), where those kernels do
+    not fit: three 3×3 convolutions, as MinAtar's agents use (:class:`SmallImageCNN`):
+    stride 1 (MinAtar's 10×10 maps become 8×8, 6×6, 4×4), except stride 2 for a layer
+    whose input side is 12 pixels or more (32×32 becomes 15×15, 7×7, 5×5: the work and
+    the flattened map stay small), and padding 1 along a side under 3 pixels (so the map
+    never vanishes).
+
+  With ``precision = "bf16"`` the trunk computes in bfloat16 (autocast) and hands float32
+  features to the heads.
 * **Dictionaries** (``policy = "multi_input"``, or ``auto`` on a ``Dict``): one encoder
-  per key, in sorted key order — the CNN for an image (256 features, as the combined
-  extractor most users know), the flattened values for a vector ``Box``, one-hot for a
-  ``Discrete`` (and each of a ``MultiDiscrete``'s entries), the bits of a ``MultiBinary``
-  — concatenated.
+  per key, in sorted key order — the image trunk above for an image of any size (256
+  features, as the combined extractor most users know), the flattened values for a vector
+  ``Box``, one-hot for a ``Discrete`` (and each of a ``MultiDiscrete``'s entries), the bits
+  of a ``MultiBinary`` — concatenated.
 
 Dictionary observations are stored flat in rollouts (Gymnasium's ``spaces.flatten``: each
 key's values, one-hot for discrete ones, concatenated in sorted key order); the
@@ -30,18 +41,21 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
-__all__ = ["is_image_space", "image_layout", "NatureCNN", "MultiInputEncoder",
-           "flat_dict_space", "POLICIES", "native_bf16", "resolve_precision"]
+__all__ = ["is_image_space", "image_layout", "ImageCNN", "NatureCNN", "SmallImageCNN",
+           "image_cnn", "MultiInputEncoder", "flat_dict_space", "POLICIES", "native_bf16",
+           "resolve_precision", "MIN_CNN_SIZE"]
 
 POLICIES = ("auto", "mlp", "cnn", "multi_input")
 MIN_CNN_SIZE = 36  # the smallest height and width the Nature CNN's three kernels fit
+SMALL_STRIDE_FROM = 12  # SmallImageCNN: stride 2 along a side of at least this many pixels
 
 
 def is_image_space(space: spaces.Space) -> bool:
-    """A 3-D ``Box`` of uint8 pixels, or of floats bounded by 0 and 1 (or 0 and 255)."""
+    """A 3-D ``Box`` of uint8 pixels or of booleans (object planes), or of floats bounded
+    by 0 and 1 (or 0 and 255)."""
     if not isinstance(space, spaces.Box) or len(space.shape) != 3:
         return False
-    if space.dtype == np.uint8:
+    if space.dtype in (np.uint8, np.bool_):
         return True
     if not np.issubdtype(space.dtype, np.floating):
         return False
@@ -53,7 +67,7 @@ def image_layout(space: spaces.Box) -> tuple[bool, int, int, int, float]:
     """``(channels_last, C, H, W, scale)`` of an image space (``scale`` multiplies pixels
     into [0, 1])."""
     shape = space.shape
-    last = shape[-1] < shape[0]
+    last = shape[-1] <= shape[0]  # a tie: H×W×C, Gymnasium's layout
     c, h, w = (shape[2], shape[0], shape[1]) if last else shape
     scale = 1.0 / 255.0 if space.dtype == np.uint8 or float(np.max(space.high)) > 1 else 1.0
     return last, int(c), int(h), int(w), scale
@@ -75,15 +89,21 @@ def resolve_precision(precision: str) -> str:
     return precision
 
 
-def _conv_out(n: int, k: int, s: int) -> int:
-    return (n - k) // s + 1
+def _conv_out(n: int, k: int, s: int, p: int = 0) -> int:
+    return (n + 2 * p - k) // s + 1
 
 
-class NatureCNN(nn.Module):
-    """The Nature-DQN convolutional trunk on one image space; ``[B, *shape]`` → ``[B,
-    features_dim]``."""
+class ImageCNN(nn.Module):
+    """A convolutional trunk on one image space; ``[B, *shape]`` → ``[B, features_dim]``.
 
-    KERNELS = ((8, 4), (4, 2), (3, 1))
+    :meth:`plan` says each convolution's kernel, stride and padding (per side: height,
+    width) for the image's size; a subclass gives its own (:class:`NatureCNN`,
+    :class:`SmallImageCNN`). Each convolution has the next ``channels`` entry of filters
+    and a ReLU, then a linear layer to ``features_dim`` and ReLU; orthogonal
+    initialisation with gain √2, zero biases."""
+
+    def plan(self, h: int, w: int) -> list[tuple[int, tuple[int, int], tuple[int, int]]]:
+        raise NotImplementedError
 
     def __init__(self, space: spaces.Box, channels: tuple[int, ...] = (32, 64, 64),
                  features_dim: int = 512):
@@ -91,14 +111,14 @@ class NatureCNN(nn.Module):
         self.channels_last, c, h, w, self.scale = image_layout(space)
         self.shape = tuple(space.shape)
         layers: list[nn.Module] = []
-        for out, (k, s) in zip(channels, self.KERNELS):
-            h, w = _conv_out(h, k, s), _conv_out(w, k, s)
+        for out, (k, (sh, sw), (ph, pw)) in zip(channels, self.plan(h, w)):
+            h, w = _conv_out(h, k, sh, ph), _conv_out(w, k, sw, pw)
             if h < 1 or w < 1:
                 raise ValueError(
                     f"observation space {space.shape}: images of "
                     f"{image_layout(space)[2]}x{image_layout(space)[3]} pixels are too small "
-                    "for the Nature CNN (at least 36x36); use policy=mlp")
-            layers += [nn.Conv2d(c, out, k, stride=s), nn.ReLU()]
+                    f"for the {type(self).__name__} (at least {MIN_CNN_SIZE}x{MIN_CNN_SIZE})")
+            layers += [nn.Conv2d(c, out, k, stride=(sh, sw), padding=(ph, pw)), nn.ReLU()]
             c = out
         self.conv = nn.Sequential(*layers, nn.Flatten())
         self.linear = nn.Sequential(nn.Linear(c * h * w, features_dim), nn.ReLU())
@@ -138,10 +158,45 @@ class NatureCNN(nn.Module):
         # before the conversion (on uint8: a quarter of the bytes to move)
         x = x.contiguous(memory_format=torch.channels_last).to(torch.float32)
         # the scale to [0, 1] folded into the first convolution's weights (no pass over
-        # the pixels): conv(x * s, W) = conv(x, s * W)
+        # the pixels; zero padding stays zero): conv(x * s, W) = conv(x, s * W)
         first = self.conv[0]
-        x = nn.functional.conv2d(x, first.weight * self.scale, first.bias, first.stride)
+        x = nn.functional.conv2d(x, first.weight * self.scale, first.bias, first.stride,
+                                 first.padding)
         return self.linear(self.conv[1:](x))
+
+
+class NatureCNN(ImageCNN):
+    """The Nature-DQN convolutional trunk (8×8/4, 4×4/2, 3×3/1) on one image space of at
+    least 36×36 pixels; ``[B, *shape]`` → ``[B, features_dim]``."""
+
+    KERNELS = ((8, 4), (4, 2), (3, 1))
+
+    def plan(self, h, w):
+        return [(k, (s, s), (0, 0)) for k, s in self.KERNELS]
+
+
+class SmallImageCNN(ImageCNN):
+    """Three 3×3 convolutions for images below the Nature CNN's 36×36 (module doc): stride
+    1, or 2 along a side of at least :data:`SMALL_STRIDE_FROM` pixels; padding 1 along a
+    side under 3 pixels. MinAtar's 10×10 maps become 8×8, 6×6, 4×4."""
+
+    def plan(self, h, w):
+        out = []
+        for _ in range(3):
+            sh, sw = (2 if n >= SMALL_STRIDE_FROM else 1 for n in (h, w))
+            ph, pw = (1 if n < 3 else 0 for n in (h, w))
+            out.append((3, (sh, sw), (ph, pw)))
+            h, w = _conv_out(h, 3, sh, ph), _conv_out(w, 3, sw, pw)
+        return out
+
+
+def image_cnn(space: spaces.Box, channels: tuple[int, ...] = (32, 64, 64),
+              features_dim: int = 512) -> ImageCNN:
+    """The trunk for an image space: :class:`NatureCNN` from 36×36 pixels, else
+    :class:`SmallImageCNN`."""
+    _, _, h, w, _ = image_layout(space)
+    cls = NatureCNN if min(h, w) >= MIN_CNN_SIZE else SmallImageCNN
+    return cls(space, channels, features_dim)
 
 
 def flat_dict_space(space: spaces.Dict) -> spaces.Box:
@@ -162,7 +217,7 @@ class MultiInputEncoder(nn.Module):
             sub = space.spaces[key]
             size = int(spaces.flatdim(sub))
             if is_image_space(sub):
-                self.cnns[key] = NatureCNN(sub, channels, image_features)
+                self.cnns[key] = image_cnn(sub, channels, image_features)
                 kind, out = "image", image_features
             elif isinstance(sub, (spaces.Box, spaces.Discrete, spaces.MultiDiscrete,
                                   spaces.MultiBinary)):

@@ -127,7 +127,7 @@ class MLPActorCritic(nn.Module):
     def __init__(self, obs_dim: int, kind: str, action_dim: int, *,
                  nvec: tuple[int, ...] | None = None, hidden: tuple[int, ...] = (64, 64),
                  activation: str = "tanh", ortho_init: bool = True,
-                 log_std_init: float = 0.0, obs_onehot: int | None = None,
+                 log_std_init: float = 0.0, obs_onehot: int | None = None, obs_start: int = 0,
                  encoder: nn.Module | None = None, critic_encoder: nn.Module | None = None):
         super().__init__()
         if kind not in ("categorical", "gaussian", "multicategorical", "bernoulli"):
@@ -135,6 +135,7 @@ class MLPActorCritic(nn.Module):
         act = ACTIVATIONS[activation]
         self.kind = kind
         self.obs_onehot = obs_onehot
+        self.obs_start = int(obs_start)
         self.encoder = encoder
         self.critic_encoder = critic_encoder
         n_logits = int(sum(nvec)) if kind == "multicategorical" else action_dim
@@ -160,7 +161,9 @@ class MLPActorCritic(nn.Module):
         if self.encoder is not None:
             return self.encoder(obs)
         if self.obs_onehot is not None:
-            return nn.functional.one_hot(obs.long().reshape(-1), self.obs_onehot).float()
+            # a Discrete(n, start) observation s is the one-hot of s − start
+            idx = obs.long().reshape(-1) - self.obs_start
+            return nn.functional.one_hot(idx, self.obs_onehot).float()
         return obs.reshape(obs.shape[0], -1)
 
     def _split(self, logits: Tensor) -> tuple[Tensor, ...]:
@@ -209,10 +212,14 @@ class MLPActorCritic(nn.Module):
         return torch.cat(acts, -1), torch.cat(logps, -1).sum(-1)
 
     def _logp_entropy(self, out: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
+        """Log-probability and entropy of ``actions`` (``[B]`` indices, or ``[B, ...]`` of
+        any shape, read flattened: ppokit.policies.actions) under the head's ``out``."""
         if self.kind == "categorical":
             logp_all = out.log_softmax(-1)
             ent = -(logp_all.exp() * logp_all).sum(-1)
-            return logp_all.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1), ent
+            a = actions.long().reshape(-1, 1)
+            return logp_all.gather(-1, a).squeeze(-1), ent
+        actions = actions.reshape(actions.shape[0], -1)
         if self.kind == "gaussian":
             z = (actions - out) * torch.exp(-self.log_std)
             logp = (-0.5 * z.square() - self.log_std - _LOG_SQRT_2PI).sum(-1)
@@ -261,23 +268,21 @@ def _bernoulli_logp(logits: Tensor, a: Tensor) -> Tensor:
 
 def resolve_policy(obs_space: spaces.Space, policy: str = "auto") -> str:
     """The encoder a ``policy`` value means for ``obs_space``: ``auto`` picks ``cnn`` for an
-    image Box of at least 36x36 pixels (smaller ones are flattened into the MLP),
-    ``multi_input`` for a Dict, ``mlp`` otherwise; an explicit choice that does
-    not fit the space is an error naming ``policy``."""
-    from .encoders import MIN_CNN_SIZE, POLICIES, image_layout, is_image_space
+    image Box (the Nature CNN from 36x36 pixels, the small-image CNN below:
+    :func:`ppokit.policies.encoders.image_cnn`), ``multi_input`` for a Dict, ``mlp``
+    otherwise; an explicit choice that does not fit the space is an error naming
+    ``policy``."""
+    from .encoders import POLICIES, is_image_space
 
     if policy not in POLICIES:
         raise ValueError(f"policy: expected one of {', '.join(POLICIES)}, got {policy!r}")
     if policy == "auto":
         if isinstance(obs_space, spaces.Dict):
             return "multi_input"
-        if is_image_space(obs_space):  # big enough for the Nature CNN's kernels
-            _, _, h, w, _ = image_layout(obs_space)
-            return "cnn" if min(h, w) >= MIN_CNN_SIZE else "mlp"
-        return "mlp"
+        return "cnn" if is_image_space(obs_space) else "mlp"
     if policy == "cnn" and not is_image_space(obs_space):
-        raise ValueError(f"policy: cnn needs an image observation space (a 3-D uint8 Box, "
-                         f"or floats in [0, 1]); this env has {obs_space}")
+        raise ValueError(f"policy: cnn needs an image observation space (a 3-D Box of "
+                         f"uint8 or bool, or of floats in [0, 1]); this env has {obs_space}")
     if policy == "multi_input" and not isinstance(obs_space, spaces.Dict):
         raise ValueError(f"policy: multi_input needs a Dict observation space; this env has "
                          f"{obs_space}")
@@ -295,15 +300,17 @@ def make_policy(obs_space: spaces.Space, action_space: spaces.Space, *,
     """Build the actor-critic matching single-env observation and action spaces: the
     encoder ``policy`` names (:func:`resolve_policy`; for ``cnn`` and ``multi_input`` one
     trunk shared by actor and critic unless ``share_features`` is false), then the MLPs."""
-    from .encoders import MultiInputEncoder, NatureCNN
+    from .actions import check_action_space
+    from .encoders import MultiInputEncoder, image_cnn
 
+    check_action_space(action_space)
     onehot = None
     encoder = critic_encoder = None
     kind = resolve_policy(obs_space, policy)
     if kind in ("cnn", "multi_input"):
         def build():
             if kind == "cnn":
-                return NatureCNN(obs_space, tuple(cnn_channels), features_dim)
+                return image_cnn(obs_space, tuple(cnn_channels), features_dim)
             return MultiInputEncoder(obs_space, tuple(cnn_channels))
         encoder = build()
         critic_encoder = None if share_features else build()
@@ -316,7 +323,8 @@ def make_policy(obs_space: spaces.Space, action_space: spaces.Space, *,
         raise ValueError(f"observation space {obs_space} is not supported (Box, Discrete, "
                          "or Dict with policy=multi_input)")
     kw = dict(hidden=tuple(hidden), activation=activation, ortho_init=ortho_init,
-              obs_onehot=onehot, encoder=encoder, critic_encoder=critic_encoder)
+              obs_onehot=onehot, obs_start=int(getattr(obs_space, "start", 0) or 0),
+              encoder=encoder, critic_encoder=critic_encoder)
     if isinstance(action_space, spaces.Discrete):
         return MLPActorCritic(obs_dim, "categorical", int(action_space.n), **kw)
     if isinstance(action_space, spaces.Box):
@@ -325,8 +333,5 @@ def make_policy(obs_space: spaces.Space, action_space: spaces.Space, *,
     if isinstance(action_space, spaces.MultiDiscrete):
         nvec = tuple(int(n) for n in np.asarray(action_space.nvec).reshape(-1))
         return MLPActorCritic(obs_dim, "multicategorical", len(nvec), nvec=nvec, **kw)
-    if isinstance(action_space, spaces.MultiBinary):
-        n = int(np.prod(action_space.shape))
-        return MLPActorCritic(obs_dim, "bernoulli", n, **kw)
-    raise ValueError(f"action space {action_space} is not supported "
-                     "(Discrete, Box, MultiDiscrete or MultiBinary)")
+    n = int(np.prod(action_space.shape))  # (check_action_space: MultiBinary is what is left)
+    return MLPActorCritic(obs_dim, "bernoulli", n, **kw)

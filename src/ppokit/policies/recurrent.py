@@ -52,7 +52,7 @@ class LSTMActorCritic(nn.Module):
     def __init__(self, obs_dim: int, kind: str, action_dim: int, *,
                  nvec: tuple[int, ...] | None = None, hidden: tuple[int, ...] = (64, 64),
                  activation: str = "tanh", ortho_init: bool = True,
-                 log_std_init: float = 0.0, obs_onehot: int | None = None,
+                 log_std_init: float = 0.0, obs_onehot: int | None = None, obs_start: int = 0,
                  lstm_hidden_size: int = 256, n_lstm_layers: int = 1,
                  shared_lstm: bool = False, enable_critic_lstm: bool = True):
         super().__init__()
@@ -64,6 +64,7 @@ class LSTMActorCritic(nn.Module):
         act = ACTIVATIONS[activation]
         self.kind = kind
         self.obs_onehot = obs_onehot
+        self.obs_start = int(obs_start)
         self.features_dim = obs_dim
         self.lstm_hidden_size = int(lstm_hidden_size)
         self.n_lstm_layers = int(n_lstm_layers)
@@ -114,7 +115,9 @@ class LSTMActorCritic(nn.Module):
     def encode(self, obs: Tensor) -> Tensor:
         """``[B, *obs_shape]`` → ``[B, features_dim]``."""
         if self.obs_onehot is not None:
-            return nn.functional.one_hot(obs.long().reshape(-1), self.obs_onehot).float()
+            # a Discrete(n, start) observation s is the one-hot of s − start
+            idx = obs.long().reshape(-1) - self.obs_start
+            return nn.functional.one_hot(idx, self.obs_onehot).float()
         return obs.reshape(obs.shape[0], -1)
 
     # -- one step -------------------------------------------------------------------------
@@ -220,6 +223,9 @@ def make_recurrent_policy(obs_space: spaces.Space, action_space: spaces.Space, *
                           shared_lstm: bool = False, enable_critic_lstm: bool = True
                           ) -> LSTMActorCritic:
     """Build the LSTM actor-critic matching single-env observation and action spaces."""
+    from .actions import check_action_space
+
+    check_action_space(action_space, recurrent=True)
     onehot = None
     if isinstance(obs_space, spaces.Box):
         obs_dim = int(np.prod(obs_space.shape))
@@ -228,7 +234,8 @@ def make_recurrent_policy(obs_space: spaces.Space, action_space: spaces.Space, *
     else:
         raise ValueError(f"observation space {obs_space} is not supported (Box or Discrete)")
     kw = dict(hidden=tuple(hidden), activation=activation, ortho_init=ortho_init,
-              obs_onehot=onehot, lstm_hidden_size=lstm_hidden_size,
+              obs_onehot=onehot, obs_start=int(getattr(obs_space, "start", 0) or 0),
+              lstm_hidden_size=lstm_hidden_size,
               n_lstm_layers=n_lstm_layers, shared_lstm=shared_lstm,
               enable_critic_lstm=enable_critic_lstm)
     if isinstance(action_space, spaces.Discrete):
@@ -236,8 +243,5 @@ def make_recurrent_policy(obs_space: spaces.Space, action_space: spaces.Space, *
     if isinstance(action_space, spaces.Box):
         return LSTMActorCritic(obs_dim, "gaussian", int(np.prod(action_space.shape)),
                                log_std_init=log_std_init, **kw)
-    if isinstance(action_space, spaces.MultiDiscrete):
-        nvec = tuple(int(n) for n in np.asarray(action_space.nvec).reshape(-1))
-        return LSTMActorCritic(obs_dim, "multicategorical", len(nvec), nvec=nvec, **kw)
-    raise ValueError(f"action space {action_space} is not supported "
-                     "(Discrete, Box or MultiDiscrete)")
+    nvec = tuple(int(n) for n in np.asarray(action_space.nvec).reshape(-1))  # MultiDiscrete
+    return LSTMActorCritic(obs_dim, "multicategorical", len(nvec), nvec=nvec, **kw)

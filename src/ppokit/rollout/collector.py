@@ -48,6 +48,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 
 from ppokit.envs.normalize import ObsNormalizer, RewardScaler
 from ppokit.envs.vec import autoreset_mode_of
+from ppokit.policies.actions import ActionConverter
 from ppokit.policies.mlp import NumpySampler
 
 from .buffer import Rollout
@@ -103,9 +104,8 @@ class Collector:
                              "(same_step or next_step)")
         self.space = env.single_action_space
         self.box = isinstance(self.space, spaces.Box)
-        if self.box:
-            self.low = self.space.low.astype(np.float32)
-            self.high = self.space.high.astype(np.float32)
+        # the policy's actions (stored) -> the env's (start offsets, Box clipping, dtype)
+        self.to_env = ActionConverter(self.space)
         # fast: uint8 pixels are stored as they come (4x less memory to write and gather);
         # the policy's image encoder scales them itself. Otherwise float32 (the reference)
         self.keep_uint8 = (fast and obs_normalizer is None
@@ -201,7 +201,9 @@ class Collector:
         next_step = self.mode == AutoresetMode.NEXT_STEP
         scaler = self.reward_scaler
         if sampler is not None:
-            shape = (n_steps, n, 1) if sampler.kind == "categorical" else act_buf.shape
+            # one uniform per row, or one normal per entry of the (flattened) Box action
+            width = 1 if sampler.kind == "categorical" else int(np.prod(self.space.shape))
+            shape = (n_steps, n, width)
             draw = torch.rand if sampler.kind == "categorical" else torch.randn
             noise = draw(shape, generator=self.generator).numpy()
         else:
@@ -220,9 +222,7 @@ class Collector:
                     if self.use_critic:
                         val_buf[t] = value.numpy()
                 act_buf[t] = a.reshape(act_buf.shape[1:])
-                if self.box:
-                    a = np.clip(act_buf[t], self.low, self.high)
-                raw, r, te, tr, info = self.env.step(a)
+                raw, r, te, tr, info = self.env.step(self.to_env(act_buf[t]))
                 te, done, r, ok, pending, real_end = self._two_masks(te, tr, r, pending,
                                                                      next_step)
                 if ok is not None:

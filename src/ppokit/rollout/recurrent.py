@@ -161,9 +161,7 @@ class RecurrentCollector(Collector):
                 if self.use_critic:
                     val_buf[t] = value.numpy()
                 act_buf[t] = a.reshape(act_buf.shape[1:])
-                if self.box:
-                    a = np.clip(act_buf[t], self.low, self.high)
-                raw, r, te, tr, info = self.env.step(a)
+                raw, r, te, tr, info = self.env.step(self.to_env(act_buf[t]))
                 # NEXT_STEP: the dummy step returned the reset observation, so the new
                 # episode's state starts where the old ``pending`` was set
                 was_pending = pending
