@@ -121,6 +121,15 @@ def run(args: argparse.Namespace) -> int:
         run_dir = Path(args.resume)
         if not run_dir.is_dir():
             raise UsageError(f"--resume: no such run directory {str(run_dir)!r}")
+        from ppokit.io.rundir import is_llm_run_dir
+
+        from .seeds import is_seeds_dir, resume_seeds
+
+        if is_seeds_dir(run_dir):  # a stopped `ppokit train --seeds` launch
+            return resume_seeds(run_dir, args.env_id)
+        if is_llm_run_dir(run_dir):
+            raise UsageError(f"--resume: {run_dir} is a language-model run: continue it with "
+                             f"`ppokit llm train --resume {run_dir}`")
         cfg = load_run_config(run_dir)
         # a module:Id is imported only because it is named here again, never because the
         # checkpoint says so
