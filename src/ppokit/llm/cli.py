@@ -207,8 +207,8 @@ def _print_eval(ev: dict) -> None:
 
 
 def _launch(nproc: int) -> int:
-    """``--nproc N``: run this same command under torchrun on N local processes."""
-    import subprocess
+    """``--nproc N``: run this same command on N local ranks (:mod:`ppokit.llm.launch`)."""
+    from .launch import launch
 
     argv = list(sys.argv[1:])
     out, skip = [], False
@@ -222,17 +222,7 @@ def _launch(nproc: int) -> int:
         if a.startswith("--nproc="):
             continue
         out.append(a)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={nproc}", "-m", "ppokit", *out]
-    print(f"launching: torchrun --standalone --nproc_per_node={nproc} -m ppokit "
-          + " ".join(out), file=sys.stderr, flush=True)
-    rc = subprocess.call(cmd)
-    if rc != 0:
-        print(f"ppokit llm train: the {nproc}-process job failed (exit status {rc}); the "
-              "first failing rank's error is above. Checkpoints are written atomically by "
-              "rank 0: the last one in the run directory is intact and --resume continues "
-              "from it.", file=sys.stderr, flush=True)
-    return rc
+    return launch(nproc, out)
 
 
 def _train(args) -> int:
@@ -311,7 +301,8 @@ def _train_ranks(args, dp) -> int:
                 print(f"{exc}; checkpoint {exc.checkpoint.name} written; run dir {run_dir}",
                       file=sys.stderr)
                 print(f"resume with: ppokit llm train --resume {run_dir}"
-                      + _reward_flags(cfg), file=sys.stderr, flush=True)
+                      + _reward_flags(cfg) + (f" --nproc {dp.world}" if dp is not None else ""),
+                      file=sys.stderr, flush=True)
                 return exc.exit_code
     finally:
         tr.close()
