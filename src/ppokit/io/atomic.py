@@ -5,6 +5,12 @@ through a link), are fsync'ed, renamed over the target and the directory fsync'e
 see the old file or the new one, and a symbolic link at the target is replaced, never
 written through. Reads open the path without following a final symbolic link and accept
 only regular files (a FIFO or a device would hang or never end), with a size bound.
+
+Files the user names on the command line or in Python (a ``--config`` or ``--search`` file,
+prompts, preference pairs, demonstrations) are read by :func:`read_named_file` with the
+same rules but one: a link the user named is followed (it is their path, not a run
+directory's content). Each is refused in one line naming the flag when it is not a regular
+file or larger than its bound.
 """
 
 from __future__ import annotations
@@ -17,10 +23,15 @@ from pathlib import Path
 from ppokit.errors import UsageError
 
 __all__ = ["atomic_write_bytes", "atomic_write_text", "fsync_dir", "read_regular",
-           "open_append", "replace_dir", "MAX_SMALL_FILE"]
+           "read_named_file", "open_append", "replace_dir", "MAX_SMALL_FILE", "MAX_DATA_FILE",
+           "MAX_NESTING", "check_nesting"]
 
 # JSON side files (config.json, state.json, manifest.json, eval.json) are far below this
 MAX_SMALL_FILE = 16 * 2**20
+# prompts, preference pairs, demonstrations: read whole and kept as Python objects
+MAX_DATA_FILE = 1 * 2**30
+# tables and lists inside one another in a configuration file or a data row
+MAX_NESTING = 64
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -101,6 +112,62 @@ def read_regular(path: str | os.PathLike, max_size: int = MAX_SMALL_FILE) -> byt
     if len(data) > max_size:
         raise UsageError(f"{path}: more than the {max_size} bytes expected")
     return data
+
+
+def read_named_file(path: str | os.PathLike, flag: str, max_size: int = MAX_SMALL_FILE,
+                    what: str = "file") -> bytes:
+    """The bytes of a file the user named with ``flag``: a regular file (a link to one is
+    followed; a FIFO, a device or a directory is refused at once, never read) of at most
+    ``max_size`` bytes. Every refusal is a one-line :class:`UsageError` naming ``flag``."""
+    name = os.fspath(path)
+    try:
+        fd = os.open(name, os.O_RDONLY | _CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise UsageError(f"{flag}: no such file {name!r}") from None
+    except IsADirectoryError:
+        raise UsageError(f"{flag}: {name!r} is a directory, expected a {what}") from None
+    except OSError as exc:
+        raise UsageError(f"{flag}: cannot open {name!r} ({exc.strerror})") from None
+    st = os.fstat(fd)
+    problem = None
+    if stat.S_ISDIR(st.st_mode):
+        problem = f"{flag}: {name!r} is a directory, expected a {what}"
+    elif not stat.S_ISREG(st.st_mode):
+        problem = (f"{flag}: {name!r} is not a regular file (a FIFO, a device or a socket "
+                   f"is never read), expected a {what}")
+    elif st.st_size > max_size:
+        problem = (f"{flag}: {name!r} has {st.st_size} bytes, more than the {max_size} a "
+                   f"{what} may have")
+    if problem is not None:
+        os.close(fd)
+        raise UsageError(problem)
+    os.set_blocking(fd, True)
+    with os.fdopen(fd, "rb") as fh:
+        try:
+            data = fh.read(max_size + 1)
+        except OSError as exc:
+            raise UsageError(f"{flag}: cannot read {name!r} ({exc.strerror})") from None
+    if len(data) > max_size:
+        raise UsageError(f"{flag}: {name!r} has more than the {max_size} bytes a {what} may "
+                         "have")
+    return data
+
+
+def check_nesting(value, where: str, limit: int = MAX_NESTING) -> None:
+    """Refuse (one line naming ``where``) lists and tables nested more than ``limit``
+    deep; walked without recursion."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict):
+            items = v.values()
+        elif isinstance(v, (list, tuple)):
+            items = v
+        else:
+            continue
+        if depth > limit:
+            raise UsageError(f"{where}: lists and tables nested more than {limit} deep")
+        stack.extend((x, depth + 1) for x in items)
 
 
 def open_append(path: str | os.PathLike, encoding: str = "utf-8"):
