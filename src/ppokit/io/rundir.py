@@ -1,5 +1,10 @@
 """Run directories: one writer at a time, unique default names, no trace of a failed start.
 
+A run that fails before its first checkpoint leaves nothing behind either: there is
+nothing to resume, and a directory holding only its configuration and a few metrics would
+block its own name. A run that fails later keeps every checkpoint it wrote, and its error
+says which one is the last and how to resume (:func:`note_failure`).
+
 A run directory is data. ppokit reads in it only the files it wrote (regular files, never
 through a symbolic link, never a path that a file names) and imports nothing because a file
 in it says so. Every process that writes a run directory (training, resuming, an evaluation
@@ -21,7 +26,7 @@ from pathlib import Path
 from ppokit.errors import UsageError
 
 __all__ = ["RunLock", "RunDir", "unique_run_dir", "parent_run_dir", "check_tree",
-           "holds_run", "RESUME_HINT"]
+           "holds_run", "is_llm_run_dir", "note_failure", "RESUME_HINT"]
 
 LOCK_NAME = ".lock"
 RESUME_HINT = {"env": "ppokit train --resume {run_dir}",
@@ -91,6 +96,11 @@ def holds_run(run_dir: Path) -> bool:
                                                        "checkpoints"))
 
 
+def is_llm_run_dir(run_dir: str | os.PathLike) -> bool:
+    """A language-model run directory keeps its frozen starting policy in ``reference/``."""
+    return (Path(run_dir) / "reference").is_dir()
+
+
 def unique_run_dir(parent: str | os.PathLike, name: str) -> Path:
     """Create and return ``parent/name-<time>`` (``-2``, ``-3``, ... appended when a run
     started in the same second took it): two runs never share a default directory."""
@@ -129,7 +139,8 @@ def parent_run_dir(given: str | None, default_name: str, taken) -> Path:
 class RunDir:
     """The run directory of one writing process: locked on entry; for a new run, checked
     empty of any earlier run; and removed again (what this process created of it) if the
-    start fails before :meth:`started` is called."""
+    run fails before :meth:`started` is called (the trainers call it once their first
+    checkpoint is written, or at once when they resume)."""
 
     def __init__(self, path: str | os.PathLike, *, new: bool, purpose: str = "train",
                  kind: str = "env", fresh: bool = False):
@@ -166,6 +177,11 @@ class RunDir:
         """The run is under way: a later failure no longer removes anything."""
         self._live = False
 
+    @property
+    def live(self) -> bool:
+        """Whether a failure now undoes the run (:meth:`abort` removes it)."""
+        return self._live
+
     def abort(self) -> None:
         """Undo a failed start: remove what this process created, release the lock."""
         if self._live:
@@ -191,6 +207,30 @@ class RunDir:
 
     def close(self) -> None:
         self.lock.release()
+
+
+def note_failure(exc: BaseException, rundir: RunDir, last_checkpoint: Path | None,
+                 resume: str) -> BaseException:
+    """What becomes of a run directory when training fails with ``exc``: before the first
+    checkpoint the run is undone (:meth:`RunDir.abort`); after it, the checkpoints stay.
+    Returns ``exc`` — a one-line error (:class:`UsageError`, :class:`Fault`) with what
+    became of the directory appended: removed, or the last checkpoint and ``resume``, the
+    command that continues the run."""
+    from ppokit.errors import Fault, with_suffix
+
+    path = getattr(rundir, "path", None)
+    if getattr(rundir, "live", False):
+        created = rundir.created
+        rundir.abort()
+        note = (f"; no checkpoint had been written, so {path} was removed" if created else
+                f"; no checkpoint had been written, so what this run wrote in {path} was "
+                "removed")
+    elif last_checkpoint is not None and path is not None:
+        note = (f"; checkpoint {last_checkpoint.name} in {path} is intact: resume with "
+                f"`{resume}`")
+    else:
+        return exc
+    return with_suffix(exc, note) if isinstance(exc, (UsageError, Fault)) else exc
 
 
 def check_tree(root: str | os.PathLike, what: str = "run dir") -> None:
