@@ -17,6 +17,7 @@ import importlib
 import os
 import signal
 import sys
+import threading
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -101,13 +102,37 @@ def _terminate(signum, frame) -> None:
     raise SystemExit(128 + signum)
 
 
+def _thread_fault_hook(args) -> None:
+    """A full disk in a helper thread (TensorBoard's writer) is not printed as a traceback:
+    the thread's owner raises it again in the main thread, which says it in one line."""
+    from ppokit.errors import WRITE_FAULTS
+
+    if isinstance(args.exc_value, OSError) and args.exc_value.errno in WRITE_FAULTS:
+        return
+    threading.__excepthook__(args)
+
+
 def main(argv: list[str] | None = None) -> int:
-    if argv is None and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _terminate)  # the process is ours (not a test's)
+    if argv is None:  # the process is ours (not a test's, nor a Ray task's)
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _terminate)
+        threading.excepthook = _thread_fault_hook
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "--debug" in argv:  # anywhere: every command, and the ranks torchrun starts, see it
-        argv = [a for a in argv if a != "--debug"]
-        os.environ["PPOKIT_DEBUG"] = "1"
+    if "--debug" not in argv:
+        return _main(argv)
+    # anywhere on the line; for this command and the processes it starts (torchrun's ranks)
+    old = os.environ.get("PPOKIT_DEBUG")
+    os.environ["PPOKIT_DEBUG"] = "1"
+    try:
+        return _main([a for a in argv if a != "--debug"])
+    finally:  # (a caller in the same process, a test, keeps its own setting)
+        if old is None:
+            os.environ.pop("PPOKIT_DEBUG", None)
+        else:
+            os.environ["PPOKIT_DEBUG"] = old
+
+
+def _main(argv: list[str]) -> int:
     from ppokit.supervise import follow_supervisor
 
     follow_supervisor()  # a process started by a ppokit launcher ends with it

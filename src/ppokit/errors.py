@@ -21,7 +21,7 @@ import errno as _errno
 import os
 
 __all__ = ["UsageError", "UserCodeError", "Fault", "FAULT_EXIT", "debug_enabled",
-           "with_suffix", "write_fault", "WRITE_FAULTS"]
+           "with_suffix", "write_fault", "fault_remedy", "WRITE_FAULTS"]
 
 FAULT_EXIT = 74  # EX_IOERR
 # the write failures that are the machine's, not the user's input or ppokit's logic
@@ -72,16 +72,24 @@ def write_fault(exc: OSError, path, needed: int | None = None) -> Fault:
     parts = []
     if needed is not None:
         parts.append(f"writing {_size(needed)}")
-    try:
-        free = shutil.disk_usage(os.path.dirname(os.path.abspath(path)) or ".").free
-        parts.append(f"{_size(free)} free there")
-    except OSError:
-        pass
+    if exc.errno != _errno.EFBIG:
+        try:
+            free = shutil.disk_usage(os.path.dirname(os.path.abspath(path)) or ".").free
+            parts.append(f"{_size(free)} free there")
+        except OSError:
+            pass
     detail = f" ({', '.join(parts)})" if parts else ""
     fault = Fault(f"{path}: {what}{detail}")
     fault.errno = exc.errno
     fault.path = str(path)
     return fault
+
+
+def fault_remedy(exc: BaseException) -> str:
+    """What the user does about a :class:`Fault` before running again."""
+    if getattr(exc, "errno", None) == _errno.EFBIG:
+        return "raise the file-size limit"
+    return "free space"
 
 
 def _size(n: int) -> str:

@@ -18,13 +18,14 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 
-from ppokit.errors import UsageError
+from ppokit.errors import WRITE_FAULTS, UsageError, write_fault
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "fsync_dir", "read_regular",
-           "read_named_file", "open_append", "replace_dir", "MAX_SMALL_FILE", "MAX_DATA_FILE",
-           "MAX_NESTING", "check_nesting"]
+__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_lines", "fsync_dir",
+           "read_regular", "read_named_file", "read_named_text", "check_named_file", "open_append",
+           "replace_dir", "MAX_SMALL_FILE", "MAX_DATA_FILE", "MAX_NESTING", "check_nesting"]
 
 # JSON side files (config.json, state.json, manifest.json, eval.json) are far below this
 MAX_SMALL_FILE = 16 * 2**20
@@ -64,23 +65,40 @@ def _exclusive(path: Path) -> int:
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Replace ``path`` by ``data`` so that readers see either the old or the new file."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    fd = _exclusive(tmp)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+    atomic_write_lines(path, (data,))
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_lines(path: str | os.PathLike, chunks: Iterable[bytes | str]) -> None:
+    """Replace ``path`` by the concatenation of ``chunks`` (text is UTF-8 encoded), written
+    as they come: readers see either the old or the whole new file. A full disk or a
+    file-size limit is a :class:`ppokit.errors.Fault` naming the path and how much was
+    being written; the old file is then unchanged."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    written = 0
+    try:
+        fd = _exclusive(tmp)
+        with os.fdopen(fd, "wb") as fh:
+            for c in chunks:
+                c = c.encode() if isinstance(c, str) else c
+                written += len(c)
+                fh.write(c)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.errno in WRITE_FAULTS:
+            raise write_fault(exc, path, written) from exc
+        raise
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
 
 
 def _open_regular(path: Path, flags: int) -> int:
@@ -114,11 +132,9 @@ def read_regular(path: str | os.PathLike, max_size: int = MAX_SMALL_FILE) -> byt
     return data
 
 
-def read_named_file(path: str | os.PathLike, flag: str, max_size: int = MAX_SMALL_FILE,
-                    what: str = "file") -> bytes:
-    """The bytes of a file the user named with ``flag``: a regular file (a link to one is
-    followed; a FIFO, a device or a directory is refused at once, never read) of at most
-    ``max_size`` bytes. Every refusal is a one-line :class:`UsageError` naming ``flag``."""
+def _open_named(path: str | os.PathLike, flag: str, max_size: int, what: str) -> int:
+    """A read-only descriptor of the regular file ``path`` of at most ``max_size`` bytes
+    (a link to one is followed); else a one-line :class:`UsageError` naming ``flag``."""
     name = os.fspath(path)
     try:
         fd = os.open(name, os.O_RDONLY | _CLOEXEC | os.O_NONBLOCK)
@@ -142,7 +158,22 @@ def read_named_file(path: str | os.PathLike, flag: str, max_size: int = MAX_SMAL
         os.close(fd)
         raise UsageError(problem)
     os.set_blocking(fd, True)
-    with os.fdopen(fd, "rb") as fh:
+    return fd
+
+
+def check_named_file(path: str | os.PathLike, flag: str, max_size: int = MAX_DATA_FILE,
+                     what: str = "file") -> None:
+    """Refuse, as :func:`read_named_file` would, a file another library is to read."""
+    os.close(_open_named(path, flag, max_size, what))
+
+
+def read_named_file(path: str | os.PathLike, flag: str, max_size: int = MAX_SMALL_FILE,
+                    what: str = "file") -> bytes:
+    """The bytes of a file the user named with ``flag``: a regular file (a link to one is
+    followed; a FIFO, a device or a directory is refused at once, never read) of at most
+    ``max_size`` bytes. Every refusal is a one-line :class:`UsageError` naming ``flag``."""
+    name = os.fspath(path)
+    with os.fdopen(_open_named(path, flag, max_size, what), "rb") as fh:
         try:
             data = fh.read(max_size + 1)
         except OSError as exc:
@@ -151,6 +182,19 @@ def read_named_file(path: str | os.PathLike, flag: str, max_size: int = MAX_SMAL
         raise UsageError(f"{flag}: {name!r} has more than the {max_size} bytes a {what} may "
                          "have")
     return data
+
+
+def read_named_text(path: str | os.PathLike, flag: str, max_size: int = MAX_DATA_FILE,
+                    what: str = "file") -> str:
+    """:func:`read_named_file` decoded as UTF-8 (a file that is not: one line naming
+    ``flag`` and where the first bad byte is)."""
+    data = read_named_file(path, flag, max_size, what)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise UsageError(f"{flag}: {os.fspath(path)} is not UTF-8 text (line {line}, byte "
+                         f"{exc.start})") from None
 
 
 def check_nesting(value, where: str, limit: int = MAX_NESTING) -> None:

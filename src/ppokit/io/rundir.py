@@ -26,7 +26,8 @@ from pathlib import Path
 from ppokit.errors import UsageError
 
 __all__ = ["RunLock", "RunDir", "unique_run_dir", "parent_run_dir", "check_tree",
-           "holds_run", "is_llm_run_dir", "note_failure", "RESUME_HINT"]
+           "holds_run", "is_llm_run_dir", "note_failure", "note_resume_failure", "check_run_dir",
+           "RESUME_HINT"]
 
 LOCK_NAME = ".lock"
 RESUME_HINT = {"env": "ppokit train --resume {run_dir}",
@@ -94,6 +95,34 @@ def holds_run(run_dir: Path) -> bool:
     """Whether ``run_dir`` already holds (part of) a run."""
     return any(os.path.lexists(run_dir / n) for n in ("config.json", "metrics.jsonl",
                                                        "checkpoints"))
+
+
+def check_run_dir(run_dir: str | os.PathLike, flag: str = "RUN_DIR") -> Path:
+    """``run_dir`` if it is a directory that holds a run ppokit wrote; else a one-line
+    :class:`UsageError` naming ``flag``: no such directory, not a run directory, or a
+    ``config.json`` that is not the run configuration ppokit writes there (a JSON object)."""
+    import json
+
+    from .atomic import MAX_SMALL_FILE, read_regular
+
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise UsageError(f"{flag}: no such run directory {str(path)!r}")
+    if not holds_run(path):
+        raise UsageError(f"{flag}: {path} is not a run directory (it holds no checkpoints/, "
+                         "config.json or metrics.jsonl)")
+    cfg = path / "config.json"
+    if os.path.lexists(cfg):
+        try:
+            doc = json.loads(read_regular(cfg, MAX_SMALL_FILE))
+        except (ValueError, RecursionError):
+            doc = None
+        if not isinstance(doc, dict):
+            found = "no valid JSON" if doc is None else f"a JSON {type(doc).__name__}"
+            raise UsageError(f"{flag}: {cfg} is not a run configuration (ppokit writes a JSON "
+                             f"object there, found {found}); this is not a run directory "
+                             "ppokit wrote")
+    return path
 
 
 def is_llm_run_dir(run_dir: str | os.PathLike) -> bool:
@@ -216,7 +245,7 @@ def note_failure(exc: BaseException, rundir: RunDir, last_checkpoint: Path | Non
     Returns ``exc`` — a one-line error (:class:`UsageError`, :class:`Fault`) with what
     became of the directory appended: removed, or the last checkpoint and ``resume``, the
     command that continues the run."""
-    from ppokit.errors import Fault, with_suffix
+    from ppokit.errors import Fault, fault_remedy, with_suffix
 
     path = getattr(rundir, "path", None)
     if getattr(rundir, "live", False):
@@ -226,11 +255,23 @@ def note_failure(exc: BaseException, rundir: RunDir, last_checkpoint: Path | Non
                 f"; no checkpoint had been written, so what this run wrote in {path} was "
                 "removed")
     elif last_checkpoint is not None and path is not None:
-        note = (f"; checkpoint {last_checkpoint.name} in {path} is intact: resume with "
+        then = f"{fault_remedy(exc)}, then resume" if isinstance(exc, Fault) else "resume"
+        note = (f"; checkpoint {last_checkpoint.name} in {path} is intact: {then} with "
                 f"`{resume}`")
     else:
         return exc
     return with_suffix(exc, note) if isinstance(exc, (UsageError, Fault)) else exc
+
+
+def note_resume_failure(exc: BaseException, path) -> BaseException:
+    """A resume that failed on a full disk changed nothing (every file is replaced only
+    once complete): ``exc`` with that said."""
+    from ppokit.errors import Fault, fault_remedy, with_suffix
+
+    if isinstance(exc, Fault):
+        return with_suffix(exc, f"; nothing in {path} was changed (files are replaced only "
+                                f"once complete): {fault_remedy(exc)} and resume again")
+    return exc
 
 
 def check_tree(root: str | os.PathLike, what: str = "run dir") -> None:
