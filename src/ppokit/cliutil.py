@@ -14,6 +14,10 @@ __all__ = ["int_arg", "read_toml", "load_toml", "to_toml"]
 def int_arg(text: str) -> int:
     """argparse type: an integer, written plainly or as ``1e5``."""
     try:
+        return int(text)  # exact, however large (a range check names the flag)
+    except ValueError:
+        pass
+    try:
         v = float(text)
         if not v.is_integer():
             raise ValueError

@@ -76,8 +76,8 @@ from ppokit.io.checkpoint import (
     save_checkpoint,
     set_aside_newer,
 )
-from ppokit.io.metrics import MetricsWriter, truncate_metrics
-from ppokit.io.rundir import RunDir, note_failure
+from ppokit.io.metrics import MetricsWriter, missing_iterations, truncate_metrics
+from ppokit.io.rundir import RunDir, note_failure, note_resume_failure
 from ppokit.io.signals import GracefulStop, Interrupted
 from ppokit.io.tracking import check_tracker, make_tracker
 from ppokit.policies import is_recurrent, policy_for_config
@@ -171,11 +171,14 @@ class Trainer:
                 truncate_metrics(self.run_dir / "metrics.jsonl", 0)
                 self.collector.reset(seed=c.seed)
             self.metrics = self._open_metrics(resume)
-        except BaseException:
+        except BaseException as exc:
             if self.env is not None:
                 self.env.close()
             self.rundir.abort()
-            raise
+            new = note_resume_failure(exc, self.run_dir) if resume else exc
+            if new is exc:
+                raise
+            raise new from exc.__cause__
         if resume:  # (a new run is under way once its first checkpoint is written)
             self.rundir.started()
         self._saved_iteration = self.iteration if resume else None
@@ -636,10 +639,15 @@ class Trainer:
                              f"({type(exc).__name__}: {exc}); nothing was changed") from None
         set_aside_newer(root, ckpt, damaged, self.log)
         remove_leftovers(root)
-        skipped = truncate_metrics(self.run_dir / "metrics.jsonl", self.iteration)
+        missing: list[int] = []
+        skipped = truncate_metrics(self.run_dir / "metrics.jsonl", self.iteration, missing)
         if skipped:
             self.log(f"metrics.jsonl: skipped {len(skipped)} unreadable line(s) "
                      f"(line {', '.join(map(str, skipped[:5]))})")
+        if missing:
+            self.log(f"metrics.jsonl: no record of iteration(s) {missing_iterations(missing)} "
+                     f"of the {self.iteration} done (the file was deleted or cut); the run "
+                     "goes on from the checkpoint and its learning curve has a gap there")
         if st["env_state"] is not None:
             self.env.reset(seed=self.cfg.seed)  # then overwritten by the saved state
             load_env_state(self.env, st["env_state"])

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from ppokit.cliutil import int_arg as _int
 from ppokit.errors import UsageError
 
 
@@ -22,9 +23,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="check a local Hugging Face causal LM directory (token layout)")
     parser.add_argument("--lm", action="store_true",
                         help="check ppokit's built-in tiny language model (token layout)")
-    parser.add_argument("--samples", type=int, default=256,
-                        help="environment transitions to check on (default 256)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--samples", type=_int, default=256,
+                        help="environment transitions to check on (default 256, at most "
+                             "1000000)")
+    parser.add_argument("--seed", type=_int, default=0, help="random seed (default 0)")
     parser.add_argument("--no-labels", action="store_true",
                         help="skip the label-freezing check (it runs the trainer briefly)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -37,13 +39,11 @@ def _env_report(args):
     from .labels import check_labels_frozen
     from .policy_checks import collect_batch
 
-    if args.samples < 2:
-        raise UsageError(f"--samples: expected an integer >= 2, got {args.samples}")
     if args.run_dir is not None:
         from ppokit.algos.evaluate import load_policy
+        from ppokit.io.rundir import check_run_dir
 
-        if not Path(args.run_dir).is_dir():
-            raise UsageError(f"{args.run_dir}: no such run directory")
+        check_run_dir(args.run_dir)
         cfg, policy, norm, _ = load_policy(args.run_dir, args.env, "--env")
         if getattr(policy, "recurrent", False):
             raise UsageError(f"{args.run_dir}: ppokit check runs feed-forward policies; this "
@@ -98,7 +98,17 @@ def _lm_report(args):
                             target=target)
 
 
+MAX_SAMPLES = 10**6
+
+
 def run(args: argparse.Namespace) -> int:
+    from ppokit.algos.config import SEED_MAX
+
+    if not 0 <= args.seed <= SEED_MAX:
+        raise UsageError(f"--seed: expected an integer in [0, {SEED_MAX}], got {args.seed}")
+    if not 2 <= args.samples <= MAX_SAMPLES:
+        raise UsageError(f"--samples: expected an integer in [2, {MAX_SAMPLES}], got "
+                         f"{args.samples}")
     if (args.model or args.lm) and args.run_dir:
         raise UsageError("give either RUN_DIR or --model/--lm, not both")
     if args.model and args.lm:

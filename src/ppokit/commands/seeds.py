@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -200,12 +201,15 @@ def resume_seeds(root: Path, env_given: str | None) -> int:
                  env if isinstance(env, str) and ":" in env else None)
     plan.write()  # seeds.toml again, from the checked seeds.json
     states = {s: _state_of_seed(root / f"s{s}", cfg, eval_episodes) for s in seeds}
-    broken = [s for s, st in states.items() if st == "broken"]
-    if broken:
-        root_lock.release()
-        raise UsageError(f"--resume: {root / f's{broken[0]}'} holds a run without a "
-                         "checkpoint (it stopped before its first one); remove that "
-                         "directory to start the seed again")
+    for s in [s for s, st in states.items() if st == "broken"]:
+        # this launch's own seed directory, stopped before its first checkpoint (killed
+        # in its first iteration): nothing in it can be resumed, so the seed starts again
+        with RunLock(root / f"s{s}", "train --seeds"):  # (no process writes it now)
+            pass
+        shutil.rmtree(root / f"s{s}")
+        print(f"seed {s} had stopped before its first checkpoint: it starts again",
+              flush=True)
+        states[s] = "new"
     done = [s for s, st in states.items() if st == "finished"]
     print(f"continuing {len(seeds) - len(done)} of {len(seeds)} seeds in {root} "
           f"({len(done)} finished, {sum(st == 'started' for st in states.values())} to "
