@@ -8,7 +8,6 @@ reward model), ``dpo`` (direct preference optimisation), ``bench`` (throughput).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -359,6 +358,14 @@ def _sft(args) -> int:
     from .sft import builtin_sft, sft_train
     from .task import ReverseTask
 
+    rows = []
+    if args.data:  # read and checked before any model is built
+        from .data import read_jsonl_objects
+
+        rows = [(r["prompt"], r["completion"]) for r in read_jsonl_objects(
+            args.data, "--data", ("prompt", "completion"), "demonstrations file")]
+        if not rows:
+            raise UsageError(f"--data: {args.data!r} is empty")
     if args.model:
         model, tok = load_lm(args.model)
     else:
@@ -366,16 +373,6 @@ def _sft(args) -> int:
         model = build_tiny_model(tok, seed=args.seed)
     log = lambda step, loss: print(f"step {step}: loss {loss:.4f}")  # noqa: E731
     if args.data:
-        rows = []
-        with open(args.data) as f:
-            for i, line in enumerate(f, 1):
-                if line.strip():
-                    obj = json.loads(line)
-                    if "prompt" not in obj or "completion" not in obj:
-                        raise UsageError(f"--data: {args.data}:{i}: needs prompt and completion")
-                    rows.append((str(obj["prompt"]), str(obj["completion"])))
-        if not rows:
-            raise UsageError(f"--data: {args.data!r} is empty")
 
         def sample(n, rng):
             batch = [rng.choice(rows) for _ in range(n)]
