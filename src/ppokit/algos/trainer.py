@@ -77,7 +77,7 @@ from ppokit.io.checkpoint import (
     set_aside_newer,
 )
 from ppokit.io.metrics import MetricsWriter, missing_iterations, truncate_metrics
-from ppokit.io.rundir import RunDir, note_failure, note_resume_failure
+from ppokit.io.rundir import RunDir, fail_run, fail_start
 from ppokit.io.signals import GracefulStop, Interrupted
 from ppokit.io.tracking import check_tracker, make_tracker
 from ppokit.policies import is_recurrent, policy_for_config
@@ -174,11 +174,7 @@ class Trainer:
         except BaseException as exc:
             if self.env is not None:
                 self.env.close()
-            self.rundir.abort()
-            new = note_resume_failure(exc, self.run_dir) if resume else exc
-            if new is exc:
-                raise
-            raise new from exc.__cause__
+            fail_start(exc, self.rundir, resume)
         if resume:  # (a new run is under way once its first checkpoint is written)
             self.rundir.started()
         self._saved_iteration = self.iteration if resume else None
@@ -516,11 +512,7 @@ class Trainer:
             self._train_loop(on_iteration, stop)
         except BaseException as exc:
             self.metrics.close()  # (before a failed start's files are removed)
-            new = note_failure(exc, self.rundir, self._last_checkpoint(),
-                               self.resume_command())
-            if new is exc:
-                raise
-            raise new from exc.__cause__
+            fail_run(exc, self.rundir, self._last_checkpoint(), self.resume_command())
         finally:
             self.metrics.close()
             self.rundir.close()

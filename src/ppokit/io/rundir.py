@@ -3,7 +3,7 @@
 A run that fails before its first checkpoint leaves nothing behind either: there is
 nothing to resume, and a directory holding only its configuration and a few metrics would
 block its own name. A run that fails later keeps every checkpoint it wrote, and its error
-says which one is the last and how to resume (:func:`note_failure`).
+says which one is the last and how to resume (:func:`fail_run`).
 
 A run directory is data. ppokit reads in it only the files it wrote (regular files, never
 through a symbolic link, never a path that a file names) and imports nothing because a file
@@ -26,7 +26,7 @@ from pathlib import Path
 from ppokit.errors import UsageError
 
 __all__ = ["RunLock", "RunDir", "unique_run_dir", "parent_run_dir", "check_tree",
-           "holds_run", "is_llm_run_dir", "note_failure", "note_resume_failure", "check_run_dir",
+           "holds_run", "is_llm_run_dir", "fail_run", "fail_start", "check_run_dir",
            "RESUME_HINT"]
 
 LOCK_NAME = ".lock"
@@ -238,13 +238,19 @@ class RunDir:
         self.lock.release()
 
 
-def note_failure(exc: BaseException, rundir: RunDir, last_checkpoint: Path | None,
-                 resume: str) -> BaseException:
-    """What becomes of a run directory when training fails with ``exc``: before the first
-    checkpoint the run is undone (:meth:`RunDir.abort`); after it, the checkpoints stay.
-    Returns ``exc`` — a one-line error (:class:`UsageError`, :class:`Fault`) with what
-    became of the directory appended: removed, or the last checkpoint and ``resume``, the
-    command that continues the run."""
+def _raise(new: BaseException, exc: BaseException):
+    if new is exc:
+        raise exc
+    raise new from exc.__cause__  # (the user's traceback stays the cause)
+
+
+def fail_run(exc: BaseException, rundir: RunDir, last_checkpoint: Path | None,
+             resume: str):
+    """Raise ``exc`` — training failed with it — saying what becomes of the run directory:
+    before the first checkpoint the run is undone (:meth:`RunDir.abort`) and a one-line
+    error (:class:`UsageError`, :class:`Fault`) says it was removed; after it the
+    checkpoints stay and the line names the last one and ``resume``, the command that
+    continues the run."""
     from ppokit.errors import Fault, fault_remedy, with_suffix
 
     path = getattr(rundir, "path", None)
@@ -259,19 +265,24 @@ def note_failure(exc: BaseException, rundir: RunDir, last_checkpoint: Path | Non
         note = (f"; checkpoint {last_checkpoint.name} in {path} is intact: {then} with "
                 f"`{resume}`")
     else:
-        return exc
-    return with_suffix(exc, note) if isinstance(exc, (UsageError, Fault)) else exc
+        note = ""
+    _raise(with_suffix(exc, note) if note and isinstance(exc, (UsageError, Fault)) else exc,
+           exc)
 
 
-def note_resume_failure(exc: BaseException, path) -> BaseException:
-    """A resume that failed on a full disk changed nothing (every file is replaced only
-    once complete): ``exc`` with that said."""
+def fail_start(exc: BaseException, rundir: RunDir, resume: bool):
+    """Raise ``exc`` — a trainer's start failed with it — after undoing the start
+    (:meth:`RunDir.abort`). A resume that failed on a full disk changed nothing (every file
+    is replaced only once complete): the line says so."""
     from ppokit.errors import Fault, fault_remedy, with_suffix
 
-    if isinstance(exc, Fault):
-        return with_suffix(exc, f"; nothing in {path} was changed (files are replaced only "
-                                f"once complete): {fault_remedy(exc)} and resume again")
-    return exc
+    rundir.abort()
+    new = exc
+    if resume and isinstance(exc, Fault):
+        new = with_suffix(exc, f"; nothing in {getattr(rundir, 'path', 'the run directory')} "
+                               "was changed (files are replaced only once complete): "
+                               f"{fault_remedy(exc)} and resume again")
+    _raise(new, exc)
 
 
 def check_tree(root: str | os.PathLike, what: str = "run dir") -> None:
