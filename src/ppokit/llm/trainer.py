@@ -77,7 +77,7 @@ from ppokit.io.checkpoint import (
     set_aside_newer,
 )
 from ppokit.io.metrics import missing_iterations
-from ppokit.io.rundir import note_failure, note_resume_failure
+from ppokit.io.rundir import fail_run, fail_start
 
 from .config import (  # noqa: F401 (re-exported)
     ALGOS,
@@ -159,11 +159,7 @@ class TokenTrainer:
             self._setup(cfg, policy, tokenizer, reference, reward_fn, resume, train_rows,
                         eval_rows)
         except BaseException as exc:
-            self.rundir.abort()
-            new = note_resume_failure(exc, self.run_dir) if resume else exc
-            if new is exc:
-                raise
-            raise new from exc.__cause__
+            fail_start(exc, self.rundir, resume)
         if resume:  # (a new run is under way once its first checkpoint is written)
             self.rundir.started()
 
@@ -614,11 +610,7 @@ class TokenTrainer:
             self.close()
             last = (None if self._saved_iteration is None else Path(self.run_dir)
                     / "checkpoints" / f"iter_{self._saved_iteration:09d}")
-            new = note_failure(exc, self.rundir, last,
-                               resume_command(self.run_dir, cfg, self.world))
-            if new is exc:
-                raise
-            raise new from exc.__cause__
+            fail_run(exc, self.rundir, last, resume_command(self.run_dir, cfg, self.world))
         finally:
             self.rundir.close()
         return recs
