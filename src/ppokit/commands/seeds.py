@@ -316,8 +316,8 @@ def _run_on_ray(plan: _Plan, todo: list[int], states: dict[int, str], parallel: 
         RUN_DIR,
         StopFlag,
         pack_run,
+        replace_run,
         train_task,
-        unpack_run,
     )
     from ppokit.supervise import SignalForwarder
 
@@ -358,7 +358,7 @@ def _run_on_ray(plan: _Plan, todo: list[int], states: dict[int, str], parallel: 
             log.write(text)
             log.close()
             if data:
-                unpack_run(data, root / f"s{s}")
+                replace_run(data, root / f"s{s}")
             if rc in (130, 143) and sig.signum is not None:
                 continue
             if rc != 0:

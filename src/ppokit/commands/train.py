@@ -48,7 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="override configuration keys: --set a=1 b=2 (repeatable; see the list "
                         "below)")
     p.add_argument("--resume", metavar="RUN_DIR",
-                   help="continue the run in RUN_DIR from its latest good checkpoint")
+                   help="continue the run in RUN_DIR from its latest good checkpoint (or the "
+                        "--seeds launch whose directory RUN_DIR is: finished seeds kept, "
+                        "stopped ones resumed, the rest started)")
     p.add_argument("--eval-episodes", type=_int, default=10, metavar="N",
                    help="deterministic evaluation episodes at the end (0: none; default 10)")
     p.add_argument("--track", choices=("none", "wandb"), default=None,

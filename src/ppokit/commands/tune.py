@@ -774,11 +774,9 @@ def _run_on_ray(ray, space, base, env_named, root: Path, st: dict
     actor on this machine (its journal is in the tuning directory). A SIGINT / SIGTERM
     stops the running trials through a stop flag; they run again (from the start) when
     the search continues. ``(rows, signal or None)``."""
-    import shutil
-
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from ppokit.distributed.tasks import StopFlag, unpack_run
+    from ppokit.distributed.tasks import StopFlag, replace_run
     from ppokit.supervise import SignalForwarder
 
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
@@ -821,11 +819,8 @@ def _run_on_ray(ray, space, base, env_named, root: Path, st: dict
             except ray.exceptions.RayError as exc:
                 res, data = {"state": "failed", "value": None,
                              "message": f"Ray task failed: {type(exc).__name__}"}, b""
-            trial_dir = root / f"trial_{number:03d}"
-            if data:
-                if trial_dir.is_dir() and not trial_dir.is_symlink():
-                    shutil.rmtree(trial_dir)  # an earlier, stopped attempt of this trial
-                unpack_run(data, trial_dir)
+            if data:  # (in place of an earlier, stopped attempt of this trial)
+                replace_run(data, root / f"trial_{number:03d}")
             if res.get("state") == "stopped":
                 continue  # runs again when the search continues
             ray.get(coord.tell.remote(number, res))

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import tarfile
 from pathlib import Path
 
 from ppokit.errors import UsageError
 
-__all__ = ["train_task", "unpack_run", "pack_run", "StopFlag", "MAX_ARCHIVE", "RUN_DIR",
-           "CONFIG"]
+__all__ = ["train_task", "unpack_run", "replace_run", "pack_run", "StopFlag", "MAX_ARCHIVE",
+           "RUN_DIR", "CONFIG"]
 
 MAX_ARCHIVE = 1 << 30  # bytes of one returned run directory
 # placeholders in a task's arguments: its run directory and configuration file there
@@ -131,6 +132,19 @@ def pack_run(run_dir: str | Path) -> bytes:
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         tar.add(run_dir, arcname=".", filter=regular)
     return buf.getvalue()
+
+
+def replace_run(data: bytes, dest: str | Path) -> None:
+    """Put the run directory archived in ``data`` in place of ``dest`` (an earlier copy of
+    the same run, sent to a task that continued it), whole: unpacked beside it first."""
+    from ppokit.io.atomic import replace_dir
+
+    dest = Path(dest)
+    tmp = dest.with_name(f".{dest.name}.unpack-{os.getpid()}")
+    if os.path.lexists(tmp):
+        shutil.rmtree(tmp)
+    unpack_run(data, tmp)
+    replace_dir(tmp, dest)
 
 
 def unpack_run(data: bytes, dest: str | Path) -> None:
