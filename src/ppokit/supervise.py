@@ -12,12 +12,17 @@ processes that write run directories. Two rules hold between them:
 * **A child ends when its launcher ends**, however the launcher ends (``kill -9``
   included). The launcher hands its children ``PPOKIT_SUPERVISOR=<pid>:<start time>``; a
   ppokit process that finds it (:func:`follow_supervisor`, called by the ``ppokit``
-  command before anything else) asks Linux to send it SIGTERM when its parent dies
-  (``prctl(PR_SET_PDEATHSIG)``) when the launcher is its parent, and otherwise (or where
-  ``prctl`` is missing) watches the launcher's pid from a thread. Either way the child
-  gets SIGTERM: it writes a checkpoint at its next iteration boundary and stops. The start
-  time guards against a pid the system has reused; a child whose launcher is already gone
-  when it starts stops at once.
+  command before anything else) asks Linux to send it :data:`PARENT_GONE` when its parent
+  dies (``prctl(PR_SET_PDEATHSIG)``) when the launcher is its parent, and otherwise (or
+  where ``prctl`` is missing) watches the launcher's pid from a thread. Either way the
+  child then stops as at a first SIGTERM: while training, it writes a checkpoint at its
+  next iteration boundary and ends with 143; before training has started, at once (a start
+  not finished is undone). A signal of its own is used, not SIGTERM itself, because Linux
+  sends the parent-death signal again each time a thread of a multi-threaded parent ends
+  (torchrun's launcher has several): those repeats must not count as the "second signal"
+  that stops a run at once, without its checkpoint. The start time guards against a pid
+  the system has reused; a child whose launcher is already gone when it starts stops at
+  once.
 """
 
 from __future__ import annotations
@@ -28,10 +33,12 @@ import subprocess
 import sys
 import threading
 
-__all__ = ["ENV", "supervisor_token", "follow_supervisor", "ChildGroup", "SignalForwarder"]
+__all__ = ["ENV", "PARENT_GONE", "supervisor_token", "follow_supervisor", "ChildGroup",
+           "SignalForwarder"]
 
 ENV = "PPOKIT_SUPERVISOR"
 PR_SET_PDEATHSIG = 1
+PARENT_GONE = signal.SIGUSR2  # what a follower gets when its launcher has ended
 _POLL_S = 0.5
 
 
@@ -79,11 +86,22 @@ def _set_parent_death_signal(sig: int) -> bool:
 
 
 def _stop_self() -> None:
-    os.kill(os.getpid(), signal.SIGTERM)
+    os.kill(os.getpid(), PARENT_GONE)
+
+
+def _parent_gone(signum, frame) -> None:
+    """The launcher has ended: stop as at a first SIGTERM (later repeats are ignored)."""
+    from ppokit.io.signals import request_stop, training
+
+    signal.signal(PARENT_GONE, signal.SIG_IGN)
+    if training():
+        request_stop(signal.SIGTERM)  # a checkpoint at the iteration boundary, then 143
+        return
+    raise SystemExit(128 + signal.SIGTERM)  # not training yet: nothing to keep
 
 
 def _watch(pid: int, start: str | None) -> None:
-    """Block until process ``pid`` has ended, then send this process SIGTERM."""
+    """Block until process ``pid`` has ended, then send this process :data:`PARENT_GONE`."""
     fd = None
     try:
         fd = os.pidfd_open(pid)  # Linux 5.3+: readable once the process has ended
@@ -107,7 +125,7 @@ def _watch(pid: int, start: str | None) -> None:
 
 
 def follow_supervisor() -> None:
-    """End this process (SIGTERM) when the launcher named by :data:`ENV` ends. The variable
+    """Stop this process when the launcher named by :data:`ENV` ends. The variable
     is removed, so that processes this one starts (environment workers) do not follow the
     launcher themselves: they end with this process."""
     token = os.environ.pop(ENV, None)
@@ -119,7 +137,9 @@ def follow_supervisor() -> None:
     except ValueError:
         return
     start = start or None
-    if os.getppid() == pid and _set_parent_death_signal(signal.SIGTERM):
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(PARENT_GONE, _parent_gone)
+    if os.getppid() == pid and _set_parent_death_signal(PARENT_GONE):
         if os.getppid() != pid:  # the launcher died before prctl: nothing would tell us
             _stop_self()
         return

@@ -13,7 +13,7 @@ import sys
 import threading
 
 __all__ = ["GracefulStop", "Interrupted", "request_stop", "clear_stop_request",
-           "signal_name"]
+           "signal_name", "training"]
 
 _NAMES = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGTERM: "SIGTERM"}
 _ACTIVE: list[GracefulStop] = []  # entered, innermost last
@@ -22,6 +22,11 @@ _requested: int | None = None  # a stop asked for before any GracefulStop was en
 
 def signal_name(signum: int) -> str:
     return _NAMES.get(signum, str(signum))
+
+
+def training() -> bool:
+    """Whether a :class:`GracefulStop` is entered (a run is training) in this process."""
+    return bool(_ACTIVE)
 
 
 def request_stop(signum: int) -> None:

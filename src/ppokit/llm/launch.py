@@ -11,8 +11,8 @@ processes of this machine) in its own process, so the ranks are its children:
   that before it kills the ranks; a second signal stops them at once (the last complete
   checkpoint stays intact);
 * the ranks end with the launcher however it ends (``kill -9`` included): each follows the
-  launcher's pid (:mod:`ppokit.supervise`), gets SIGTERM when it dies, checkpoints at the
-  iteration boundary and stops.
+  launcher's pid (:mod:`ppokit.supervise`) and, when it dies, stops as at a first SIGTERM:
+  a checkpoint at the iteration boundary, then 143.
 """
 
 from __future__ import annotations
