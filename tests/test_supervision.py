@@ -90,9 +90,16 @@ def checkpoints(run: Path) -> list[str]:
 
 # ------------------------------------------------------------------ --seeds
 
+# checkpoints only where a run stops (and at the end): each one after a signal proves that
+# the seed stopped at an iteration boundary, as asked, rather than at once
 SEEDS = ["train", "--seeds", "0-1", "--parallel", "2", "--total-steps", "20480",
          "--num-envs", "1", "--set", "n_steps=2048", "batch_size=256", "n_epochs=2",
-         "checkpoint_every=1", "tensorboard=false", "--eval-episodes", "2", "--run-dir", "sd"]
+         "checkpoint_every=1000", "tensorboard=false", "--eval-episodes", "2",
+         "--run-dir", "sd"]
+
+
+def rows(run: Path) -> int:
+    return len(read_metrics(run))
 
 
 def test_seeds_sigterm_and_kill_9_leave_no_orphan_and_resume(tmp_path):
@@ -101,8 +108,8 @@ def test_seeds_sigterm_and_kill_9_leave_no_orphan_and_resume(tmp_path):
     too (each with a checkpoint); a last resume finishes both seeds."""
     proc = launch(SEEDS, tmp_path)
     root = tmp_path / "sd"
-    wait_for(lambda: all(checkpoints(root / f"s{s}") for s in (0, 1)), 300, proc,
-             "both seeds' first checkpoint")
+    wait_for(lambda: all(rows(root / f"s{s}") for s in (0, 1)), 300, proc,
+             "both seeds' first iteration")
     kids = descendants(proc.pid)
     assert len([p for p in kids if _start_time(p)]) >= 2
     proc.send_signal(signal.SIGTERM)
@@ -114,7 +121,8 @@ def test_seeds_sigterm_and_kill_9_leave_no_orphan_and_resume(tmp_path):
     for s in (0, 1):
         log = (root / f"s{s}.log").read_text()
         assert "stopped by SIGTERM" in log and "written" in log, log[-2000:]
-        assert find_checkpoint(root / f"s{s}" / "checkpoints")[0] is not None
+        ckpt = find_checkpoint(root / f"s{s}" / "checkpoints")[0]
+        assert ckpt.name == f"iter_{rows(root / f's{s}'):09d}"
 
     proc = launch(["train", "--resume", "sd"], tmp_path)
     done = {s: len(read_metrics(root / f"s{s}")) for s in (0, 1)}
@@ -124,9 +132,11 @@ def test_seeds_sigterm_and_kill_9_leave_no_orphan_and_resume(tmp_path):
     proc.kill()
     proc.communicate()
     assert wait_gone(kids, 120) == {}, "seed processes outlived their killed launcher"
-    for s in (0, 1):
+    for s in (0, 1):  # stopped at an iteration boundary, with a checkpoint
         assert "stopped by SIGTERM" in (root / f"s{s}.log").read_text().split(
-            "resumed from")[-1]  # stopped at an iteration boundary, with a checkpoint
+            "resumed from")[-1]
+        ckpt = find_checkpoint(root / f"s{s}" / "checkpoints")[0]
+        assert ckpt.name == f"iter_{rows(root / f's{s}'):09d}" and int(ckpt.name[5:]) > 1
 
     proc = launch(["train", "--resume", "sd"], tmp_path)
     out, err = proc.communicate(timeout=600)
@@ -147,11 +157,11 @@ def test_nproc_sigterm_and_kill_9_leave_no_rank_running(tmp_path):
     both ranks (they follow its pid) with a checkpoint; the run then resumes to its end."""
     run = tmp_path / "ldp"
     args = ["llm", "train", "--algo", "grpo", "--set", "prompts_per_iter=4", "--set",
-            "sft_steps=20", "--set", "max_new_tokens=10", "--set", "checkpoint_every=1",
+            "sft_steps=20", "--set", "max_new_tokens=10", "--set", "checkpoint_every=1000",
             "--no-progress", "--no-eval"]
     proc = launch([*args, "--iterations", "400", "--run-dir", str(run), "--nproc", "2"],
                   tmp_path)
-    wait_for(lambda: len(checkpoints(run)) >= 1, 600, proc, "the first checkpoint")
+    wait_for(lambda: rows(run) >= 2, 600, proc, "two iterations")
     ranks = descendants(proc.pid)
     assert len(ranks) >= 2
     proc.send_signal(signal.SIGTERM)
@@ -159,26 +169,28 @@ def test_nproc_sigterm_and_kill_9_leave_no_rank_running(tmp_path):
     assert proc.returncode == 143, err[-3000:]
     assert f"resume with: ppokit llm train --resume {run} --nproc 2" in err, err[-3000:]
     assert wait_gone(ranks, 5) == {}
-    stopped_at = len(read_metrics(run))
+    stopped_at = rows(run)
+    assert checkpoints(run) == [f"iter_{stopped_at:09d}"]
 
     proc = launch(["llm", "train", "--resume", str(run), "--nproc", "2", "--no-progress",
                    "--no-eval"], tmp_path)
-    wait_for(lambda: len(read_metrics(run)) > stopped_at, 600, proc, "the resumed ranks")
+    wait_for(lambda: rows(run) > stopped_at, 600, proc, "the resumed ranks")
     ranks = descendants(proc.pid)
     proc.kill()
-    proc.communicate()
+    out, err = proc.communicate()  # (ends when the ranks, which hold its pipes, end)
     assert wait_gone(ranks, 120) == {}, "ranks outlived their killed launcher"
-    rows = len(read_metrics(run))
+    done = rows(run)
     time.sleep(2)
-    assert len(read_metrics(run)) == rows  # nothing writes the run any more
+    assert rows(run) == done  # nothing writes the run any more
+    assert f"stopped by SIGTERM after iteration {done}; checkpoint" in err, err[-3000:]
     ckpt, damaged = find_checkpoint(run / "checkpoints")
-    assert ckpt is not None and not damaged and ckpt.name == f"iter_{rows:09d}"
+    assert ckpt is not None and not damaged and ckpt.name == f"iter_{done:09d}"
 
     from ppokit.cli import main
 
-    assert main(["llm", "train", "--resume", str(run), "--iterations", str(rows + 1),
+    assert main(["llm", "train", "--resume", str(run), "--iterations", str(done + 1),
                  "--no-progress", "--no-eval"]) == 0
-    assert [r["iteration"] for r in read_metrics(run)] == list(range(1, rows + 2))
+    assert [r["iteration"] for r in read_metrics(run)] == list(range(1, done + 2))
 
 
 # ------------------------------------------------------------------ tune
@@ -352,12 +364,14 @@ def test_ray_seeds_sigterm_stop_with_checkpoints_and_resume(tmp_path):
     checkpoint and comes back; 143 and the resume command, which finishes both seeds on
     Ray again (each stopped directory sent back to its task)."""
     args = ["train", "--seeds", "0-1", "--backend", "ray", "--parallel", "2",
-            "--total-steps", "40960", "--num-envs", "1", "--set", "n_steps=2048",
-            "batch_size=256", "n_epochs=2", "checkpoint_every=1", "tensorboard=false",
+            "--total-steps", "102400", "--num-envs", "1", "--set", "n_steps=2048",
+            "batch_size=256", "n_epochs=2", "checkpoint_every=1000", "tensorboard=false",
             "--eval-episodes", "2", "--run-dir", "rs"]
     proc = launch(args, tmp_path)
-    time.sleep(90)  # Ray started, both tasks training (no file shows it: they run in
-    assert proc.poll() is None  # temporary directories of the node)
+    while "as Ray tasks" not in proc.stdout.readline():
+        assert proc.poll() is None
+    time.sleep(40)  # both tasks training (no file shows it: they run in temporary
+    assert proc.poll() is None  # directories of the node)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 143, err[-3000:]
@@ -365,9 +379,10 @@ def test_ray_seeds_sigterm_stop_with_checkpoints_and_resume(tmp_path):
     root = tmp_path / "rs"
     for s in (0, 1):
         assert "stopped by SIGTERM" in (root / f"s{s}.log").read_text()
-        assert find_checkpoint(root / f"s{s}" / "checkpoints")[0] is not None
+        ckpt = find_checkpoint(root / f"s{s}" / "checkpoints")[0]
+        assert ckpt.name == f"iter_{rows(root / f's{s}'):09d}"
     proc = launch(["train", "--resume", "rs"], tmp_path)
-    out, err = proc.communicate(timeout=1200)
+    out, err = proc.communicate(timeout=1800)
     assert proc.returncode == 0, err[-3000:]
     for s in (0, 1):
-        assert [r["iteration"] for r in read_metrics(root / f"s{s}")] == list(range(1, 21))
+        assert [r["iteration"] for r in read_metrics(root / f"s{s}")] == list(range(1, 51))
