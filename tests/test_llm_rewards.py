@@ -352,7 +352,7 @@ def test_train_api_with_a_loaded_model_list_data_callbacks_and_the_run_object(tm
 @pytest.mark.parametrize("kw, match", [
     (dict(learning_rat=1e-3), "did you mean 'learning_rate'"),
     (dict(prompts="x.jsonl"), "give it as train\\(train_dataset="),
-    (dict(callbacks=[3]), "callbacks: expected callables"),
+    (dict(callbacks=[3]), "callbacks: expected functions"),
     (dict(reward_weights=[1.0, 2.0]), "reward_weights: expected 1 weights"),
 ])
 def test_train_api_refuses_bad_arguments_in_one_line(tmp_path, monkeypatch, kw, match):

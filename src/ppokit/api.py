@@ -68,12 +68,15 @@ def _env_arg(env: Any) -> tuple[Any, str, str]:
                      f"{type(env).__name__}")
 
 
-def _check_callbacks(callbacks: Any) -> tuple[Callable, ...]:
+def check_callbacks(callbacks: Any, shape: str = "(metrics, agent) -> bool | None"
+                    ) -> tuple[Callable, ...]:
+    """``callbacks`` as a tuple of functions (one function alone is allowed); anything else
+    is a :class:`UsageError` naming the argument and the expected ``shape``."""
     if callable(callbacks):
         callbacks = (callbacks,)
     if isinstance(callbacks, (str, bytes)) or not isinstance(callbacks, Iterable):
-        raise UsageError("callbacks: expected a sequence of functions (metrics, agent) -> "
-                         f"bool | None, got {type(callbacks).__name__}")
+        raise UsageError(f"callbacks: expected a sequence of functions {shape}, got "
+                         f"{type(callbacks).__name__}")
     out = tuple(callbacks)
     for cb in out:
         if not callable(cb):
@@ -352,7 +355,7 @@ class Agent:
         if not in_range(more_steps, True, 1, 10**12):
             raise UsageError(f"more_steps: expected an integer in [1, 10**12], got "
                              f"{more_steps!r}")
-        callbacks = _check_callbacks(callbacks)
+        callbacks = check_callbacks(callbacks)
         show = _check_progress(progress)
         if self._trainer is None:
             from ppokit.algos import Trainer
@@ -531,7 +534,7 @@ def train(env, algo: str = "ppo", total_steps: int | None = None,
     from ppokit.io import unique_run_dir
 
     maker, env_id, source = _env_arg(env)
-    callbacks = _check_callbacks(callbacks)
+    callbacks = check_callbacks(callbacks)
     show = _check_progress(progress)
     if not isinstance(resume, bool):
         raise UsageError(f"resume: expected True or False, got {resume!r}")

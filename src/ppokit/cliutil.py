@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import json
+from typing import Any
 
 from ppokit.errors import UsageError
 
-__all__ = ["int_arg", "read_toml"]
+__all__ = ["int_arg", "read_toml", "load_toml", "to_toml"]
 
 
 def int_arg(text: str) -> int:
     """argparse type: an integer, written plainly or as ``1e5``."""
+    try:
+        return int(text)  # exact, however large (a range check names the flag)
+    except ValueError:
+        pass
     try:
         v = float(text)
         if not v.is_integer():
@@ -22,22 +28,28 @@ def int_arg(text: str) -> int:
 
 def load_toml(path: str, flag: str = "--config") -> dict:
     """A TOML file's whole content; every way it can be unreadable is a one-line
-    :class:`UsageError` naming ``flag`` and the file."""
+    :class:`UsageError` naming ``flag`` and the file. The file is read with the rules of
+    :func:`ppokit.io.atomic.read_named_file` (a regular file, at most 16 MiB: a FIFO or a
+    device is refused, never read) and its tables and lists may nest at most
+    :data:`ppokit.io.atomic.MAX_NESTING` deep."""
     import tomllib
 
+    from ppokit.io.atomic import MAX_NESTING, MAX_SMALL_FILE, check_nesting, read_named_file
+
+    data = read_named_file(path, flag, MAX_SMALL_FILE, "TOML file")
     try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except FileNotFoundError:
-        raise UsageError(f"{flag}: no such file {path!r}") from None
-    except IsADirectoryError:
-        raise UsageError(f"{flag}: {path!r} is a directory, expected a TOML file") from None
-    except OSError as exc:
-        raise UsageError(f"{flag}: cannot read {path!r} ({exc.strerror})") from None
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise UsageError(f"{flag}: {path!r} is not UTF-8 text") from None
+    try:
+        doc = tomllib.loads(text)
+    except RecursionError:
+        raise UsageError(f"{flag}: {path}: lists and tables nested more than {MAX_NESTING} "
+                         "deep") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{flag}: {path}: {exc}") from None
+    check_nesting(doc, f"{flag}: {path}")
+    return doc
 
 
 def read_toml(path: str, table: str) -> dict:
@@ -69,3 +81,29 @@ def in_range(v, integer: bool, lo: float, hi: float, lo_open: bool = False) -> b
     if integer:
         return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
     return is_finite_number(v) and (lo < v if lo_open else lo <= v) and v <= hi
+
+
+def _toml_value(v: Any) -> str:
+    if v is None:
+        return '"none"'
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + "}"
+    raise TypeError(f"no TOML form for {type(v).__name__}")
+
+
+def to_toml(values: dict[str, Any], header: str = "") -> str:
+    """``values`` as TOML text (``None`` as ``"none"``, which every optional key reads
+    back as None), each line of ``header`` a comment above them."""
+    lines = [f"# {h}" for h in header.splitlines()]
+    lines += [f"{k} = {_toml_value(v)}" for k, v in values.items()]
+    return "\n".join(lines) + "\n"

@@ -1,5 +1,99 @@
-"""Errors that the command line reports as one line with exit status 2 (no traceback)."""
+"""The errors the command line reports as one line, and the exit status of each.
+
+* :class:`UsageError` (a ``ValueError``): bad input from the user — a bad option value, an
+  unknown name, a missing or unreadable file. Exit status 2.
+* :class:`UserCodeError` (a :class:`UsageError`): the user's own code — an environment, a
+  reward function, a factory, a chat template — raised or returned something it must not.
+  The line names the code, the call and what was expected; the user's traceback is the
+  exception's ``__cause__``, printed only with ``ppokit --debug`` or ``PPOKIT_DEBUG=1``.
+  Exit status 2.
+* :class:`Fault`: the machine failed an operation ppokit needed — the disk is full, a
+  file-size limit was hit. The line names the path, how much was needed, and what is still
+  intact. Exit status 74 (``EX_IOERR`` of sysexits.h), so that a script can tell a fault
+  from bad input.
+
+Every other exception is a bug in ppokit and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import os
+
+__all__ = ["UsageError", "UserCodeError", "Fault", "FAULT_EXIT", "debug_enabled",
+           "with_suffix", "write_fault", "fault_remedy", "WRITE_FAULTS"]
+
+FAULT_EXIT = 74  # EX_IOERR
+# the write failures that are the machine's, not the user's input or ppokit's logic
+WRITE_FAULTS = frozenset({_errno.ENOSPC, _errno.EDQUOT, _errno.EFBIG})
 
 
 class UsageError(ValueError):
     """Bad input from the user: a bad option value, an unknown name, a missing file."""
+
+
+class UserCodeError(UsageError):
+    """The user's own code (environment, reward function, factory, template) failed or
+    returned something it must not; ``__cause__`` holds what it raised, if anything."""
+
+
+class Fault(Exception):
+    """An operation failed because of the machine (a full disk, a file-size limit); what
+    was saved before is intact. The command line exits with :data:`FAULT_EXIT`."""
+
+    exit_code = FAULT_EXIT
+
+
+def debug_enabled() -> bool:
+    """Whether the user asked for tracebacks of their own code (``PPOKIT_DEBUG=1``; the
+    command line's ``--debug`` sets it)."""
+    return os.environ.get("PPOKIT_DEBUG", "") not in ("", "0")
+
+
+def with_suffix(exc: BaseException, suffix: str) -> BaseException:
+    """A copy of a one-line error (:class:`UsageError`, :class:`Fault`) with ``suffix``
+    appended to its message; the user's traceback (``__cause__``) and attributes stay."""
+    new = type(exc)(f"{exc}{suffix}")
+    new.__dict__.update(exc.__dict__)
+    new.__cause__ = exc.__cause__
+    return new
+
+
+def write_fault(exc: OSError, path, needed: int | None = None) -> Fault:
+    """The :class:`Fault` of a write of ``needed`` bytes to ``path`` that failed with
+    ``exc`` (one of :data:`WRITE_FAULTS`): which path, what the system said, how much was
+    being written and how much is free there."""
+    import shutil
+
+    what = {_errno.ENOSPC: "no space left on the device",
+            _errno.EDQUOT: "disk quota exceeded",
+            _errno.EFBIG: "file too large (a file-size limit, e.g. ulimit -f)"}.get(
+        exc.errno, exc.strerror or str(exc))
+    parts = []
+    if needed is not None:
+        parts.append(f"writing {_size(needed)}")
+    if exc.errno != _errno.EFBIG:
+        try:
+            free = shutil.disk_usage(os.path.dirname(os.path.abspath(path)) or ".").free
+            parts.append(f"{_size(free)} free there")
+        except OSError:
+            pass
+    detail = f" ({', '.join(parts)})" if parts else ""
+    fault = Fault(f"{path}: {what}{detail}")
+    fault.errno = exc.errno
+    fault.path = str(path)
+    return fault
+
+
+def fault_remedy(exc: BaseException) -> str:
+    """What the user does about a :class:`Fault` before running again."""
+    if getattr(exc, "errno", None) == _errno.EFBIG:
+        return "raise the file-size limit"
+    return "free space"
+
+
+def _size(n: int) -> str:
+    for unit, k in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= k:
+            return f"{n / k:.1f} {unit}"
+    return f"{n} bytes"

@@ -8,12 +8,16 @@ import numpy as np
 import torch
 
 from ppokit.envs import ObsNormalizer, env_for_run, make_vec
-from ppokit.errors import UsageError
+from ppokit.envs.checked import label_of
+from ppokit.errors import UsageError, UserCodeError
 from ppokit.policies import is_recurrent, policy_for_config
 from ppokit.policies.actions import env_actions
 
 from .config import TrainConfig
 from .trainer import load_run_checkpoint
+
+# steps of one evaluation episode: an environment without an end is an error, not a hang
+MAX_EPISODE_STEPS = 10**6
 
 __all__ = ["load_policy", "policy_from_checkpoint", "evaluate_policy", "evaluate_run",
            "Memory", "new_memory", "policy_actions"]
@@ -122,12 +126,20 @@ def evaluate_policy(policy, cfg: TrainConfig, *, episodes: int = 10, seed: int =
         total = np.zeros(n)
         done = np.zeros(n, bool)
         memory = new_memory(policy, n)  # (an env that has finished plays on, not counted)
+        steps = 0
         with torch.inference_mode():
             while not done.all():
                 a = policy_actions(policy, obs, space, obs_norm, deterministic, gen, memory)
                 obs, r, te, tr, _ = env.step(a)
                 total += np.where(done, 0.0, r)
                 done |= te | tr
+                steps += 1
+                if steps >= MAX_EPISODE_STEPS:
+                    env.close()
+                    raise UserCodeError(
+                        f"{label_of(maker)}: an evaluation episode did not end within "
+                        f"{MAX_EPISODE_STEPS} steps; expected episodes that end (a time "
+                        "limit: gymnasium.wrappers.TimeLimit or max_episode_steps)")
         env.close()
         returns.extend(total.tolist())
     return returns

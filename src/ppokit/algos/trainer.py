@@ -78,8 +78,8 @@ from ppokit.io.checkpoint import (
     save_checkpoint,
     set_aside_newer,
 )
-from ppokit.io.metrics import MetricsWriter, truncate_metrics
-from ppokit.io.rundir import RunDir
+from ppokit.io.metrics import MetricsWriter, missing_iterations, truncate_metrics
+from ppokit.io.rundir import RunDir, fail_run, fail_start
 from ppokit.io.signals import GracefulStop, Interrupted
 from ppokit.io.spaces import recorded_spaces
 from ppokit.io.tracking import check_tracker, make_tracker
@@ -174,12 +174,12 @@ class Trainer:
                 truncate_metrics(self.run_dir / "metrics.jsonl", 0)
                 self.collector.reset(seed=c.seed)
             self.metrics = self._open_metrics(resume)
-        except BaseException:
+        except BaseException as exc:
             if self.env is not None:
                 self.env.close()
-            self.rundir.abort()
-            raise
-        self.rundir.started()
+            fail_start(exc, self.rundir, resume)
+        if resume:  # (a new run is under way once its first checkpoint is written)
+            self.rundir.started()
         self._saved_iteration = self.iteration if resume else None
 
     def _open_metrics(self, resume: bool) -> MetricsWriter:
@@ -524,27 +524,46 @@ class Trainer:
             self.metrics = self._open_metrics(resume=True)
         self.stopped_early, self.stop_reason = False, None
         try:
-            while self.iteration < self.cfg.num_iterations:
-                rec = self.iterate(on_iteration)
-                reason = None
-                target = self.cfg.stop_at_return
-                got = rec.get("eval_return_mean")
-                if target is not None and got is not None and got >= target:
-                    reason = f"evaluation return {got:.1f} reached stop_at_return {target:g}"
-                r = self.last_verdict
-                if r is False or (isinstance(r, str) and r == "stop"):
-                    reason = reason or "a callback asked to stop"
-                if reason is not None:
-                    if self._saved_iteration != self.iteration:
-                        self.save()
-                    self.stopped_early, self.stop_reason = True, reason
-                    break
-                if stop is not None and stop.requested:
-                    ckpt = self.save() if self._saved_iteration != self.iteration else None
-                    raise Interrupted(stop.signum, self.iteration, ckpt)
+            self._train_loop(on_iteration, stop)
+        except BaseException as exc:
+            self.metrics.close()  # (before a failed start's files are removed)
+            fail_run(exc, self.rundir, self._last_checkpoint(), self.resume_command())
         finally:
             self.metrics.close()
             self.rundir.close()
+
+    def resume_command(self) -> str:
+        """The command that continues this run."""
+        c = self.cfg
+        cmd = f"ppokit train --resume {self.run_dir}"
+        if c.env_source == "factory":
+            return f"ppokit.load({str(self.run_dir)!r}, env=<the factory>).learn(...)"
+        return cmd + (f" --env {c.env_id}" if ":" in c.env_id else "")
+
+    def _last_checkpoint(self) -> Path | None:
+        if self._saved_iteration is None:
+            return None
+        return self.run_dir / "checkpoints" / f"iter_{self._saved_iteration:09d}"
+
+    def _train_loop(self, on_iteration, stop) -> None:
+        while self.iteration < self.cfg.num_iterations:
+            rec = self.iterate(on_iteration)
+            reason = None
+            target = self.cfg.stop_at_return
+            got = rec.get("eval_return_mean")
+            if target is not None and got is not None and got >= target:
+                reason = f"evaluation return {got:.1f} reached stop_at_return {target:g}"
+            r = self.last_verdict
+            if r is False or (isinstance(r, str) and r == "stop"):
+                reason = reason or "a callback asked to stop"
+            if reason is not None:
+                if self._saved_iteration != self.iteration:
+                    self.save()
+                self.stopped_early, self.stop_reason = True, reason
+                break
+            if stop is not None and stop.requested:
+                ckpt = self.save() if self._saved_iteration != self.iteration else None
+                raise Interrupted(stop.signum, self.iteration, ckpt)
 
     def close(self) -> None:
         """Close the environments and release the run directory's lock."""
@@ -587,6 +606,7 @@ class Trainer:
                                state=state, keep=keep or self.cfg.keep_checkpoints)
         if own:
             self._saved_iteration = self.iteration
+            self.rundir.started()  # from now on a failure keeps the run
         return path
 
     def _resume(self) -> None:
@@ -629,10 +649,15 @@ class Trainer:
                              f"({type(exc).__name__}: {exc}); nothing was changed") from None
         set_aside_newer(root, ckpt, damaged, self.log)
         remove_leftovers(root)
-        skipped = truncate_metrics(self.run_dir / "metrics.jsonl", self.iteration)
+        missing: list[int] = []
+        skipped = truncate_metrics(self.run_dir / "metrics.jsonl", self.iteration, missing)
         if skipped:
             self.log(f"metrics.jsonl: skipped {len(skipped)} unreadable line(s) "
                      f"(line {', '.join(map(str, skipped[:5]))})")
+        if missing:
+            self.log(f"metrics.jsonl: no record of iteration(s) {missing_iterations(missing)} "
+                     f"of the {self.iteration} done (the file was deleted or cut); the run "
+                     "goes on from the checkpoint and its learning curve has a gap there")
         if st["env_state"] is not None:
             self.env.reset(seed=self.cfg.seed)  # then overwritten by the saved state
             load_env_state(self.env, st["env_state"])

@@ -44,9 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lm", action="store_true",
                         help="check ppokit's built-in tiny language model (token layout), "
                              "and the run's configuration on it after its warm start")
-    parser.add_argument("--samples", type=int, default=256,
-                        help="environment transitions to check on (default 256)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--samples", type=int_arg, default=256,
+                        help="environment transitions to check on (default 256, at most "
+                             "1000000)")
+    parser.add_argument("--seed", type=int_arg, default=0, help="random seed (default 0)")
     parser.add_argument("--no-labels", action="store_true",
                         help="skip the label-freezing check (it runs the trainer briefly)")
     parser.add_argument("--no-config", action="store_true",
@@ -76,13 +77,11 @@ def _env_report(args):
     from .labels import check_labels_frozen
     from .policy_checks import collect_batch
 
-    if args.samples < 2:
-        raise UsageError(f"--samples: expected an integer >= 2, got {args.samples}")
     if args.run_dir is not None:
         from ppokit.algos.evaluate import load_policy
+        from ppokit.io.rundir import check_run_dir
 
-        if not Path(args.run_dir).is_dir():
-            raise UsageError(f"{args.run_dir}: no such run directory")
+        check_run_dir(args.run_dir)
         cfg, policy, norm, _ = load_policy(args.run_dir, args.env, "--env")
         if getattr(policy, "recurrent", False):
             raise UsageError(f"{args.run_dir}: ppokit check runs feed-forward policies; this "
@@ -220,6 +219,9 @@ def _environment_report(args):
     return CheckReport(report.target, report.results + policy)
 
 
+MAX_SAMPLES = 10**6
+
+
 def run(args: argparse.Namespace) -> int:
     if args.list_codes:
         from .codes import GROUPS
@@ -235,6 +237,13 @@ def run(args: argparse.Namespace) -> int:
     if args.parsed_env_kwargs is not None and (args.env is None or args.run_dir):
         raise UsageError("--env-kwargs: only with --env ID and no RUN_DIR (a run directory "
                          "keeps its own)")
+    from ppokit.algos.config import SEED_MAX
+
+    if not 0 <= args.seed <= SEED_MAX:
+        raise UsageError(f"--seed: expected an integer in [0, {SEED_MAX}], got {args.seed}")
+    if not 2 <= args.samples <= MAX_SAMPLES:
+        raise UsageError(f"--samples: expected an integer in [2, {MAX_SAMPLES}], got "
+                         f"{args.samples}")
     if (args.model or args.lm) and args.run_dir:
         raise UsageError("give either RUN_DIR or --model/--lm, not both")
     if args.model and args.lm:

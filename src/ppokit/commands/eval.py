@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
+from ppokit.cliutil import int_arg as _int
 from ppokit.errors import UsageError
+
+MAX_EPISODES = 10**6  # as ppokit train --eval-episodes and Agent.evaluate
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR")
-    p.add_argument("--episodes", type=int, default=10, help="episodes to play (default 10)")
-    p.add_argument("--seed", type=int, default=None,
+    p.add_argument("--episodes", type=_int, default=10,
+                   help="episodes to play (default 10, at most 1000000)")
+    p.add_argument("--seed", type=_int, default=None,
                    help="first episode seed (default: the run's seed + 1000000)")
     p.add_argument("--env", dest="env_id", metavar="MODULE:ID",
                    help="the run's environment id again; required for a run trained on a "
@@ -33,22 +36,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ppokit.algos.config import SEED_MAX
     from ppokit.algos.evaluate import evaluate_run
     from ppokit.io.atomic import atomic_write_text
+    from ppokit.io.rundir import check_run_dir, is_llm_run_dir
 
-    run_dir = Path(args.run_dir)
-    if not run_dir.is_dir():
-        raise UsageError(f"no such run directory {str(run_dir)!r}")
-    from ppokit.llm.plots import is_llm_run
-
-    if is_llm_run(run_dir):
+    if not 1 <= args.episodes <= MAX_EPISODES:
+        raise UsageError(f"--episodes: expected an integer in [1, {MAX_EPISODES}], got "
+                         f"{args.episodes}")
+    if args.seed is not None and not 0 <= args.seed <= SEED_MAX:
+        raise UsageError(f"--seed: expected an integer in [0, {SEED_MAX}], got {args.seed}")
+    run_dir = check_run_dir(args.run_dir)
+    if is_llm_run_dir(run_dir):
         raise UsageError(f"{run_dir} is a language-model run: evaluate it with `ppokit llm "
                          f"eval {run_dir}` (naming its --reward again if it was trained "
                          "with a reward function)")
-    if args.episodes < 1:
-        raise UsageError(f"--episodes: expected an integer >= 1, got {args.episodes}")
-    if args.seed is not None and args.seed < 0:
-        raise UsageError(f"--seed: expected an integer >= 0, got {args.seed}")
     if args.video is not None:
         from ppokit.algos.video import check_video_dir, require_video_extra
 

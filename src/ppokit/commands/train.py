@@ -48,7 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="override configuration keys: --set a=1 b=2 (repeatable; see the list "
                         "below)")
     p.add_argument("--resume", metavar="RUN_DIR",
-                   help="continue the run in RUN_DIR from its latest good checkpoint")
+                   help="continue the run in RUN_DIR from its latest good checkpoint (or the "
+                        "--seeds launch whose directory RUN_DIR is: finished seeds kept, "
+                        "stopped ones resumed, the rest started)")
     p.add_argument("--eval-episodes", type=_int, default=10, metavar="N",
                    help="deterministic evaluation episodes at the end (0: none; default 10)")
     p.add_argument("--track", choices=("none", "wandb"), default=None,
@@ -121,6 +123,15 @@ def run(args: argparse.Namespace) -> int:
         run_dir = Path(args.resume)
         if not run_dir.is_dir():
             raise UsageError(f"--resume: no such run directory {str(run_dir)!r}")
+        from ppokit.io.rundir import is_llm_run_dir
+
+        from .seeds import is_seeds_dir, resume_seeds
+
+        if is_seeds_dir(run_dir):  # a stopped `ppokit train --seeds` launch
+            return resume_seeds(run_dir, args.env_id)
+        if is_llm_run_dir(run_dir):
+            raise UsageError(f"--resume: {run_dir} is a language-model run: continue it with "
+                             f"`ppokit llm train --resume {run_dir}`")
         cfg = load_run_config(run_dir)
         # a module:Id is imported only because it is named here again, never because the
         # checkpoint says so

@@ -36,11 +36,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from ppokit.cliutil import int_arg as _int
+from ppokit.cliutil import to_toml
 from ppokit.errors import UsageError
 
 __all__ = ["add_arguments", "run", "read_search", "SearchSpace", "Coordinator", "to_toml"]
@@ -54,8 +57,9 @@ MAX_TRIALS = 10_000
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = __doc__.split("\n\n", 1)[1]
-    p.add_argument("--search", metavar="FILE.toml", required=True,
-                   help="the search space (and [fixed], [tune] tables)")
+    p.add_argument("--search", metavar="FILE.toml",
+                   help="the search space (and [fixed], [tune] tables); required unless "
+                        "--resume")
     p.add_argument("--env", dest="env_id", help="Gymnasium id (default: CartPole-v1) or "
                    "module:Id")
     p.add_argument("--algo", help="ppo (default), a2c, reinforce or ppo-kl")
@@ -66,16 +70,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", dest="sets", action="extend", nargs="+", default=[],
                    metavar="KEY=VALUE",
                    help="fix configuration keys in every trial: --set a=1 b=2 (repeatable)")
-    p.add_argument("--trials", type=_int, default=20, metavar="N",
+    p.add_argument("--trials", type=_int, default=None, metavar="N",
                    help="trials to run (default 20)")
-    p.add_argument("--backend", choices=("local", "ray"), default="local",
+    p.add_argument("--backend", choices=("local", "ray"), default=None,
                    help="local (trials one after another in this process, default) or ray "
                         "(trials as Ray tasks: RAY_ADDRESS's cluster, else a local Ray)")
     p.add_argument("--parallel", type=_int, metavar="N",
                    help="with --backend ray: trials at a time (default: the cluster's CPUs)")
-    p.add_argument("--eval-episodes", type=_int, default=10, metavar="N",
+    p.add_argument("--eval-episodes", type=_int, default=None, metavar="N",
                    help="deterministic episodes that score a trial's final policy (default 10)")
-    p.add_argument("--run-dir", help="tuning directory (default: runs/ENV-ALGO-tune-TIME)")
+    p.add_argument("--run-dir", help="tuning directory (default: runs/ENV-ALGO-tune-TIME); "
+                   "the same command on the same directory continues its search")
+    p.add_argument("--resume", metavar="DIR",
+                   help="continue the search in the tuning directory DIR with its saved "
+                        "settings (finished trials kept, a stopped one run again, up to the "
+                        "number of trials asked for); --env again for a module:Id")
 
 
 # ------------------------------------------------------------------------------ search file
@@ -109,11 +118,18 @@ def _num(v) -> bool:
 def read_search(path: str) -> SearchSpace:
     """Parse and check a search file; every problem is one :class:`UsageError` line naming
     the file, the table and the key."""
-    from ppokit.algos.config import TrainConfig, _unknown_key, valid_keys
     from ppokit.cliutil import load_toml
 
-    data = load_toml(path, "--search")
-    where = f"--search {path}"
+    return parse_search(load_toml(path, "--search"), f"--search {path}")
+
+
+def parse_search(data: dict, where: str) -> SearchSpace:
+    """Check the tables of a search file (``data``: its parsed TOML); every problem is one
+    :class:`UsageError` line starting with ``where``."""
+    from ppokit.algos.config import TrainConfig, _unknown_key, valid_keys
+
+    if not isinstance(data, dict):
+        raise UsageError(f"{where}: expected tables [search], [fixed], [tune]")
     extra = sorted(set(data) - {"search", "fixed", "tune"})
     if extra:
         raise UsageError(f"{where}: unknown table [{extra[0]}] (expected [search], [fixed], "
@@ -218,11 +234,47 @@ def _check_values(space: SearchSpace, base: dict[str, Any], where: str) -> None:
 
 # ------------------------------------------------------------------------------ the study
 
+STUDY_NAME = "ppokit-tune"
+JOURNAL = "study.journal"
+MAX_JOURNAL = 256 * 2**20
+
+
+def journal_storage(path: Path):
+    """Optuna's journal storage in the file ``path`` (created if missing): every trial,
+    its parameters, evaluations and result, appended as they happen, so that a study
+    killed at any moment continues. The file must be a regular file ppokit wrote (no link)
+    of a bounded size; a lock file left by a killed writer is removed (the tuning
+    directory's own lock says no other process writes it)."""
+    import stat
+
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    if os.path.lexists(path):
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise UsageError(f"tuning dir: {path} is not a regular file (a link or a "
+                             "special file is never read)")
+        if st.st_size > MAX_JOURNAL:
+            raise UsageError(f"tuning dir: {path} has {st.st_size} bytes, more than the "
+                             f"{MAX_JOURNAL} a study journal may have")
+    for stale in (f"{path}.lock",):
+        if os.path.lexists(stale):
+            os.unlink(stale)
+    return JournalStorage(JournalFileBackend(str(path)))
+
+
 class Coordinator:
     """The Optuna study: hands out trials, takes evaluations (and says when to prune),
-    records results. Runs in the driver, or as a Ray actor for trials that run as tasks."""
+    records results. Runs in the driver, or as a Ray actor for trials that run as tasks.
 
-    def __init__(self, space: SearchSpace):
+    With ``journal`` (a path) the study lives in Optuna's journal storage there and a
+    coordinator made again on the same file continues it: finished trials (complete,
+    pruned, failed) are kept with their results, and the trials that were running when
+    the study stopped are handed out again (:meth:`ask` gives them first, with the same
+    number and parameters)."""
+
+    def __init__(self, space: SearchSpace, journal: str | None = None):
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -234,28 +286,63 @@ class Coordinator:
                                               n_warmup_steps=t["warmup_evals"])
                   if t["pruner"] == "median" else optuna.pruners.NopPruner())
         self.space = space
-        self.study = optuna.create_study(direction="maximize", sampler=sampler, pruner=pruner)
+        storage = journal_storage(Path(journal)) if journal is not None else None
+        try:
+            self.study = optuna.create_study(direction="maximize", sampler=sampler,
+                                             pruner=pruner, storage=storage,
+                                             study_name=STUDY_NAME, load_if_exists=True)
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
+            raise UsageError(f"tuning dir: {journal} is not a study journal ppokit wrote "
+                             f"({type(exc).__name__}: {str(exc)[:100]})") from None
         self.trials: dict[int, Any] = {}
         self.info: dict[int, dict] = {}
+        self.again: list[int] = []  # running when the study stopped: to be run again
+        for ft in self.study.get_trials(deepcopy=False):
+            params = ft.user_attrs.get("ppokit_params")
+            if not isinstance(params, dict):
+                continue  # asked, but stopped before its parameters were drawn
+            self.info[ft.number] = {"params": params}
+            if ft.state.is_finished():
+                result = ft.user_attrs.get("ppokit_result")
+                self.info[ft.number].update(result if isinstance(result, dict) else
+                                            {"state": ft.state.name.lower()})
+            else:
+                self.trials[ft.number] = optuna.trial.Trial(self.study, ft._trial_id)
+                self.again.append(ft.number)
 
-    def ask(self) -> tuple[int, dict[str, Any]]:
+    def finished(self) -> int:
+        """Trials with a result (complete, pruned or failed)."""
+        return sum("state" in i for i in self.info.values())
+
+    def ask(self) -> tuple[int, dict[str, Any], bool]:
+        """``(number, parameters, again)``: a trial stopped earlier (``again``) or a new one."""
+        if self.again:
+            number = self.again.pop(0)
+            return number, self.info[number]["params"], True
         trial = self.study.ask()
         params = self.space.suggest(trial)
+        trial.set_user_attr("ppokit_params", params)
         self.trials[trial.number] = trial
         self.info[trial.number] = {"params": params}
-        return trial.number, params
+        return trial.number, params, False
 
     def report(self, number: int, step: int, value: float) -> bool:
         """Record evaluation ``step`` (1, 2, …) of a trial; True when it should stop."""
+        import warnings
+
         trial = self.trials[number]
-        trial.report(float(value), step)
+        with warnings.catch_warnings():  # (a step reported before a restart: kept as it was)
+            warnings.simplefilter("ignore")
+            trial.report(float(value), step)
         return bool(trial.should_prune())
 
     def tell(self, number: int, result: dict[str, Any]) -> None:
         from optuna.trial import TrialState
 
         self.info[number].update(result)
-        trial = self.trials[number]
+        trial = self.trials.pop(number)
+        trial.set_user_attr("ppokit_result",
+                            {k: v for k, v in result.items() if k != "_refused"})
         if result["state"] == "complete":
             self.study.tell(trial, float(result["value"]))
         elif result["state"] == "pruned":
@@ -267,7 +354,9 @@ class Coordinator:
         out = []
         for n in sorted(self.info):
             i = self.info[n]
-            out.append({"number": n, "state": i.get("state", "running"),
+            if "state" not in i:
+                continue  # stopped, to be run again
+            out.append({"number": n, "state": i["state"],
                         "value": i.get("value"), "best_eval_during_training":
                         i.get("best_eval"), "evaluations": i.get("evaluations"),
                         "steps": i.get("steps"), "seconds": i.get("seconds"),
@@ -277,27 +366,41 @@ class Coordinator:
 
 
 def run_trial(cfg_dict: dict[str, Any], env_named: str | None, trial_dir: str,
-              episodes: int, number: int, report) -> dict[str, Any]:
+              episodes: int, number: int, report, *, again: bool = False,
+              stop=None) -> dict[str, Any]:
     """Train one trial into ``trial_dir``, reporting each evaluation during training
-    (``report(number, k, value) -> prune?``), then score the final policy."""
+    (``report(number, k, value) -> prune?``), then score the final policy. ``again``: the
+    trial was stopped before; it continues from its last checkpoint (or starts over when
+    it had none). ``stop``: a :class:`ppokit.io.GracefulStop`; a signal ends the trial with
+    a checkpoint and raises :class:`ppokit.io.Interrupted`."""
+    import shutil
+
     import torch
 
     from ppokit.algos import Trainer
     from ppokit.algos.config import config_from_dict
     from ppokit.algos.evaluate import evaluate_run
     from ppokit.envs.source import import_env_module
+    from ppokit.io.checkpoint import find_checkpoint
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     state = {"evaluations": 0, "last": None, "pruned": False}
+    resume = False
+    if again and os.path.isdir(trial_dir) and not os.path.islink(trial_dir):
+        resume = find_checkpoint(os.path.join(trial_dir, "checkpoints"))[0] is not None
+        if not resume:  # stopped before its first checkpoint: start it over
+            shutil.rmtree(trial_dir)
     try:
         if env_named is not None:
             import_env_module(env_named, "--env")
         cfg = config_from_dict(cfg_dict)
-        tr = Trainer(cfg, trial_dir, log=lambda m: None)
+        tr = Trainer(cfg, trial_dir, log=lambda m: None, resume=resume)
     except (UsageError, ValueError) as exc:
         return {"state": "failed", "value": None, "message": str(exc)[:300],
                 "seconds": time.perf_counter() - t0}
+    if resume:  # the evaluations before the checkpoint were reported before the stop
+        state["evaluations"] = tr.iteration // cfg.eval_every if cfg.eval_every else 0
 
     def on_iteration(rec):
         v = rec.get("eval_return_mean")
@@ -311,10 +414,14 @@ def run_trial(cfg_dict: dict[str, Any], env_named: str | None, trial_dir: str,
             return "stop"
         return None
 
+    from ppokit.io import Interrupted
+
     try:
-        tr.train(on_iteration)
+        tr.train(on_iteration, stop=stop)
         best = tr.best_eval_return
         steps = tr.global_step
+    except Interrupted:
+        raise
     except Exception as exc:  # noqa: BLE001 - a diverging trial fails, the search goes on
         return {"state": "failed", "value": None, "steps": tr.global_step,
                 "message": f"{type(exc).__name__}: {str(exc)[:300]}",
@@ -332,54 +439,41 @@ def run_trial(cfg_dict: dict[str, Any], env_named: str | None, trial_dir: str,
     return out
 
 
-def _ray_trial(cfg_dict, env_named, episodes, number, coord) -> tuple[dict, bytes]:
+def _ray_trial(cfg_dict, env_named, episodes, number, coord, stop_flag=None
+               ) -> tuple[dict, bytes]:
     """A trial as a Ray task: trains in a temporary directory of its node and returns the
-    result with the trial directory as an archive."""
-    import io
-    import os
-    import tarfile
+    result with the trial directory as an archive. When the driver sets ``stop_flag``, the
+    trial stops with a checkpoint and returns ``{"state": "stopped"}``."""
     import tempfile
+    import threading
 
     import ray
+
+    from ppokit.distributed.tasks import _watch_stop_flag, pack_run
+    from ppokit.io import GracefulStop, Interrupted
+    from ppokit.io.signals import clear_stop_request
 
     def report(n, k, v):
         return ray.get(coord.report.remote(n, k, v))
 
+    done = threading.Event()
+    clear_stop_request()
+    if stop_flag is not None:
+        threading.Thread(target=_watch_stop_flag, args=(stop_flag, done), daemon=True).start()
     with tempfile.TemporaryDirectory(prefix="ppokit-trial-") as tmp:
         d = os.path.join(tmp, "trial")
-        res = run_trial(cfg_dict, env_named, d, episodes, number, report)
-        buf = io.BytesIO()
-        if os.path.isdir(d):
-            with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-                tar.add(d, arcname=".")
-        return res, buf.getvalue()
+        try:
+            with GracefulStop(lambda m: None) as stop:
+                res = run_trial(cfg_dict, env_named, d, episodes, number, report, stop=stop)
+        except Interrupted:
+            res = {"state": "stopped"}
+        finally:
+            done.set()
+            clear_stop_request()
+        return res, pack_run(d)
 
 
 # ------------------------------------------------------------------------------ outputs
-
-def _toml_value(v: Any) -> str:
-    if v is None:
-        return '"none"'
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + "}"
-    raise TypeError(f"no TOML form for {type(v).__name__}")
-
-
-def to_toml(values: dict[str, Any], header: str = "") -> str:
-    lines = [f"# {h}" for h in header.splitlines()]
-    lines += [f"{k} = {_toml_value(v)}" for k, v in values.items()]
-    return "\n".join(lines) + "\n"
-
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
     import csv
@@ -451,77 +545,202 @@ def _plot(path: Path, rows: list[dict], space: SearchSpace, title: str) -> Path 
 
 # ------------------------------------------------------------------------------ command
 
-def run(args: argparse.Namespace) -> int:
+SETTINGS = "tune.json"
+SETTINGS_FORMAT = 1
+DEFAULTS = {"trials": 20, "eval_episodes": 10, "backend": "local"}
 
-    from ppokit.algos import resolve_config
 
-    from .train import _parse_sets, _read_toml
+def _settings_from_args(args) -> dict[str, Any]:
+    """What a search runs, from the command line: the search file's and the --config
+    file's contents (so that a restart reads neither file again), the --set items, the
+    flags and the trial settings. Saved as the tuning directory's ``tune.json``."""
+    from ppokit.cliutil import load_toml
 
-    try:
-        import optuna  # noqa: F401
-    except ImportError:
-        raise UsageError("ppokit tune needs Optuna, which is not installed (pip install "
-                         "'ppokit[tune]')") from None
-    if not 1 <= args.trials <= MAX_TRIALS:
-        raise UsageError(f"--trials: expected an integer in [1, {MAX_TRIALS}], got "
-                         f"{args.trials}")
-    if not 1 <= args.eval_episodes <= 10**6:
-        raise UsageError(f"--eval-episodes: expected an integer in [1, 1000000], got "
-                         f"{args.eval_episodes}")
-    if args.parallel is not None and (args.backend != "ray" or args.parallel < 1):
-        raise UsageError("--parallel: an integer >= 1, and only with --backend ray")
-    space = read_search(args.search)
-    sets = _parse_sets(args.sets)
-    toml_values = _read_toml(args.config) if args.config else {}
+    from .train import _read_toml
+
+    if args.search is None:
+        raise UsageError("--search: required (the search space), or --resume DIR to "
+                         "continue a search")
     flags = {"env_id": args.env_id, "algo": args.algo,
              "total_timesteps": args.total_timesteps, "seed": args.seed}
-    flags = {k: v for k, v in flags.items() if v is not None}
+    return _plain({"format": SETTINGS_FORMAT, "search": load_toml(args.search, "--search"),
+                   "config": _read_toml(args.config) if args.config else {},
+                   "sets": list(args.sets),
+                   "flags": {k: v for k, v in flags.items() if v is not None},
+                   **{k: DEFAULTS[k] if getattr(args, k) is None else getattr(args, k)
+                      for k in DEFAULTS}, "parallel": args.parallel})
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON would read it back (tuples as lists, dates as strings)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def _read_settings(root: Path) -> dict[str, Any]:
+    from ppokit.io.atomic import MAX_SMALL_FILE, read_regular
+
+    path = root / SETTINGS
+    if not os.path.lexists(path):
+        raise UsageError(f"--resume: {root} holds no search ppokit started (no {SETTINGS})")
+    try:
+        doc = json.loads(read_regular(path, MAX_SMALL_FILE))
+    except (ValueError, RecursionError) as exc:
+        raise UsageError(f"--resume: {path} is not a settings file ppokit wrote "
+                         f"({type(exc).__name__})") from None
+    if not isinstance(doc, dict) or doc.get("format") != SETTINGS_FORMAT:
+        raise UsageError(f"--resume: {path} is not a settings file of this version")
+    return doc
+
+
+def _study_setup(st: dict[str, Any], where: str) -> tuple[SearchSpace, dict, Any]:
+    """``(space, base, cfg0)`` of the settings ``st`` (from the command line or from a
+    tuning directory's ``tune.json``: checked the same way)."""
+    from ppokit.algos import resolve_config
+
+    from .train import _parse_sets
+
+    try:
+        trials, episodes = st["trials"], st["eval_episodes"]
+        backend, parallel = st["backend"], st["parallel"]
+        search, toml_values, sets, flags = st["search"], st["config"], st["sets"], st["flags"]
+    except (KeyError, TypeError):
+        raise UsageError(f"{where}: the settings miss a field") from None
+    if isinstance(trials, bool) or not isinstance(trials, int) or not 1 <= trials <= MAX_TRIALS:
+        raise UsageError(f"--trials: expected an integer in [1, {MAX_TRIALS}], got {trials}")
+    if isinstance(episodes, bool) or not isinstance(episodes, int) \
+            or not 1 <= episodes <= 10**6:
+        raise UsageError(f"--eval-episodes: expected an integer in [1, 1000000], got "
+                         f"{episodes}")
+    if backend not in ("local", "ray"):
+        raise UsageError(f"--backend: expected local or ray, got {backend!r:.60}")
+    if parallel is not None and (backend != "ray" or not isinstance(parallel, int)
+                                 or parallel < 1):
+        raise UsageError("--parallel: an integer >= 1, and only with --backend ray")
+    if not isinstance(sets, list) or not all(isinstance(x, str) for x in sets) \
+            or not isinstance(flags, dict) or not isinstance(toml_values, dict):
+        raise UsageError(f"{where}: the settings are not what ppokit wrote")
+    space = parse_search(search, where)
     t = space.tune
     overrides = {"eval_every": t["eval_every"], "eval_episodes": t["eval_episodes"],
-                 "tensorboard": False, **space.fixed, **sets}
+                 "tensorboard": False, **space.fixed, **_parse_sets(sets)}
     base = {"toml_values": toml_values, "overrides": overrides, "flags": flags}
-    where = f"--search {args.search}"
     try:
         cfg0 = resolve_config(**base)
     except UsageError as exc:
         raise UsageError(f"{where} [fixed] / --set: {exc}") from None
     _check_values(space, base, where)
-    from ppokit.envs.source import import_env_module
+    return space, base, cfg0
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import optuna  # noqa: F401
+    except ImportError:
+        raise UsageError("ppokit tune needs Optuna, which is not installed (pip install "
+                         "'ppokit[tune]')") from None
+    from ppokit.envs.source import env_for_run, import_env_module
+    from ppokit.io.atomic import atomic_write_text
     from ppokit.io.rundir import RunLock, holds_run, parent_run_dir
 
-    import_env_module(cfg0.env_id, "--env")
+    if args.resume is not None:
+        given = [f for f, v in (("--search", args.search), ("--config", args.config),
+                                ("--set", args.sets), ("--algo", args.algo),
+                                ("--total-steps", args.total_timesteps), ("--seed", args.seed),
+                                ("--trials", args.trials), ("--backend", args.backend),
+                                ("--parallel", args.parallel), ("--run-dir", args.run_dir),
+                                ("--eval-episodes", args.eval_episodes)) if v not in (None, [])]
+        if given:
+            raise UsageError(f"--resume continues a search with its saved settings; it "
+                             f"cannot be combined with {given[0]}")
+        root = Path(args.resume)
+        if not root.is_dir():
+            raise UsageError(f"--resume: no such tuning directory {str(root)!r}")
+        settings = _read_settings(root)
+        where = f"--resume {root / SETTINGS}"
+    else:
+        settings = _settings_from_args(args)
+        root = None
+        where = f"--search {args.search}"
+    space, base, cfg0 = _study_setup(settings, where)
+    if root is not None:  # a module:Id is imported only because the user names it again
+        env_for_run(cfg0.env_id, cfg0.env_source, args.env_id, "--resume")
+    else:
+        import_env_module(cfg0.env_id, "--env")
     env_named = cfg0.env_id if ":" in cfg0.env_id else None
-    def taken(root: Path) -> str | None:
-        if (root / "trials.csv").exists() or holds_run(root):
-            return f"{root} already holds a search or a run"
+
+    def taken(d: Path) -> str | None:
+        if os.path.lexists(d / SETTINGS):
+            if _plain(_read_settings(d)) == settings:
+                return None  # the same command again: it continues the search
+            return (f"{d} holds a search with other settings; continue it with `ppokit tune "
+                    f"--resume {d}` or choose another directory")
+        if (d / "trials.csv").exists() or holds_run(d) or (d / "trial_000").exists():
+            return f"{d} already holds a search or a run"
         return None
 
-    root = parent_run_dir(args.run_dir, f"{cfg0.env_id}-{cfg0.algo}-tune", taken)
+    if root is None:
+        root = parent_run_dir(args.run_dir, f"{cfg0.env_id}-{cfg0.algo}-tune", taken)
     lock = RunLock(root, "tune")
+    if not os.path.lexists(root / SETTINGS):
+        atomic_write_text(root / SETTINGS, json.dumps(settings, indent=2) + "\n")
     ray = None
-    if args.backend == "ray":
+    if settings["backend"] == "ray":
         from ppokit.distributed import ensure_ray
 
         ray = ensure_ray(lambda m: print(m, flush=True), "--backend ray")
     keys = ", ".join(space.params)
-    print(f"tuning {keys} of {cfg0.algo} on {cfg0.env_id}: {args.trials} trials "
-          f"({args.backend}), pruner {t['pruner']}, into {root}", flush=True)
+    t = space.tune
+    print(f"tuning {keys} of {cfg0.algo} on {cfg0.env_id}: {settings['trials']} trials "
+          f"({settings['backend']}), pruner {t['pruner']}, into {root}", flush=True)
+    resume_cmd = f"ppokit tune --resume {root}" + (f" --env {env_named}" if env_named else "")
     t0 = time.perf_counter()
-    if ray is None:
-        coord = Coordinator(space)
-        for _ in range(args.trials):
-            number, params = coord.ask()
+    runner = _run_local if ray is None else _run_on_ray
+    rows, stopped = runner(ray, space, base, env_named, root, settings)
+    wall = time.perf_counter() - t0
+    if stopped is not None:
+        from ppokit.io.signals import signal_name
+
+        _write_csv(root / "trials.csv", rows)
+        print(f"stopped by {signal_name(stopped)} after {len(rows)} of {settings['trials']} "
+              "trials; the trial in progress wrote a checkpoint and runs again on resume",
+              file=sys.stderr, flush=True)
+        print(f"resume with: {resume_cmd}", file=sys.stderr, flush=True)
+        lock.release()
+        return 128 + stopped
+    return _finish(root, lock, rows, space, base, cfg0, wall, settings["eval_episodes"])
+
+
+def _say_continued(coord: Coordinator, root: Path, trials: int) -> None:
+    if coord.info:
+        print(f"continuing the search in {root}: {coord.finished()} of {trials} trials "
+              f"finished" + (f"; trial {', '.join(map(str, coord.again))} runs again "
+                             "(it was stopped)" if coord.again else ""), flush=True)
+
+
+def _run_local(ray, space, base, env_named, root: Path, st: dict
+               ) -> tuple[list[dict], int | None]:
+    """The trials one after another in this process; a SIGINT / SIGTERM stops the trial in
+    progress with a checkpoint (it runs again, from there, when the search continues).
+    ``(rows, signal or None)``."""
+    from ppokit.io import GracefulStop, Interrupted
+
+    coord = Coordinator(space, journal=str(root / JOURNAL))
+    _say_continued(coord, root, st["trials"])
+    with GracefulStop(lambda m: print(m, file=sys.stderr, flush=True)) as stop:
+        while coord.finished() < st["trials"] and not stop.requested:
+            number, params, again = coord.ask()
             cfg = _trial_config(base, params)
-            res = (run_trial(cfg["_config"], env_named, str(root / f"trial_{number:03d}"),
-                             args.eval_episodes, number, coord.report)
-                   if "_config" in cfg else cfg)
+            try:
+                res = (run_trial(cfg["_config"], env_named, str(root / f"trial_{number:03d}"),
+                                 st["eval_episodes"], number, coord.report, again=again,
+                                 stop=stop)
+                       if "_config" in cfg else cfg)
+            except Interrupted:
+                break
             coord.tell(number, res)
             _say(number, params, res)
-        rows = coord.rows()
-    else:
-        rows = _run_on_ray(ray, space, base, env_named, root, args)
-    wall = time.perf_counter() - t0
-    return _finish(root, lock, rows, space, base, cfg0, wall, args)
+            _write_csv(root / "trials.csv", coord.rows())
+    return coord.rows(), stop.signum
 
 
 def _trial_config(base: dict, params: dict[str, Any]) -> dict[str, Any]:
@@ -549,43 +768,70 @@ def _short(v) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def _run_on_ray(ray, space, base, env_named, root: Path, args) -> list[dict]:
-    from ppokit.distributed.tasks import unpack_run
+def _run_on_ray(ray, space, base, env_named, root: Path, st: dict
+                ) -> tuple[list[dict], int | None]:
+    """The trials as Ray tasks, ``parallel`` at a time; the study's coordinator is an
+    actor on this machine (its journal is in the tuning directory). A SIGINT / SIGTERM
+    stops the running trials through a stop flag; they run again (from the start) when
+    the search continues. ``(rows, signal or None)``."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    coord = ray.remote(num_cpus=0)(Coordinator).remote(space)
+    from ppokit.distributed.tasks import StopFlag, replace_run
+    from ppokit.supervise import SignalForwarder
+
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    coord = ray.remote(num_cpus=0, scheduling_strategy=here)(Coordinator).remote(
+        space, str(root / JOURNAL))
     task = ray.remote(num_cpus=1, max_retries=0)(_ray_trial)
-    parallel = args.parallel or max(1, int(ray.cluster_resources().get("CPU", 1)))
-    asked = 0
+    stop_flag = ray.remote(num_cpus=0)(StopFlag).remote()
+    parallel = st["parallel"] or max(1, int(ray.cluster_resources().get("CPU", 1)))
+    finished = ray.get(coord.finished.remote())
+    if finished or ray.get(coord.rows.remote()):
+        print(f"continuing the search in {root}: {finished} of {st['trials']} trials "
+              "finished", flush=True)
     running: dict = {}
-    while asked < args.trials or running:
-        while asked < args.trials and len(running) < parallel:
-            number, params = ray.get(coord.ask.remote())
-            asked += 1
-            cfg = _trial_config(base, params)
-            if "_config" not in cfg:
-                ray.get(coord.tell.remote(number, cfg))
-                _say(number, params, cfg)
+    told = False
+    with SignalForwarder(lambda signum: None) as sig:
+        while (finished + len(running) < st["trials"] and sig.signum is None) or running:
+            if sig.signum is not None and not told:
+                ray.get(stop_flag.set.remote(sig.signum))
+                told = True
+            while (finished + len(running) < st["trials"] and len(running) < parallel
+                   and sig.signum is None):
+                number, params, _ = ray.get(coord.ask.remote())
+                cfg = _trial_config(base, params)
+                if "_config" not in cfg:
+                    ray.get(coord.tell.remote(number, cfg))
+                    finished += 1
+                    _say(number, params, cfg)
+                    continue
+                ref = task.remote(cfg["_config"], env_named, st["eval_episodes"], number,
+                                  coord, stop_flag)
+                running[ref] = (number, params)
+            if not running:
                 continue
-            ref = task.remote(cfg["_config"], env_named, args.eval_episodes, number, coord)
-            running[ref] = (number, params)
-        if not running:
-            continue
-        done, _ = ray.wait(list(running), num_returns=1)
-        number, params = running.pop(done[0])
-        try:
-            res, data = ray.get(done[0])
-        except ray.exceptions.RayError as exc:
-            res, data = {"state": "failed", "value": None,
-                         "message": f"Ray task failed: {type(exc).__name__}"}, b""
-        if data:
-            unpack_run(data, root / f"trial_{number:03d}")
-        ray.get(coord.tell.remote(number, res))
-        _say(number, params, res)
-    return ray.get(coord.rows.remote())
+            done, _ = ray.wait(list(running), num_returns=1, timeout=1.0)
+            if not done:
+                continue
+            number, params = running.pop(done[0])
+            try:
+                res, data = ray.get(done[0])
+            except ray.exceptions.RayError as exc:
+                res, data = {"state": "failed", "value": None,
+                             "message": f"Ray task failed: {type(exc).__name__}"}, b""
+            if data:  # (in place of an earlier, stopped attempt of this trial)
+                replace_run(data, root / f"trial_{number:03d}")
+            if res.get("state") == "stopped":
+                continue  # runs again when the search continues
+            ray.get(coord.tell.remote(number, res))
+            finished += 1
+            _say(number, params, res)
+            _write_csv(root / "trials.csv", ray.get(coord.rows.remote()))
+    return ray.get(coord.rows.remote()), sig.signum
 
 
 def _finish(root: Path, lock, rows: list[dict], space: SearchSpace, base: dict, cfg0,
-            wall: float, args) -> int:
+            wall: float, eval_episodes: int) -> int:
     from ppokit.io.atomic import atomic_write_text
 
     for r in rows:
@@ -610,7 +856,7 @@ def _finish(root: Path, lock, rows: list[dict], space: SearchSpace, base: dict, 
         values.setdefault("env_id", cfg0.env_id)
         values.setdefault("algo", cfg0.algo)
         header = (f"ppokit tune: best of {len(rows)} trials, trial {best['number']} "
-                  f"(score {best['value']:.1f}: mean return of {args.eval_episodes} "
+                  f"(score {best['value']:.1f}: mean return of {eval_episodes} "
                   f"deterministic episodes)\nppokit train --config best.toml")
         atomic_write_text(root / "best.toml", to_toml(values, header))
         p = ", ".join(f"{k}={_short(best[k])}" for k in space.params)

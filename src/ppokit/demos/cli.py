@@ -172,15 +172,18 @@ def render(name: str, args: argparse.Namespace | None = None) -> str:
         from .bandit import format_bandit
 
         tkl = opt("target_kl", None)
-        return format_bandit(epochs=_at_least(opt("epochs", 40), 1, "--epochs"),
+        return format_bandit(epochs=_at_most(_at_least(opt("epochs", 40), 1, "--epochs"),
+                                             100_000, "--epochs"),
                              lr=_positive(opt("lr", 0.3), "--lr"), eps=_eps(opt("eps", 0.2)),
                              target_kl=None if tkl is None else _positive(tkl, "--target-kl"))
     if name == "baseline":
         from .baseline import format_baseline
 
         return format_baseline(seed=_at_least(opt("seed", 0), 0, "--seed"),
-                               draws=_at_least(opt("draws", 2000), 2, "--draws"),
-                               n_seeds=_at_least(opt("seeds", 50), 2, "--seeds"))
+                               draws=_at_most(_at_least(opt("draws", 2000), 2, "--draws"),
+                                              1_000_000, "--draws"),
+                               n_seeds=_at_most(_at_least(opt("seeds", 50), 2, "--seeds"),
+                                                10_000, "--seeds"))
     if name == "optimal-baseline":
         from .optimal_baseline import format_optimal_baseline
 

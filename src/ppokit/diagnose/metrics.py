@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,15 +27,17 @@ ANNEAL_FLOOR = 0.25
 
 
 def metrics_path(run: str | Path) -> Path:
-    """``RUN_DIR/metrics.jsonl`` (or the file itself when given a ``.jsonl`` path)."""
+    """``RUN_DIR/metrics.jsonl`` (or the file itself when given a ``.jsonl`` path). Inside
+    a run directory the file must not be a link (a run directory is data: ppokit follows
+    no link in it); a file named directly may be a link the user made."""
     p = Path(run)
     if p.is_dir():
         p = p / "metrics.jsonl"
-        if not p.is_file():
+        if not os.path.lexists(p):
             raise UsageError(f"{run}: no metrics.jsonl in this directory")
         return p
     if p.is_file():
-        return p
+        return Path(os.path.realpath(p))
     if p.exists():
         raise UsageError(f"{run}: not a regular file or a run directory")
     raise UsageError(f"{run}: no such run directory")
@@ -43,32 +46,38 @@ def metrics_path(run: str | Path) -> Path:
 def read_metrics_table(run: str | Path) -> MetricsTable:
     """Read a run directory's (or a file's) metrics; skip a partial last line. A line that
     is not a JSON object (garbage, or nesting too deep to be a metrics record) is an error
-    naming the line."""
+    naming the line. The file is read in chunks, with the bounds of
+    :func:`ppokit.io.metrics.metric_lines` (a regular file, no link, at most
+    ``MAX_METRICS`` bytes)."""
+    from ppokit.io.metrics import MAX_LINE, metric_lines
+
     path = metrics_path(run)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{path}: cannot read ({exc})") from None
-    lines = text.split("\n")
     records: list[dict] = []
     skipped_partial = False
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except RecursionError:
-            raise UsageError(f"{path}: line {i + 1} is nested too deeply to be a metrics "
-                             "record") from None
-        except ValueError:  # JSONDecodeError, or an integer too long to convert
-            is_last = all(not rest.strip() for rest in lines[i + 1:])
-            if is_last and not text.endswith("\n"):
-                skipped_partial = True
+    try:
+        for i, line, last in metric_lines(path):
+            if line is None:
+                raise UsageError(f"{path}: line {i} is longer than {MAX_LINE} bytes, not a "
+                                 "metrics record")
+            if not line.strip():
                 continue
-            raise UsageError(f"{path}: line {i + 1} is not valid JSON") from None
-        if not isinstance(obj, dict):
-            raise UsageError(f"{path}: line {i + 1} is not a JSON object")
-        records.append(obj)
+            try:
+                obj = json.loads(line.decode("utf-8"))
+            except UnicodeDecodeError:
+                raise UsageError(f"{path}: line {i} is not UTF-8 text") from None
+            except RecursionError:
+                raise UsageError(f"{path}: line {i} is nested too deeply to be a metrics "
+                                 "record") from None
+            except ValueError:  # JSONDecodeError, or an integer too long to convert
+                if last:
+                    skipped_partial = True
+                    continue
+                raise UsageError(f"{path}: line {i} is not valid JSON") from None
+            if not isinstance(obj, dict):
+                raise UsageError(f"{path}: line {i} is not a JSON object")
+            records.append(obj)
+    except MemoryError:
+        raise UsageError(f"{path}: too many records to hold in memory") from None
     table = MetricsTable(records, source=str(path))
     table.skipped_partial_line = skipped_partial
     return table

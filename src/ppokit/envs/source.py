@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ppokit.errors import UsageError
+from ppokit.errors import UsageError, UserCodeError
 
 __all__ = ["GivenVectorEnv", "split_env_id", "import_env_module", "gym_id", "env_for_run",
            "check_env_kwargs", "FACTORY"]
@@ -53,10 +53,11 @@ def import_env_module(env_id: str, where: str = "--env") -> str:
         sys.path.insert(0, cwd)
     try:
         importlib.import_module(mod)
-    except Exception as exc:  # noqa: BLE001 - any failure of the user's module, said once
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's module, said once
+        # (a module that calls sys.exit() at import would otherwise end ppokit silently)
         msg = str(exc).splitlines()[0] if str(exc) else ""
-        raise UsageError(f"{where}: cannot import module {mod!r} of {env_id!r} "
-                         f"({type(exc).__name__}{': ' + msg if msg else ''})") from None
+        raise UserCodeError(f"{where}: cannot import module {mod!r} of {env_id!r} "
+                            f"({type(exc).__name__}{': ' + msg if msg else ''})") from exc
     _IMPORTED.add(mod)
     return env_id
 

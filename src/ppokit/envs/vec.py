@@ -25,7 +25,8 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, Vecto
 from ppokit.errors import UsageError
 
 from . import atari, minatar
-from .source import gym_id
+from .checked import checked_factory, label_of
+from .source import gym_id, split_env_id
 
 __all__ = ["make_vec", "training_vec", "autoreset_mode_of", "env_state", "load_env_state",
            "check_env_id"]
@@ -91,9 +92,16 @@ def make_vec(env_id: str | Callable[[], gym.Env], num_envs: int, *,
         if vectorization == "envpool":
             raise UsageError("vectorization: envpool runs EnvPool's own environments, "
                              "not an environment factory; use sync or async")
-        return _make_vec_factory(env_id, num_envs, vectorization, autoreset)
+        return _make_vec_factory(checked_factory(env_id, label_of(env_id)), num_envs,
+                                 vectorization, autoreset)
     spec = check_env_id(env_id)
     gid = gym_id(env_id)
+    if split_env_id(env_id)[0] is not None and vectorization in ("auto", "sync", "async") \
+            and (vectorization != "auto" or spec.vector_entry_point is None):
+        # the user's own code: every call checked (ppokit.envs.checked)
+        return _make_vec_factory(_user_env(env_id, gid, dict(env_kwargs or {})), num_envs,
+                                 "sync" if vectorization == "auto" else vectorization,
+                                 autoreset)
     if vectorization == "envpool":  # EnvPool's C++ environments (ppokit.envs.envpool_vec)
         from .envpool_vec import make_envpool
 
@@ -233,6 +241,24 @@ def _make_atari_vec(env_id: str, gid: str, num_envs: int, vectorization: str,
         raise UsageError(f"env_kwargs: {env_id!r} does not accept them ({exc})") from None
     env.game_scores = True
     return env
+
+
+def _user_env(env_id: str, gid: str, kwargs: dict) -> Callable[[], gym.Env]:
+    """The checked factory of a ``module:Id`` environment (Gymnasium's passive checker
+    off: the checks replace its warnings); keyword arguments it does not take are named
+    as ``env_kwargs``."""
+
+    def make() -> gym.Env:
+        try:
+            return gym.make(gid, disable_env_checker=True, **kwargs)
+        except TypeError as exc:
+            if kwargs and "argument" in str(exc):
+                raise UsageError(f"env_kwargs: {env_id!r} does not accept them ({exc})") \
+                    from None
+            raise
+
+    make.__qualname__ = env_id
+    return checked_factory(make, label_of(env_id))
 
 
 def _make_vec_factory(factory: Callable[[], gym.Env], num_envs: int, vectorization: str,

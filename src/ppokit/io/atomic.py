@@ -5,6 +5,12 @@ through a link), are fsync'ed, renamed over the target and the directory fsync'e
 see the old file or the new one, and a symbolic link at the target is replaced, never
 written through. Reads open the path without following a final symbolic link and accept
 only regular files (a FIFO or a device would hang or never end), with a size bound.
+
+Files the user names on the command line or in Python (a ``--config`` or ``--search`` file,
+prompts, preference pairs, demonstrations) are read by :func:`read_named_file` with the
+same rules but one: a link the user named is followed (it is their path, not a run
+directory's content). Each is refused in one line naming the flag when it is not a regular
+file or larger than its bound.
 """
 
 from __future__ import annotations
@@ -12,15 +18,21 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 
-from ppokit.errors import UsageError
+from ppokit.errors import WRITE_FAULTS, UsageError, write_fault
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "fsync_dir", "read_regular",
-           "open_append", "replace_dir", "MAX_SMALL_FILE"]
+__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_lines", "fsync_dir",
+           "read_regular", "read_named_file", "read_named_text", "check_named_file", "open_append",
+           "replace_dir", "MAX_SMALL_FILE", "MAX_DATA_FILE", "MAX_NESTING", "check_nesting"]
 
 # JSON side files (config.json, state.json, manifest.json, eval.json) are far below this
 MAX_SMALL_FILE = 16 * 2**20
+# prompts, preference pairs, demonstrations: read whole and kept as Python objects
+MAX_DATA_FILE = 1 * 2**30
+# tables and lists inside one another in a configuration file or a data row
+MAX_NESTING = 64
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -53,23 +65,40 @@ def _exclusive(path: Path) -> int:
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Replace ``path`` by ``data`` so that readers see either the old or the new file."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    fd = _exclusive(tmp)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+    atomic_write_lines(path, (data,))
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_lines(path: str | os.PathLike, chunks: Iterable[bytes | str]) -> None:
+    """Replace ``path`` by the concatenation of ``chunks`` (text is UTF-8 encoded), written
+    as they come: readers see either the old or the whole new file. A full disk or a
+    file-size limit is a :class:`ppokit.errors.Fault` naming the path and how much was
+    being written; the old file is then unchanged."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    written = 0
+    try:
+        fd = _exclusive(tmp)
+        with os.fdopen(fd, "wb") as fh:
+            for c in chunks:
+                c = c.encode() if isinstance(c, str) else c
+                written += len(c)
+                fh.write(c)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.errno in WRITE_FAULTS:
+            raise write_fault(exc, path, written) from exc
+        raise
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
 
 
 def _open_regular(path: Path, flags: int) -> int:
@@ -101,6 +130,88 @@ def read_regular(path: str | os.PathLike, max_size: int = MAX_SMALL_FILE) -> byt
     if len(data) > max_size:
         raise UsageError(f"{path}: more than the {max_size} bytes expected")
     return data
+
+
+def _open_named(path: str | os.PathLike, flag: str, max_size: int, what: str) -> int:
+    """A read-only descriptor of the regular file ``path`` of at most ``max_size`` bytes
+    (a link to one is followed); else a one-line :class:`UsageError` naming ``flag``."""
+    name = os.fspath(path)
+    try:
+        fd = os.open(name, os.O_RDONLY | _CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise UsageError(f"{flag}: no such file {name!r}") from None
+    except IsADirectoryError:
+        raise UsageError(f"{flag}: {name!r} is a directory, expected a {what}") from None
+    except OSError as exc:
+        raise UsageError(f"{flag}: cannot open {name!r} ({exc.strerror})") from None
+    st = os.fstat(fd)
+    problem = None
+    if stat.S_ISDIR(st.st_mode):
+        problem = f"{flag}: {name!r} is a directory, expected a {what}"
+    elif not stat.S_ISREG(st.st_mode):
+        problem = (f"{flag}: {name!r} is not a regular file (a FIFO, a device or a socket "
+                   f"is never read), expected a {what}")
+    elif st.st_size > max_size:
+        problem = (f"{flag}: {name!r} has {st.st_size} bytes, more than the {max_size} a "
+                   f"{what} may have")
+    if problem is not None:
+        os.close(fd)
+        raise UsageError(problem)
+    os.set_blocking(fd, True)
+    return fd
+
+
+def check_named_file(path: str | os.PathLike, flag: str, max_size: int = MAX_DATA_FILE,
+                     what: str = "file") -> None:
+    """Refuse, as :func:`read_named_file` would, a file another library is to read."""
+    os.close(_open_named(path, flag, max_size, what))
+
+
+def read_named_file(path: str | os.PathLike, flag: str, max_size: int = MAX_SMALL_FILE,
+                    what: str = "file") -> bytes:
+    """The bytes of a file the user named with ``flag``: a regular file (a link to one is
+    followed; a FIFO, a device or a directory is refused at once, never read) of at most
+    ``max_size`` bytes. Every refusal is a one-line :class:`UsageError` naming ``flag``."""
+    name = os.fspath(path)
+    with os.fdopen(_open_named(path, flag, max_size, what), "rb") as fh:
+        try:
+            data = fh.read(max_size + 1)
+        except OSError as exc:
+            raise UsageError(f"{flag}: cannot read {name!r} ({exc.strerror})") from None
+    if len(data) > max_size:
+        raise UsageError(f"{flag}: {name!r} has more than the {max_size} bytes a {what} may "
+                         "have")
+    return data
+
+
+def read_named_text(path: str | os.PathLike, flag: str, max_size: int = MAX_DATA_FILE,
+                    what: str = "file") -> str:
+    """:func:`read_named_file` decoded as UTF-8 (a file that is not: one line naming
+    ``flag`` and where the first bad byte is)."""
+    data = read_named_file(path, flag, max_size, what)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise UsageError(f"{flag}: {os.fspath(path)} is not UTF-8 text (line {line}, byte "
+                         f"{exc.start})") from None
+
+
+def check_nesting(value, where: str, limit: int = MAX_NESTING) -> None:
+    """Refuse (one line naming ``where``) lists and tables nested more than ``limit``
+    deep; walked without recursion."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict):
+            items = v.values()
+        elif isinstance(v, (list, tuple)):
+            items = v
+        else:
+            continue
+        if depth > limit:
+            raise UsageError(f"{where}: lists and tables nested more than {limit} deep")
+        stack.extend((x, depth + 1) for x in items)
 
 
 def open_append(path: str | os.PathLike, encoding: str = "utf-8"):

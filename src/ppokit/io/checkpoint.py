@@ -42,7 +42,7 @@ from safetensors.numpy import save as np_save
 from safetensors.torch import load as t_load
 from safetensors.torch import save as t_save
 
-from ppokit.errors import UsageError
+from ppokit.errors import WRITE_FAULTS, UsageError, write_fault
 
 from .atomic import MAX_SMALL_FILE, fsync_dir, read_regular
 
@@ -62,12 +62,16 @@ class CheckpointError(ValueError):
 
 
 def _write(path: Path, data: bytes) -> dict:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
-                 0o644)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL
+                     | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:
+        exc.needed = len(data)  # (for the message of a full disk)
+        raise
     return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
@@ -92,6 +96,24 @@ def save_checkpoint(root: str | Path, iteration: int, *,
     tmp = root / f".tmp-iter_{iteration:09d}-{os.getpid()}"
     if os.path.lexists(tmp):
         shutil.rmtree(tmp)
+    try:
+        _write_files(tmp, tensors, arrays, state, iteration)
+    except BaseException as exc:  # the partial checkpoint goes; the others stay intact
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError) and exc.errno in WRITE_FAULTS:
+            raise write_fault(exc, final, getattr(exc, "needed", None)) from exc
+        raise
+    if os.path.lexists(final):  # the same iteration again (after a fallback): replace it
+        _retire(root, final)
+    os.replace(tmp, final)
+    fsync_dir(root)
+    for old in list_checkpoints(root)[:-keep]:
+        _retire(root, old)
+    return final
+
+
+def _write_files(tmp: Path, tensors: dict, arrays: dict, state: dict, iteration: int) -> None:
+    """The files of a checkpoint, each fsync'ed, into the new directory ``tmp``."""
     tmp.mkdir()
     files = {}
     for group, tdict in tensors.items():
@@ -109,13 +131,6 @@ def save_checkpoint(root: str | Path, iteration: int, *,
     manifest = {"format": FORMAT, "iteration": iteration, "files": files}
     _write(tmp / MANIFEST, json.dumps(manifest).encode())
     fsync_dir(tmp)
-    if os.path.lexists(final):  # the same iteration again (after a fallback): replace it
-        _retire(root, final)
-    os.replace(tmp, final)
-    fsync_dir(root)
-    for old in list_checkpoints(root)[:-keep]:
-        _retire(root, old)
-    return final
 
 
 def _retire(root: Path, path: Path) -> None:

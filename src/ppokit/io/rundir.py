@@ -1,5 +1,10 @@
 """Run directories: one writer at a time, unique default names, no trace of a failed start.
 
+A run that fails before its first checkpoint leaves nothing behind either: there is
+nothing to resume, and a directory holding only its configuration and a few metrics would
+block its own name. A run that fails later keeps every checkpoint it wrote, and its error
+says which one is the last and how to resume (:func:`fail_run`).
+
 A run directory is data. ppokit reads in it only the files it wrote (regular files, never
 through a symbolic link, never a path that a file names) and imports nothing because a file
 in it says so. Every process that writes a run directory (training, resuming, an evaluation
@@ -21,7 +26,8 @@ from pathlib import Path
 from ppokit.errors import UsageError
 
 __all__ = ["RunLock", "RunDir", "unique_run_dir", "parent_run_dir", "check_tree",
-           "holds_run", "RESUME_HINT"]
+           "holds_run", "is_llm_run_dir", "fail_run", "fail_start", "check_run_dir",
+           "RESUME_HINT"]
 
 LOCK_NAME = ".lock"
 RESUME_HINT = {"env": "ppokit train --resume {run_dir}",
@@ -91,6 +97,39 @@ def holds_run(run_dir: Path) -> bool:
                                                        "checkpoints"))
 
 
+def check_run_dir(run_dir: str | os.PathLike, flag: str = "RUN_DIR") -> Path:
+    """``run_dir`` if it is a directory that holds a run ppokit wrote; else a one-line
+    :class:`UsageError` naming ``flag``: no such directory, not a run directory, or a
+    ``config.json`` that is not the run configuration ppokit writes there (a JSON object)."""
+    import json
+
+    from .atomic import MAX_SMALL_FILE, read_regular
+
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise UsageError(f"{flag}: no such run directory {str(path)!r}")
+    if not holds_run(path):
+        raise UsageError(f"{flag}: {path} is not a run directory (it holds no checkpoints/, "
+                         "config.json or metrics.jsonl)")
+    cfg = path / "config.json"
+    if os.path.lexists(cfg):
+        try:
+            doc = json.loads(read_regular(cfg, MAX_SMALL_FILE))
+        except (ValueError, RecursionError):
+            doc = None
+        if not isinstance(doc, dict):
+            found = "no valid JSON" if doc is None else f"a JSON {type(doc).__name__}"
+            raise UsageError(f"{flag}: {cfg} is not a run configuration (ppokit writes a JSON "
+                             f"object there, found {found}); this is not a run directory "
+                             "ppokit wrote")
+    return path
+
+
+def is_llm_run_dir(run_dir: str | os.PathLike) -> bool:
+    """A language-model run directory keeps its frozen starting policy in ``reference/``."""
+    return (Path(run_dir) / "reference").is_dir()
+
+
 def unique_run_dir(parent: str | os.PathLike, name: str) -> Path:
     """Create and return ``parent/name-<time>`` (``-2``, ``-3``, ... appended when a run
     started in the same second took it): two runs never share a default directory."""
@@ -129,7 +168,8 @@ def parent_run_dir(given: str | None, default_name: str, taken) -> Path:
 class RunDir:
     """The run directory of one writing process: locked on entry; for a new run, checked
     empty of any earlier run; and removed again (what this process created of it) if the
-    start fails before :meth:`started` is called."""
+    run fails before :meth:`started` is called (the trainers call it once their first
+    checkpoint is written, or at once when they resume)."""
 
     def __init__(self, path: str | os.PathLike, *, new: bool, purpose: str = "train",
                  kind: str = "env", fresh: bool = False):
@@ -166,6 +206,11 @@ class RunDir:
         """The run is under way: a later failure no longer removes anything."""
         self._live = False
 
+    @property
+    def live(self) -> bool:
+        """Whether a failure now undoes the run (:meth:`abort` removes it)."""
+        return self._live
+
     def abort(self) -> None:
         """Undo a failed start: remove what this process created, release the lock."""
         if self._live:
@@ -191,6 +236,53 @@ class RunDir:
 
     def close(self) -> None:
         self.lock.release()
+
+
+def _raise(new: BaseException, exc: BaseException):
+    if new is exc:
+        raise exc
+    raise new from exc.__cause__  # (the user's traceback stays the cause)
+
+
+def fail_run(exc: BaseException, rundir: RunDir, last_checkpoint: Path | None,
+             resume: str):
+    """Raise ``exc`` — training failed with it — saying what becomes of the run directory:
+    before the first checkpoint the run is undone (:meth:`RunDir.abort`) and a one-line
+    error (:class:`UsageError`, :class:`Fault`) says it was removed; after it the
+    checkpoints stay and the line names the last one and ``resume``, the command that
+    continues the run."""
+    from ppokit.errors import Fault, fault_remedy, with_suffix
+
+    path = getattr(rundir, "path", None)
+    if getattr(rundir, "live", False):
+        created = rundir.created
+        rundir.abort()
+        note = (f"; no checkpoint had been written, so {path} was removed" if created else
+                f"; no checkpoint had been written, so what this run wrote in {path} was "
+                "removed")
+    elif last_checkpoint is not None and path is not None:
+        then = f"{fault_remedy(exc)}, then resume" if isinstance(exc, Fault) else "resume"
+        note = (f"; checkpoint {last_checkpoint.name} in {path} is intact: {then} with "
+                f"`{resume}`")
+    else:
+        note = ""
+    _raise(with_suffix(exc, note) if note and isinstance(exc, (UsageError, Fault)) else exc,
+           exc)
+
+
+def fail_start(exc: BaseException, rundir: RunDir, resume: bool):
+    """Raise ``exc`` — a trainer's start failed with it — after undoing the start
+    (:meth:`RunDir.abort`). A resume that failed on a full disk changed nothing (every file
+    is replaced only once complete): the line says so."""
+    from ppokit.errors import Fault, fault_remedy, with_suffix
+
+    rundir.abort()
+    new = exc
+    if resume and isinstance(exc, Fault):
+        new = with_suffix(exc, f"; nothing in {getattr(rundir, 'path', 'the run directory')} "
+                               "was changed (files are replaced only once complete): "
+                               f"{fault_remedy(exc)} and resume again")
+    _raise(new, exc)
 
 
 def check_tree(root: str | os.PathLike, what: str = "run dir") -> None:

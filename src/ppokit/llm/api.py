@@ -55,9 +55,9 @@ def train(model, reward_funcs, train_dataset, algo: str = "grpo", eval_dataset=N
     for key, arg in _ARGUMENT_KEYS.items():
         if key in config:
             raise UsageError(f"{key}: give it as train({arg}=...), not as a config key")
-    for f in callbacks:
-        if not callable(f):
-            raise UsageError(f"callbacks: expected callables, got {type(f).__name__}")
+    from ppokit.api import check_callbacks
+
+    callbacks = check_callbacks(callbacks, "(record) -> bool | None")
     funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     if not funcs:
         raise UsageError("reward_funcs: expected at least one reward function")

@@ -8,7 +8,6 @@ reward model), ``dpo`` (direct preference optimisation), ``bench`` (throughput).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -241,8 +240,8 @@ def _print_eval(ev: dict) -> None:
 
 
 def _launch(nproc: int) -> int:
-    """``--nproc N``: run this same command under torchrun on N local processes."""
-    import subprocess
+    """``--nproc N``: run this same command on N local ranks (:mod:`ppokit.llm.launch`)."""
+    from .launch import launch
 
     argv = list(sys.argv[1:])
     out, skip = [], False
@@ -256,17 +255,7 @@ def _launch(nproc: int) -> int:
         if a.startswith("--nproc="):
             continue
         out.append(a)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={nproc}", "-m", "ppokit", *out]
-    print(f"launching: torchrun --standalone --nproc_per_node={nproc} -m ppokit "
-          + " ".join(out), file=sys.stderr, flush=True)
-    rc = subprocess.call(cmd)
-    if rc != 0:
-        print(f"ppokit llm train: the {nproc}-process job failed (exit status {rc}); the "
-              "first failing rank's error is above. Checkpoints are written atomically by "
-              "rank 0: the last one in the run directory is intact and --resume continues "
-              "from it.", file=sys.stderr, flush=True)
-    return rc
+    return launch(nproc, out)
 
 
 def _train(args) -> int:
@@ -344,7 +333,8 @@ def _train_ranks(args, dp) -> int:
                 print(f"{exc}; checkpoint {exc.checkpoint.name} written; run dir {run_dir}",
                       file=sys.stderr)
                 print(f"resume with: ppokit llm train --resume {run_dir}"
-                      + _reward_flags(cfg), file=sys.stderr, flush=True)
+                      + _reward_flags(cfg) + (f" --nproc {dp.world}" if dp is not None else ""),
+                      file=sys.stderr, flush=True)
                 return exc.exit_code
     finally:
         tr.close()
@@ -401,6 +391,14 @@ def _sft(args) -> int:
     from .sft import builtin_sft, sft_train
     from .task import ReverseTask
 
+    rows = []
+    if args.data:  # read and checked before any model is built
+        from .data import read_jsonl_objects
+
+        rows = [(r["prompt"], r["completion"]) for r in read_jsonl_objects(
+            args.data, "--data", ("prompt", "completion"), "demonstrations file")]
+        if not rows:
+            raise UsageError(f"--data: {args.data!r} is empty")
     if args.model:
         model, tok = load_lm(args.model)
     else:
@@ -408,16 +406,6 @@ def _sft(args) -> int:
         model = build_tiny_model(tok, seed=args.seed)
     log = lambda step, loss: print(f"step {step}: loss {loss:.4f}")  # noqa: E731
     if args.data:
-        rows = []
-        with open(args.data) as f:
-            for i, line in enumerate(f, 1):
-                if line.strip():
-                    obj = json.loads(line)
-                    if "prompt" not in obj or "completion" not in obj:
-                        raise UsageError(f"--data: {args.data}:{i}: needs prompt and completion")
-                    rows.append((str(obj["prompt"]), str(obj["completion"])))
-        if not rows:
-            raise UsageError(f"--data: {args.data!r} is empty")
 
         def sample(n, rng):
             batch = [rng.choice(rows) for _ in range(n)]

@@ -27,10 +27,10 @@ import csv
 import json
 import os
 
-from ppokit.errors import UsageError
+from ppokit.errors import UsageError, UserCodeError, with_suffix
 
 __all__ = ["load_rows", "check_rows", "is_conversation", "render_prompt", "split_rows",
-           "TABULAR"]
+           "check_prompts", "model_context", "read_jsonl_objects", "TABULAR"]
 
 TABULAR = (".jsonl", ".json", ".csv", ".parquet")
 
@@ -92,18 +92,13 @@ def check_rows(rows: list, what: str) -> list[dict]:
 
 
 def _read_path(path: str, what: str) -> list[dict]:
-    if not os.path.isfile(path):
-        raise UsageError(f"{what}: no such file {path!r}")
+    from ppokit.io.atomic import MAX_DATA_FILE, check_named_file, read_named_text
+
     ext = os.path.splitext(path)[1].lower()
     if ext == ".parquet":
+        check_named_file(path, what, MAX_DATA_FILE, "Parquet file")
         return _read_parquet(path, what)
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except UnicodeDecodeError:
-        raise UsageError(f"{what}: {path} is not UTF-8 text") from None
-    except OSError as exc:
-        raise UsageError(f"{what}: cannot read {path} ({exc.strerror})") from None
+    text = read_named_text(path, what, MAX_DATA_FILE, "prompts file")
     if ext == ".csv":
         return [dict(r) for r in csv.DictReader(text.splitlines())]
     if ext == ".json" and text.lstrip().startswith("["):
@@ -111,10 +106,19 @@ def _read_path(path: str, what: str) -> list[dict]:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise UsageError(f"{what}: {path}: bad JSON: {exc}") from None
+        except RecursionError:
+            raise UsageError(f"{what}: {path}: lists and objects nested too deeply") from None
+        _check_nesting(data, f"{what}: {path}")
         return list(data)
     if ext in (".json", ".jsonl"):
         return _read_lines(path, text, what)
     return [{"prompt": line} for line in text.splitlines() if line.strip()]
+
+
+def _check_nesting(value, where: str) -> None:
+    from ppokit.io.atomic import check_nesting
+
+    check_nesting(value, where)
 
 
 def _read_lines(path: str, text: str, what: str) -> list[dict]:
@@ -124,12 +128,51 @@ def _read_lines(path: str, text: str, what: str) -> list[dict]:
             continue
         if line.lstrip().startswith("{"):
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise UsageError(f"{what}: {path}:{i}: bad JSON: {exc}") from None
+            except RecursionError:
+                raise UsageError(f"{what}: {path}:{i}: nested too deeply") from None
+            _check_nesting(row, f"{what}: {path}:{i}")
+            rows.append(row)
         else:
             rows.append({"prompt": line.rstrip("\n")})
     return rows
+
+
+def read_jsonl_objects(path: str, flag: str, keys: tuple[str, ...], what: str) -> list[dict]:
+    """The rows of a JSONL file the user named with ``flag`` (demonstrations, preference
+    pairs): each non-blank line a JSON object with string values for ``keys``. The file is
+    read with :func:`ppokit.io.atomic.read_named_text`'s rules; every problem is one line
+    naming ``flag``, the file and the line."""
+    from ppokit.io.atomic import MAX_DATA_FILE, read_named_text
+
+    text = read_named_text(path, flag, MAX_DATA_FILE, what)
+    need = ", ".join(keys)
+    out = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            raise UsageError(f"{flag}: {path}:{i}: not valid JSON ({exc}); expected an "
+                             f"object with {need}") from None
+        except RecursionError:
+            raise UsageError(f"{flag}: {path}:{i}: nested too deeply; expected an object "
+                             f"with {need}") from None
+        if not isinstance(obj, dict):
+            raise UsageError(f"{flag}: {path}:{i}: a JSON {type(obj).__name__}, expected an "
+                             f"object with {need}")
+        missing = [k for k in keys if k not in obj]
+        if missing:
+            raise UsageError(f"{flag}: {path}:{i}: missing key(s) {', '.join(missing)}")
+        bad = [k for k in keys if not isinstance(obj[k], str)]
+        if bad:
+            raise UsageError(f"{flag}: {path}:{i}: {bad[0]!r} is a "
+                             f"{type(obj[bad[0]]).__name__}, expected a string")
+        out.append({k: obj[k] for k in keys})
+    return out
 
 
 def _read_parquet(path: str, what: str) -> list[dict]:
@@ -161,7 +204,72 @@ def render_prompt(tokenizer, prompt) -> str:
                          "messages) need a tokenizer with a chat template, and this "
                          "tokenizer has none; set tokenizer.chat_template or give "
                          "plain-text prompts")
-    return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    try:
+        return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    except Exception as exc:  # noqa: BLE001 - the template is the user's code (Jinja)
+        roles = sorted({str(m.get("role")) for m in prompt if isinstance(m, dict)})
+        text = str(exc).strip().splitlines()
+        raise UserCodeError(f"prompt: the tokenizer's chat template raised "
+                            f"{type(exc).__name__}{': ' + text[0][:200] if text else ''} on a "
+                            f"conversation with roles {', '.join(roles)}") from exc
+
+
+def model_context(model) -> tuple[int | None, bool]:
+    """``(positions, hard)``: the positions a causal LM reads (its config's
+    ``max_position_embeddings`` or ``n_positions``; None when it does not say) and whether
+    that is a hard limit (learned absolute positions, as GPT-2's ``n_positions``: a longer
+    sequence cannot run) rather than the length rotary positions were trained to."""
+    cfg = getattr(model, "config", None)
+    for name, hard in (("n_positions", True), ("max_position_embeddings", False)):
+        v = getattr(cfg, name, None)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v, hard
+    return None, False
+
+
+def check_prompts(tokenizer, rows: list[dict], held_out: list[dict],
+                  context: tuple[int | None, bool], max_new_tokens: int, log=print
+                  ) -> list[str]:
+    """The texts of the training ``rows`` (conversations rendered with the chat template),
+    checked before any work: every training and held-out row renders (its index named
+    when it does not) and fits the model's context (:func:`model_context`): a prompt that
+    leaves no position for the completion is refused, not cut (the model would never see
+    its start), and so is one that leaves fewer than ``max_new_tokens`` under a hard limit
+    (rotary positions run on past the trained length). A warning says when most of the
+    prompts' tokens are the tokenizer's unknown token (characters outside its vocabulary:
+    the model never sees them)."""
+    positions, hard = context
+    texts, unknown, total = [], 0, 0
+    unk = getattr(tokenizer, "unk_token_id", None)
+    for what, group in (("prompts", rows), ("held-out prompts", held_out)):
+        for i, r in enumerate(group):
+            try:
+                text = render_prompt(tokenizer, r["prompt"])
+            except UsageError as exc:
+                raise with_suffix(exc, f" ({what}, row {i})") from exc.__cause__
+            if positions is not None:
+                room = positions - 1  # (a BOS token may go first)
+                ids = tokenizer(text, add_special_tokens=False, truncation=True,
+                                max_length=room + 1)["input_ids"]
+                need = max_new_tokens if hard else 1
+                if len(ids) + need > room:
+                    more = "at least " if len(ids) > room else ""
+                    raise UsageError(
+                        f"{what}: row {i} is too long for the model: {more}{len(ids)} tokens "
+                        f"({len(text)} characters) and {need} for the completion, and the "
+                        f"model reads at most {positions} positions; shorten the prompt"
+                        + (" or max_new_tokens" if hard else "")
+                        + " or use a model with a longer context")
+                if unk is not None and what == "prompts":
+                    unknown += sum(1 for t in ids if t == unk)
+                    total += len(ids)
+            if what == "prompts":
+                texts.append(text)
+    if total and unknown > total / 2:
+        log(f"warning: {unknown} of the {total} prompt tokens are the tokenizer's unknown "
+            f"token ({tokenizer.unk_token}): most prompt characters are outside its "
+            "vocabulary, so the model does not see them")
+    return texts
 
 
 def split_rows(rows: list[dict], eval_fraction: float, what: str = "train_dataset"

@@ -21,6 +21,8 @@ from torch import nn
 
 from ppokit.errors import UsageError
 
+from .modeldir import check_tokenizer_files, check_weights
+
 __all__ = [
     "ALPHABET",
     "SPECIAL_TOKENS",
@@ -88,6 +90,7 @@ def load_tokenizer(path: str):
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     _local_dir(path)
+    check_tokenizer_files(path)
     if os.path.exists(os.path.join(path, PPOKIT_MARKER)):
         tok = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
     else:
@@ -143,7 +146,8 @@ def load_causal_lm(path: str, dtype: torch.dtype = torch.float32):
     _local_dir(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False, dtype=dtype,
-                                                     local_files_only=True)
+                                                     local_files_only=True,
+                                                     use_safetensors=True)
     except Exception as exc:  # noqa: BLE001
         raise UsageError(f"--model: cannot load a causal LM from {path!r}: {exc}") from None
     return model
@@ -158,6 +162,7 @@ def _local_dir(path: str, what: str = "--model") -> None:
         raise UsageError(f"{what}: {path!r} is not a local model directory, a .gguf file or "
                          f"the name of a fetched model ({', '.join(KNOWN_MODELS)}: `ppokit "
                          "llm fetch NAME`); ppokit never downloads from a model hub")
+    check_weights(path, what)
 
 
 def load_lm(path: str):

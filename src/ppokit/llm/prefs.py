@@ -4,7 +4,6 @@ and a generator of the built-in task's pairs."""
 from __future__ import annotations
 
 import json
-import os
 import random
 
 from ppokit.errors import UsageError
@@ -14,24 +13,16 @@ from .task import ReverseTask, score_one
 __all__ = ["load_pairs", "write_pairs", "split_pairs", "builtin_pairs"]
 
 
-def load_pairs(path: str) -> list[dict]:
-    if not os.path.exists(path):
-        raise UsageError(f"data: no such file {path!r}")
-    out = []
-    with open(path) as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UsageError(f"data: {path}:{i}: bad JSON: {exc}") from None
-            missing = [k for k in ("prompt", "chosen", "rejected") if k not in obj]
-            if missing:
-                raise UsageError(f"data: {path}:{i}: missing key(s) {', '.join(missing)}")
-            out.append({k: str(obj[k]) for k in ("prompt", "chosen", "rejected")})
+def load_pairs(path: str, flag: str = "--data") -> list[dict]:
+    """The preference pairs of a JSONL file (one ``{prompt, chosen, rejected}`` object of
+    strings a line, at least two), read and checked as
+    :func:`ppokit.llm.data.read_jsonl_objects` does."""
+    from .data import read_jsonl_objects
+
+    out = read_jsonl_objects(path, flag, ("prompt", "chosen", "rejected"),
+                             "preference-pairs file")
     if len(out) < 2:
-        raise UsageError(f"data: {path!r} needs at least 2 preference pairs")
+        raise UsageError(f"{flag}: {path!r} needs at least 2 preference pairs")
     return out
 
 

@@ -31,12 +31,18 @@ from collections.abc import Callable
 
 import torch
 
-from ppokit.errors import UsageError
+from ppokit.errors import UsageError, UserCodeError
 
 __all__ = ["load_reward_callable", "RewardModelScorer", "check_scores", "RewardSet",
            "reward_entries", "reward_label"]
 
 BASE_KEYS = ("prompts", "completions", "completion_ids")
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _brief(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
 
 
 def load_reward_callable(spec: str, flag: str = "--reward") -> Callable:
@@ -56,6 +62,9 @@ def load_reward_callable(spec: str, flag: str = "--reward") -> Callable:
         mod = importlib.import_module(mod_name)
     except ImportError as exc:
         raise UsageError(f"{flag}: cannot import module {mod_name!r}: {exc}") from None
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's module, said once
+        raise UserCodeError(f"{flag}: importing module {mod_name!r} raised "
+                            f"{_brief(exc)}") from exc
     finally:
         if added:
             sys.path.remove(cwd)
@@ -98,20 +107,21 @@ def _name_of(entry, fn) -> str:
     return getattr(fn, "__name__", None) or type(fn).__name__
 
 
-def check_scores(scores, n: int, name: str = "reward") -> torch.Tensor:
+def check_scores(scores, n: int, name: str = "reward", call: str = "") -> torch.Tensor:
     """One reward function's return value as a float32 ``[n]`` tensor, NaN where it said
-    ``None``; a wrong count, type or a non-finite number is a one-line error naming it."""
-    where = f"reward function {name!r}"
+    ``None``; a wrong count, type, a non-finite number or one beyond float32's range is a
+    one-line :class:`UserCodeError` naming the function (and ``call``, which call it was)."""
+    where = f"reward function {name!r}" + (f" ({call})" if call else "")
     if isinstance(scores, torch.Tensor) or type(scores).__module__ == "numpy":
         try:
-            s = torch.as_tensor(scores).detach().to("cpu", torch.float32).reshape(-1)
+            s = torch.as_tensor(scores).detach().to("cpu", torch.float64).reshape(-1)
         except (TypeError, ValueError, RuntimeError):
-            raise UsageError(f"{where}: returned an array that is not numeric") from None
+            raise UserCodeError(f"{where}: returned an array that is not numeric") from None
         vals = s.tolist()
         if not all(math.isfinite(v) for v in vals):
             bad = [i for i, v in enumerate(vals) if not math.isfinite(v)][:5]
-            raise UsageError(f"{where}: returned NaN or inf at indices {bad} (return None "
-                             "for a completion the function does not apply to)")
+            raise UserCodeError(f"{where}: returned NaN or inf at indices {bad} (return None "
+                                "for a completion the function does not apply to)")
     elif isinstance(scores, (list, tuple)):
         vals = []
         for i, v in enumerate(scores):
@@ -119,19 +129,27 @@ def check_scores(scores, n: int, name: str = "reward") -> torch.Tensor:
                 vals.append(math.nan)
                 continue
             if isinstance(v, bool) or not _is_number(v):
-                raise UsageError(f"{where}: element {i} is {type(v).__name__} {v!r:.40}, "
-                                 "expected a float or None")
-            f = float(v)
+                raise UserCodeError(f"{where}: element {i} is {type(v).__name__} "
+                                    f"{v!r:.40}, expected a float or None")
+            try:
+                f = float(v)
+            except OverflowError:  # an int too large for a float
+                f = math.inf
             if not math.isfinite(f):
-                raise UsageError(f"{where}: element {i} is {f} (return None for a "
-                                 "completion the function does not apply to)")
+                raise UserCodeError(f"{where}: element {i} is {f} (return None for a "
+                                    "completion the function does not apply to)")
             vals.append(f)
     else:
-        raise UsageError(f"{where}: returned {type(scores).__name__}, expected a list of "
-                         f"{n} floats or None (one per completion)")
+        raise UserCodeError(f"{where}: returned {type(scores).__name__}, expected a list of "
+                            f"{n} floats or None (one per completion)")
     if len(vals) != n:
-        raise UsageError(f"{where}: returned {len(vals)} values, expected {n} (one per "
-                         "completion)")
+        raise UserCodeError(f"{where}: returned {len(vals)} values, expected {n} (one per "
+                            "completion)")
+    big = [i for i, v in enumerate(vals) if abs(v) > FLOAT32_MAX]
+    if big:
+        raise UserCodeError(f"{where}: element {big[0]} is {vals[big[0]]:g}, beyond the "
+                            f"float32 range (|r| <= {FLOAT32_MAX:.3g}) the rewards are "
+                            "computed in")
     return torch.tensor(vals, dtype=torch.float32)
 
 
@@ -179,10 +197,21 @@ class _Func:
             raise UsageError(f"reward function {self.name!r}: takes none of the keyword "
                              f"arguments {', '.join(available)}")
 
-    def __call__(self, kwargs: dict):
+    def __call__(self, kwargs: dict, call: str = ""):
+        """The function's scores of one batch, checked (:func:`check_scores`); what it
+        raises is a :class:`UserCodeError` naming it and ``call``."""
+        n = len(kwargs["completions"])
         if not self.takes_all:
             kwargs = {k: v for k, v in kwargs.items() if k in self.params}
-        return self.fn(**kwargs)
+        try:
+            scores = self.fn(**kwargs)
+        except UsageError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the user's code: named, traceback kept
+            where = f" ({call})" if call else ""
+            raise UserCodeError(f"reward function {self.name!r}{where}: raised "
+                                f"{_brief(exc)}") from exc
+        return check_scores(scores, n, self.name, call)
 
 
 class RewardSet:
@@ -210,6 +239,10 @@ class RewardSet:
                 name = f"{name}_{seen[name]}"
             self.funcs.append(_Func(name, fn, float(w)))
         self._warned_unscored = False
+        self.calls = 0
+        # what the calls are for, said in errors ("the check before training",
+        # "iteration 3"); the trainer sets it
+        self.when = ""
 
     @staticmethod
     def _resolve(e) -> Callable:
@@ -240,9 +273,11 @@ class RewardSet:
         kwargs.update(prompts=prompts, completions=completions,
                       completion_ids=completion_ids if completion_ids is not None
                       else [[] for _ in range(n)])
+        self.calls += 1
+        call = f"call {self.calls}" + (f", {self.when}" if self.when else "")
         per = {}
         for f in self.funcs:
-            per[f.name] = check_scores(f(kwargs), n, f.name)
+            per[f.name] = f(kwargs, call)
         stacked = torch.stack([per[f.name] for f in self.funcs])
         weights = torch.tensor([f.weight for f in self.funcs])[:, None]
         scored = ~torch.isnan(stacked)
@@ -279,7 +314,7 @@ class RewardModelScorer:
         self.tokenizer = load_tokenizer(path)
         try:
             self.model = AutoModelForSequenceClassification.from_pretrained(
-                path, trust_remote_code=False, local_files_only=True)
+                path, trust_remote_code=False, local_files_only=True, use_safetensors=True)
         except Exception as exc:  # noqa: BLE001
             raise UsageError(f"--reward-model: cannot load {path!r}: {exc}") from None
         self.model.eval()

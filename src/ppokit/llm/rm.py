@@ -58,7 +58,7 @@ def build_reward_model(model_path: str | None = None, *, seed: int = 0, **tiny_k
     tok = load_tokenizer(model_path)
     try:
         model = AutoModelForSequenceClassification.from_pretrained(
-            model_path, num_labels=1, trust_remote_code=False)
+            model_path, num_labels=1, trust_remote_code=False, use_safetensors=True)
     except Exception as exc:  # noqa: BLE001
         raise UsageError(f"--model: cannot build a reward model from {model_path!r}: "
                          f"{exc}") from None

@@ -20,7 +20,7 @@ from ppokit.io.checkpoint import find_checkpoint, load_checkpoint, no_checkpoint
 from .config import DEPRECATED, LLMConfig, prompt_sets
 
 __all__ = ["TRAIN_PROMPTS", "EVAL_PROMPTS", "config_from_run", "run_prompt_sets",
-           "write_prompts", "RESUMABLE"]
+           "write_prompts", "resume_command", "RESUMABLE"]
 
 TRAIN_PROMPTS = "train_prompts.jsonl"
 EVAL_PROMPTS = "eval_prompts.jsonl"
@@ -31,6 +31,19 @@ RESUMABLE = ("iterations", "time_limit", "checkpoint_every", "samples_logged", "
 # fields added after runs were first saved, with the value those runs trained with (a
 # resumed run goes on as it started, whatever today's default)
 ADDED_FIELDS = {"kl_estimator": "k3", "guard_kl": 0.0, "guard_grad_norm": 0.0}
+
+
+def resume_command(run_dir: str, cfg: LLMConfig, world: int = 1) -> str:
+    """The command that continues a run: its reward named again (a run directory never
+    names code that ppokit imports), on as many ranks."""
+    cmd = f"ppokit llm train --resume {run_dir}"
+    if isinstance(cfg.reward, str) and cfg.reward:
+        cmd += "".join(f" --reward {e.strip()}" for e in cfg.reward.split(",") if e.strip())
+    elif cfg.reward is not None:
+        cmd = f"{cmd} with your reward functions (Python: reward_funcs=...)"
+    if cfg.reward_model:
+        cmd += f" --reward-model {cfg.reward_model}"
+    return cmd + (f" --nproc {world}" if world > 1 else "")
 
 
 def write_prompts(path: str, rows: list) -> None:
@@ -70,9 +83,14 @@ def config_from_run(run_dir: str, **overrides) -> LLMConfig:
     """The configuration of ``run_dir``'s newest intact checkpoint, without its
     ``reward`` / ``reward_model`` (code or paths the user must name again), with the
     non-``None`` ``overrides`` applied (only the :data:`RESUMABLE` fields)."""
+    from ppokit.io.rundir import check_run_dir, is_llm_run_dir
+
     run_dir = str(run_dir)
-    if not os.path.isdir(run_dir):
-        raise UsageError(f"RUN_DIR: no such run directory {run_dir!r}")
+    check_run_dir(run_dir)
+    if not is_llm_run_dir(run_dir):
+        raise UsageError(f"RUN_DIR: {run_dir} is an environment run, not a language-model "
+                         f"run: continue it with `ppokit train --resume {run_dir}` (evaluate "
+                         f"it with `ppokit eval {run_dir}`)")
     ckpt, damaged = find_checkpoint(os.path.join(run_dir, "checkpoints"))
     if ckpt is None:
         raise UsageError(no_checkpoint_message(run_dir, damaged))

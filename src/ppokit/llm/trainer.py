@@ -78,6 +78,8 @@ from ppokit.io.checkpoint import (
     remove_leftovers,
     set_aside_newer,
 )
+from ppokit.io.metrics import missing_iterations
+from ppokit.io.rundir import fail_run, fail_start
 
 from .config import (  # noqa: F401 (re-exported)
     ALGOS,
@@ -121,6 +123,7 @@ from .runfiles import (  # noqa: F401 (config_from_run re-exported)
     EVAL_PROMPTS,
     TRAIN_PROMPTS,
     config_from_run,
+    resume_command,
     run_prompt_sets,
     write_prompts,
 )
@@ -166,10 +169,10 @@ class TokenTrainer:
         try:
             self._setup(cfg, policy, tokenizer, reference, reward_fn, resume, train_rows,
                         eval_rows)
-        except BaseException:
-            self.rundir.abort()
-            raise
-        self.rundir.started()
+        except BaseException as exc:
+            fail_start(exc, self.rundir, resume)
+        if resume:  # (a new run is under way once its first checkpoint is written)
+            self.rundir.started()
 
     def _setup(self, cfg, policy, tokenizer, reference, reward_fn, resume: bool,
                train_rows=None, eval_rows=None) -> None:
@@ -207,11 +210,6 @@ class TokenTrainer:
                                                split_rows(list(train_rows), cfg.eval_fraction))
         else:
             self.train_rows, self.eval_rows = prompt_sets(cfg)
-        if self.train_rows is not None and not resume:
-            how = ("eval_prompts" if cfg.eval_prompts or eval_rows is not None
-                   else f"eval_fraction={cfg.eval_fraction:g}, the last rows")
-            self.log(f"prompts: {len(self.train_rows)} rows for training, "
-                     f"{len(self.eval_rows)} held out for evaluation ({how})")
         columns = sorted({k for r in (self.train_rows or [self.task.row(
             self.task.heldout_prompts(1)[0])]) for k in r})
         self.rewards.check_signatures(columns)
@@ -232,10 +230,7 @@ class TokenTrainer:
                              "chat template, and this tokenizer has none; give --task "
                              "reverse or arithmetic (plain-text prompts) or your own --prompts")
         self.policy.eval()  # no dropout anywhere: old and new log-probs must agree
-        if self.train_rows is not None:  # a missing chat template fails here, not later
-            self._train_texts = [self.render(r["prompt"]) for r in self.train_rows]
-            for r in self.eval_rows:
-                self.render(r["prompt"])
+        self._check_prompts(policy, tokenizer)  # (done already before a warm start)
         own_reference = reference is None
         self.critic = None
         if cfg.use_critic and cfg.critic == "separate":
@@ -294,6 +289,11 @@ class TokenTrainer:
         self.max_new_tokens = cfg.max_new_tokens or (self.task.max_new_tokens if self.task
                                                      else 64)
         self.probe_rewards()
+        if self.train_rows is not None and not resume:  # (said once the start has succeeded)
+            how = ("eval_prompts" if cfg.eval_prompts or eval_rows is not None
+                   else f"eval_fraction={cfg.eval_fraction:g}, the last rows")
+            self.log(f"prompts: {len(self.train_rows)} rows for training, "
+                     f"{len(self.eval_rows)} held out for evaluation ({how})")
         self.iteration = 0
         self.elapsed = 0.0
         self._saved_iteration = None
@@ -338,15 +338,29 @@ class TokenTrainer:
         """Every rank's generation finished (sharded models generate in step)."""
         return bool(self.dp.min_(torch.tensor(float(flag))) > 0)
 
+    def _check_prompts(self, policy, tokenizer) -> None:
+        """Every prompt row renders (a chat template that raises is named) and fits the
+        model's context with the completion; before any training."""
+        if self.train_rows is None or getattr(self, "_prompts_checked", False):
+            return
+        from .data import check_prompts, model_context
+
+        check_prompts(tokenizer, self.train_rows, self.eval_rows, model_context(policy),
+                      self.cfg.max_new_tokens or 64, self.log)
+        self._prompts_checked = True
+
     def _warm_start(self):
         from .sft import builtin_sft
 
         tok = build_char_tokenizer()
         model = build_tiny_model(tok, seed=self.cfg.seed)
-        steps = self.cfg.sft_steps or self.task.sft_steps
+        self._check_prompts(model, tok)  # before the warm start's work
+        # the built-in task's demonstrations (also when the prompts are the user's)
+        task = self.task or make_task(self.cfg.task)
+        steps = self.cfg.sft_steps or task.sft_steps
         self.log(f"warm start: SFT of the built-in tiny model ({steps} steps on "
                  "noisy demonstrations)")
-        info = builtin_sft(self.task, model, tok, steps=steps, lr=self.cfg.sft_lr,
+        info = builtin_sft(task, model, tok, steps=steps, lr=self.cfg.sft_lr,
                            seed=self.cfg.seed)
         if self.is_main:
             atomic_write_text(os.path.join(self.run_dir, "warm_start.json"),
@@ -363,6 +377,7 @@ class TokenTrainer:
         rows = self.sample_rows(2, random.Random(self.cfg.seed + 1))
         gen = torch.Generator().manual_seed(self.cfg.seed + 1)
         roll = self.rollout([self.prompt_text(r) for r in rows], generator=gen)
+        self.rewards.when = "the check before training"
         self.score_rows(rows, roll)
 
     # ------------------------------------------------------------------ phases
@@ -626,6 +641,7 @@ class TokenTrainer:
         if roll is None:
             roll = self.rollout(prompts)
         t1 = time.perf_counter()
+        self.rewards.when = f"iteration {self.iteration + 1}"
         comps, scores, per_func = self.score_rows(rows, roll)
         comps = [c if isinstance(c, str) else c[0]["content"] for c in comps]
         old, ref, values_after = self.frozen_forward(roll)
@@ -699,6 +715,11 @@ class TokenTrainer:
         bar = Progress(cfg.iterations, self.iteration, enabled=progress and self.is_main)
         try:
             self._train_loop(bar, recs, stop)
+        except BaseException as exc:  # before the first checkpoint: nothing is left behind
+            self.close()
+            last = (None if self._saved_iteration is None else Path(self.run_dir)
+                    / "checkpoints" / f"iter_{self._saved_iteration:09d}")
+            fail_run(exc, self.rundir, last, resume_command(self.run_dir, cfg, self.world))
         finally:
             self.rundir.close()
         return recs
@@ -833,6 +854,7 @@ class TokenTrainer:
                  "ranks": self.world}
         path = save_checkpoint(root, self.iteration, tensors=tensors, arrays={}, state=state)
         self._saved_iteration = self.iteration
+        self.rundir.started()  # from now on a failure keeps the run
         return path
 
     def _load_checkpoint(self, ckpt: Path) -> None:
@@ -890,10 +912,16 @@ class TokenTrainer:
         set_aside_newer(root, ckpt, self._damaged, self.log)
         remove_leftovers(root)
         for name in ("metrics.jsonl", "samples.jsonl"):
-            skipped = truncate_metrics(os.path.join(self.run_dir, name), self.iteration)
+            missing: list[int] = []
+            skipped = truncate_metrics(os.path.join(self.run_dir, name), self.iteration,
+                                       missing)
             if skipped:
                 self.log(f"{name}: skipped {len(skipped)} unreadable line(s) "
                          f"(line {', '.join(map(str, skipped[:5]))})")
+            if missing and name == "metrics.jsonl":
+                self.log(f"{name}: no record of iteration(s) {missing_iterations(missing)} "
+                         f"of the {self.iteration} done (the file was deleted or cut); the "
+                         "run goes on from the checkpoint and its curves have a gap there")
         self.log(f"resumed from {ckpt.name} at iteration {self.iteration}")
 
 
