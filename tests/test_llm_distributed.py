@@ -134,7 +134,7 @@ def test_group_advantages_stay_within_a_rank():
         TokenTrainer(LLMConfig(prompts_per_iter=6), "unused", dp=_DP())
 
 
-@pytest.mark.parametrize("fsdp", [False, True])
+@pytest.mark.parametrize("fsdp", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_resume_of_a_two_rank_run_is_exact(model_dir, tmp_path, fsdp):
     """Straight vs stopped-and-resumed, both on 2 ranks; with fsdp the checkpoint holds
     full model tensors and each rank's optimiser shard, and the exported policy is a

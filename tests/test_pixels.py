@@ -25,7 +25,8 @@ SMALL = {"cnn_channels": (8, 16, 16), "features_dim": 64}  # a cheaper trunk for
 
 @pytest.mark.parametrize("make, encoder, precision, more", [
     (lambda: ImageChoice(), "NatureCNN", "fp32", {}),
-    (lambda: ImageChoice(), "NatureCNN", "bf16", {}),
+    # bf16 on a CPU without native bf16 matmuls is several times slower: a slow run
+    pytest.param(lambda: ImageChoice(), "NatureCNN", "bf16", {}, marks=pytest.mark.slow),
     (lambda: ImageChoice(size=10, dtype="bool"), "SmallImageCNN", "fp32", SMALL),
     (lambda: ImageChoice(size=32, channels_first=True), "SmallImageCNN", "fp32", SMALL),
     (lambda: DictGoal(), "MultiInputEncoder", "fp32", {}),

@@ -113,8 +113,11 @@ def test_resume_while_the_run_is_alive_is_refused_and_the_run_is_intact(tmp_path
         err = p.stderr.read()
         assert f"in use by pid {proc.pid}" in err and "Traceback" not in err
     assert proc.poll() is None  # the refusals came while it was training
-    assert proc.wait(timeout=300) == 0
-    assert [r["iteration"] for r in read_metrics(rd)] == list(range(1, 251))
+    proc.send_signal(signal.SIGTERM)  # then the run itself stops as usual, intact
+    assert proc.wait(timeout=120) == 143
+    n = len(read_metrics(rd))
+    assert [r["iteration"] for r in read_metrics(rd)] == list(range(1, n + 1))
+    assert latest_checkpoint(rd / "checkpoints").name == f"iter_{n:09d}"
 
 
 # ---------------------------------------------------------------- signals

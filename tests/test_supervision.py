@@ -219,7 +219,7 @@ def _trials(root: Path) -> list[dict]:
         return list(csv.DictReader(fh))
 
 
-@pytest.mark.parametrize("how", ["sigterm", "kill"])
+@pytest.mark.parametrize("how", ["sigterm", pytest.param("kill", marks=pytest.mark.slow)])
 def test_tune_stopped_in_a_trial_continues_to_the_full_count(tmp_path, how):
     """B35: a search stopped in trial 2 (SIGTERM: 143 and `ppokit tune --resume DIR`; kill
     -9: the same command again) keeps the trials that finished with their results, runs
