@@ -200,3 +200,32 @@ def test_real_model_bench_names_a_missing_model(tmp_path, monkeypatch, capsys):
     assert len(err) == 1 and "has not been fetched" in err[0]
     assert main(["llm", "bench", "--model", str(tmp_path / "nope"), "--rounds", "1"]) == 2
     assert "is not a model directory" in capsys.readouterr().err
+
+
+def test_flop_count_and_fractions_of_peak():
+    """token_flops counts each decoder linear layer's weights twice (a multiply and an add)
+    and the head apart; LoRA adapters are not counted; the fractions are the phases'
+    tokens/s times those operations (training: forward and backward per epoch) over the
+    peak."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from ppokit.llm.bench_real import _fractions, matmul_peak_gflops, token_flops
+    from ppokit.llm.trainer import wrap_lora
+
+    cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    m = LlamaForCausalLM(cfg)
+    # per layer: q 32x32, k and v 32x16 each, o 32x32, gate, up, down 32x64 each
+    per_layer = 32 * 32 * 2 + 32 * 16 * 2 + 32 * 64 * 3
+    want = {"body": 2 * 2 * per_layer, "head": 2 * 96 * 32}
+    assert token_flops(m) == want
+    assert token_flops(wrap_lora(m, 4, 8.0)) == want
+    out = {"tokens_per_s_generation": 10.0, "tokens_per_s_scoring": 20.0,
+           "tokens_per_s_training": 5.0}
+    _fractions(out, {"body": 3e9, "head": 1e9}, n_epochs=2, peak=100.0)
+    assert out["gflops_generation"] == 40.0 and out["peak_fraction_generation"] == 0.4
+    assert out["gflops_scoring"] == 80.0
+    assert out["gflops_training"] == 80.0 and out["peak_fraction_training"] == 0.8
+    torch.manual_seed(0)
+    assert 0.01 < matmul_peak_gflops(n=128, repeats=2) < 1e5

@@ -3,8 +3,8 @@ model, side by side.
 
 Both train GRPO on the same model, the same prompts (a chat task of
 :mod:`ppokit.llm.chat_tasks`, rendered by the model's own chat template), the same group
-size, completion cap, sampling temperature, update geometry (two passes over each
-generation's completions in minibatches of half of them, one optimiser step each), loss
+size, completion cap, sampling temperature, update geometry (one pass over each
+generation's completions in two minibatches, one optimiser step each), loss
 (sequence mean of token means), KL term to the reference (k3, β 0.02), learning rate,
 gradient clipping and LoRA adapters (rank 16, α 32, every linear layer of the decoder), in
 float32 (on a CPU without native bfloat16 both run far slower in bfloat16). Each runs in a
@@ -30,21 +30,63 @@ from ppokit.errors import UsageError
 
 from .bench import _peak_rss_mb, _rss_mb, _timed, comparison_table
 
-__all__ = ["GEOMETRY", "bench_ppokit_real", "bench_trl_real", "run_real_bench"]
+__all__ = ["GEOMETRY", "bench_ppokit_real", "bench_trl_real", "run_real_bench",
+           "matmul_peak_gflops", "token_flops"]
 
 # the shared settings (TRL's names in the comments)
 GEOMETRY = {
     "prompts_per_iter": 8,      # generation_batch_size / num_generations
     "samples_per_prompt": 4,    # num_generations
     "max_new_tokens": 32,       # max_completion_length
-    "temperature": 1.0,
-    "n_epochs": 2,              # num_iterations
-    "learning_rate": 2e-5,
+    "temperature": 0.7,
+    "n_epochs": 1,              # num_iterations
+    "learning_rate": 1e-4,
     "kl_coef": 0.02,            # beta
     "max_grad_norm": 1.0,
     "lora_r": 16,
     "lora_alpha": 32.0,
 }
+
+
+def matmul_peak_gflops(n: int = 1536, repeats: int = 5) -> float:
+    """This machine's float32 matrix-multiply throughput at torch's current thread count:
+    the best of ``repeats`` products of two ``n`` x ``n`` matrices, in GFLOP/s (2 n^3
+    operations each). The yardstick of the fraction of peak."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best / 1e9
+
+
+def token_flops(model) -> dict:
+    """Multiply-add operations (2 per multiply-accumulate) of one token's forward pass:
+    ``body``, through the decoder's linear layers (attention's score and mixing products,
+    a few percent at these lengths, are left out), and ``head``, the output layer over the
+    whole vocabulary (paid only where a token is sampled or scored)."""
+    head = model.get_output_embeddings()
+    body = 0
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear) and mod is not head and "lora_" not in name:
+            body += mod.weight.numel()
+    return {"body": 2 * body, "head": 2 * head.weight.numel()}
+
+
+def _fractions(out: dict, flops: dict, n_epochs: int, peak: float) -> None:
+    """Each phase's estimated GFLOP/s and fraction of ``peak``, counting only the
+    completion tokens (prompts are shorter and their shared prefix is computed once, so
+    this is a lower bound): generation and scoring one forward per token, training a
+    forward and a backward (about the forward's cost again: the frozen weights get no
+    gradient) per token and epoch."""
+    per_token = flops["body"] + flops["head"]
+    passes = {"generation": 1, "scoring": 1, "training": 2 * n_epochs}
+    for phase, k in passes.items():
+        gf = out[f"tokens_per_s_{phase}"] * per_token * k / 1e9
+        out[f"gflops_{phase}"] = gf
+        out[f"peak_fraction_{phase}"] = gf / peak
 
 
 def bench_ppokit_real(model_dir: str, task: str = "numbers", iterations: int = 3) -> dict:
@@ -62,6 +104,7 @@ def bench_ppokit_real(model_dir: str, task: str = "numbers", iterations: int = 3
     tr = None
     try:
         tr = TokenTrainer(cfg, tmp, log=lambda *a: None)
+        flops = token_flops(tr.policy)
         rss_start = _rss_mb()
         tr.train_iteration()  # warm-up
         recs, cpu = [], []
@@ -85,6 +128,8 @@ def bench_ppokit_real(model_dir: str, task: str = "numbers", iterations: int = 3
                                                              for r in recs)
     out["cpu_seconds_per_iteration"] = statistics.median(cpu)
     out["rss_start_mb"] = rss_start
+    out["peak_gflops"] = matmul_peak_gflops()
+    _fractions(out, flops, g["n_epochs"], out["peak_gflops"])
     return out
 
 
@@ -218,9 +263,11 @@ def run_real_bench(model: str, task: str = "numbers", iterations: int = 3,
           f"{g['samples_per_prompt']} samples, up to {g['max_new_tokens']} tokens; LoRA r "
           f"{g['lora_r']}; float32; torch threads {torch.get_num_threads()}; medians of "
           f"{rounds} rounds of {iterations} iterations):")
+    print(f"  float32 matrix-multiply peak of this machine: {t['peak_gflops']:.0f} GFLOP/s")
     for phase in ("generation", "scoring", "training"):
         print(f"  ppokit {phase:<10} {t[f'tokens_per_s_{phase}']:>8.1f} tokens/s   "
-              f"{t[f'time_{phase}']:7.2f} s/iteration")
+              f"{t[f'time_{phase}']:7.2f} s/iteration   ~{t[f'gflops_{phase}']:.0f} GFLOP/s, "
+              f"{100 * t[f'peak_fraction_{phase}']:.0f}% of peak")
     res = {"ppokit": t, "rounds": rounds}
     if not have_trl:
         print("trl (and peft) are not installed: the TRL comparison is skipped "

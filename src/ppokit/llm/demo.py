@@ -71,10 +71,10 @@ def run_reward_hacking_demo(out_dir: str = "runs/demo-reward-hacking", *, iterat
         name = "beta0" if b == 0 else f"beta{b:g}"
         log(f"3/3 PPO against the reward model, beta = {b:g} ({iterations} iterations)")
         # warm_dir holds the built-in model, so its defaults are spelled out: the reverse
-        # task, full fine-tuning, no divergence guard (a model path otherwise means a
-        # pretrained chat checkpoint)
+        # task, full fine-tuning, no divergence guard, temperature 1 (a model path
+        # otherwise means a pretrained chat checkpoint)
         cfg = LLMConfig(algo="ppo", model=warm_dir, reward_model=rm_dir, iterations=iterations,
-                        task="reverse", lora_r=0, guard_kl=0.0,
+                        task="reverse", lora_r=0, guard_kl=0.0, temperature=1.0,
                         kl_coef=b, kl_mode="reward" if b > 0 else "none",
                         max_new_tokens=max_new_tokens, truncation="penalty",
                         truncation_penalty=0.0, seed=seed, learning_rate=5e-4,

@@ -30,7 +30,8 @@ RESUMABLE = ("iterations", "time_limit", "checkpoint_every", "samples_logged", "
              "reward_model", "n_eval_prompts", "temperature", "learning_rate")
 # fields added after runs were first saved, with the value those runs trained with (a
 # resumed run goes on as it started, whatever today's default)
-ADDED_FIELDS = {"kl_estimator": "k3", "guard_kl": 0.0, "guard_grad_norm": 0.0}
+ADDED_FIELDS = {"kl_estimator": "k3", "guard_kl": 0.0, "guard_grad_norm": 0.0,
+                "temperature": 1.0, "n_epochs": 2}
 
 
 def resume_command(run_dir: str, cfg: LLMConfig, world: int = 1) -> str:

@@ -992,6 +992,11 @@ def wrap_lora(model, r: int, alpha: float):
     """The policy with LoRA adapters on all linear layers (peft); the base stays frozen."""
     from peft import LoraConfig, get_peft_model
 
+    import warnings
+
     cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules="all-linear",
                      task_type="CAUSAL_LM")
-    return get_peft_model(model, cfg)
+    with warnings.catch_warnings():  # peft asks transformers a question it has renamed
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing",
+                                category=FutureWarning)
+        return get_peft_model(model, cfg)
