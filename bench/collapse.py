@@ -31,6 +31,8 @@ import subprocess
 import sys
 import time
 
+from ppokit.core.stats import wilson_interval as wilson
+
 CONFIGS = {
     "ppokit fast": ("bench._ppokit_worker", []),
     "ppokit eager step": ("bench._ppokit_worker", ["--step", "eager"]),
@@ -53,17 +55,6 @@ def _seeds(spec: str) -> list[int]:
         else:
             out.append(int(part))
     return out
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95 % Wilson score interval of a proportion ``k / n``."""
-    if n == 0:
-        return (0.0, 1.0)
-    p = k / n
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return (max(0.0, c - h), min(1.0, c + h))
 
 
 def fisher_exact(k1: int, n1: int, k2: int, n2: int) -> float:

@@ -451,6 +451,7 @@ def test_llm_disk_full_while_checkpointing(inside, capsys, monkeypatch):
     shutil.rmtree(inside / "lfull")
 
 
+@pytest.mark.slow  # 16 s; the full-disk faults stay in the default set
 def test_file_size_limit_is_a_fault_and_the_run_resumes(inside):
     """B20: under a file-size limit (ulimit -f) the run stops with status 74 and one line
     naming the file; without the limit it resumes to the end."""

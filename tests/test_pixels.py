@@ -28,8 +28,9 @@ SMALL = {"cnn_channels": (8, 16, 16), "features_dim": 64}  # a cheaper trunk for
     # bf16 on a CPU without native bf16 matmuls is several times slower: a slow run
     pytest.param(lambda: ImageChoice(), "NatureCNN", "bf16", {}, marks=pytest.mark.slow),
     (lambda: ImageChoice(size=10, dtype="bool"), "SmallImageCNN", "fp32", SMALL),
-    (lambda: ImageChoice(size=32, channels_first=True), "SmallImageCNN", "fp32", SMALL),
-    (lambda: DictGoal(), "MultiInputEncoder", "fp32", {}),
+    pytest.param(lambda: ImageChoice(size=32, channels_first=True), "SmallImageCNN", "fp32",
+                 SMALL, marks=pytest.mark.slow),
+    pytest.param(lambda: DictGoal(), "MultiInputEncoder", "fp32", {}, marks=pytest.mark.slow),
     (lambda: DictGoal(img_size=32), "MultiInputEncoder", "fp32", SMALL),
     (lambda: CopyBits(), None, "fp32", {}),
 ])

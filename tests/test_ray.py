@@ -126,6 +126,7 @@ def test_one_actor_training_equals_local_training(tmp_path):
     assert all(torch.equal(x, y) for x, y in zip(pa, pb))
 
 
+@pytest.mark.slow  # 12 s of Ray actors
 def test_two_actors_reproducible_from_the_seed(tmp_path):
     over = dict(vectorization="ray", num_workers=2, envs_per_worker=2, normalize_obs=True)
     a, pa = _train(tmp_path, "a", seed=5, **over)
@@ -220,6 +221,7 @@ def test_resume_starts_new_episodes_on_new_actors(tmp_path):
     assert any("Ray actors" in m and "reset" in m for m in logs)
 
 
+@pytest.mark.slow  # 10 s of Ray tasks
 def test_seeds_as_ray_tasks(tmp_path, capsys):
     import json
 

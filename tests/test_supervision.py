@@ -102,6 +102,7 @@ def rows(run: Path) -> int:
     return len(read_metrics(run))
 
 
+@pytest.mark.slow  # 34 s: two seed processes trained, signalled, resumed
 def test_seeds_sigterm_and_kill_9_leave_no_orphan_and_resume(tmp_path):
     """SIGTERM to the --seeds launcher: each seed checkpoints and stops, the launcher ends
     143 naming `ppokit train --resume sd`; that resume, killed -9, ends its seed processes
