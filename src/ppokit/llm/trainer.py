@@ -990,9 +990,9 @@ def reward_arguments(rows: list[dict], texts: list[str], completion_ids) -> tupl
 
 def wrap_lora(model, r: int, alpha: float):
     """The policy with LoRA adapters on all linear layers (peft); the base stays frozen."""
-    from peft import LoraConfig, get_peft_model
-
     import warnings
+
+    from peft import LoraConfig, get_peft_model
 
     cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules="all-linear",
                      task_type="CAUSAL_LM")
