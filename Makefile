@@ -21,8 +21,8 @@ setup: $(VENV)/.installed
 train: setup  ## Train PPO on CartPole-v1 with the embedded defaults.
 	$(VENV)/bin/ppokit train
 
-test: setup  ## The default test suite (fast; slow learning runs excluded).
-	$(PY) -m pytest -q
+test: setup  ## The default test suite (fast; slow learning runs excluded), on 2 workers.
+	$(PY) -m pytest -q -n 2
 
 test-slow: setup  ## Learning runs that take minutes.
 	$(PY) -m pytest -q -m slow

@@ -302,6 +302,7 @@ def test_cartpole_learns_with_two_actors(tmp_path):
     assert res["mean_return"] >= 475, res
 
 
+@pytest.mark.slow  # a Ray cluster start for a parsing check (~30 s)
 def test_set_takes_several_keys_at_once(tmp_path, capsys):
     """The issue's form: --set vectorization=ray num_workers=2 envs_per_worker=2."""
     from ppokit.cli import main

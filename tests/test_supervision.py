@@ -151,6 +151,7 @@ def test_seeds_sigterm_and_kill_9_leave_no_orphan_and_resume(tmp_path):
 
 # ------------------------------------------------------------------ llm --nproc
 
+@pytest.mark.slow  # two torchrun launches under signals (~55 s)
 def test_nproc_sigterm_and_kill_9_leave_no_rank_running(tmp_path):
     """SIGTERM to `ppokit llm train --nproc 2`: torchrun's launcher (in the launcher's own
     process) forwards it to both ranks, which agree on the iteration, checkpoint and stop;
@@ -220,7 +221,8 @@ def _trials(root: Path) -> list[dict]:
         return list(csv.DictReader(fh))
 
 
-@pytest.mark.parametrize("how", ["sigterm", pytest.param("kill", marks=pytest.mark.slow)])
+@pytest.mark.slow  # a tuning study stopped and resumed (~25 s)
+@pytest.mark.parametrize("how", ["sigterm", "kill"])
 def test_tune_stopped_in_a_trial_continues_to_the_full_count(tmp_path, how):
     """B35: a search stopped in trial 2 (SIGTERM: 143 and `ppokit tune --resume DIR`; kill
     -9: the same command again) keeps the trials that finished with their results, runs
