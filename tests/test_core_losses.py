@@ -343,15 +343,24 @@ def test_registries_fail_loudly_and_their_names_are_the_config_values():
     with pytest.raises(ValueError, match="unknown policy loss 'ppo'; known: clip, kl_penalty"):
         core.POLICY_LOSSES.get("ppo")
     with pytest.raises(ValueError, match="already registered"):
-        core.GROUP_ADVANTAGES.register("grpo", core.grpo_advantages)
+        core.register_advantage_estimator("grpo", core.grpo_advantages, layout="groups")
+    with pytest.raises(TypeError, match="filtered view"):
+        core.GROUP_ADVANTAGES.register("mine", core.grpo_advantages)
+    # a group estimator is not an environment estimator, and the views say so by name
+    with pytest.raises(ValueError, match="unknown advantage estimator for environments 'grpo'"):
+        core.ENV_ADVANTAGES.get("grpo")
+    assert core.GROUP_ADVANTAGES.names() == ["dr_grpo", "grpo", "rloo"]
     assert set(CHOICES["policy_loss"]) == set(core.POLICY_LOSSES.names())
     assert set(CHOICES["advantage_estimator"]) == set(core.ENV_ADVANTAGES.names())
+    spec = core.AdvantageSpec(gamma=0.9, gae_lambda=0.0)
+    t = torch.tensor
     # td(0) is GAE with lambda 0
-    adv, _ = core.ENV_ADVANTAGES.get("gae")([0.0, 1.0], [0.4, 0.7], [0.7, 0.0], [0, 1],
-                                            [0, 1], 0.9, 0.0)
+    adv, _ = core.ENV_ADVANTAGES.get("gae")(core.Steps(
+        t([0.0, 1.0]), t([0.4, 0.7]), t([0.7, 0.0]), t([0, 1]), t([0, 1])), spec)
     assert np.allclose(adv.numpy(), [0.23, 0.3])
     # reward_to_go through the registry: the return minus the value, bootstrapped at the end
-    adv, ret = core.ENV_ADVANTAGES.get("reward_to_go")([1.0, 1.0], [0.5, 0.5], [0.0, 2.0],
-                                                       [0, 0], [0, 0], 0.5, 0.95)
+    adv, ret = core.ENV_ADVANTAGES.get("reward_to_go")(core.Steps(
+        t([1.0, 1.0]), t([0.5, 0.5]), t([0.0, 2.0]), t([0, 0]), t([0, 0])),
+        core.AdvantageSpec(gamma=0.5, gae_lambda=0.95))
     assert np.allclose(ret.numpy(), [1.0 + 0.5 * (1.0 + 0.5 * 2.0), 1.0 + 0.5 * 2.0])
     assert np.allclose(adv.numpy(), ret.numpy() - 0.5)

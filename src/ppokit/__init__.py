@@ -1,13 +1,18 @@
 """ppokit: policy-gradient reinforcement learning centred on PPO.
 
 ``ppokit.train``, ``ppokit.load`` and ``ppokit.Agent`` (:mod:`ppokit.api`), and
-``ppokit.check_env`` (:mod:`ppokit.checks.environment`) are imported on first use, so
-``import ppokit`` stays light (no torch, no Gymnasium).
+``ppokit.check_env`` (:mod:`ppokit.checks.environment`), and
+``ppokit.register_policy_loss`` / ``ppokit.register_advantage_estimator``
+(:mod:`ppokit.core.registry`) and ``ppokit.register_features_extractor``
+(:mod:`ppokit.policies.encoders`) — a part of your own, then a configuration value — are
+imported
+on first use, so ``import ppokit`` stays light (no torch, no Gymnasium).
 """
 
 __version__ = "0.1.0"
 
-__all__ = ["Agent", "check_env", "load", "train", "__version__"]
+__all__ = ["Agent", "check_env", "load", "register_advantage_estimator",
+           "register_features_extractor", "register_policy_loss", "train", "__version__"]
 
 
 def __getattr__(name: str):
@@ -15,6 +20,14 @@ def __getattr__(name: str):
         from . import api
 
         return getattr(api, name)
+    if name in ("register_policy_loss", "register_advantage_estimator"):
+        from .core import registry
+
+        return getattr(registry, name)
+    if name == "register_features_extractor":
+        from .policies.encoders import register_features_extractor
+
+        return register_features_extractor
     if name == "check_env":
         from .checks.environment import check_env
 

@@ -557,6 +557,8 @@ def train(env, algo: str = "ppo", total_steps: int | None = None,
     else:
         if not isinstance(algo, str):
             raise UsageError(f"algo: expected a string, got {algo!r}")
+        if "policy" in config and not isinstance(config["policy"], str):
+            config["policy"] = _extractor_name(config["policy"])
         cfg = _resolve(env_id, algo, total_steps, env_kwargs, source, config, maker)
         if run_dir is None:
             run_dir = unique_run_dir("runs", f"{cfg.env_id}-{cfg.algo}-s{cfg.seed}")
@@ -580,6 +582,26 @@ def train(env, algo: str = "ppo", total_steps: int | None = None,
         trainer.close()
         raise
     return agent
+
+
+def _extractor_name(cls) -> str:
+    """``policy=SomeExtractor`` (a class or function, as Stable-Baselines3's
+    ``features_extractor_class``): registered under ``module.QualName`` (once), which is
+    the run's configuration value; loading the run later needs it registered again."""
+    from ppokit.policies.encoders import FEATURES_EXTRACTORS, register_features_extractor
+
+    if not callable(cls):
+        raise UsageError(f"policy: expected auto, mlp, cnn, multi_input, a registered "
+                         f"features extractor's name or an extractor class, got {cls!r}")
+    name = f"{getattr(cls, '__module__', 'user')}.{getattr(cls, '__qualname__', 'extractor')}"
+    if name in FEATURES_EXTRACTORS:
+        if FEATURES_EXTRACTORS.get(name) is not cls:
+            raise UsageError(f"policy: another features extractor is registered as {name!r}; "
+                             f"register yours under its own name "
+                             f"(ppokit.register_features_extractor) and pass the name")
+    else:
+        register_features_extractor(name, cls)
+    return name
 
 
 def load(path: str | os.PathLike, env=None, *, best: bool = False) -> Agent:

@@ -23,8 +23,10 @@ from dataclasses import dataclass, field, fields
 from typing import Any, get_type_hints
 
 from ppokit.cliutil import in_range
-from ppokit.core.registry import ENV_ADVANTAGES, POLICY_LOSSES
+from ppokit.core.registry import ENV_ADVANTAGES, IMPORT_HINT, POLICY_LOSSES, Registry
 from ppokit.errors import UsageError
+from ppokit.plugins import names_checked
+from ppokit.policies.encoders import POLICIES
 
 __all__ = ["TrainConfig", "ALGORITHMS", "ENV_PRESETS", "ATARI_PRESET", "MINATAR_PRESET",
            "env_preset",
@@ -55,7 +57,8 @@ class TrainConfig:
     n_steps: int = _f(256, "steps per env per rollout (rollout size = n_steps * n_envs)")
     gamma: float = _f(0.99, "discount factor")
     gae_lambda: float = _f(0.95, "GAE lambda (1 = Monte-Carlo advantage with bootstrap)")
-    advantage_estimator: str = _f("gae", "gae, or reward_to_go (REINFORCE)")
+    advantage_estimator: str = _f("gae", "gae, reward_to_go (REINFORCE), or one registered "
+                                         "with ppokit.register_advantage_estimator")
     use_critic: bool = _f(True, "learn a value function and use it as baseline/bootstrap")
     # update
     n_epochs: int = _f(10, "passes over each rollout")
@@ -65,7 +68,8 @@ class TrainConfig:
     optimizer: str = _f("adam", "adam or rmsprop")
     optimizer_eps: float = _f(1e-5, "epsilon of the optimiser's denominator")
     policy_loss: str = _f("clip", "clip (PPO-Clip), vanilla (-logp*A), "
-                          "kl_penalty (ratio*A - beta*KL)")
+                          "kl_penalty (ratio*A - beta*KL), or one registered with "
+                          "ppokit.register_policy_loss")
     clip_range: float = _f(0.2, "PPO clip epsilon (initial value if scheduled)")
     clip_schedule: str = _f("constant", "clip-range schedule: constant or linear (to 0)")
     clip_range_vf: float | None = _f(None, "value clipping range around old values (none = off)")
@@ -172,17 +176,17 @@ class TrainConfig:
 
 CHOICES = {
     "algo": ("ppo", "a2c", "reinforce", "ppo-kl"),
-    "advantage_estimator": tuple(ENV_ADVANTAGES.names()),  # the registries' names
+    "advantage_estimator": ENV_ADVANTAGES,  # the registries: their names when checked
     "lr_schedule": ("constant", "linear"),
     "clip_schedule": ("constant", "linear"),
     "optimizer": ("adam", "rmsprop"),
-    "policy_loss": tuple(POLICY_LOSSES.names()),
+    "policy_loss": POLICY_LOSSES,
     "value_clip_mode": ("max", "clipped"),
     "advantage_norm_scope": ("minibatch", "batch"),
     "target_kl_check": ("minibatch", "epoch"),
     "activation": ("tanh", "relu"),
     "recurrent": ("none", "lstm"),
-    "policy": ("auto", "mlp", "cnn", "multi_input"),
+    "policy": POLICIES,  # auto or a features extractor's name (policies/encoders.py)
     "precision": ("fp32", "bf16", "auto"),
     "vectorization": ("auto", "vector_entry_point", "sync", "async", "ray", "envpool"),
     "autoreset_mode": ("auto", "same_step", "next_step"),
@@ -325,8 +329,12 @@ def _validate(c: TrainConfig) -> None:
             raise AssertionError(f"no validation rule for {name}")
         if not ok:
             _fail(name, f"expected {_type_name(t, name)}", v)
-        if name in CHOICES and v not in CHOICES[name]:
+        if name in CHOICES and v not in CHOICES[name] and not (
+                isinstance(CHOICES[name], Registry) and isinstance(v, str) and v
+                and not names_checked()):  # reading a run: its own parts need no import
             hint = " (memory is recurrent = lstm)" if name == "policy" and v == "lstm" else ""
+            if isinstance(CHOICES[name], Registry) and not hint:
+                hint = f" ({IMPORT_HINT})"
             _fail(name, f"expected one of {', '.join(CHOICES[name])}{hint}", v)
     if not (0 < len(c.env_id) <= ENV_ID_MAX_LEN and _ENV_ID.fullmatch(c.env_id)):
         _fail("env_id", "expected a Gymnasium environment id such as CartPole-v1", c.env_id)
@@ -359,9 +367,9 @@ def _validate(c: TrainConfig) -> None:
     if c.shared_lstm and c.enable_critic_lstm:
         _fail("shared_lstm", "true shares the actor's LSTM with the critic, so it needs "
               "enable_critic_lstm = false (the critic's own LSTM)", show=False)
-    if not c.use_critic and c.advantage_estimator == "gae":
-        _fail("use_critic", "false needs advantage_estimator = reward_to_go (GAE is defined "
-              "through the critic)", show=False)
+    if not c.use_critic and ENV_ADVANTAGES.entry(c.advantage_estimator)["needs_critic"]:
+        _fail("use_critic", f"false needs an advantage estimator without a critic, e.g. "
+              f"reward_to_go ({c.advantage_estimator} reads the critic's values)", show=False)
     check_memory(c)
 
 

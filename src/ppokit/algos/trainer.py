@@ -52,7 +52,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from ppokit.core import AdaptiveKLController, approx_kl, explained_variance
+from ppokit.core import (
+    ENV_ADVANTAGES,
+    POLICY_LOSSES,
+    AdaptiveKLController,
+    approx_kl,
+    explained_variance,
+)
 from ppokit.engine import LabelledBatch, UpdateSpec, eager_minibatch_step, run_update
 from ppokit.engine.allocator import keep_freed_memory
 from ppokit.engine.flat import FlatParameters
@@ -83,6 +89,7 @@ from ppokit.io.rundir import RunDir, fail_run, fail_start
 from ppokit.io.signals import GracefulStop, Interrupted
 from ppokit.io.spaces import recorded_spaces
 from ppokit.io.tracking import check_tracker, make_tracker
+from ppokit.plugins import reading_run, require
 from ppokit.policies import is_recurrent, policy_for_config
 from ppokit.rollout import Collector, RecurrentCollector, Rollout, recurrent_forward
 
@@ -101,12 +108,16 @@ EVAL_SEED_OFFSET = 3_000_000  # evaluations during training: episode seeds seed 
 
 def update_spec(c: TrainConfig) -> UpdateSpec:
     """The engine's spec of a configuration's update (the clip range and the KL
-    coefficient are per-iteration values: the schedule's and the controller's)."""
+    coefficient are per-iteration values: the schedule's and the controller's). The policy
+    loss's registration declares whether it carries PPO-KL's penalty to the old policy."""
+    require(POLICY_LOSSES, c.policy_loss, "policy_loss", "ppokit train --resume RUN_DIR")
+    require(ENV_ADVANTAGES, c.advantage_estimator, "advantage_estimator",
+            "ppokit train --resume RUN_DIR")
+    anchor = POLICY_LOSSES.entry(c.policy_loss)["kl_anchor"]
     return UpdateSpec(
         policy_loss=c.policy_loss, clip_range=c.clip_range, agg="token-mean",
         use_critic=c.use_critic, vf_coef=c.vf_coef, ent_coef=c.ent_coef,
-        kl_anchor="old" if c.policy_loss == "kl_penalty" else "none",
-        kl_coef=c.kl_coef if c.policy_loss == "kl_penalty" else 0.0,
+        kl_anchor=anchor, kl_coef=c.kl_coef if anchor == "old" else 0.0,
         clip_range_vf=c.clip_range_vf, value_clip_mode=c.value_clip_mode,
         max_grad_norm=c.max_grad_norm, target_kl=c.target_kl,
         target_kl_check=c.target_kl_check, n_epochs=c.n_epochs,
@@ -133,7 +144,9 @@ def load_run_checkpoint(run_dir: str | Path, log: Callable[[str], None] | None =
     tensors, arrays, st = load_checkpoint(ckpt)
     if not isinstance(st.get("config"), dict):
         raise UsageError(f"run dir: checkpoint {ckpt} holds no configuration")
-    return config_from_dict(st["config"]), tensors, arrays, st
+    with reading_run():  # a loss or estimator of the user's is needed to train, not to read
+        cfg = config_from_dict(st["config"])
+    return cfg, tensors, arrays, st
 
 
 def load_run_config(run_dir: str | Path) -> TrainConfig:
@@ -250,7 +263,7 @@ class Trainer:
                                        reward_scaler=self.reward_scaler,
                                        use_critic=c.use_critic, fast=c.fast)
         self.kl_ctl = (AdaptiveKLController(c.kl_coef, c.kl_target)
-                       if c.policy_loss == "kl_penalty" else None)
+                       if self.spec.kl_anchor == "old" else None)
         self._fused = None
         self.minibatch_observer: Callable[[dict], None] | None = None
         self.iteration = 0
@@ -434,7 +447,8 @@ class Trainer:
                                    "ratio_min", "ratio_max", "explained_variance",
                                    "grad_norm")},
             "learning_rate": lr,
-            "clip_range": clip if c.policy_loss == "clip" else None,
+            "clip_range": (clip if POLICY_LOSSES.entry(c.policy_loss)["uses_clip_range"]
+                           else None),
             "kl_coef": kl_coef,
             "kl_after_update": upd.get("kl_after_update"),
             "target_kl_check": c.target_kl_check if c.target_kl is not None else None,
@@ -538,7 +552,11 @@ class Trainer:
         cmd = f"ppokit train --resume {self.run_dir}"
         if c.env_source == "factory":
             return f"ppokit.load({str(self.run_dir)!r}, env=<the factory>).learn(...)"
-        return cmd + (f" --env {c.env_id}" if ":" in c.env_id else "")
+        from ppokit.plugins import resume_flags
+
+        return (cmd + (f" --env {c.env_id}" if ":" in c.env_id else "")
+                + resume_flags(policy_loss=c.policy_loss,
+                               advantage_estimator=c.advantage_estimator))
 
     def _last_checkpoint(self) -> Path | None:
         if self._saved_iteration is None:

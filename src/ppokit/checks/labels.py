@@ -17,6 +17,7 @@ reshuffled summation order, ``ADV_ROUNDING_TOL``; everything else must be bit-id
 from __future__ import annotations
 
 import copy
+import dataclasses
 import tempfile
 from contextlib import contextmanager
 
@@ -92,8 +93,9 @@ def _patched(rec: _Recorder):
             return fn(*args, **kwargs)
         return wrapper
 
-    for name, fn in saved_items.items():
-        POLICY_LOSSES._items[name] = recording(fn, [(1, "logp_old"), (2, "advantages")])
+    for name, entry in saved_items.items():  # fn(spec, logp, logp_old, advantages, ...)
+        POLICY_LOSSES._items[name] = dataclasses.replace(
+            entry, fn=recording(entry.fn, [(2, "logp_old"), (3, "advantages")]))
     engine.value_loss = recording(saved_value, [(1, "returns")])
     try:
         yield

@@ -79,6 +79,7 @@ class _Plan:
         self.root, self.cfg, self.seeds = root, cfg, seeds
         self.parallel, self.backend = parallel, backend
         self.eval_episodes, self.env_named = eval_episodes, env_named
+        self.imports: list[str] = []  # --import modules, named again for each seed
 
     def to_json(self) -> dict:
         return {"format": FORMAT, "seeds": self.seeds, "parallel": self.parallel,
@@ -106,13 +107,16 @@ class _Plan:
         args = ["--no-progress", "--eval-episodes", str(self.eval_episodes)]
         if self.env_named is not None:  # named by the user on this command line
             args += ["--env", self.env_named]
+        for mod in self.imports:
+            args += ["--import", mod]
         if resume:
             return [*args, "--resume", run_dir]
         return [*args, "--config", config, "--seed", str(seed), "--run-dir", run_dir]
 
     def resume_command(self) -> str:
         env = f" --env {self.env_named}" if self.env_named else ""
-        return f"ppokit train --resume {self.root}{env}"
+        mods = "".join(f" --import {m}" for m in self.imports)
+        return f"ppokit train --resume {self.root}{env}{mods}"
 
 
 def _state_of_seed(run_dir: Path, cfg, eval_episodes: int) -> str:
@@ -141,6 +145,9 @@ def run_seeds(args: argparse.Namespace) -> int:
         raise UsageError("--seeds cannot be combined with --seed or --resume (a stopped "
                          "--seeds launch continues with ppokit train --resume DIR)")
     seeds = parse_seeds(args.seeds)
+    if args.imports and args.backend == "ray":
+        raise UsageError("--import with --backend ray: Ray workers do not import your module "
+                         "yet; use --backend local")
     if args.parallel is not None and args.parallel < 1:
         raise UsageError(f"--parallel: expected an integer >= 1, got {args.parallel}")
     if not 0 <= args.eval_episodes <= 10**6:
@@ -168,11 +175,12 @@ def run_seeds(args: argparse.Namespace) -> int:
     root_lock = RunLock(root, "train --seeds")  # summary.json and the plot are ours
     plan = _Plan(root, cfg, seeds, args.parallel, args.backend, args.eval_episodes,
                  cfg.env_id if ":" in cfg.env_id else None)
+    plan.imports = list(args.imports)
     plan.write()
     return _launch(plan, root_lock, {s: "new" for s in seeds})
 
 
-def resume_seeds(root: Path, env_given: str | None) -> int:
+def resume_seeds(root: Path, env_given: str | None, imports: list[str] | None = None) -> int:
     """``ppokit train --resume ROOT`` of a ``--seeds`` directory: the seeds that finished
     are kept, the stopped ones resumed, the ones never started started."""
     from ppokit.algos.config import config_from_dict
@@ -199,6 +207,7 @@ def resume_seeds(root: Path, env_given: str | None) -> int:
     env = env_for_run(cfg.env_id, cfg.env_source, env_given, "--resume")
     plan = _Plan(root, cfg, seeds, parallel, backend, eval_episodes,
                  env if isinstance(env, str) and ":" in env else None)
+    plan.imports = list(imports or [])
     plan.write()  # seeds.toml again, from the checked seeds.json
     states = {s: _state_of_seed(root / f"s{s}", cfg, eval_episodes) for s in seeds}
     for s in [s for s, st in states.items() if st == "broken"]:

@@ -23,6 +23,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Gymnasium id (default: CartPole-v1), or module:Id to import module "
                         "(from the current directory too) so that it registers Id; with "
                         "--resume, the run's own module:Id again")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import MODULE first (repeatable; from the current directory too) so "
+                        "that it registers its policy losses or advantage estimators "
+                        "(ppokit.register_policy_loss, ppokit.register_advantage_estimator); "
+                        "with --resume, the run's modules again")
     p.add_argument("--env-kwargs", metavar="JSON",
                    help='keyword arguments of the environment, a JSON object such as '
                         '\'{"size": 8}\' (TOML: an env_kwargs table)')
@@ -95,7 +100,9 @@ def _parse_sets(items: list[str]) -> dict:
 def run(args: argparse.Namespace) -> int:
     from ppokit.algos import Trainer, load_run_config, resolve_config
     from ppokit.io import GracefulStop, Interrupted, unique_run_dir
+    from ppokit.plugins import import_modules
 
+    imports = import_modules(args.imports)  # named here; a run directory never names code
     if args.seeds is not None:
         from .seeds import run_seeds
 
@@ -128,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         from .seeds import is_seeds_dir, resume_seeds
 
         if is_seeds_dir(run_dir):  # a stopped `ppokit train --seeds` launch
-            return resume_seeds(run_dir, args.env_id)
+            return resume_seeds(run_dir, args.env_id, imports)
         if is_llm_run_dir(run_dir):
             raise UsageError(f"--resume: {run_dir} is a language-model run: continue it with "
                              f"`ppokit llm train --resume {run_dir}`")
@@ -163,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
                 where = f"checkpoint {exc.checkpoint.name}" if exc.checkpoint else \
                     "its checkpoint"
                 log(f"{exc}; {where} written; run dir {run_dir}")
-                log(f"resume with: ppokit train --resume {run_dir}")
+                log(f"resume with: {trainer.resume_command()}")
                 return exc.exit_code
         from ppokit.io.plots import plot_learning_curve
 

@@ -42,11 +42,25 @@ from .losses import (
     value_loss,
     vanilla_pg_loss,
 )
-from .registry import ENV_ADVANTAGES, GROUP_ADVANTAGES, POLICY_LOSSES, Registry
+from .registry import (
+    ADVANTAGES,
+    ENV_ADVANTAGES,
+    GROUP_ADVANTAGES,
+    POLICY_LOSSES,
+    AdvantageSpec,
+    Registry,
+    Steps,
+    TokenSteps,
+    register_advantage_estimator,
+    register_policy_loss,
+    token_advantages,
+)
 from .returns import discount_weights, discounted_return, reward_to_go
 from .stats import explained_variance, masked_mean, masked_sum, masked_var, masked_whiten
 
 __all__ = [
+    "ADVANTAGES", "AdvantageSpec", "Steps", "TokenSteps", "register_advantage_estimator",
+    "register_policy_loss", "token_advantages",
     "AGGREGATION_MODES", "AdaptiveKLController", "DEFAULT_KL_LOSS_ESTIMATOR", "ENV_ADVANTAGES",
     "FixedKLController", "GROUP_ADVANTAGES", "KL_ESTIMATORS", "KL_LOSS_ESTIMATORS", "LossTerms",
     "POLICY_LOSSES", "PolicyLoss",

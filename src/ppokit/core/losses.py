@@ -91,7 +91,7 @@ AGGREGATION_MODES = (
 
 def aggregate(x: Tensor, mask: Tensor | None = None, mode: str = "token-mean", *,
               num_tokens: float | None = None, num_seqs: float | None = None,
-              norm_length: float | None = None) -> Tensor:
+              norm_length: float | None = None, agg: str | None = None) -> Tensor:
     """Reduce a per-sample loss ``x`` (``[M]`` or ``[B, L]``) to a scalar (see module doc).
 
     ``num_tokens`` / ``num_seqs`` override the denominators with global counts, which is
@@ -99,7 +99,11 @@ def aggregate(x: Tensor, mask: Tensor | None = None, mode: str = "token-mean", *
     ``seq-mean-token-sum-norm``. By default ``num_tokens`` is the number of valid positions
     and ``num_seqs`` the number of rows holding at least one; ``[M]`` is read as ``[M, 1]``,
     so every mode gives the masked mean there. Masked positions of ``x`` are never read.
+    ``agg``: ``mode`` by the name the losses' keywords use, so a policy loss passes the
+    engine's ``**agg`` on unchanged.
     """
+    if agg is not None:
+        mode = agg
     if mode not in AGGREGATION_MODES:
         raise ValueError(f"mode: unknown aggregation mode {mode!r}; known: "
                          f"{', '.join(AGGREGATION_MODES)}")

@@ -49,6 +49,7 @@ import torch
 
 from ppokit.envs.normalize import ObsNormalizer, RewardScaler, RunningMeanStd
 from ppokit.errors import UsageError
+from ppokit.policies.encoders import BUILT_IN, FEATURES_EXTRACTORS
 from ppokit.rollout import Collector, Rollout
 
 from .cluster import ensure_ray
@@ -109,7 +110,8 @@ class RolloutWorker:
     def __init__(self, env_maker: str | Callable, num_envs: int, spec: dict[str, Any]):
         from ppokit.envs import make_vec
         from ppokit.envs.source import import_env_module
-        from ppokit.policies import make_policy
+        from ppokit.policies import policy_for_config
+        from ppokit.policies.encoders import FEATURES_EXTRACTORS
 
         torch.set_num_threads(1)
         if isinstance(env_maker, str):
@@ -117,14 +119,12 @@ class RolloutWorker:
         self.env = make_vec(env_maker, num_envs, vectorization=spec["vectorization"],
                             autoreset=spec["autoreset"], env_kwargs=spec["env_kwargs"])
         obs_space = self.env.single_observation_space
-        # a Dict observation is stored flat; the encoder reads it per key
-        self.policy = make_policy(getattr(obs_space, "dict_space", obs_space),
-                                  self.env.single_action_space, **spec["policy"])
-        from ppokit.policies.encoders import ImageCNN
-
-        for m in self.policy.modules():  # the CNN's layout as the learner's (fast)
-            if isinstance(m, ImageCNN):
-                m.fast_layout = bool(spec["fast"])
+        name, extractor = spec["extractor"]
+        if extractor is not None and name not in FEATURES_EXTRACTORS:
+            FEATURES_EXTRACTORS.register(name, extractor)  # the learner's, sent along
+        # the learner's own builder: the same encoder, layout and precision
+        self.policy = policy_for_config(spec["config"], obs_space,
+                                        self.env.single_action_space)
         self.obs_norm = None
         if spec["normalize_obs"]:
             self.obs_norm = ObsNormalizer(obs_space.shape, spec["clip_obs"])
@@ -218,11 +218,9 @@ class RayCollector:
         self.spec = {
             "vectorization": "auto", "autoreset": cfg.autoreset_mode,
             "env_kwargs": cfg.env_kwargs,
-            "policy": {"hidden": tuple(cfg.net_arch), "activation": cfg.activation,
-                       "ortho_init": cfg.ortho_init, "log_std_init": cfg.log_std_init,
-                       "policy": cfg.policy, "cnn_channels": tuple(cfg.cnn_channels),
-                       "features_dim": cfg.features_dim,
-                       "share_features": cfg.share_features},
+            "config": cfg,  # the policy is built from it, as the learner's
+            "extractor": (cfg.policy, None if cfg.policy in ("auto", *BUILT_IN)
+                          else FEATURES_EXTRACTORS.get(cfg.policy)),
             "normalize_obs": cfg.normalize_obs, "clip_obs": cfg.clip_obs,
             "normalize_reward": cfg.normalize_reward, "gamma": cfg.gamma,
             "clip_reward": cfg.clip_reward, "use_critic": cfg.use_critic, "fast": cfg.fast,

@@ -10,7 +10,8 @@ target-KL early stop — happens here, once, and means the same for both:
 
 * **Loss.** ``policy + vf_coef · value − ent_coef · entropy + kl_coef · kl`` assembled by
   :class:`ppokit.core.LossTerms`. The policy term is the registry's ``policy_loss``
-  (:data:`ppokit.core.POLICY_LOSSES`: ``clip``, ``vanilla``, ``kl_penalty``); the KL term
+  (:data:`ppokit.core.POLICY_LOSSES`: ``clip``, ``vanilla``, ``kl_penalty`` or one the
+  user registered; it receives this spec and reads its own hyperparameters); the KL term
   is anchored at the old policy (``kl_anchor="old"``, PPO-KL's penalty, k3 in ratio form)
   or the reference model (``"ref"``, ``kl_estimator`` of the current vs the reference
   policy: k2 by default, whose expected gradient is ``∇KL(π ‖ π_ref)``, or GRPO's k3, whose
@@ -40,8 +41,9 @@ returns the same statistics. See docs/theory.md for the derivations.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, NamedTuple
 
 import torch
@@ -52,6 +54,7 @@ from ppokit.core import (
     KL_LOSS_ESTIMATORS,
     POLICY_LOSSES,
     LossTerms,
+    PolicyLoss,
     entropy_bonus,
     kl_penalty_loss,
     masked_whiten,
@@ -81,7 +84,7 @@ TARGET_KL_FACTOR = 1.5
 class UpdateSpec:
     """Everything that decides one update, frozen; the same fields for both trainers."""
 
-    policy_loss: str = "clip"  # a POLICY_LOSSES name: clip | vanilla | kl_penalty
+    policy_loss: str = "clip"  # a POLICY_LOSSES name (clip | vanilla | kl_penalty | yours)
     clip_range: float = 0.2  # ε (ε_low with clip_range_high); scheduled values override
     clip_range_high: float | None = None  # asymmetric upper ε (None: clip_range)
     dual_clip: float | None = None  # c > 1: floor of the surrogate for Â < 0
@@ -103,6 +106,17 @@ class UpdateSpec:
     grad_accum: int = 1  # micro-batches per minibatch
     normalize_advantage: bool = True
     advantage_norm_scope: str = "minibatch"  # minibatch | batch
+
+    def with_values(self, clip_range: float | None = None, kl_coef: float | None = None
+                    ) -> UpdateSpec:
+        """This spec with one update's scheduled clip range / controlled KL coefficient
+        (``None``: keep the spec's)."""
+        changes = {}
+        if clip_range is not None and float(clip_range) != self.clip_range:
+            changes["clip_range"] = float(clip_range)
+        if kl_coef is not None and float(kl_coef) != self.kl_coef:
+            changes["kl_coef"] = float(kl_coef)
+        return replace(self, **changes) if changes else self
 
     def __post_init__(self):
         def bad(name, expected):
@@ -215,7 +229,7 @@ def _valid_counts(rows: dict[str, Tensor]) -> tuple[int, int]:
 
 def eager_minibatch_step(spec: UpdateSpec, forward: Callable[[dict], Forward],
                          optimizer, params: list[Tensor], mb: dict[str, Tensor], *,
-                         clip_range: float, kl_coef: float = 0.0,
+                         clip_range: float | None = None, kl_coef: float | None = None,
                          kl_limit: float | None = None, dp=None) -> dict[str, Tensor] | None:
     """Loss, backward, global gradient clipping and optimiser step for one minibatch
     (split into ``spec.grad_accum`` micro-batches). Returns detached statistics keyed by
@@ -225,8 +239,12 @@ def eager_minibatch_step(spec: UpdateSpec, forward: Callable[[dict], Forward],
     ``dp`` (a :class:`ppokit.engine.dist.DataParallel`): ``mb`` is the whole global
     minibatch on every rank, its ``owner`` entry the rank of each row; this rank computes
     its own rows only (micro-batches of the global minibatch, dividing by its global
-    counts), then gradients and statistics are summed across ranks."""
-    surrogate = POLICY_LOSSES.get(spec.policy_loss)
+    counts), then gradients and statistics are summed across ranks.
+
+    The loss reads every hyperparameter from ``spec``; ``clip_range`` / ``kl_coef`` (this
+    update's scheduled or controlled values) replace the spec's when given."""
+    spec = spec.with_values(clip_range, kl_coef)
+    surrogate = POLICY_LOSSES.get(spec.policy_loss)  # fn(spec, logp, logp_old, adv, mask)
     n = mb["logp"].shape[0]
     m_all = mb.get("mask")
     if spec.normalize_advantage and spec.advantage_norm_scope == "minibatch":
@@ -244,10 +262,6 @@ def eager_minibatch_step(spec: UpdateSpec, forward: Callable[[dict], Forward],
             chunks = tuple(chunks) + (_IDLE,) * (accum - len(chunks))
     else:
         chunks = torch.arange(n).chunk(accum) if accum > 1 else (None,)
-    pol_kw: dict[str, Any] = {}
-    if spec.policy_loss == "clip":
-        pol_kw = {"clip_eps": clip_range, "clip_eps_high": spec.clip_range_high,
-                  "dual_clip": spec.dual_clip}
     optimizer.zero_grad(set_to_none=True)
     sums: dict[str, Tensor] = {}
     total_tokens = _counts(mb)["num_tokens"]
@@ -258,7 +272,9 @@ def eager_minibatch_step(spec: UpdateSpec, forward: Callable[[dict], Forward],
         micro = mb if idx is None else {k: v[idx] for k, v in mb.items()}
         m = micro.get("mask")
         f = forward(micro)
-        pl = surrogate(f.logp, micro["logp"], micro["advantages"], m, **pol_kw, **agg_kw)
+        pl = _with_stats(spec.policy_loss,
+                         surrogate(spec, f.logp, micro["logp"], micro["advantages"], m,
+                                   **agg_kw), f.logp, micro["logp"], m)
         if kl_limit is not None and not split and float(pl.stats["approx_kl"]) > kl_limit:
             return None
         terms = LossTerms(policy=pl.loss, entropy=entropy_bonus(f.entropy, m, **agg_kw))
@@ -272,7 +288,8 @@ def eager_minibatch_step(spec: UpdateSpec, forward: Callable[[dict], Forward],
         elif spec.kl_anchor == "ref":
             terms.kl = kl_penalty_loss(f.logp, micro["ref_logp"], m,
                                        estimator=spec.kl_estimator, **agg_kw)
-        total = terms.total(vf_coef=spec.vf_coef, ent_coef=spec.ent_coef, kl_coef=kl_coef)
+        total = terms.total(vf_coef=spec.vf_coef, ent_coef=spec.ent_coef,
+                            kl_coef=spec.kl_coef)
         if idle:
             (0.0 * total).backward()
             continue
@@ -294,6 +311,40 @@ def eager_minibatch_step(spec: UpdateSpec, forward: Callable[[dict], Forward],
         sums["grad_norm"] = clip_grad_norm_(params, max_norm)
     optimizer.step()
     return sums
+
+
+_RATIO_STATS = ("approx_kl", "approx_kl_k1", "ratio_min", "ratio_max")
+
+
+def _with_stats(name: str, pl, logp: Tensor, logp_old: Tensor, mask: Tensor | None):
+    """A policy loss's result with every statistic the engine reads: a registered loss
+    that returns fewer (a user's, say) gets the ratio statistics measured here, and NaN
+    for the clip fractions it did not define."""
+    if not isinstance(pl, PolicyLoss) or not isinstance(pl.loss, Tensor) \
+            or pl.loss.ndim != 0:
+        raise TypeError(f"policy loss {name!r}: expected a PolicyLoss with a scalar loss "
+                        f"(ppokit.core.PolicyLoss), got {type(pl).__name__}")
+    stats = pl.stats
+    if all(k in stats for k in _RATIO_STATS) and "clipfrac" in stats \
+            and "clip_active_frac" in stats:
+        return pl
+    stats = dict(stats)
+    with torch.no_grad():
+        lr = (logp.detach() - logp_old).float()
+        if mask is not None:
+            lr = torch.where(mask, lr, torch.zeros((), dtype=lr.dtype))
+        n = lr.numel() if mask is None else mask.sum().clamp(min=1)
+        ratio = lr.exp()
+        stats.setdefault("approx_kl", (torch.expm1(lr) - lr).sum() / n)
+        stats.setdefault("approx_kl_k1", (-lr).sum() / n)
+        valid = torch.ones_like(lr, dtype=torch.bool) if mask is None else mask
+        inf = torch.tensor(float("inf"))
+        stats.setdefault("ratio_min", torch.where(valid, ratio, inf).min())
+        stats.setdefault("ratio_max", torch.where(valid, ratio, -inf).max())
+        nan = torch.tensor(float("nan"))
+        stats.setdefault("clipfrac", nan)
+        stats.setdefault("clip_active_frac", nan)
+    return dataclasses.replace(pl, stats=stats)
 
 
 def clip_grad_norm_(params: list[Tensor], max_norm: float) -> Tensor:
@@ -371,8 +422,8 @@ def run_update(spec: UpdateSpec, batch: LabelledBatch, forward: Callable[[dict],
     ranks form the same minibatches; the default step then computes each rank's rows and
     sums across ranks.
     """
-    clip = spec.clip_range if clip_range is None else float(clip_range)
-    beta = spec.kl_coef if kl_coef is None else float(kl_coef)
+    spec = spec.with_values(clip_range, kl_coef)  # the update's values live in its spec
+    clip = spec.clip_range
     if spec.normalize_advantage and spec.advantage_norm_scope == "batch":
         data = dict(batch.data)
         data["advantages"] = masked_whiten(data["advantages"], batch.mask)
@@ -384,8 +435,7 @@ def run_update(spec: UpdateSpec, batch: LabelledBatch, forward: Callable[[dict],
     if step_fn is None:
         def step_fn(mb, clip_range, kl_limit):
             return eager_minibatch_step(spec, forward, optimizer, params, mb,
-                                        clip_range=clip_range, kl_coef=beta,
-                                        kl_limit=kl_limit, dp=dp)
+                                        clip_range=clip_range, kl_limit=kl_limit, dp=dp)
     stats: list = []
     stop_epoch = stop_mb = None
     for epoch in range(spec.n_epochs):

@@ -63,8 +63,10 @@ def _add_config_arguments(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()
                            help=argparse.SUPPRESS)
     p.add_argument("--config", metavar="FILE.toml", dest="config_file",
                    help="TOML file of configuration keys (top level or an [llm] table)")
-    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one configuration key (repeatable; keys below)")
+    p.add_argument("--set", dest="sets", action="extend", nargs="+", default=[],
+                   metavar="KEY=VALUE",
+                   help="override configuration keys: --set a=1 b=2 (repeatable; keys "
+                        "below), as ppokit train takes them")
 
 
 def _flag_values(args) -> dict:
@@ -106,6 +108,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_config_arguments(p)
     p.add_argument("--run-dir", help="run directory (default: runs/llm-<algo>-<time>)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import MODULE first (repeatable; from the current directory too) so "
+                        "that it registers its policy losses or advantage estimators "
+                        "(ppokit.register_policy_loss, ppokit.register_advantage_estimator); "
+                        "with --resume, the run's modules again")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation at the end")
     p.add_argument("--nproc", type=int, default=None, metavar="N",
@@ -260,6 +267,9 @@ def _launch(nproc: int) -> int:
 
 def _train(args) -> int:
     from ppokit.engine.dist import init_from_env, world_from_env
+    from ppokit.plugins import import_modules
+
+    import_modules(args.imports)  # named here; a run directory never names code to import
 
     if args.nproc is not None:
         if not 1 <= args.nproc <= 1024:
@@ -292,6 +302,7 @@ def _train_ranks(args, dp) -> int:
     from ppokit.io import GracefulStop, Interrupted, unique_run_dir
 
     from .evaluate import evaluate_lm_run
+    from .runfiles import resume_command
     from .trainer import TokenTrainer, config_from_run
 
     main_rank = dp is None or dp.is_main
@@ -332,8 +343,7 @@ def _train_ranks(args, dp) -> int:
                     return exc.exit_code
                 print(f"{exc}; checkpoint {exc.checkpoint.name} written; run dir {run_dir}",
                       file=sys.stderr)
-                print(f"resume with: ppokit llm train --resume {run_dir}"
-                      + _reward_flags(cfg) + (f" --nproc {dp.world}" if dp is not None else ""),
+                print(f"resume with: {resume_command(run_dir, cfg, dp.world if dp else 1)}",
                       file=sys.stderr, flush=True)
                 return exc.exit_code
     finally:
@@ -362,14 +372,6 @@ def _config_overrides(args) -> dict:
 
     vals = {**parse_sets(args.sets or []), **_flag_values(args)}
     return {DEPRECATED.get(k, k): v for k, v in vals.items()}
-
-
-def _reward_flags(cfg) -> str:
-    if cfg.reward:
-        return "".join(f" --reward {e}" for e in str(cfg.reward).split(","))
-    if cfg.reward_model:
-        return f" --reward-model {cfg.reward_model}"
-    return ""
 
 
 def _eval(args) -> int:

@@ -10,8 +10,9 @@ from ppokit.algos.config import SEED_MAX
 from ppokit.cliutil import in_range
 from ppokit.core.kl import DEFAULT_KL_LOSS_ESTIMATOR, KL_LOSS_ESTIMATORS
 from ppokit.core.losses import AGGREGATION_MODES
-from ppokit.core.registry import GROUP_ADVANTAGES
+from ppokit.core.registry import ADVANTAGES, GROUP_ADVANTAGES, IMPORT_HINT, POLICY_LOSSES, Registry
 from ppokit.errors import UsageError
+from ppokit.plugins import names_checked
 
 from .task import TASKS, make_task
 
@@ -21,10 +22,10 @@ __all__ = ["ALGOS", "TRUNCATION", "PRESETS", "DEPRECATED", "ADVANTAGE_ESTIMATORS
 
 ALGOS = ("ppo", "grpo", "dr-grpo", "rloo", "reinforce++")
 TRUNCATION = ("none", "bootstrap", "penalty", "mask")
-# how the advantage is estimated: token-level GAE with a critic, REINFORCE++'s whitened
-# token returns, or a group estimator of the registry (the names are the config values)
-TOKEN_ESTIMATORS = ("gae", "reinforce_pp")
-ADVANTAGE_ESTIMATORS = TOKEN_ESTIMATORS + tuple(GROUP_ADVANTAGES.names())
+# how the advantage is estimated: any estimator of the registry (token-level GAE with a
+# critic, REINFORCE++'s whitened token returns, the group estimators, the user's own);
+# the names are the config values, checked when the configuration is
+ADVANTAGE_ESTIMATORS = ADVANTAGES
 
 # The algorithm presets are values, not code paths: each fills the fields left at None.
 # advantage_estimator / use_critic / normalize_std / kl_mode are the choices that make
@@ -135,6 +136,8 @@ class LLMConfig:
                                       "(None: half the iteration's sequences)")
     grad_accum: int = _f(1, "micro-batches per minibatch (gradient accumulation)")
     agg: str | None = _f(None, "loss aggregation mode (ppokit.core.aggregate)")
+    policy_loss: str = _f("clip", "the surrogate: clip (PPO-Clip), vanilla (-logp*A), or one "
+                                  "registered with ppokit.register_policy_loss")
     clip_range: float = _f(0.2, "PPO clip epsilon")
     clip_range_vf: float | None = _f(0.2, "value clipping around V_old (None: off)")
     vf_coef: float = _f(0.5, "value-loss coefficient")
@@ -145,7 +148,9 @@ class LLMConfig:
                                        "1.5 x target_kl is not stepped")
     gamma: float = _f(1.0, "discount per action token")
     gae_lambda: float = _f(0.95, "GAE lambda (advantage_estimator gae)")
-    advantage_estimator: str | None = _f(None, "gae | reinforce_pp | grpo | dr_grpo | rloo")
+    advantage_estimator: str | None = _f(None, "gae | reinforce_pp | grpo | dr_grpo | rloo | "
+                                               "reward_to_go | one registered with "
+                                               "ppokit.register_advantage_estimator")
     use_critic: bool | None = _f(None, "learn a value model (needed by gae)")
     kl_mode: str | None = _f(None, "where the reference KL enters: reward (k1 per token) | "
                                    "loss (a term, kl_estimator) | none")
@@ -231,8 +236,14 @@ class LLMConfig:
         if cfg.truncation == "bootstrap" and not cfg.use_critic:
             raise UsageError("truncation: 'bootstrap' needs a critic (use_critic, as in "
                              "algo ppo); use 'penalty' or 'mask'")
-        if cfg.advantage_estimator == "gae" and not cfg.use_critic:
-            raise UsageError("advantage_estimator: 'gae' needs a critic (use_critic=true)")
+        est, loss = cfg.advantage_estimator, cfg.policy_loss  # unregistered: reading a run
+        if est in ADVANTAGES and ADVANTAGES.entry(est)["needs_critic"] and not cfg.use_critic:
+            raise UsageError(f"advantage_estimator: {cfg.advantage_estimator!r} needs a "
+                             f"critic (use_critic=true)")
+        if loss in POLICY_LOSSES and POLICY_LOSSES.entry(loss)["kl_anchor"] != "none":
+            raise UsageError(f"policy_loss: {cfg.policy_loss!r} carries a KL penalty to the "
+                             f"old policy, which language-model training does not use; its "
+                             f"KL term is kl_mode (reward or loss, against the reference)")
         if cfg.advantage_estimator in GROUP_ADVANTAGES and cfg.samples_per_prompt < 2:
             raise UsageError(f"samples_per_prompt: the {cfg.advantage_estimator} estimator "
                              f"needs at least 2 completions per prompt, got "
@@ -324,8 +335,9 @@ CHOICES = {"agg": AGGREGATION_MODES, "old_logprobs": ("sampler", "recompute"),
            "kl_mode": ("reward", "loss", "none"), "truncation": TRUNCATION,
            "kl_estimator": tuple(KL_LOSS_ESTIMATORS),
            "critic": ("separate", "shared"),
-           "score_norm": ("none", "batch"), "advantage_estimator": ADVANTAGE_ESTIMATORS,
-           }
+           "score_norm": ("none", "batch"),
+           # the registries: their names when the configuration is checked
+           "advantage_estimator": ADVANTAGE_ESTIMATORS, "policy_loss": POLICY_LOSSES}
 PATHS = ("model", "prompts", "eval_prompts", "reward_model")
 # checked by their own rules: reward entries (module:function, a directory or a callable)
 # in _check_fields, reward_weights (finite numbers, one per reward) in resolved()
@@ -369,8 +381,11 @@ def _check_fields(cfg: LLMConfig) -> None:
             _fail(name, "expected " + range_text(name), v, show=True)
     for name, options in CHOICES.items():
         v = getattr(cfg, name)
+        if isinstance(options, Registry) and isinstance(v, str) and v and not names_checked():
+            continue  # reading a run: a part of the user's needs no import to be read
         if not isinstance(v, str) or v not in options:
-            _fail(name, f"expected one of {', '.join(options)}", v, show=True)
+            hint = f" ({IMPORT_HINT})" if isinstance(options, Registry) else ""
+            _fail(name, f"expected one of {', '.join(options)}{hint}", v, show=True)
     for name in PATHS:
         v = getattr(cfg, name)
         if v is not None and not (isinstance(v, str) and v.strip() and "\0" not in v):

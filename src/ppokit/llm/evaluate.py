@@ -102,7 +102,10 @@ def evaluate_lm_run(run_dir: str, *, n_prompts: int | None = None, temperature: 
         if not os.path.isdir(ref_dir) or os.path.islink(ref_dir):
             raise UsageError(f"eval: {run_dir!r} has no reference/ directory")
         check_tree(ref_dir, "run dir")
-        rcfg = cfg.resolved()
+        from ppokit.plugins import reading_run
+
+        with reading_run():  # evaluating needs no loss or estimator of the user's
+            rcfg = cfg.resolved()
         holder = _EvalSetup(rcfg, run_dir, reward_fn)
         reference, tok = load_lm(ref_dir)
         reference.eval()

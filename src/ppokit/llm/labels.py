@@ -8,20 +8,28 @@ from dataclasses import dataclass, field
 import torch
 
 from ppokit.core import (
+    ADVANTAGES,
+    AdvantageSpec,
+    TokenSteps,
     broadcast_to_tokens,
     explained_variance,
     kl_k1,
     masked_mean,
     masked_whiten,
-    reinforce_pp_advantages,
-    token_gae,
+    token_advantages,
 )
-from ppokit.core.registry import GROUP_ADVANTAGES
 
 from .config import LLMConfig
 from .rollout import TokenRollout, shift_to_tokens
 
-__all__ = ["Labels", "compute_labels"]
+__all__ = ["Labels", "compute_labels", "advantage_spec"]
+
+
+def advantage_spec(cfg: LLMConfig) -> AdvantageSpec:
+    """What the configuration's advantage estimator reads besides the rollout."""
+    return AdvantageSpec(gamma=cfg.gamma, gae_lambda=cfg.gae_lambda,
+                         group_size=cfg.samples_per_prompt,
+                         normalize_std=bool(cfg.normalize_std))
 
 
 @dataclass
@@ -74,24 +82,37 @@ def compute_labels(cfg: LLMConfig, roll: TokenRollout, scores: torch.Tensor, old
     use_kl_reward = cfg.kl_mode == "reward" and beta > 0
     kl_reward = -beta * kl_tok if use_kl_reward else torch.zeros_like(kl_tok)
     values = returns = None
-    est = cfg.advantage_estimator  # a config value is a registry name
+    entry = ADVANTAGES.entry(cfg.advantage_estimator)  # a config value is a registry name
+    spec = advantage_spec(cfg)
     token_rewards = score_tok + kl_reward
-    if est == "gae":
-        values = shift_to_tokens(values_after[:, :-1]).detach()
-        boot = None
-        if cfg.truncation == "bootstrap":
-            v_last = values_after.detach()[torch.arange(bsz), last]
-            boot = torch.where(trunc & has_action, v_last, torch.zeros_like(v_last))
-        adv, returns = token_gae(token_rewards, values, loss_mask, cfg.gamma, cfg.gae_lambda,
-                                 bootstrap_values=boot)
-        values = torch.where(loss_mask, values, zero)
-    elif est == "reinforce_pp":
-        adv = reinforce_pp_advantages(token_rewards, loss_mask, cfg.gamma)
-    else:  # a group estimator: one advantage per sequence, broadcast to its action tokens
+    if entry["layout"] == "groups":  # one advantage per sequence, on its action tokens
         seq = s - (beta * kl_seq if use_kl_reward else 0.0)
-        opts = {"normalize_std": cfg.normalize_std} if est == "grpo" else {}
-        seq_adv = GROUP_ADVANTAGES.get(est)(seq, cfg.samples_per_prompt, **opts)
+        seq_adv = torch.as_tensor(entry.fn(seq, spec))
+        if seq_adv.shape != seq.shape:
+            raise ValueError(f"advantage estimator {entry.name!r}: expected [B] = "
+                             f"{tuple(seq.shape)} advantages, got {tuple(seq_adv.shape)}")
         adv = broadcast_to_tokens(seq_adv, loss_mask)
+    else:  # per token: the estimator's token form, or its step form on each completion
+        boot = None
+        if values_after is not None:
+            values = shift_to_tokens(values_after[:, :-1]).detach()
+            if cfg.truncation == "bootstrap":
+                v_last = values_after.detach()[torch.arange(bsz), last]
+                boot = torch.where(trunc & has_action, v_last, torch.zeros_like(v_last))
+        vals = values if values is not None else torch.zeros_like(token_rewards)
+        adv, returns = token_advantages(entry, TokenSteps(token_rewards, vals, loss_mask, boot),
+                                        spec)
+        if tuple(torch.as_tensor(adv).shape) != tuple(loss_mask.shape):
+            raise ValueError(f"advantage estimator {entry.name!r}: expected [B, L] = "
+                             f"{tuple(loss_mask.shape)} advantages, got "
+                             f"{tuple(torch.as_tensor(adv).shape)}")
+        if values is None:
+            returns = None  # no critic to regress
+        else:
+            values = torch.where(loss_mask, values, zero)
+            if returns is None:
+                raise ValueError(f"advantage estimator {entry.name!r} gives no returns, which "
+                                 f"the critic (use_critic) regresses on")
     # whitening (normalize_advantage) happens in the update engine, batch scope
     adv = torch.where(loss_mask, adv, zero)
     non_score = (kl_reward.sum(1) if use_kl_reward else torch.zeros(bsz))

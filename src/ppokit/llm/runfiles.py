@@ -31,7 +31,7 @@ RESUMABLE = ("iterations", "time_limit", "checkpoint_every", "samples_logged", "
 # fields added after runs were first saved, with the value those runs trained with (a
 # resumed run goes on as it started, whatever today's default)
 ADDED_FIELDS = {"kl_estimator": "k3", "guard_kl": 0.0, "guard_grad_norm": 0.0,
-                "temperature": 1.0, "n_epochs": 2}
+                "temperature": 1.0, "n_epochs": 2, "policy_loss": "clip"}
 
 
 def resume_command(run_dir: str, cfg: LLMConfig, world: int = 1) -> str:
@@ -44,6 +44,10 @@ def resume_command(run_dir: str, cfg: LLMConfig, world: int = 1) -> str:
         cmd = f"{cmd} with your reward functions (Python: reward_funcs=...)"
     if cfg.reward_model:
         cmd += f" --reward-model {cfg.reward_model}"
+    from ppokit.plugins import resume_flags
+
+    cmd += resume_flags(policy_loss=cfg.policy_loss,
+                        advantage_estimator=cfg.advantage_estimator)
     return cmd + (f" --nproc {world}" if world > 1 else "")
 
 

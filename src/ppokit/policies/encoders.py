@@ -41,11 +41,15 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
+from ppokit.core.registry import Registry
+from ppokit.errors import UserCodeError
+
 __all__ = ["is_image_space", "image_layout", "ImageCNN", "NatureCNN", "SmallImageCNN",
            "image_cnn", "MultiInputEncoder", "flat_dict_space", "POLICIES", "native_bf16",
+           "FEATURES_EXTRACTORS", "register_features_extractor", "BUILT_IN",
            "resolve_precision", "MIN_CNN_SIZE"]
 
-POLICIES = ("auto", "mlp", "cnn", "multi_input")
+BUILT_IN = ("mlp", "cnn", "multi_input")
 MIN_CNN_SIZE = 36  # the smallest height and width the Nature CNN's three kernels fit
 SMALL_STRIDE_FROM = 12  # SmallImageCNN: stride 2 along a side of at least this many pixels
 
@@ -238,3 +242,64 @@ class MultiInputEncoder(nn.Module):
             part = x[:, start:start + size]
             feats.append(self.cnns[key](part) if kind == "image" else part)
         return torch.cat(feats, -1)
+
+
+# --------------------------------------------------------------------------- the one seam
+
+FEATURES_EXTRACTORS = Registry(
+    "features extractor",
+    "(observation_space, features_dim=...) -> nn.Module with .features_dim, [B, *obs] -> "
+    "[B, features_dim]")
+# the configuration's ``policy`` values: auto (picked from the space) or an extractor's name
+POLICIES = FEATURES_EXTRACTORS.where("policy", extra=("auto",))
+
+
+def register_features_extractor(name: str, fn=None, *, help: str = ""):  # noqa: A002
+    """Register a features extractor (decorator or call): ``fn(observation_space,
+    features_dim=N)`` — a ``torch.nn.Module`` subclass such as Stable-Baselines3's
+    ``BaseFeaturesExtractor`` subclasses, or a function — returning a module with a
+    ``features_dim`` attribute that maps a batch of observations ``[B, *shape]`` (a Dict
+    observation arrives flattened, :func:`flat_dict_space`) to ``[B, features_dim]``.
+    Then ``policy = name`` selects it, in training, evaluation, ``load``/``predict`` and
+    the Ray actors alike."""
+    if name in ("auto", *BUILT_IN):
+        raise ValueError(f"features extractor: {name!r} is ppokit's own")
+    return FEATURES_EXTRACTORS.register(name, fn, help=help)
+
+
+@FEATURES_EXTRACTORS.register("mlp", help="the flattened observation itself (Box, Discrete "
+                              "as one-hot)")
+def _flat(space, **kw):
+    return None  # the MLPs read the observation directly (make_policy)
+
+
+@FEATURES_EXTRACTORS.register("cnn", help="the Nature CNN from 36x36 pixels, else the small "
+                              "image CNN")
+def _cnn(space, *, features_dim: int = 512, channels: tuple[int, ...] = (32, 64, 64)):
+    return image_cnn(space, tuple(channels), features_dim)
+
+
+@FEATURES_EXTRACTORS.register("multi_input", help="per-key encoders of a Dict space, "
+                              "concatenated")
+def _multi(space, *, features_dim: int = 512, channels: tuple[int, ...] = (32, 64, 64)):
+    return MultiInputEncoder(space, tuple(channels))
+
+
+def build_extractor(name: str, space, *, features_dim: int,
+                    channels: tuple[int, ...]) -> nn.Module | None:
+    """The extractor ``name`` for ``space`` (``None``: the MLPs read the observation); a
+    user's is checked to be a module with an integer ``features_dim``."""
+    fn = FEATURES_EXTRACTORS.get(name)
+    if name in BUILT_IN:
+        return fn(space, features_dim=features_dim, channels=channels)
+    try:
+        module = fn(space, features_dim=features_dim)
+    except Exception as exc:  # noqa: BLE001 - the user's code, named
+        raise UserCodeError(f"features extractor {name!r}: building it for {space} raised "
+                            f"{type(exc).__name__}: {exc}") from exc
+    dim = getattr(module, "features_dim", None)
+    if not isinstance(module, nn.Module) or not isinstance(dim, int) or dim < 1:
+        raise UserCodeError(f"features extractor {name!r}: expected a torch.nn.Module with "
+                            f"an integer features_dim >= 1, got {type(module).__name__} "
+                            f"(features_dim={dim!r})")
+    return module

@@ -272,10 +272,15 @@ def resolve_policy(obs_space: spaces.Space, policy: str = "auto") -> str:
     :func:`ppokit.policies.encoders.image_cnn`), ``multi_input`` for a Dict, ``mlp``
     otherwise; an explicit choice that does not fit the space is an error naming
     ``policy``."""
-    from .encoders import POLICIES, is_image_space
+    from .encoders import BUILT_IN, POLICIES, is_image_space
 
     if policy not in POLICIES:
-        raise ValueError(f"policy: expected one of {', '.join(POLICIES)}, got {policy!r}")
+        raise ValueError(f"policy: expected one of {', '.join(POLICIES)} (a features "
+                         f"extractor of your own: ppokit.register_features_extractor, in a "
+                         f"module named by --import MODULE or imported from Python), got "
+                         f"{policy!r}")
+    if policy not in ("auto", *BUILT_IN):
+        return policy  # a features extractor of the user's: it reads what the space gives
     if policy == "auto":
         if isinstance(obs_space, spaces.Dict):
             return "multi_input"
@@ -301,17 +306,20 @@ def make_policy(obs_space: spaces.Space, action_space: spaces.Space, *,
     encoder ``policy`` names (:func:`resolve_policy`; for ``cnn`` and ``multi_input`` one
     trunk shared by actor and critic unless ``share_features`` is false), then the MLPs."""
     from .actions import check_action_space
-    from .encoders import MultiInputEncoder, image_cnn
+    from .encoders import build_extractor, flat_dict_space
 
     check_action_space(action_space)
     onehot = None
     encoder = critic_encoder = None
     kind = resolve_policy(obs_space, policy)
-    if kind in ("cnn", "multi_input"):
+    if kind != "mlp":  # every extractor through one registry (policies/encoders.py)
+        space = obs_space
+        if kind not in ("cnn", "multi_input") and isinstance(obs_space, spaces.Dict):
+            space = flat_dict_space(obs_space)  # a user's extractor reads the stored vector
+
         def build():
-            if kind == "cnn":
-                return image_cnn(obs_space, tuple(cnn_channels), features_dim)
-            return MultiInputEncoder(obs_space, tuple(cnn_channels))
+            return build_extractor(kind, space, features_dim=features_dim,
+                                   channels=tuple(cnn_channels))
         encoder = build()
         critic_encoder = None if share_features else build()
         obs_dim = encoder.features_dim

@@ -26,13 +26,13 @@ from dataclasses import dataclass
 
 import torch
 
-from ppokit.core.registry import ENV_ADVANTAGES
+from ppokit.core.registry import ENV_ADVANTAGES, AdvantageSpec, Steps
 
 Tensor = torch.Tensor
 
 __all__ = ["Rollout", "ADVANTAGE_ESTIMATORS"]
 
-ADVANTAGE_ESTIMATORS = tuple(ENV_ADVANTAGES.names())  # gae, reward_to_go
+ADVANTAGE_ESTIMATORS = ENV_ADVANTAGES  # a live view: gae, reward_to_go, and any registered
 
 
 @dataclass
@@ -70,9 +70,15 @@ class Rollout:
         if self.advantages is not None:
             raise RuntimeError("advantages are computed once per rollout and then frozen")
         fn = ENV_ADVANTAGES.get(estimator)  # the config value is the registry name
+        steps = Steps(self.rewards, self.values, self.next_values, self.terminated,
+                      self.episode_end)
         with torch.no_grad():
-            adv, ret = fn(self.rewards, self.values, self.next_values, self.terminated,
-                          self.episode_end, gamma, gae_lambda)
+            adv, ret = fn(steps, AdvantageSpec(gamma=gamma, gae_lambda=gae_lambda))
+        adv, ret = torch.as_tensor(adv), torch.as_tensor(ret)
+        if adv.shape != self.rewards.shape or ret.shape != self.rewards.shape:
+            raise ValueError(f"advantage estimator {estimator!r}: expected advantages and "
+                             f"returns of shape {tuple(self.rewards.shape)}, got "
+                             f"{tuple(adv.shape)} and {tuple(ret.shape)}")
         self.advantages, self.returns = adv, ret
 
     def flat(self) -> dict[str, Tensor]:
