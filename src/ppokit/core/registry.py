@@ -76,7 +76,7 @@ class Entry:
 
 class Registry:
     """A name → :class:`Entry` map for functions of one documented signature (its
-    ``signature`` string). Iterating yields the names, sorted, so a registry (or a
+    ``signature`` string, with the tensors' shapes such as ``[T, N]`` or ``[B, L]``). Iterating yields the names, sorted, so a registry (or a
     :meth:`where` view of it) is a configuration's list of allowed values."""
 
     def __init__(self, kind: str, signature: str, *, _items: dict | None = None,
@@ -171,7 +171,8 @@ POLICY_LOSSES = Registry(
 def register_policy_loss(name: str, fn: Callable | None = None, *, help: str = "",  # noqa: A002
                          kl_anchor: str = "none", uses_clip_range: bool = True):
     """Register a policy loss ``fn(spec, logp, logp_old, advantages, mask=None, **agg)``
-    returning a :class:`ppokit.core.PolicyLoss` (decorator or call). ``kl_anchor="old"``:
+    (tensors ``[M]`` or ``[B, L]``, one shape) returning a :class:`ppokit.core.PolicyLoss`
+    (decorator or call). ``kl_anchor="old"``:
     the surrogate of PPO-KL (the trainer adds the penalty to the old policy)."""
     if kl_anchor not in ("none", "old"):
         raise ValueError(f"kl_anchor: expected 'none' or 'old', got {kl_anchor!r}")
@@ -256,9 +257,10 @@ GROUP_ADVANTAGES = ADVANTAGES.where("group advantage estimator",
 def register_advantage_estimator(name: str, fn: Callable | None = None, *,
                                  layout: str = "steps", help: str = "",  # noqa: A002
                                  needs_critic: bool = False, tokens: Callable | None = None):
-    """Register an advantage estimator of ``layout`` ``steps`` (both trainers), ``tokens``
-    or ``groups`` (the token trainer); decorator or call. ``tokens``: a native token
-    implementation of a ``steps`` estimator (same results, faster)."""
+    """Register an advantage estimator of ``layout`` ``steps`` (time-major ``[T, N]``: both
+    trainers), ``tokens`` (``[B, L]``) or ``groups`` (scores ``[B]``) — the token trainer;
+    decorator or call. ``tokens``: a native token implementation of a ``steps`` estimator
+    (same results, faster)."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {', '.join(LAYOUTS)}, got {layout!r}")
     if tokens is not None and layout != "steps":
