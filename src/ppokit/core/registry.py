@@ -76,8 +76,9 @@ class Entry:
 
 class Registry:
     """A name → :class:`Entry` map for functions of one documented signature (its
-    ``signature`` string, with the tensors' shapes such as ``[T, N]`` or ``[B, L]``). Iterating yields the names, sorted, so a registry (or a
-    :meth:`where` view of it) is a configuration's list of allowed values."""
+    ``signature`` string, with the tensors' shapes such as ``[T, N]`` or ``[B, L]``).
+    Iterating yields the names, sorted, so a registry (or a :meth:`where` view of it) is a
+    configuration's list of allowed values."""
 
     def __init__(self, kind: str, signature: str, *, _items: dict | None = None,
                  _pred: Callable[[Entry], bool] | None = None, _parent=None,
