@@ -53,12 +53,12 @@ def test_benchmark_side_runs_in_its_own_process_and_the_table_gives_trl_over_ppo
 
 
 def test_bench_rounds_tabulate_each_figures_median():
-    from ppokit.llm.bench import _median_record, comparison_table
+    from ppokit.llm.bench import comparison_table, median_record
 
     runs = [{"algo": "grpo", "seconds_per_iteration": s, "time_training": s / 2,
              "tokens_per_s_total": 100 / s, "cpu_seconds_per_iteration": s}
             for s in (1.0, 3.0, 1.5)]
-    m = _median_record(runs)
+    m = median_record(runs)
     assert m["algo"] == "grpo" and m["seconds_per_iteration"] == 1.5
     assert m["time_training"] == 0.75 and m["tokens_per_s_total"] == 100 / 1.5
     trl = {**m, "seconds_per_iteration": 3.0, "completion_tokens_per_iteration": 100}

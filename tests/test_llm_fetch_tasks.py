@@ -211,7 +211,7 @@ def test_flop_count_and_fractions_of_peak():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from ppokit.llm.bench_real import _fractions, matmul_peak_gflops, token_flops
-    from ppokit.llm.trainer import wrap_lora
+    from ppokit.llm.models import wrap_lora
 
     cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)

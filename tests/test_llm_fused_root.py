@@ -147,9 +147,9 @@ def test_sampler_steps_with_a_root_equal_the_whole_sequence_pass(tok):
     pos = position_ids_from_mask(mask)
     with torch.no_grad():
         s = fused.FusedSampler(model, ids.shape[1], ids.device)
-        from ppokit.llm.rollout import _distinct_prompts
+        from ppokit.llm.positions import distinct_prompts
 
-        first, rows = _distinct_prompts(ids[:, :p], mask[:, :p])
+        first, rows = distinct_prompts(ids[:, :p], mask[:, :p])
         out = [s.prefill(ids[first, :p], mask[first, :p], rows)]
         for j in range(p, ids.shape[1] - 1):
             out.append(s.step(ids[:, j], pos[:, j], mask[:, j].bool()))

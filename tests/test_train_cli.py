@@ -47,7 +47,7 @@ def test_progress_bar_keeps_its_fields_at_80_columns(tmp_path):
     from rich.console import Console
 
     from ppokit.algos import Trainer, resolve_config
-    from ppokit.commands.train import _train_with_progress
+    from ppokit.algos.progress import train_with_progress
 
     for width in (80, 132):
         buf = io.StringIO()
@@ -56,7 +56,7 @@ def test_progress_bar_keeps_its_fields_at_80_columns(tmp_path):
                                         "batch_size": 64},
                              flags={"total_timesteps": 512})
         tr = Trainer(cfg, tmp_path / f"w{width}", log=lambda m: None)
-        _train_with_progress(tr, console=con)
+        train_with_progress(tr, console=con)
         tr.close()
         last = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", buf.getvalue()).split("\r")[-1].strip()
         assert "…" not in last and len(last) <= width, last

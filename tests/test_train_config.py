@@ -79,12 +79,12 @@ def test_cli_bad_values_exit_2_with_one_line(argv, msg, capsys, tmp_path):
 
 
 def test_toml_config_file(tmp_path):
-    from ppokit.commands.train import _read_toml
+    from ppokit.cliutil import read_toml
 
     f = tmp_path / "c.toml"
     f.write_text('gamma = 0.95\nnet_arch = [32, 32]\nclip_range_vf = 0.2\n')
-    c = resolve_config(toml_values=_read_toml(str(f)))
+    c = resolve_config(toml_values=read_toml(str(f), "train"))
     assert (c.gamma, c.net_arch, c.clip_range_vf) == (0.95, (32, 32), 0.2)
     f.write_text('gamma = "high"\n')
     with pytest.raises(UsageError, match="^gamma:"):
-        resolve_config(toml_values=_read_toml(str(f)))
+        resolve_config(toml_values=read_toml(str(f), "train"))

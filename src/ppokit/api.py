@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from ppokit.cliutil import check_callbacks
 from ppokit.errors import UsageError
 
 __all__ = ["Agent", "train", "load"]
@@ -68,22 +69,6 @@ def _env_arg(env: Any) -> tuple[Any, str, str]:
                      f"{type(env).__name__}")
 
 
-def check_callbacks(callbacks: Any, shape: str = "(metrics, agent) -> bool | None"
-                    ) -> tuple[Callable, ...]:
-    """``callbacks`` as a tuple of functions (one function alone is allowed); anything else
-    is a :class:`UsageError` naming the argument and the expected ``shape``."""
-    if callable(callbacks):
-        callbacks = (callbacks,)
-    if isinstance(callbacks, (str, bytes)) or not isinstance(callbacks, Iterable):
-        raise UsageError(f"callbacks: expected a sequence of functions {shape}, got "
-                         f"{type(callbacks).__name__}")
-    out = tuple(callbacks)
-    for cb in out:
-        if not callable(cb):
-            raise UsageError(f"callbacks: expected functions, got {type(cb).__name__}")
-    return out
-
-
 def _check_progress(progress: Any) -> bool:
     if progress is None:
         return sys.stderr.isatty()
@@ -101,13 +86,13 @@ def _check_path(value: Any, name: str) -> Path:
 
 def _resolve(env_id: str, algo: Any, total_steps: Any, env_kwargs: Any, env_source: str,
              config: dict, maker: Any = None):
-    from ppokit.algos.config import _unknown_key, resolve_config, valid_keys
+    from ppokit.algos.config import resolve_config, unknown_key, valid_keys
 
     for k in config:
         if k not in valid_keys() or k in _RENAMED:
             if k in _RENAMED:
                 raise UsageError(f"{k}: pass it as {_RENAMED[k]}=")
-            raise _unknown_key(k, "ppokit.train")
+            raise unknown_key(k, "ppokit.train")
     overrides = dict(config)
     for key, value in (("algo", algo), ("total_timesteps", total_steps),
                        ("env_kwargs", env_kwargs)):
@@ -390,9 +375,9 @@ class Agent:
             # reaches the caller and the agent is still usable (learn continues it)
             with GracefulStop(_log) as stop:
                 if show:
-                    from ppokit.commands.train import _train_with_progress
+                    from ppokit.algos.progress import train_with_progress
 
-                    _train_with_progress(tr, stop, on_iteration=on_iteration)
+                    train_with_progress(tr, stop, on_iteration=on_iteration)
                 else:
                     tr.train(on_iteration, stop=stop)
         except Interrupted as exc:
@@ -451,7 +436,7 @@ class Agent:
         if self._trainer is not None:
             self._trainer.close()
             self._trainer = None
-            from ppokit.algos.trainer import load_run_checkpoint
+            from ppokit.algos.runs import load_run_checkpoint
 
             _, tensors, arrays, st = load_run_checkpoint(self.run_dir)
             self._checkpoint = (tensors, arrays, st)
@@ -616,7 +601,7 @@ def load(path: str | os.PathLike, env=None, *, best: bool = False) -> Agent:
     policy the evaluations during training kept (``best/``); its ``learn`` continues the
     run itself, from the newest checkpoint."""
     from ppokit.algos.evaluate import policy_from_checkpoint
-    from ppokit.algos.trainer import load_run_checkpoint
+    from ppokit.algos.runs import load_run_checkpoint
     from ppokit.envs.source import env_for_run
     from ppokit.io.spaces import SpaceDataError, spaces_from_state
 

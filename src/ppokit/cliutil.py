@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ppokit.errors import UsageError
@@ -107,3 +108,33 @@ def to_toml(values: dict[str, Any], header: str = "") -> str:
     lines = [f"# {h}" for h in header.splitlines()]
     lines += [f"{k} = {_toml_value(v)}" for k, v in values.items()]
     return "\n".join(lines) + "\n"
+
+
+def parse_env_kwargs(text: str | None, flag: str = "--env-kwargs") -> dict | None:
+    """``--env-kwargs``: a JSON object (``None`` when not given)."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        value = None
+    if not isinstance(value, dict):
+        raise UsageError(f"{flag}: expected a JSON object such as '{{\"size\": 8}}', "
+                         f"got {text[:60]!r}")
+    return value
+
+
+def check_callbacks(callbacks: Any, shape: str = "(metrics, agent) -> bool | None"
+                    ) -> tuple[Callable, ...]:
+    """``callbacks`` as a tuple of functions (one function alone is allowed); anything else
+    is a :class:`UsageError` naming the argument and the expected ``shape``."""
+    if callable(callbacks):
+        callbacks = (callbacks,)
+    if isinstance(callbacks, (str, bytes)) or not isinstance(callbacks, Iterable):
+        raise UsageError(f"callbacks: expected a sequence of functions {shape}, got "
+                         f"{type(callbacks).__name__}")
+    out = tuple(callbacks)
+    for cb in out:
+        if not callable(cb):
+            raise UsageError(f"callbacks: expected functions, got {type(cb).__name__}")
+    return out

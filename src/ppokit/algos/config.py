@@ -31,7 +31,7 @@ from ppokit.policies.encoders import POLICIES
 __all__ = ["TrainConfig", "ALGORITHMS", "ENV_PRESETS", "ATARI_PRESET", "MINATAR_PRESET",
            "env_preset",
            "resolve_config", "config_help",
-           "parse_value", "config_from_dict", "LIMITS", "SEED_MAX", "FLAGS",
+           "parse_value", "parse_sets", "config_from_dict", "LIMITS", "SEED_MAX", "FLAGS",
            "available_memory", "estimate_memory", "check_memory", "max_torch_threads"]
 
 
@@ -627,7 +627,7 @@ def _suggest(key: Any) -> str | None:
     return close[0] if close else None
 
 
-def _unknown_key(key: Any, where: str = "") -> UsageError:
+def unknown_key(key: Any, where: str = "") -> UsageError:
     hint = _suggest(key)
     msg = f"{where + ': ' if where else ''}unknown key {_brief(key)}"
     if hint:
@@ -635,11 +635,23 @@ def _unknown_key(key: Any, where: str = "") -> UsageError:
     return UsageError(msg + f" (valid keys: {', '.join(valid_keys())})")
 
 
+def parse_sets(items: list[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE ...`` as ``{key: value}``, each value of its field's type."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise UsageError(f"--set: expected KEY=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        k = k.strip()
+        out[k] = parse_value(k, v)
+    return out
+
+
 def parse_value(key: str, text: str) -> Any:
     """Convert the string ``text`` to the type of config field ``key``."""
     hints = get_type_hints(TrainConfig)
     if key not in hints:
-        raise _unknown_key(key, "--set")
+        raise unknown_key(key, "--set")
     t = hints[key]
     s = text.strip()
     try:
@@ -679,7 +691,7 @@ def parse_value(key: str, text: str) -> Any:
 def _coerce(key: str, value: Any) -> Any:
     hints = get_type_hints(TrainConfig)
     if key not in hints:
-        raise _unknown_key(key)
+        raise unknown_key(key)
     t = hints[key]
     if key == "net_arch" and isinstance(value, list):
         return tuple(value)
@@ -734,7 +746,7 @@ def resolve_config(*, env_id: str | None = None, algo: str | None = None,
     for where, src in (("--config", toml_values), ("--set", overrides), ("flags", flags)):
         for k in src:
             if k not in valid_keys():
-                raise _unknown_key(k, where)
+                raise unknown_key(k, where)
     try:
         return _resolve(env_id, algo, toml_values, overrides, flags)
     except UsageError as exc:

@@ -10,11 +10,11 @@ import torch
 from ppokit.envs import ObsNormalizer, env_for_run, make_vec
 from ppokit.envs.checked import label_of
 from ppokit.errors import UsageError, UserCodeError
-from ppokit.policies import is_recurrent, policy_for_config
-from ppokit.policies.actions import env_actions
+from ppokit.policies import policy_for_config
 
+from .acting import Memory, new_memory, policy_actions  # noqa: F401 (re-exported)
 from .config import TrainConfig
-from .trainer import load_run_checkpoint
+from .runs import load_run_checkpoint
 
 # steps of one evaluation episode: an environment without an end is an error, not a hang
 MAX_EPISODE_STEPS = 10**6
@@ -58,43 +58,6 @@ def policy_from_checkpoint(cfg: TrainConfig, tensors: dict, arrays: dict, maker,
                          f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
     policy.eval()
     return policy, norm, (obs_space, act_space)
-
-
-class Memory:
-    """The state of a recurrent policy playing ``n`` episodes side by side: ``state`` (the
-    actor's ``(h, c)``) and ``episode_start`` (``[n]`` bool: the next observation begins an
-    episode, so it is seen with the zero state). A caller that resets an env sets its row
-    of ``episode_start``; :func:`policy_actions` clears it after the step."""
-
-    def __init__(self, policy, n: int):
-        self.state = policy.actor_state(policy.initial_state(n))
-        self.episode_start = np.ones(n, bool)
-
-
-def new_memory(policy, n: int) -> Memory | None:
-    """A :class:`Memory` of ``n`` rows for a recurrent policy, ``None`` for the others."""
-    return Memory(policy, n) if is_recurrent(policy) else None
-
-
-def policy_actions(policy, obs, space, obs_norm, deterministic: bool, gen,
-                   memory: Memory | None = None) -> np.ndarray:
-    """Actions ``[n, *space.shape]`` of ``policy`` for a batch of raw observations
-    ``[n, ...]``: the run's normalisation applied, the most likely / mean action or a
-    sample, as actions of ``space`` (:func:`ppokit.policies.actions.env_actions`: start
-    offsets added, Box actions clipped; the one place evaluation and video recording
-    take actions).
-    A recurrent policy needs its ``memory`` (:func:`new_memory`), which is carried on."""
-    o = obs if obs_norm is None else obs_norm(obs)
-    o = torch.as_tensor(np.asarray(o, np.float32))
-    if is_recurrent(policy):
-        if memory is None:
-            raise ValueError("memory: a recurrent policy needs its state (new_memory)")
-        a, memory.state = policy.predict(o, memory.state, memory.episode_start,
-                                         deterministic, gen)
-        memory.episode_start[:] = False
-    else:
-        a = policy.deterministic_action(o) if deterministic else policy.act(o, gen)[0]
-    return env_actions(a.numpy(), space)
 
 
 def evaluate_policy(policy, cfg: TrainConfig, *, episodes: int = 10, seed: int = 0,

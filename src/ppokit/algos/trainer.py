@@ -89,19 +89,19 @@ from ppokit.io.rundir import RunDir, fail_run, fail_start
 from ppokit.io.signals import GracefulStop, Interrupted
 from ppokit.io.spaces import recorded_spaces
 from ppokit.io.tracking import check_tracker, make_tracker
-from ppokit.plugins import reading_run, require
+from ppokit.plugins import require
 from ppokit.policies import is_recurrent, policy_for_config
 from ppokit.rollout import Collector, RecurrentCollector, Rollout, recurrent_forward
 
-from .config import TrainConfig, check_memory, config_from_dict
+from .config import TrainConfig, check_memory
 from .optim import Adam
+from .runs import BEST_DIR, load_run_checkpoint, load_run_config  # noqa: F401 (re-exported)
 
 _SCALAR_NAME = re.compile(r"[A-Za-z0-9_./-]{1,100}")
 
 __all__ = ["Trainer", "load_run_config", "load_run_checkpoint", "RETURN_WINDOW"]
 
 RETURN_WINDOW = 100  # finished training episodes in the summary's mean return (as SB3)
-BEST_DIR = "best"  # the best policy of the evaluations during training (a checkpoint root)
 EVAL_SEED_OFFSET = 3_000_000  # evaluations during training: episode seeds seed + this + k
 
 
@@ -124,34 +124,6 @@ def update_spec(c: TrainConfig) -> UpdateSpec:
         minibatch_size=c.minibatch_size, grad_accum=1,
         normalize_advantage=c.normalize_advantage,
         advantage_norm_scope=c.advantage_norm_scope)
-
-
-def load_run_checkpoint(run_dir: str | Path, log: Callable[[str], None] | None = None,
-                        *, best: bool = False) -> tuple[TrainConfig, dict, dict, dict]:
-    """``(config, tensors, arrays, state)`` of a run's newest intact checkpoint (``best``:
-    of the best policy the evaluations during training kept, ``best/``). The config is the
-    checkpoint's own (verified with it), never ``config.json``, which is a copy for people
-    to read."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise UsageError(f"RUN_DIR: no such run directory {str(run_dir)!r}")
-    if best and not (run_dir / BEST_DIR).is_dir():
-        raise UsageError(f"--best: {run_dir} has no best/ policy (it is kept when the run "
-                         "evaluates during training: eval_every > 0)")
-    ckpt, damaged = find_checkpoint(run_dir / (BEST_DIR if best else "checkpoints"), log=log)
-    if ckpt is None:
-        raise UsageError(no_checkpoint_message(run_dir, damaged))
-    tensors, arrays, st = load_checkpoint(ckpt)
-    if not isinstance(st.get("config"), dict):
-        raise UsageError(f"run dir: checkpoint {ckpt} holds no configuration")
-    with reading_run():  # a loss or estimator of the user's is needed to train, not to read
-        cfg = config_from_dict(st["config"])
-    return cfg, tensors, arrays, st
-
-
-def load_run_config(run_dir: str | Path) -> TrainConfig:
-    """The configuration a run's newest intact checkpoint was trained with."""
-    return load_run_checkpoint(run_dir)[0]
 
 
 class Trainer:

@@ -28,7 +28,7 @@ from gymnasium import spaces
 
 from ppokit.errors import UsageError
 
-from .evaluate import new_memory, policy_actions
+from .acting import new_memory, policy_actions
 
 __all__ = ["NAME_PREFIX", "check_video_dir", "require_video_extra", "record_episodes"]
 

@@ -65,9 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "the language-model run's configuration (with --lm / --model: the flags of "
         "ppokit llm train, --config FILE.toml and --set KEY=VALUE)")
-    from ppokit.llm.cli import _add_config_arguments
+    from ppokit.llm.cli import add_config_arguments
 
-    _add_config_arguments(group, skip=("model", "seed"), epilog=False)
+    add_config_arguments(group, skip=("model", "seed"), epilog=False)
 
 
 def _env_report(args):
@@ -170,9 +170,9 @@ def _lm_config(args):
     """The run's configuration from the ``ppokit llm train`` flags given to ``check``, or
     None when none was given and no model is checked; an error when flags come without
     ``--lm`` / ``--model``."""
-    from ppokit.llm.cli import _config_from_args, _flag_values
+    from ppokit.llm.cli import config_from_args, flag_values
 
-    given = {k for k in _flag_values(args) if k not in ("model", "seed")}
+    given = {k for k in flag_values(args) if k not in ("model", "seed")}
     given |= {"--set"} if args.sets else set()
     given |= {"--config"} if args.config_file else set()
     if not (args.model or args.lm) or args.no_config:
@@ -184,7 +184,7 @@ def _lm_config(args):
         return None
     if args.lm_prompts < 1:
         raise UsageError(f"--lm-prompts: expected an integer >= 1, got {args.lm_prompts}")
-    cfg = _config_from_args(args)
+    cfg = config_from_args(args)
     try:  # every field valid before any work (one sample per group is a finding, later)
         cfg.resolved()
     except UsageError as exc:
@@ -231,9 +231,9 @@ def run(args: argparse.Namespace) -> int:
             for code, desc in codes.items():
                 print(f"  {code:30s} {desc}")
         return 0
-    from ppokit.commands.train import _parse_env_kwargs
+    from ppokit.cliutil import parse_env_kwargs
 
-    args.parsed_env_kwargs = _parse_env_kwargs(args.env_kwargs)
+    args.parsed_env_kwargs = parse_env_kwargs(args.env_kwargs)
     if args.parsed_env_kwargs is not None and (args.env is None or args.run_dir):
         raise UsageError("--env-kwargs: only with --env ID and no RUN_DIR (a run directory "
                          "keeps its own)")

@@ -239,8 +239,8 @@ def run_config_checks(cfg, model, tokenizer, *, reward_fn=None, prompts: int = 8
     :class:`ppokit.llm.config.LLMConfig`: the preset is applied here, so that a field the
     preset cannot accept is a finding, not an error), starting from ``model``."""
     from ppokit.llm.config import prompt_sets
+    from ppokit.llm.reward_setup import reward_set
     from ppokit.llm.task import make_task
-    from ppokit.llm.trainer import reward_set
 
     log = log or (lambda *a: None)
     group = check_group_size(cfg)

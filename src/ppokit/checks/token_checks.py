@@ -73,9 +73,9 @@ def _logprobs_native(model, input_ids, attention_mask):
 
 def default_prompts(tokenizer) -> list[str]:
     """Prompts of different lengths (so left padding occurs) in the tokenizer's alphabet."""
-    from ppokit.llm.models import _is_builtin
+    from ppokit.llm.models import is_builtin
 
-    if _is_builtin(tokenizer):
+    if is_builtin(tokenizer):
         return ["381>", "90417>", "5>", "662014>", "27>", "1234>"]
     return ["Hello", "The weather today is", "1 2 3", "Once upon a time there was a",
             "Q:", "A list of colours: red, green,"]

@@ -23,8 +23,6 @@ from pathlib import Path
 
 from ppokit.errors import UsageError
 
-from .train import _parse_env_kwargs, _parse_sets, _read_toml
-
 __all__ = ["parse_seeds", "run_seeds", "resume_seeds", "is_seeds_dir", "MAX_SEEDS",
            "MAX_SEED", "SEEDS_FILE"]
 
@@ -140,6 +138,8 @@ def run_seeds(args: argparse.Namespace) -> int:
     """Train each seed in its own ``ppokit train`` process (``--backend ray``: a Ray task),
     ``--parallel`` at a time."""
     from ppokit.algos import resolve_config
+    from ppokit.algos.config import parse_sets
+    from ppokit.cliutil import parse_env_kwargs, read_toml
 
     if args.seed is not None or args.resume:
         raise UsageError("--seeds cannot be combined with --seed or --resume (a stopped "
@@ -154,10 +154,10 @@ def run_seeds(args: argparse.Namespace) -> int:
         raise UsageError(f"--eval-episodes: expected an integer in [0, 1000000], got "
                          f"{args.eval_episodes}")
     flags = {"env_id": args.env_id, "algo": args.algo, "total_timesteps": args.total_timesteps,
-             "n_envs": args.n_envs, "env_kwargs": _parse_env_kwargs(args.env_kwargs),
+             "n_envs": args.n_envs, "env_kwargs": parse_env_kwargs(args.env_kwargs),
              "track": args.track}
-    toml_values = _read_toml(args.config) if args.config else {}
-    cfg = resolve_config(toml_values=toml_values, overrides=_parse_sets(args.sets),
+    toml_values = read_toml(args.config, "train") if args.config else {}
+    cfg = resolve_config(toml_values=toml_values, overrides=parse_sets(args.sets),
                          flags=flags)  # validates everything once, before any process starts
     from ppokit.envs.source import import_env_module
 
@@ -314,6 +314,14 @@ def _run_local(plan: _Plan, todo: list[int], states: dict[int, str], parallel: i
     return failed, sig.signum
 
 
+def train_main(argv: list[str]) -> int:
+    """``ppokit train ARGV`` in this process (a Ray task's entry: the command line's own
+    error handling, one line and an exit status)."""
+    from ppokit.cli import main
+
+    return main(["train", *argv])
+
+
 def _run_on_ray(plan: _Plan, todo: list[int], states: dict[int, str], parallel: int,
                 ray) -> tuple[list[int], int | None]:
     """Each seed a Ray task (:func:`ppokit.distributed.tasks.train_task`), ``parallel`` at
@@ -351,7 +359,7 @@ def _run_on_ray(plan: _Plan, todo: list[int], states: dict[int, str], parallel: 
                 s = pending.pop(0)
                 resume = states[s] == "started"
                 archive = pack_run(root / f"s{s}") if resume else None
-                running[task.remote(plan.seed_args(s, resume, RUN_DIR, CONFIG),
+                running[task.remote(train_main, plan.seed_args(s, resume, RUN_DIR, CONFIG),
                                     plan.env_named, toml_text, archive, stop_flag)] = s
             if not running:
                 continue

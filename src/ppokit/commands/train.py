@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from ppokit.cliutil import int_arg as _int
-from ppokit.cliutil import read_toml
+from ppokit.cliutil import parse_env_kwargs, read_toml
 from ppokit.errors import UsageError
 
 
@@ -65,40 +65,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no live progress bar")
 
 
-def _read_toml(path: str) -> dict:
-    return read_toml(path, "train")  # an optional [train] table
-
-
-def _parse_env_kwargs(text: str | None) -> dict | None:
-    import json
-
-    if text is None:
-        return None
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError):
-        value = None
-    if not isinstance(value, dict):
-        raise UsageError(f"--env-kwargs: expected a JSON object such as '{{\"size\": 8}}', "
-                         f"got {text[:60]!r}")
-    return value
-
-
-def _parse_sets(items: list[str]) -> dict:
-    from ppokit.algos.config import parse_value
-
-    out = {}
-    for item in items:
-        if "=" not in item:
-            raise UsageError(f"--set: expected KEY=VALUE, got {item!r}")
-        k, v = item.split("=", 1)
-        k = k.strip()
-        out[k] = parse_value(k, v)
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
     from ppokit.algos import Trainer, load_run_config, resolve_config
+    from ppokit.algos.config import parse_sets
+    from ppokit.algos.progress import train_with_progress
     from ppokit.io import GracefulStop, Interrupted, unique_run_dir
     from ppokit.plugins import import_modules
 
@@ -119,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
 
     flags = {"env_id": args.env_id, "algo": args.algo, "total_timesteps": args.total_timesteps,
              "seed": args.seed, "n_envs": args.n_envs,
-             "env_kwargs": _parse_env_kwargs(args.env_kwargs), "track": args.track}
+             "env_kwargs": parse_env_kwargs(args.env_kwargs), "track": args.track}
     fresh = False
     if args.resume:
         if any(v is not None for k, v in flags.items() if k != "env_id") or args.sets \
@@ -144,8 +114,8 @@ def run(args: argparse.Namespace) -> int:
         # checkpoint says so
         env = env_for_run(cfg.env_id, cfg.env_source, args.env_id, "--resume")
     else:
-        toml_values = _read_toml(args.config) if args.config else {}
-        cfg = resolve_config(toml_values=toml_values, overrides=_parse_sets(args.sets),
+        toml_values = read_toml(args.config, "train") if args.config else {}
+        cfg = resolve_config(toml_values=toml_values, overrides=parse_sets(args.sets),
                              flags=flags)
         env = import_env_module(cfg.env_id, "--env")  # named on the command line
         if args.run_dir:
@@ -163,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         with GracefulStop(log) as stop:
             try:
                 if show:
-                    _train_with_progress(trainer, stop)
+                    train_with_progress(trainer, stop)
                 else:
                     trainer.train(stop=stop)
             except Interrupted as exc:
@@ -225,61 +195,3 @@ def _say_if_collapsed(run_dir: Path, log) -> None:
             f"{s['tail_median']:g} (median of the last {s['tail_points']} iterations with "
             f"episodes): the final policy is not the best this run had. Details: ppokit "
             f"report {run_dir}; eval_every keeps the best policy in best/.")
-
-
-def _fmt(v, spec: str) -> str:
-    return "-" if v is None else format(v, spec)
-
-
-def _progress_columns(width: int) -> tuple[list, bool]:
-    """The bar's columns for a terminal ``width`` columns wide; the second value says
-    whether the compact layout (for about 80 columns) was chosen."""
-    from rich.progress import BarColumn, TextColumn, TimeRemainingColumn
-
-    if width >= 110:
-        return [TextColumn("[bold]{task.description}"), BarColumn(),
-                TextColumn("{task.completed:>9,.0f}/{task.total:,.0f} steps"),
-                TextColumn("{task.fields[info]}"), TimeRemainingColumn(),
-                TextColumn("left")], False
-    return [TextColumn("[bold]{task.fields[short]}"), BarColumn(bar_width=10),
-            TextColumn("{task.percentage:>3.0f}%"), TextColumn("{task.fields[info]}"),
-            TimeRemainingColumn(), TextColumn("left")], True
-
-
-def _info(r: dict, mean_return, compact: bool, games: bool = False) -> str:
-    """The progress bar's figures; ``games``: the return is the game score (Atari)."""
-    if compact:
-        sps = r["sps"]
-        rate = "-" if sps is None else (f"{sps / 1000:.1f}k/s" if sps >= 1000
-                                        else f"{sps:.0f}/s")
-        return (f"{'score' if games else 'ret'} {_fmt(mean_return, '.1f')} "
-                f"kl {_fmt(r['approx_kl'], '.4f')} "
-                f"clip {_fmt(r['clipfrac'], '.3f')} {rate}")
-    return (f"{_fmt(r['sps'], '.0f')} sps  {'game score' if games else 'return'} "
-            f"{_fmt(mean_return, '.1f')}"
-            f"  kl {_fmt(r['approx_kl'], '.4f')}  clip {_fmt(r['clipfrac'], '.3f')}")
-
-
-def _train_with_progress(trainer, stop=None, on_iteration=None, console=None) -> None:
-    """``trainer.train`` with a live progress bar (steps done, the latest figures, and the
-    estimated time left; a compact layout on terminals narrower than 110 columns);
-    ``on_iteration`` runs after the bar's update and its result is passed on (a callback
-    may stop training)."""
-    from rich.console import Console
-    from rich.progress import Progress
-
-    console = console or Console(stderr=True)
-    cols, compact = _progress_columns(console.width)
-    total = trainer.cfg.num_iterations * trainer.cfg.rollout_size
-    with Progress(*cols, console=console, transient=False) as prog:
-        task = prog.add_task(f"{trainer.cfg.algo} {trainer.cfg.env_id}", total=total,
-                             completed=trainer.global_step, info="",
-                             short=trainer.cfg.env_id[:24])
-
-        def on_iter(r: dict) -> None:
-            prog.update(task, completed=r["global_step"],
-                        info=_info(r, trainer.mean_recent_return, compact,
-                                  trainer.reports_games))
-            return on_iteration(r) if on_iteration is not None else None
-
-        trainer.train(on_iter, stop=stop)

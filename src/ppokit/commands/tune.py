@@ -126,7 +126,7 @@ def read_search(path: str) -> SearchSpace:
 def parse_search(data: dict, where: str) -> SearchSpace:
     """Check the tables of a search file (``data``: its parsed TOML); every problem is one
     :class:`UsageError` line starting with ``where``."""
-    from ppokit.algos.config import TrainConfig, _unknown_key, valid_keys
+    from ppokit.algos.config import TrainConfig, unknown_key, valid_keys
 
     if not isinstance(data, dict):
         raise UsageError(f"{where}: expected tables [search], [fixed], [tune]")
@@ -149,7 +149,7 @@ def parse_search(data: dict, where: str) -> SearchSpace:
     for name in ("search", "fixed"):
         for k in tables[name]:
             if k not in valid_keys():
-                raise UsageError(f"{where}: [{name}] " + str(_unknown_key(k)))
+                raise UsageError(f"{where}: [{name}] " + str(unknown_key(k)))
     both = sorted(set(tables["search"]) & set(tables["fixed"]))
     if both:
         raise UsageError(f"{where}: {both[0]!r} is both searched and fixed")
@@ -449,7 +449,7 @@ def _ray_trial(cfg_dict, env_named, episodes, number, coord, stop_flag=None
 
     import ray
 
-    from ppokit.distributed.tasks import _watch_stop_flag, pack_run
+    from ppokit.distributed.tasks import pack_run, watch_stop_flag
     from ppokit.io import GracefulStop, Interrupted
     from ppokit.io.signals import clear_stop_request
 
@@ -459,7 +459,7 @@ def _ray_trial(cfg_dict, env_named, episodes, number, coord, stop_flag=None
     done = threading.Event()
     clear_stop_request()
     if stop_flag is not None:
-        threading.Thread(target=_watch_stop_flag, args=(stop_flag, done), daemon=True).start()
+        threading.Thread(target=watch_stop_flag, args=(stop_flag, done), daemon=True).start()
     with tempfile.TemporaryDirectory(prefix="ppokit-trial-") as tmp:
         d = os.path.join(tmp, "trial")
         try:
@@ -554,9 +554,7 @@ def _settings_from_args(args) -> dict[str, Any]:
     """What a search runs, from the command line: the search file's and the --config
     file's contents (so that a restart reads neither file again), the --set items, the
     flags and the trial settings. Saved as the tuning directory's ``tune.json``."""
-    from ppokit.cliutil import load_toml
-
-    from .train import _read_toml
+    from ppokit.cliutil import load_toml, read_toml
 
     if args.search is None:
         raise UsageError("--search: required (the search space), or --resume DIR to "
@@ -564,7 +562,7 @@ def _settings_from_args(args) -> dict[str, Any]:
     flags = {"env_id": args.env_id, "algo": args.algo,
              "total_timesteps": args.total_timesteps, "seed": args.seed}
     return _plain({"format": SETTINGS_FORMAT, "search": load_toml(args.search, "--search"),
-                   "config": _read_toml(args.config) if args.config else {},
+                   "config": read_toml(args.config, "train") if args.config else {},
                    "sets": list(args.sets),
                    "flags": {k: v for k, v in flags.items() if v is not None},
                    **{k: DEFAULTS[k] if getattr(args, k) is None else getattr(args, k)
@@ -596,8 +594,7 @@ def _study_setup(st: dict[str, Any], where: str) -> tuple[SearchSpace, dict, Any
     """``(space, base, cfg0)`` of the settings ``st`` (from the command line or from a
     tuning directory's ``tune.json``: checked the same way)."""
     from ppokit.algos import resolve_config
-
-    from .train import _parse_sets
+    from ppokit.algos.config import parse_sets
 
     try:
         trials, episodes = st["trials"], st["eval_episodes"]
@@ -622,7 +619,7 @@ def _study_setup(st: dict[str, Any], where: str) -> tuple[SearchSpace, dict, Any
     space = parse_search(search, where)
     t = space.tune
     overrides = {"eval_every": t["eval_every"], "eval_episodes": t["eval_episodes"],
-                 "tensorboard": False, **space.fixed, **_parse_sets(sets)}
+                 "tensorboard": False, **space.fixed, **parse_sets(sets)}
     base = {"toml_values": toml_values, "overrides": overrides, "flags": flags}
     try:
         cfg0 = resolve_config(**base)

@@ -74,7 +74,7 @@ class BaselineVariance:
         return self.var_baseline / self.var_no_baseline
 
 
-def _actions(u: np.ndarray, pi0: np.ndarray) -> np.ndarray:
+def choice_actions(u: np.ndarray, pi0: np.ndarray) -> np.ndarray:
     """What ``Generator.choice(2, p=[π0, 1−π0])`` returns for the uniform ``u``."""
     return (u >= pi0).astype(np.int64)
 
@@ -85,7 +85,7 @@ def baseline_variance(seed: int = 0, draws: int = 2000) -> BaselineVariance:
     pi = np.array([0.5, 0.5])
     b = float((pi * p).sum())
     u = np.random.default_rng(seed).random(2 * draws).reshape(draws, 2)
-    a = _actions(u[:, 0], pi[0] / (pi[0] + pi[1]))
+    a = choice_actions(u[:, 0], pi[0] / (pi[0] + pi[1]))
     r = (u[:, 1] < p[a]).astype(np.float64)
     g = np.eye(2)[a] - pi  # ∇ log softmax at the taken action
     g_nob = g * r[:, None]
@@ -130,7 +130,7 @@ def offset_trajectories(seeds, use_baseline: bool, *, offset: float = 5.0, eta: 
 
     for t in range(steps):
         pi = softmax(theta)
-        a = _actions(u[:, t, 0], pi[:, 0] / (pi[:, 0] + pi[:, 1]))
+        a = choice_actions(u[:, t, 0], pi[:, 0] / (pi[:, 0] + pi[:, 1]))
         r = (u[:, t, 1] < p[a]).astype(np.float64) + offset
         base = (pi * p).sum(axis=1) + offset if use_baseline else 0.0
         adv = r - base

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._table import fmt, table, title
-from .baseline import _actions
+from .baseline import choice_actions
 from .optimal_baseline import estimator_moments
 
 __all__ = ["P_SUCCESS", "MODES", "BaselineRuns", "reinforce_runs", "Tracking",
@@ -80,7 +80,7 @@ def reinforce_runs(seeds, mode: str, *, offset: float = 5.0, eta: float = 0.1,
     out = {k: np.empty((n, steps)) for k in ("pi", "b", "v", "err", "var")}
     for t in range(steps):
         pi = _softmax(theta)
-        a = _actions(u[:, t, 0], pi[:, 0] / (pi[:, 0] + pi[:, 1]))
+        a = choice_actions(u[:, t, 0], pi[:, 0] / (pi[:, 0] + pi[:, 1]))
         r = (u[:, t, 1] < p[a]).astype(np.float64) + offset
         target = (pi * p).sum(axis=1) + offset
         base = {"none": np.zeros(n), "exact": target, "learned": v_hat}[mode]

@@ -28,7 +28,7 @@ class Finding:
 MAX_POINTS = 12
 
 
-def _evidence(table: MetricsTable, metric: str, pos: np.ndarray, values: np.ndarray,
+def evidence(table: MetricsTable, metric: str, pos: np.ndarray, values: np.ndarray,
               **summary) -> dict:
     """Evidence for one metric: at most ``MAX_POINTS`` evenly spaced (iteration, value) pairs
     of the window the rule looked at, plus the summary figures it used."""
@@ -40,18 +40,18 @@ def _evidence(table: MetricsTable, metric: str, pos: np.ndarray, values: np.ndar
     return {
         "metric": metric,
         "iterations": [int(table.labels[p]) for p in pos],
-        "values": [_round(v) for v in values],
-        "summary": {k: _round(v) if isinstance(v, float) else v for k, v in summary.items()},
+        "values": [round_figure(v) for v in values],
+        "summary": {k: round_figure(v) if isinstance(v, float) else v for k, v in summary.items()},
     }
 
 
-def _round(v: float) -> float | None:
+def round_figure(v: float) -> float | None:
     """6 significant digits; None for a value that is not finite (keeps the JSON strict)."""
     v = float(v)
     return float(f"{v:.6g}") if np.isfinite(v) else None
 
 
-def _iters(table: MetricsTable, pos: np.ndarray) -> str:
+def iteration_numbers(table: MetricsTable, pos: np.ndarray) -> str:
     if len(pos) == 0:
         return "-"
     return f"{table.labels[pos[0]]}–{table.labels[pos[-1]]}"

@@ -30,16 +30,12 @@ truncated share (``truncation-high``) are in :mod:`ppokit.diagnose.rules`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from .finding import Finding, _evidence
+from .finding import Finding, evidence
 from .metrics import MetricsTable
+from .thresholds import Thresholds
 from .trend import spearman, thirds
-
-if TYPE_CHECKING:
-    from .rules import Thresholds
 
 __all__ = ["is_lm_run", "start_end", "LM_RULES"]
 
@@ -75,7 +71,7 @@ def _score_improved(table: MetricsTable, th: Thresholds) -> tuple[bool, dict | N
     s0, s1 = start_end(sc)
     s0 = max(s0, float(sc[0]))
     gained = s1 - s0 > th.lm_score_gain * _scale(sc, s0, s1)
-    return gained, _evidence(table, "score_mean", pos, sc, start=s0, end=s1)
+    return gained, evidence(table, "score_mean", pos, sc, start=s0, end=s1)
 
 
 def _end_median(table: MetricsTable, name: str) -> tuple[float | None, dict | None]:
@@ -83,7 +79,7 @@ def _end_median(table: MetricsTable, name: str) -> tuple[float | None, dict | No
     if len(v) == 0:
         return None, None
     end = start_end(v)[1]
-    return end, _evidence(table, name, pos, v, end=end)
+    return end, evidence(table, name, pos, v, end=end)
 
 
 def rule_lm_entropy_collapse(table: MetricsTable, th: Thresholds) -> list[Finding]:
@@ -98,7 +94,7 @@ def rule_lm_entropy_collapse(table: MetricsTable, th: Thresholds) -> list[Findin
     improved, score_ev = _score_improved(table, th)
     if improved:
         return []  # converging on answers that pay
-    ev = [_evidence(table, "entropy", pos, h, start=h0, end=h1)]
+    ev = [evidence(table, "entropy", pos, h, start=h0, end=h1)]
     ev += [score_ev] if score_ev else []
     z, z_ev = _end_median(table, "zero_spread_frac")
     ev += [z_ev] if z_ev else []
@@ -133,7 +129,7 @@ def rule_length_explosion(table: MetricsTable, th: Thresholds) -> list[Finding]:
     pos, ln, l0, l1 = got
     if not (l1 >= th.length_explosion_factor * l0 and l1 - l0 >= th.length_explosion_min):
         return []
-    ev = [_evidence(table, "response_length_mean", pos, ln, start=l0, end=l1)]
+    ev = [evidence(table, "response_length_mean", pos, ln, start=l0, end=l1)]
     t, t_ev = _end_median(table, "truncated_frac")
     ev += [t_ev] if t_ev else []
     cap = "" if not t else f"; {t:.0%} of the responses end cut at the length limit"
@@ -165,7 +161,7 @@ def rule_length_collapse(table: MetricsTable, th: Thresholds) -> list[Finding]:
         "reward (kl_mode = reward: each token pays β·KL, so shorter is cheaper), or scores "
         "that are mostly negative (a short answer loses least); the samples in "
         "samples.jsonl show what the short answers are.",
-        [_evidence(table, "response_length_mean", pos, ln, start=l0, end=l1)])]
+        [evidence(table, "response_length_mean", pos, ln, start=l0, end=l1)])]
 
 
 def _quality_series(table: MetricsTable) -> list[str]:
@@ -196,8 +192,8 @@ def rule_reward_hacking(table: MetricsTable, th: Thresholds) -> list[Finding]:
             falling.append((name, pos, q, q0, q1))
     if not falling:
         return []
-    ev = [_evidence(table, "score_mean", spos, sc, start=s0, end=s1)]
-    ev += [_evidence(table, n, p, q, start=a, end=b) for n, p, q, a, b in falling]
+    ev = [evidence(table, "score_mean", spos, sc, start=s0, end=s1)]
+    ev += [evidence(table, n, p, q, start=a, end=b) for n, p, q, a, b in falling]
     what = "; ".join(f"{n} {a:.3g} → {b:.3g}" for n, _, _, a, b in falling)
     held = any(n.startswith("eval/") for n, *_ in falling)
     return [Finding(
@@ -234,10 +230,10 @@ def rule_kl_ref_blowup(table: MetricsTable, th: Thresholds) -> list[Finding]:
              and rising)
     if not (level >= th.kl_token_high or accel):
         return []
-    ev = [_evidence(table, "kl_ref", kpos, kl, middle_third=k2, last_third=k3,
+    ev = [evidence(table, "kl_ref", kpos, kl, middle_third=k2, last_third=k3,
                     rising_last_half=bool(rising))]
     if len(kt):
-        ev.append(_evidence(table, "kl_ref_token", tpos, kt, end=level))
+        ev.append(evidence(table, "kl_ref_token", tpos, kt, end=level))
     beta, b_ev = _end_median(table, "beta")
     ev += [b_ev] if b_ev else []
     why = (f"it ends at {level:.3g} nats per token" if level >= th.kl_token_high else
@@ -271,9 +267,9 @@ def rule_zero_spread_groups(table: MetricsTable, th: Thresholds) -> list[Finding
     half = len(sc) // 2
     if len(sc) >= th.min_iterations and spearman(spos[half:], sc[half:]) >= 0.3:
         return []  # still learning from the groups that do differ
-    ev = [_evidence(table, "zero_spread_frac", pos, z, end=z1)]
+    ev = [evidence(table, "zero_spread_frac", pos, z, end=z1)]
     if len(sc):
-        ev.append(_evidence(table, "score_mean", spos, sc, end=start_end(sc)[1]))
+        ev.append(evidence(table, "score_mean", spos, sc, end=start_end(sc)[1]))
     return [Finding(
         "zero-spread-groups", "warning",
         f"{z1:.0%} of the groups end with all their completions scored alike, and the "
@@ -298,7 +294,7 @@ def rule_sampler_mismatch(table: MetricsTable, th: Thresholds) -> list[Finding]:
         "or kernels on the two sides (a bfloat16 inference engine against a float32 "
         "trainer), a temperature applied on one side only, or stale weights in the sampler; "
         "old_logprobs = recompute makes the ratios start at exactly 1.",
-        [_evidence(table, "mismatch_k3_mean", pos, m, end=m1)])]
+        [evidence(table, "mismatch_k3_mean", pos, m, end=m1)])]
 
 
 LM_RULES = {

@@ -83,7 +83,7 @@ def read_metrics_table(run: str | Path) -> MetricsTable:
     return table
 
 
-def _number(v) -> float | None:
+def as_number(v) -> float | None:
     """``v`` as a float when it is a finite number (not a bool); else None."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
@@ -123,14 +123,14 @@ class MetricsTable:
         return len(self.records)
 
     def has(self, name: str) -> bool:
-        return any(_number(r.get(name)) is not None for r in self.records)
+        return any(as_number(r.get(name)) is not None for r in self.records)
 
     def raw(self, name: str) -> list:
         return [r.get(name) for r in self.records]
 
     def column(self, name: str) -> np.ndarray:
         """All iterations; NaN where the value is missing or not a finite number."""
-        out = [_number(r.get(name)) for r in self.records]
+        out = [as_number(r.get(name)) for r in self.records]
         return np.asarray([np.nan if v is None else v for v in out], dtype=np.float64)
 
     def nonfinite(self, name: str) -> np.ndarray:

@@ -16,78 +16,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .finding import MAX_POINTS, Finding, _evidence, _iters, _round
+from .finding import MAX_POINTS, Finding, evidence, round_figure
+from .finding import iteration_numbers as _its
 from .lm_rules import LM_RULES, is_lm_run
-from .metrics import MetricsTable, _number
+from .metrics import MetricsTable, as_number
+from .thresholds import Thresholds
 from .trend import rel_change, spearman, thirds
 
 __all__ = ["Finding", "Thresholds", "RULES", "CODES", "SEVERITIES", "diagnose"]
 
 SEVERITIES = ("error", "warning", "info")
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """Tunable limits of the rules (fractions are in [0, 1], KL in nats).
-
-    Calibration (CartPole-v1, the RL-zoo preset, 100k steps, seeds 0–2): the preset's
-    non-annealed median approx_kl is about 0.0016 and its clip fraction about 0.06; with the
-    learning rate 30× higher the KL median is 0.028–0.042 (``kl_high_median`` = 0.015, the
-    level where a common target KL of 0.01 stops an update with SB3's 1.5× rule); 100× lower
-    gives a clip fraction of exactly 0 and approx_kl around 2e-7.
-
-    ``return-collapse`` (same preset, seeds 0, 11 and 18, 100k steps): seed 18 reaches 500
-    and ends with its last 15 % of iterations at a median of about 127 — 77 % of what it had
-    learned lost — while seed 11's late dip (two iterations at 272 and 53 at the very end)
-    is too short to count and seed 0 stays at 500.
-    """
-
-    min_iterations: int = 6
-    clipfrac_zero_median: float = 0.01
-    clipfrac_zero_q90: float = 0.03
-    clipfrac_high_median: float = 0.3
-    kl_high_median: float = 0.015
-    kl_rise_corr: float = 0.5
-    kl_rise_factor: float = 2.0
-    kl_floor: float = 1e-3
-    return_flat_corr: float = 0.3
-    return_flat_rel: float = 0.1
-    early_stop_frac: float = 0.5
-    ev_near_zero: float = 0.1
-    ev_q90_max: float = 0.2
-    value_fall_corr: float = -0.5
-    value_fall_factor: float = 0.5
-    entropy_collapse_frac: float = 0.1
-    entropy_collapse_within: float = 0.5
-    coupling_corr: float = 0.5
-    length_rise_rel: float = 0.2
-    truncation_median: float = 0.2
-    collapse_drop: float = 0.3
-    collapse_band: float = 0.1
-    collapse_plateau_min: int = 3
-    collapse_tail_frac: float = 0.15
-    collapse_tail_min: int = 5
-    # language-model runs (ppokit.diagnose.lm_rules). Calibration: the built-in tiny model,
-    # GRPO's default run, seed 0 (tests/data/README.md): the clip fraction's median is
-    # 0.02 (max 0.06); the entropy ends at 16 % of its start, but the score rose 0.61 →
-    # 0.86; the KL to the reference ends at 0.42 nats per token; 56 % of the groups end
-    # all-equal, with the score still rising over the last half (Spearman 0.43). Provoked:
-    # 8 epochs at lr 1e-3 give a median clip fraction of 0.29, lr 5e-3 without KL 2.4
-    # nats per token.
-    clipfrac_high_median_lm: float = 0.2
-    lm_entropy_floor: float = 0.2
-    lm_score_gain: float = 0.1
-    length_explosion_factor: float = 2.0
-    length_explosion_min: float = 4.0
-    length_collapse_factor: float = 0.5
-    length_collapse_min: float = 2.0
-    hacking_rise: float = 0.1
-    hacking_drop: float = 0.2
-    kl_token_high: float = 1.0
-    kl_accel_factor: float = 4.0
-    kl_accel_floor: float = 0.5
-    zero_spread_median: float = 0.5
-    mismatch_k3: float = 1e-3
 
 
 Rule = Callable[[MetricsTable, Thresholds], list[Finding]]
@@ -120,15 +58,15 @@ def rule_clipfrac_zero(table: MetricsTable, th: Thresholds) -> list[Finding]:
         return []
     collapse = _entropy_collapse(table, th)
     cause = "collapsed-policy" if collapse is not None else "small-steps"
-    ev = [_evidence(table, "clipfrac", pos, cf, median=med, q90=q90, cause=cause)]
+    ev = [evidence(table, "clipfrac", pos, cf, median=med, q90=q90, cause=cause)]
     kpos, kl = table.series("approx_kl", active_only=True)
     if len(kl):
-        ev.append(_evidence(table, "approx_kl", kpos, kl, median=float(np.median(kl))))
+        ev.append(evidence(table, "approx_kl", kpos, kl, median=float(np.median(kl))))
     head = (f"The clip fraction stays near 0 (median {med:.4f} over iterations "
-            f"{_iters(table, pos)}, not counting an annealed tail)")
+            f"{_its(table, pos)}, not counting an annealed tail)")
     if collapse is not None:
         at = int(collapse.pos[collapse.k])
-        ev.append(_evidence(table, "entropy", collapse.pos, collapse.values,
+        ev.append(evidence(table, "entropy", collapse.pos, collapse.values,
                             start=collapse.start, after_median=collapse.after))
         peak = _kl_peak_before(table, at)
         peak_txt = "" if peak is None else (
@@ -157,14 +95,14 @@ def rule_clipfrac_high(table: MetricsTable, th: Thresholds) -> list[Finding]:
     lm = is_lm_run(table)
     if not med > (th.clipfrac_high_median_lm if lm else th.clipfrac_high_median):
         return []
-    ev = [_evidence(table, "clipfrac", pos, cf, median=med)]
+    ev = [evidence(table, "clipfrac", pos, cf, median=med)]
     apos, act = table.series("clip_active_frac", active_only=True)
     if len(act):
-        ev.append(_evidence(table, "clip_active_frac", apos, act,
+        ev.append(evidence(table, "clip_active_frac", apos, act,
                             median=float(np.median(act))))
     if lm:
         msg = (f"Clipping is saturated: a median {med:.0%} of the action tokens' ratios "
-               f"leave the clip range during an update (iterations {_iters(table, pos)}), "
+               f"leave the clip range during an update (iterations {_its(table, pos)}), "
                "and the clipped ones (clip_active_frac) contribute no gradient, so the "
                "update learns from a shrinking, biased share of the tokens. Lower the "
                "learning rate or n_epochs (or use more, smaller minibatches), or set "
@@ -173,7 +111,7 @@ def rule_clipfrac_high(table: MetricsTable, th: Thresholds) -> list[Finding]:
                "sampler-mismatch).")
     else:
         msg = (f"The clip fraction stays high (median {med:.3f} over iterations "
-               f"{_iters(table, pos)}): during each update most sampled ratios leave the "
+               f"{_its(table, pos)}): during each update most sampled ratios leave the "
                "clip range, so the new policy is far from the one that collected the data. "
                "Compare clip_active_frac (samples whose gradient really is cut) and "
                "approx_kl; lower the learning rate or the number of epochs, or add a "
@@ -188,14 +126,14 @@ def rule_kl_high(table: MetricsTable, th: Thresholds) -> list[Finding]:
     med = float(np.median(kl))
     if not med > th.kl_high_median:
         return []
-    ev = [_evidence(table, "approx_kl", pos, kl, median=med)]
+    ev = [evidence(table, "approx_kl", pos, kl, median=med)]
     cpos, cf = table.series("clipfrac", active_only=True)
     if len(cf):
-        ev.append(_evidence(table, "clipfrac", cpos, cf, median=float(np.median(cf))))
+        ev.append(evidence(table, "clipfrac", cpos, cf, median=float(np.median(cf))))
     return [Finding(
         "kl-high", "warning",
         f"approx_kl (old → new policy, per update) stays large (median {med:.3g} over "
-        f"iterations {_iters(table, pos)}, above {th.kl_high_median:g}, the level at which a "
+        f"iterations {_its(table, pos)}, above {th.kl_high_median:g}, the level at which a "
         "typical target KL of 0.01 would stop the update): each update moves the policy far "
         "from the data it was computed on, and the clip alone does not prevent that. Lower "
         "the learning rate or the number of epochs, or set a target KL; read it with "
@@ -236,9 +174,9 @@ def rule_kl_rising_return_flat(table: MetricsTable, th: Thresholds) -> list[Find
         f"last) while {ret_name} does not improve ({r1:.4g} → {r3:.4g}): the policy keeps "
         "moving further per update without getting better. Check the learning rate, the number "
         "of epochs, the advantage scale and the masks before anything else.",
-        [_evidence(table, "approx_kl", kpos, kl, first_third=k1, last_third=k3,
+        [evidence(table, "approx_kl", kpos, kl, first_third=k1, last_third=k3,
                    spearman=k_corr),
-         _evidence(table, ret_name, rpos, ret, first_third=r1, last_third=r3,
+         evidence(table, ret_name, rpos, ret, first_third=r1, last_third=r3,
                    spearman=r_corr)])]
 
 
@@ -257,7 +195,7 @@ def _early_stop(rec: dict) -> tuple[bool, bool, float | None]:
         ep, fired = None, bool(rec["early_stopped"])
     else:
         return False, False, None
-    return True, fired, _number(ep)
+    return True, fired, as_number(ep)
 
 
 def rule_early_stop_frequent(table: MetricsTable, th: Thresholds) -> list[Finding]:
@@ -270,7 +208,7 @@ def rule_early_stop_frequent(table: MetricsTable, th: Thresholds) -> list[Findin
     if not frac > th.early_stop_frac:
         return []
     epochs = [np.nan if info[i][2] is None else info[i][2] for i in fired]
-    ev = _evidence(table, "early_stop.epoch", np.asarray(fired), np.asarray(epochs),
+    ev = evidence(table, "early_stop.epoch", np.asarray(fired), np.asarray(epochs),
                    fired=len(fired), iterations_logged=len(logged), fraction=frac)
     ep_ok = [e for e in epochs if np.isfinite(e)]
     # epochs are counted from 0 in the metrics; say it the human way
@@ -306,8 +244,8 @@ def rule_critic_mean_only(table: MetricsTable, th: Thresholds) -> list[Finding]:
         "not how it varies between states, so the advantage baseline is weak. Look at the "
         "advantages' mean, spread and correlation with returns; consider tuning the critic "
         "separately (its learning rate or epochs, or a separate network).",
-        [_evidence(table, "explained_variance", epos, ev, median=ev_med, q90=ev_q90),
-         _evidence(table, "value_loss", vpos, vl, first_third=v1, last_third=v3,
+        [evidence(table, "explained_variance", epos, ev, median=ev_med, q90=ev_q90),
+         evidence(table, "value_loss", vpos, vl, first_third=v1, last_third=v3,
                    spearman=v_corr)])]
 
 
@@ -364,12 +302,12 @@ def rule_entropy_collapse(table: MetricsTable, th: Thresholds) -> list[Finding]:
         return []
     at = int(c.pos[c.k])
     peak = _kl_peak_before(table, at)
-    ev = [_evidence(table, "entropy", c.pos, c.values, start=c.start,
+    ev = [evidence(table, "entropy", c.pos, c.values, start=c.start,
                     collapsed_at=int(table.labels[at]), after_median=c.after)]
     peak_txt = ""
     if peak is not None:
         ev.append({"metric": "approx_kl", "iterations": [int(table.labels[peak[0]])],
-                   "values": [_round(peak[1])], "summary": {"peak_before_collapse": True}})
+                   "values": [round_figure(peak[1])], "summary": {"peak_before_collapse": True}})
         peak_txt = (f" Before it, approx_kl peaked at {peak[1]:.3g} (iteration "
                     f"{table.labels[peak[0]]}); a large value there points to updates that "
                     "were too big.")
@@ -422,10 +360,10 @@ def rule_length_reward_coupling(table: MetricsTable, th: Thresholds) -> list[Fin
         "or a format. First evaluate the score sliced by response length and prompt type, "
         "then check the end-of-sequence reward and how truncations are scored; only then tune "
         "the KL coefficient, since raising it alone hides a biased reward rather than fixing it.",
-        [_evidence(table, "response_length_mean", lpos, length, first_third=l1,
+        [evidence(table, "response_length_mean", lpos, length, first_third=l1,
                    last_third=l3, spearman=l_corr),
-         _evidence(table, score, spos, sc, first_third=s1, last_third=s3, spearman=s_corr),
-         _evidence(table, kname, kpos, kl, first_third=k1, last_third=k3,
+         evidence(table, score, spos, sc, first_third=s1, last_third=s3, spearman=s_corr),
+         evidence(table, kname, kpos, kl, first_third=k1, last_third=k3,
                    spearman=sign * k_corr)])]
 
 
@@ -440,11 +378,11 @@ def rule_truncation_high(table: MetricsTable, th: Thresholds) -> list[Finding]:
     return [Finding(
         "truncation-high", "warning",
         f"{last:.0%} of responses hit the length limit (median over the last third, "
-        f"iterations {_iters(table, pos[-k:])}): many sequences end by truncation, not by an "
+        f"iterations {_its(table, pos[-k:])}): many sequences end by truncation, not by an "
         "end-of-sequence token, so their final score and the credit it assigns are "
         "questionable. Check the maximum number of new tokens, whether the reward favours "
         "length, and how truncated responses are treated (bootstrap, penalty or masking).",
-        [_evidence(table, "truncated_frac", pos, tr, last_third_median=last)])]
+        [evidence(table, "truncated_frac", pos, tr, last_third_median=last)])]
 
 
 def _running_median(y: np.ndarray, k: int = 5) -> np.ndarray:
@@ -490,7 +428,7 @@ def rule_return_collapse(table: MetricsTable, th: Thresholds) -> list[Finding]:
     # where it went down: the last point of the curve within the band
     last_high = int(np.flatnonzero(sm >= band)[-1])
     p0, p1 = pos[plateau[0]], pos[plateau[1]]
-    ev = [_evidence(table, name, pos, ret, start=start, plateau=peak,
+    ev = [evidence(table, name, pos, ret, start=start, plateau=peak,
                     plateau_iterations=f"{table.labels[p0]}–{table.labels[p1]}",
                     tail_median=end, tail_points=tail, lost_fraction=drop)]
     kl_txt = ""
@@ -500,7 +438,7 @@ def rule_return_collapse(table: MetricsTable, th: Thresholds) -> list[Finding]:
         after = kl[kpos > pos[last_high]]
         if len(before) and len(after):
             kb, ka = float(np.median(before)), float(np.median(after))
-            ev.append(_evidence(table, "approx_kl", kpos, kl, plateau_median=kb,
+            ev.append(evidence(table, "approx_kl", kpos, kl, plateau_median=kb,
                                 after_drop_median=ka))
             kl_txt = (f" approx_kl had a median of {kb:.3g} on the plateau and {ka:.3g} "
                       "after the drop.")

@@ -24,11 +24,13 @@ import io
 import os
 import shutil
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
 from ppokit.errors import UsageError
 
 __all__ = ["train_task", "unpack_run", "replace_run", "pack_run", "StopFlag", "MAX_ARCHIVE",
+           "watch_stop_flag",
            "RUN_DIR", "CONFIG"]
 
 MAX_ARCHIVE = 1 << 30  # bytes of one returned run directory
@@ -50,7 +52,7 @@ class StopFlag:
         return self.signum
 
 
-def _watch_stop_flag(flag, done) -> None:
+def watch_stop_flag(flag, done) -> None:
     """In a task: poll ``flag`` until ``done`` is set; a signal number there stops the run
     (:func:`ppokit.io.signals.request_stop`)."""
     import ray
@@ -67,19 +69,20 @@ def _watch_stop_flag(flag, done) -> None:
             return
 
 
-def train_task(argv: list[str], env_id: str | None, config_text: str | None = None,
-               archive: bytes | None = None, stop_flag=None) -> tuple[int, str, bytes]:
-    """Run ``ppokit train ARGV`` here, its run directory a temporary one (``RUN_DIR`` in
-    ``argv``; ``archive``: a run to resume unpacked there first; without ``RUN_DIR``,
-    ``--run-dir`` is appended), ``config_text`` its ``--config`` file (``CONFIG`` in
-    ``argv``). Returns ``(exit status, output, tar of the run directory)``."""
+def train_task(entry: Callable[[list[str]], int], argv: list[str], env_id: str | None,
+               config_text: str | None = None, archive: bytes | None = None,
+               stop_flag=None) -> tuple[int, str, bytes]:
+    """Run ``entry(ARGV)`` — the caller's ``ppokit train`` — here, its run directory a
+    temporary one (``RUN_DIR`` in ``argv``; ``archive``: a run to resume unpacked there
+    first; without ``RUN_DIR``, ``--run-dir`` is appended), ``config_text`` its
+    ``--config`` file (``CONFIG`` in ``argv``). Returns ``(exit status, output, tar of
+    the run directory)``."""
     import contextlib
     import tempfile
     import threading
 
     import torch
 
-    from ppokit.cli import main
     from ppokit.envs.source import import_env_module
     from ppokit.io.signals import clear_stop_request
 
@@ -100,13 +103,13 @@ def train_task(argv: list[str], env_id: str | None, config_text: str | None = No
         done = threading.Event()
         clear_stop_request()
         if stop_flag is not None:
-            threading.Thread(target=_watch_stop_flag, args=(stop_flag, done),
+            threading.Thread(target=watch_stop_flag, args=(stop_flag, done),
                              daemon=True).start()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
             try:
                 if env_id is not None:
                     import_env_module(env_id, "--env")  # named by the user on the driver
-                rc = main(["train", *argv])
+                rc = entry(list(argv))
             except SystemExit as exc:  # argparse
                 rc = exc.code if isinstance(exc.code, int) else 2
             except Exception as exc:  # noqa: BLE001 - reported as the run's failure

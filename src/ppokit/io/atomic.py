@@ -101,7 +101,7 @@ def atomic_write_lines(path: str | os.PathLike, chunks: Iterable[bytes | str]) -
     fsync_dir(path.parent)
 
 
-def _open_regular(path: Path, flags: int) -> int:
+def open_regular(path: Path, flags: int) -> int:
     """``os.open`` that refuses a final symbolic link and anything but a regular file."""
     try:
         fd = os.open(path, flags | _NOFOLLOW | _CLOEXEC | os.O_NONBLOCK)
@@ -121,7 +121,7 @@ def _open_regular(path: Path, flags: int) -> int:
 def read_regular(path: str | os.PathLike, max_size: int = MAX_SMALL_FILE) -> bytes:
     """The bytes of a regular file (no link, no FIFO or device) of at most ``max_size``."""
     path = Path(path)
-    fd = _open_regular(path, os.O_RDONLY)
+    fd = open_regular(path, os.O_RDONLY)
     with os.fdopen(fd, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
         if size > max_size:
@@ -222,7 +222,7 @@ def open_append(path: str | os.PathLike, encoding: str = "utf-8"):
         flags |= os.O_CREAT
         fd = os.open(path, flags | _NOFOLLOW | _CLOEXEC, 0o644)
     else:
-        fd = _open_regular(path, flags)
+        fd = open_regular(path, flags)
     return os.fdopen(fd, "a", encoding=encoding)
 
 

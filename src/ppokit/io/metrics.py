@@ -18,7 +18,7 @@ from typing import Any
 
 from ppokit.errors import WRITE_FAULTS, UsageError, write_fault
 
-from .atomic import _open_regular, atomic_write_lines, open_append
+from .atomic import atomic_write_lines, open_append, open_regular
 
 # bytes of a metrics file: ppokit's records are about 1 KiB each, so this is half a million
 # iterations and more; a larger file is refused rather than read into memory
@@ -44,7 +44,7 @@ def metric_lines(path: str | Path) -> Iterator[tuple[int, bytes | None, bool]]:
     longer than :data:`MAX_LINE` comes as ``None`` (never held whole); ``last`` marks a
     final line without its newline (a writer killed mid-line)."""
     path = Path(path)
-    fd = _open_regular(path, os.O_RDONLY)
+    fd = open_regular(path, os.O_RDONLY)
     with os.fdopen(fd, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
         if size > MAX_METRICS:

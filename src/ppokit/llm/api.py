@@ -55,7 +55,7 @@ def train(model, reward_funcs, train_dataset, algo: str = "grpo", eval_dataset=N
     for key, arg in _ARGUMENT_KEYS.items():
         if key in config:
             raise UsageError(f"{key}: give it as train({arg}=...), not as a config key")
-    from ppokit.api import check_callbacks
+    from ppokit.cliutil import check_callbacks
 
     callbacks = check_callbacks(callbacks, "(record) -> bool | None")
     funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]

@@ -50,7 +50,7 @@ def build_bench_model(size: str, tok):
     return Qwen2ForCausalLM(cfg)
 
 
-def _rss_mb() -> float:
+def rss_mb() -> float:
     """Resident set size of this process now (Linux; 0 elsewhere)."""
     try:
         with open("/proc/self/statm") as f:
@@ -59,7 +59,7 @@ def _rss_mb() -> float:
         return 0.0
 
 
-def _peak_rss_mb() -> float:
+def peak_rss_mb() -> float:
     """The process's peak resident set size (``ru_maxrss``: KiB on Linux)."""
     try:
         import resource
@@ -71,7 +71,7 @@ def _peak_rss_mb() -> float:
 def _child(fn_name: str, threads: int, kwargs: dict) -> dict:
     torch.set_num_threads(threads)
     out = globals()[fn_name](**kwargs)
-    out["peak_rss_mb"] = _peak_rss_mb()
+    out["peak_rss_mb"] = peak_rss_mb()
     return out
 
 
@@ -123,7 +123,7 @@ def bench_trainer(algo: str = "grpo", iterations: int = 5, model_size: str = "ti
     tr = None
     try:
         tr = TokenTrainer(cfg, tmp, policy=model, tokenizer=tok, log=lambda *a: None)
-        rss_start = _rss_mb()  # libraries imported, models built: before any iteration
+        rss_start = rss_mb()  # libraries imported, models built: before any iteration
         tr.train_iteration()  # warm-up
         recs, cpu = [], []
         for _ in range(iterations):
@@ -223,8 +223,8 @@ def _trl_run(tmp, task, tok, iterations, prompts_per_iter, samples_per_prompt, m
         calls = {"_generate": [], "_generate_and_score_completions": []}
         for name, times in calls.items():
             if hasattr(trainer, name):
-                setattr(trainer, name, _timed(getattr(trainer, name), times))
-        rss_start = _rss_mb()
+                setattr(trainer, name, timing_wrapper(getattr(trainer, name), times))
+        rss_start = rss_mb()
         t_start, c_start = time.perf_counter(), time.process_time()
         trainer.train()
 
@@ -251,7 +251,7 @@ def _trl_run(tmp, task, tok, iterations, prompts_per_iter, samples_per_prompt, m
     return out
 
 
-def _timed(fn, times: list):
+def timing_wrapper(fn, times: list):
     def run(*args, **kwargs):
         t0 = time.perf_counter()
         try:
@@ -300,7 +300,7 @@ def run_bench(batch: int = 64, length: int = 4096, iterations: int = 5,
         else:
             ours.append(bench_trainer(algo, iterations, model_size=model_size,
                                       precision=precision))
-    t = _median_record(ours)
+    t = median_record(ours)
     print(f"trainer ({t['algo']}, model {model_size}, precision {precision}, "
           f"{t['sequences_per_iter']} "
           f"sequences/iteration, torch threads {torch.get_num_threads()}"
@@ -317,7 +317,7 @@ def run_bench(batch: int = 64, length: int = 4096, iterations: int = 5,
     if algo != "grpo":
         print("the TRL comparison runs with --algo grpo only")
         return res
-    trl_res = _median_record(theirs)
+    trl_res = median_record(theirs)
     res["trl"] = trl_res
     res["round_ratios"] = [b["seconds_per_iteration"] / a["seconds_per_iteration"]
                            for a, b in zip(ours, theirs)]
@@ -327,7 +327,7 @@ def run_bench(batch: int = 64, length: int = 4096, iterations: int = 5,
     return res
 
 
-def _median_record(recs: list[dict]) -> dict:
+def median_record(recs: list[dict]) -> dict:
     """Each numeric figure's median over the runs (the others from the first run)."""
     out = dict(recs[0])
     for k, v in recs[0].items():

@@ -28,7 +28,7 @@ import torch
 
 from ppokit.errors import UsageError
 
-from .bench import _peak_rss_mb, _rss_mb, _timed, comparison_table
+from .bench import comparison_table, peak_rss_mb, rss_mb, timing_wrapper
 
 __all__ = ["GEOMETRY", "bench_ppokit_real", "bench_trl_real", "run_real_bench",
            "matmul_peak_gflops", "token_flops"]
@@ -105,7 +105,7 @@ def bench_ppokit_real(model_dir: str, task: str = "numbers", iterations: int = 3
     try:
         tr = TokenTrainer(cfg, tmp, log=lambda *a: None)
         flops = token_flops(tr.policy)
-        rss_start = _rss_mb()
+        rss_start = rss_mb()
         tr.train_iteration()  # warm-up
         recs, cpu = [], []
         for _ in range(iterations):
@@ -188,8 +188,8 @@ def bench_trl_real(model_dir: str, task: str = "numbers", iterations: int = 3) -
             calls = {"_generate": [], "_generate_and_score_completions": []}
             for name, times in calls.items():
                 if hasattr(trainer, name):
-                    setattr(trainer, name, _timed(getattr(trainer, name), times))
-            rss_start = _rss_mb()
+                    setattr(trainer, name, timing_wrapper(getattr(trainer, name), times))
+            rss_start = rss_mb()
             t0, c0 = time.perf_counter(), time.process_time()
             trainer.train()
         ends, cpus = [t0] + clock.t, [c0] + clock.cpu
@@ -218,7 +218,7 @@ def _child(fn_name: str, threads: int, kwargs: dict) -> dict:
     torch.set_num_threads(threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     out = globals()[fn_name](**kwargs)
-    out["peak_rss_mb"] = _peak_rss_mb()
+    out["peak_rss_mb"] = peak_rss_mb()
     return out
 
 
@@ -255,9 +255,9 @@ def run_real_bench(model: str, task: str = "numbers", iterations: int = 3,
             ratio = theirs[-1]["seconds_per_iteration"] / ours[-1]["seconds_per_iteration"]
             line += f", TRL {theirs[-1]['seconds_per_iteration']:.2f}: TRL/ppokit {ratio:.2f}x"
         print(line, flush=True)
-    from .bench import _median_record
+    from .bench import median_record
 
-    t = _median_record(ours)
+    t = median_record(ours)
     g = GEOMETRY
     print(f"GRPO on {model} ({task} task; {g['prompts_per_iter']} prompts x "
           f"{g['samples_per_prompt']} samples, up to {g['max_new_tokens']} tokens; LoRA r "
@@ -273,7 +273,7 @@ def run_real_bench(model: str, task: str = "numbers", iterations: int = 3,
         print("trl (and peft) are not installed: the TRL comparison is skipped "
               "(pip install 'ppokit[bench]')")
         return res
-    trl_res = _median_record(theirs)
+    trl_res = median_record(theirs)
     res["trl"] = trl_res
     res["round_ratios"] = [b["seconds_per_iteration"] / a["seconds_per_iteration"]
                            for a, b in zip(ours, theirs)]

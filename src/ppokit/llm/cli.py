@@ -19,7 +19,7 @@ from ppokit.errors import UsageError
 __all__ = ["add_arguments", "run"]
 
 
-def _add_config_arguments(p: argparse.ArgumentParser, skip: tuple[str, ...] = (),
+def add_config_arguments(p: argparse.ArgumentParser, skip: tuple[str, ...] = (),
                           epilog: bool = True) -> None:
     """One flag per :class:`LLMConfig` field (help from the field's metadata), the
     deprecated names as hidden flags, and ``--set`` / ``--config`` as for ``ppokit train``.
@@ -69,7 +69,7 @@ def _add_config_arguments(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()
                         "below), as ppokit train takes them")
 
 
-def _flag_values(args) -> dict:
+def flag_values(args) -> dict:
     """The values given as flags, deprecated names included (with a message)."""
     from .config import DEPRECATED, LLMConfig
 
@@ -86,7 +86,7 @@ def _flag_values(args) -> dict:
     return out
 
 
-def _config_from_args(args):
+def config_from_args(args):
     """preset < --config TOML < --set < flags."""
     from .config import config_from_values, parse_sets, read_toml
 
@@ -95,7 +95,7 @@ def _config_from_args(args):
 
     toml = read_toml(args.config_file) if getattr(args, "config_file", None) else {}
     sets = parse_sets(getattr(args, "sets", []) or [], log)
-    return config_from_values(("--config", toml), ("--set", sets), ("flags", _flag_values(args)),
+    return config_from_values(("--config", toml), ("--set", sets), ("flags", flag_values(args)),
                               log=log)
 
 
@@ -105,7 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     p = sub.add_parser("train", help="token-level RLHF training (ppo, grpo, dr-grpo, rloo, "
                        "reinforce++)")
-    _add_config_arguments(p)
+    add_config_arguments(p)
     p.add_argument("--run-dir", help="run directory (default: runs/llm-<algo>-<time>)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
@@ -317,7 +317,7 @@ def _train_ranks(args, dp) -> int:
         cfg = config_from_run(args.resume, **over)  # refuses keys that would change it
         run_dir = args.resume
     else:
-        cfg = _config_from_args(args).resolved()  # every field checked before any work
+        cfg = config_from_args(args).resolved()  # every field checked before any work
         if args.run_dir:
             run_dir = args.run_dir
         else:
@@ -370,7 +370,7 @@ def _config_overrides(args) -> dict:
     """Flags and ``--set`` values given with ``--resume`` (deprecated names renamed)."""
     from .config import DEPRECATED, parse_sets
 
-    vals = {**parse_sets(args.sets or []), **_flag_values(args)}
+    vals = {**parse_sets(args.sets or []), **flag_values(args)}
     return {DEPRECATED.get(k, k): v for k, v in vals.items()}
 
 

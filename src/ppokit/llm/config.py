@@ -14,60 +14,24 @@ from ppokit.core.registry import ADVANTAGES, GROUP_ADVANTAGES, IMPORT_HINT, POLI
 from ppokit.errors import UsageError
 from ppokit.plugins import names_checked
 
+from .presets import (  # noqa: F401 (re-exported)
+    ALGOS,
+    DEFAULT_MAX_NEW_TOKENS,
+    LEARNING_RATES,
+    MODEL_DEFAULTS,
+    PRESETS,
+    TRUNCATION,
+)
 from .task import TASKS, make_task
 
 __all__ = ["ALGOS", "TRUNCATION", "PRESETS", "DEPRECATED", "ADVANTAGE_ESTIMATORS",
            "LLMConfig", "prompt_sets", "load_prompts", "config_help", "config_from_values",
            "parse_sets", "read_toml", "config_dict"]
 
-ALGOS = ("ppo", "grpo", "dr-grpo", "rloo", "reinforce++")
-TRUNCATION = ("none", "bootstrap", "penalty", "mask")
 # how the advantage is estimated: any estimator of the registry (token-level GAE with a
 # critic, REINFORCE++'s whitened token returns, the group estimators, the user's own);
 # the names are the config values, checked when the configuration is
 ADVANTAGE_ESTIMATORS = ADVANTAGES
-
-# The algorithm presets are values, not code paths: each fills the fields left at None.
-# advantage_estimator / use_critic / normalize_std / kl_mode are the choices that make
-# PPO, GRPO, Dr. GRPO, RLOO and REINFORCE++ what they are.
-PRESETS = {
-    "ppo": {"advantage_estimator": "gae", "use_critic": True, "prompts_per_iter": 64,
-            "samples_per_prompt": 1, "kl_mode": "reward", "kl_coef": 0.02,
-            "agg": "token-mean", "normalize_advantage": True},
-    "grpo": {"advantage_estimator": "grpo", "use_critic": False, "normalize_std": True,
-             "prompts_per_iter": 16, "samples_per_prompt": 4, "kl_mode": "loss",
-             "kl_coef": 0.02, "agg": "seq-mean-token-mean", "normalize_advantage": False},
-    "dr-grpo": {"advantage_estimator": "grpo", "use_critic": False, "normalize_std": False,
-                "prompts_per_iter": 16, "samples_per_prompt": 4, "kl_mode": "loss",
-                "kl_coef": 0.02, "agg": "seq-mean-token-sum-norm",
-                "normalize_advantage": False},
-    "rloo": {"advantage_estimator": "rloo", "use_critic": False, "prompts_per_iter": 16,
-             "samples_per_prompt": 4, "kl_mode": "reward", "kl_coef": 0.02,
-             "agg": "token-mean", "normalize_advantage": False},
-    "reinforce++": {"advantage_estimator": "reinforce_pp", "use_critic": False,
-                    "prompts_per_iter": 64, "samples_per_prompt": 1, "kl_mode": "reward",
-                    "kl_coef": 0.02, "agg": "token-mean", "normalize_advantage": False},
-}
-
-# Defaults that follow what is trained: the built-in tiny model, warm-started in seconds,
-# or a pretrained checkpoint (--model, or a model given to ppokit.llm.train), which one
-# Adam step at the toy's learning rate wrecks. LoRA trains a pretrained model through
-# low-rank adapters beside its frozen weights (the frozen weights are then the reference:
-# no copy), and the divergence guard (ppokit/llm/divergence.py) undoes an update that
-# moves it too far. docs/real_models.md gives the measurements behind the values.
-MODEL_DEFAULTS = {
-    "builtin": {"lora_r": 0, "guard_kl": 0.0, "guard_grad_norm": 0.0, "temperature": 1.0,
-                "n_epochs": 2},
-    # a small pretrained model sampled at temperature 1 draws from its noisy tail: on the
-    # numbers task SmolLM2-135M-Instruct solves 1.6 % of held-out problems at 1.0, 16 %
-    # at 0.7 and 23 % greedily, and groups without a correct answer teach nothing
-    # one pass over each batch (as TRL's GRPO default): a sampled completion costs about
-    # as much as one training pass over it, and fresh samples teach more than a second pass
-    "pretrained": {"lora_r": 16, "guard_kl": 0.5, "guard_grad_norm": 0.0,
-                   "temperature": 0.7, "n_epochs": 1},
-}
-LEARNING_RATES = {"builtin": 2e-4, "lora": 1e-4, "full": 1e-6}
-DEFAULT_MAX_NEW_TOKENS = 64  # the generation cap with the user's own prompts
 
 # Names of earlier versions, accepted on the command line, in --set and in TOML with a
 # deprecation message (minibatches was a count; batch_size is sequences per minibatch).

@@ -26,8 +26,8 @@ def score_policy(model, tokenizer, prompts: list, reward_fn, *, max_new_tokens: 
     a list of them. ``per_sample``: also ``scores``, ``truncated`` (one per prompt, in
     order) and ``per_function`` (``{name: [n]}``, NaN where a function returned None)."""
     from .data import render_prompt
+    from .reward_setup import reward_arguments
     from .rewards import RewardSet, per_function_stats
-    from .trainer import reward_arguments
 
     rewards = reward_fn if isinstance(reward_fn, RewardSet) else RewardSet(
         list(reward_fn) if isinstance(reward_fn, (list, tuple)) else [reward_fn])
@@ -80,9 +80,9 @@ def evaluate_lm_run(run_dir: str, *, n_prompts: int | None = None, temperature: 
     from ppokit.io import RunLock, check_tree, find_checkpoint, load_checkpoint
     from ppokit.io.checkpoint import no_checkpoint_message
 
-    from .models import load_lm, load_policy_state
+    from .models import load_lm, load_policy_state, wrap_lora
+    from .reward_setup import check_reward_named_again
     from .runfiles import config_from_run
-    from .trainer import _check_reward_named_again, wrap_lora
 
     if not os.path.isdir(run_dir):
         raise UsageError(f"RUN_DIR: no such directory {run_dir!r}")
@@ -97,7 +97,7 @@ def evaluate_lm_run(run_dir: str, *, n_prompts: int | None = None, temperature: 
         if ckpt is None:
             raise UsageError(no_checkpoint_message(run_dir, damaged))
         tensors, _, state = load_checkpoint(ckpt)
-        _check_reward_named_again(cfg, state.get("config"), reward_fn)
+        check_reward_named_again(cfg, state.get("config"), reward_fn)
         ref_dir = os.path.join(run_dir, "reference")
         if not os.path.isdir(ref_dir) or os.path.islink(ref_dir):
             raise UsageError(f"eval: {run_dir!r} has no reference/ directory")
@@ -152,9 +152,9 @@ class _EvalSetup:
     """Held-out prompts, reward function and generation cap of a run's config."""
 
     def __init__(self, cfg, run_dir: str, reward_fn=None):
+        from .reward_setup import reward_set
         from .runfiles import run_prompt_sets
         from .task import make_task
-        from .trainer import reward_set
 
         task = make_task(cfg.task, cfg.task_options) if cfg.prompts is None else None
         self.reward_fn = reward_set(cfg, reward_fn, task)

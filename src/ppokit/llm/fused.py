@@ -456,7 +456,7 @@ def _expand_kv(t: torch.Tensor, rep: int) -> torch.Tensor:
 
 
 def _forward(model, ids, mask, prompt_len, low, min_prompts=0, logits_from=0):
-    from .rollout import _distinct_prompts, position_ids_from_mask
+    from .positions import distinct_prompts, position_ids_from_mask
 
     model = _unwrap(model)
     body = model.model
@@ -464,7 +464,7 @@ def _forward(model, ids, mask, prompt_len, low, min_prompts=0, logits_from=0):
     B, L = ids.shape
     pos = position_ids_from_mask(mask)
     p = prompt_len or 0
-    shared = _distinct_prompts(ids[:, :p], mask[:, :p]) if 0 < p < L else None
+    shared = distinct_prompts(ids[:, :p], mask[:, :p]) if 0 < p < L else None
     if shared is None:
         p, first, inv = 0, None, None
     else:
@@ -532,7 +532,7 @@ class FusedSampler:
             return self._prefill(ids, mask.long(), rows)
 
     def _prefill(self, ids, mask, rows):
-        from .rollout import position_ids_from_mask
+        from .positions import position_ids_from_mask
 
         U, P = ids.shape
         dev = ids.device

@@ -20,6 +20,8 @@ from typing import Any
 from ppokit.algos.config import SEED_MAX, available_memory
 from ppokit.errors import UsageError
 
+from .presets import ALGOS
+
 __all__ = ["check_int", "check_float", "check_pairs", "check_finite_model", "check_cli_args",
            "check_sft_args", "check_rm_args", "check_dpo_args", "check_bench_args",
            "MAX_STEPS", "MAX_BATCH", "LR_MAX", "BETA_MAX"]
@@ -102,8 +104,6 @@ def check_dpo_args(*, beta, epochs, batch_size, lr, seed) -> None:
 
 
 def check_bench_args(*, batch, length, iterations, algo) -> None:
-    from .config import ALGOS
-
     check_int("--batch", batch, 1, MAX_BATCH)
     check_int("--length", length, 1, BENCH_MAX_LENGTH)
     check_int("--iterations", iterations, 1, MAX_EPOCHS)

@@ -40,6 +40,7 @@ __all__ = [
     "load_policy_state",
     "count_parameters",
     "quiet_transformers",
+    "wrap_lora",
 ]
 
 ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz:>=,+-|. "
@@ -89,7 +90,7 @@ def load_tokenizer(path: str):
     """
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    _local_dir(path)
+    check_local_dir(path)
     check_tokenizer_files(path)
     if os.path.exists(os.path.join(path, PPOKIT_MARKER)):
         tok = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
@@ -143,7 +144,7 @@ def load_causal_lm(path: str, dtype: torch.dtype = torch.float32):
     from transformers import AutoModelForCausalLM
 
     quiet_transformers()
-    _local_dir(path)
+    check_local_dir(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False, dtype=dtype,
                                                      local_files_only=True,
@@ -153,11 +154,11 @@ def load_causal_lm(path: str, dtype: torch.dtype = torch.float32):
     return model
 
 
-def _local_dir(path: str, what: str = "--model") -> None:
+def check_local_dir(path: str, what: str = "--model") -> None:
     """Models load only from a local directory: a name that is not one (``gpt2``) is an
     error, never a download from a model hub."""
     if not os.path.isdir(path):
-        from .fetch import KNOWN_MODELS
+        from .catalog import KNOWN_MODELS
 
         raise UsageError(f"{what}: {path!r} is not a local model directory, a .gguf file or "
                          f"the name of a fetched model ({', '.join(KNOWN_MODELS)}: `ppokit "
@@ -168,7 +169,7 @@ def _local_dir(path: str, what: str = "--model") -> None:
 def load_lm(path: str):
     """``(model, tokenizer)`` from a local model directory, a local ``.gguf`` file
     (:func:`load_gguf`) or the name of a fetched model (:mod:`ppokit.llm.fetch`)."""
-    from .fetch import resolve_model
+    from .catalog import resolve_model
 
     path = resolve_model(path)
     if path.endswith(".gguf") and os.path.isfile(path):
@@ -270,7 +271,7 @@ def save_policy(model, tokenizer, path: str, extra: dict | None = None) -> None:
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        if _is_builtin(tokenizer):
+        if is_builtin(tokenizer):
             with open(os.path.join(tmp, PPOKIT_MARKER), "w") as f:
                 json.dump({"alphabet": ALPHABET, **(extra or {})}, f)
         replace_dir(tmp, path)
@@ -279,7 +280,7 @@ def save_policy(model, tokenizer, path: str, extra: dict | None = None) -> None:
         raise
 
 
-def _is_builtin(tokenizer) -> bool:
+def is_builtin(tokenizer) -> bool:
     return (tokenizer.convert_ids_to_tokens(0) == SPECIAL_TOKENS["pad_token"]
             and len(tokenizer) == len(SPECIAL_TOKENS) + len(ALPHABET))
 
@@ -386,3 +387,17 @@ class ValueModel(nn.Module):
         # the returns and the value loss, which stay float32
         with torch.autocast(hidden_states.device.type, enabled=False):
             return self.head(hidden_states.float()).squeeze(-1)
+
+
+def wrap_lora(model, r: int, alpha: float):
+    """The policy with LoRA adapters on all linear layers (peft); the base stays frozen."""
+    import warnings
+
+    from peft import LoraConfig, get_peft_model
+
+    cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules="all-linear",
+                     task_type="CAUSAL_LM")
+    with warnings.catch_warnings():  # peft asks transformers a question it has renamed
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing",
+                                category=FutureWarning)
+        return get_peft_model(model, cfg)

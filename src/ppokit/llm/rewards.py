@@ -308,9 +308,9 @@ class RewardModelScorer:
     def __init__(self, path: str, batch_size: int = 64):
         from transformers import AutoModelForSequenceClassification
 
-        from .models import _local_dir, load_tokenizer
+        from .models import check_local_dir, load_tokenizer
 
-        _local_dir(path, "--reward-model")
+        check_local_dir(path, "--reward-model")
         self.tokenizer = load_tokenizer(path)
         try:
             self.model = AutoModelForSequenceClassification.from_pretrained(

@@ -21,7 +21,7 @@ from ppokit.errors import UsageError
 
 from .guards import check_finite_model, check_pairs, check_rm_args
 from .models import backbone_of, load_tokenizer, quiet_transformers
-from .rollout import position_ids_from_mask
+from .positions import position_ids_from_mask
 from .sft import encode_pairs
 
 __all__ = ["reward_forward", "build_reward_model", "train_reward_model", "pair_accuracy"]

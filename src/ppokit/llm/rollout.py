@@ -32,6 +32,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .positions import distinct_prompts, position_ids_from_mask
+
 __all__ = [
     "TokenRollout",
     "encode_prompts",
@@ -74,11 +76,6 @@ class TokenRollout:
                        self.prompt_len, self.truncated[idx],
                        [self.response_ids[i] for i in idx.tolist()],
                        None if self.logp is None else self.logp[idx])
-
-
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions counted over real tokens only, so left padding does not shift them."""
-    return (attention_mask.long().cumsum(1) - 1).clamp(min=0)
 
 
 def encode_prompts(tokenizer, prompts: list[str], add_bos: bool = True):
@@ -136,7 +133,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
     cache_kw = _cache_keyword(model)
     # the prompt once per distinct prompt (a group's samples share it), its keys and
     # values then gathered per row into buffers that decoding fills in place
-    shared = _distinct_prompts(prompt_ids, attn)
+    shared = distinct_prompts(prompt_ids, attn)
     first = shared[0] if shared is not None else slice(None)
     rows = shared[1] if shared is not None else None
     from .fused import FusedSampler, unsupported_reason
@@ -293,7 +290,7 @@ def _logits_with_shared_prompts(model, input_ids, attention_mask, prompt_len, wi
     p = prompt_len or 0
     L = input_ids.shape[1]
     if 0 < p < L:
-        shared = _distinct_prompts(input_ids[:, :p], attention_mask[:, :p])
+        shared = distinct_prompts(input_ids[:, :p], attention_mask[:, :p])
         if shared is not None:
             first, inv = shared
             keep = max(p - logits_from, 1)  # the prompt's last position predicts a token
@@ -338,22 +335,6 @@ def _keep(model, n: int) -> dict:
 
 
 _TAKES_KEEP: dict = {}
-
-
-def _distinct_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
-    """``(first, inverse)`` when some rows repeat a prompt: ``first[u]`` is the first row
-    holding distinct prompt ``u`` and ``inverse[b]`` the distinct prompt of row ``b``;
-    None when every row's prompt is different."""
-    n = prompt_ids.shape[0]
-    if n < 2:
-        return None
-    key = torch.cat([prompt_ids, prompt_mask.long()], 1)
-    uniq, inv = torch.unique(key, dim=0, return_inverse=True)
-    if uniq.shape[0] == n:
-        return None
-    first = torch.full((uniq.shape[0],), n, dtype=torch.long).scatter_reduce(
-        0, inv, torch.arange(n), "amin")
-    return first, inv
 
 
 def _decode_cache(cache, rows: torch.Tensor | None, capacity: int):

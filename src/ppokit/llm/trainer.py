@@ -107,13 +107,19 @@ from .models import (
     load_lm,
     load_policy_state,
     save_policy,
+    wrap_lora,
 )
 from .parallel import NoRunDir, gather_rollout, shard
+from .positions import distinct_prompts
 from .progress import Progress
+from .reward_setup import (  # noqa: F401 (re-exported)
+    check_reward_named_again,
+    reward_arguments,
+    reward_set,
+)
 from .rewards import per_function_stats
 from .rollout import (
     TokenRollout,
-    _distinct_prompts,
     encode_prompts,
     generate,
     sequence_logprobs,
@@ -191,7 +197,7 @@ class TokenTrainer:
                 raise UsageError(problem)
             self._ckpt = load_checkpoint(ckpt)
             self._damaged = damaged
-            _check_reward_named_again(cfg, self._ckpt[2].get("config"), reward_fn)
+            check_reward_named_again(cfg, self._ckpt[2].get("config"), reward_fn)
         torch.manual_seed(cfg.seed)
         self.py_rng = random.Random(cfg.seed)  # the prompts: the same on every rank
         # sampling: one stream per rank; shuffling minibatches: the same on every rank
@@ -514,7 +520,7 @@ class TokenTrainer:
         # computes that many prompt rows (or its own row count, if fewer), so that every
         # minibatch has one shape (ppokit/llm/fused.py, fused_logits: min_prompts)
         p = self._shared_prompt_len(roll)
-        groups = _distinct_prompts(roll.input_ids[:, :p], roll.attention_mask[:, :p]) if p else None
+        groups = distinct_prompts(roll.input_ids[:, :p], roll.attention_mask[:, :p]) if p else None
         n_prompts = 0 if groups is None else int(groups[0].shape[0])
 
         def forward(rows: dict) -> Forward:
@@ -923,80 +929,3 @@ class TokenTrainer:
                          f"of the {self.iteration} done (the file was deleted or cut); the "
                          "run goes on from the checkpoint and its curves have a gap there")
         self.log(f"resumed from {ckpt.name} at iteration {self.iteration}")
-
-
-def _check_reward_named_again(cfg: LLMConfig, saved: dict | None, reward_fn) -> None:
-    """A resumed run whose reward is code (or a reward model elsewhere on disk) needs the
-    user to name it again: nothing a run directory says is imported or read."""
-    saved = saved if isinstance(saved, dict) else {}
-    if reward_fn is not None:
-        return
-    for key, flag in (("reward", "--reward"), ("reward_model", "--reward-model")):
-        old = saved.get(key)
-        if old and not getattr(cfg, key) and not (cfg.reward or cfg.reward_model):
-            if key == "reward" and "python:" in str(old):
-                again = ("the reward functions again (reward_funcs= in Python, or "
-                         "--reward module:function)")
-            elif key == "reward":
-                again = " ".join(f"--reward {e}" for e in str(old).split(","))
-                again += " again (or reward_funcs= in Python)"
-            else:
-                again = f"{flag} {old} again (or reward_funcs= in Python)"
-            raise UsageError(f"{flag}: this run was trained with {key} {old!r}; ppokit does "
-                             "not load code or models named inside a run directory: pass "
-                             f"{again}")
-
-
-def reward_set(cfg: LLMConfig, reward_fn=None, task=None, log=print):
-    """The :class:`ppokit.llm.rewards.RewardSet` of a configuration: ``reward_fn`` (a
-    callable or a list) when given, else the config's ``reward`` entries and
-    ``reward_model``, else the built-in task's rewards and weights."""
-    from .rewards import RewardModelScorer, RewardSet, reward_entries
-
-    weights = cfg.reward_weights
-    if reward_fn is not None:
-        if cfg.reward_model:
-            raise UsageError("reward_model: give it in reward_funcs (a directory there is a "
-                             "reward model) together with your functions, not beside them")
-        entries = list(reward_fn) if isinstance(reward_fn, (list, tuple)) else [reward_fn]
-    else:
-        entries = reward_entries(cfg.reward)
-        if cfg.reward_model:
-            entries.append(RewardModelScorer(cfg.reward_model))
-    if not entries:
-        if cfg.prompts is not None:
-            raise UsageError("reward: with --prompts give --reward module:function or "
-                             "--reward-model PATH")
-        task = task or make_task(cfg.task, cfg.task_options)
-        entries, weights = list(task.rewards), weights or task.reward_weights
-    return RewardSet(entries, weights, log=log)
-
-
-def reward_arguments(rows: list[dict], texts: list[str], completion_ids) -> tuple[list, dict]:
-    """``(completions, keyword arguments)`` of the reward functions for one batch: a
-    conversational prompt's completion is ``[{"role": "assistant", "content": text}]``;
-    every column other than ``prompt`` is passed under its own name."""
-    from .data import is_conversation
-    from .rewards import BASE_KEYS
-
-    comps = [[{"role": "assistant", "content": t}] if is_conversation(r["prompt"]) else t
-             for r, t in zip(rows, texts)]
-    kwargs = {"prompts": [r["prompt"] for r in rows], "completions": comps,
-              "completion_ids": [list(i) for i in completion_ids]}
-    for k in sorted({k for r in rows for k in r} - {"prompt", *BASE_KEYS}):
-        kwargs[k] = [r.get(k) for r in rows]
-    return comps, kwargs
-
-
-def wrap_lora(model, r: int, alpha: float):
-    """The policy with LoRA adapters on all linear layers (peft); the base stays frozen."""
-    import warnings
-
-    from peft import LoraConfig, get_peft_model
-
-    cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules="all-linear",
-                     task_type="CAUSAL_LM")
-    with warnings.catch_warnings():  # peft asks transformers a question it has renamed
-        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing",
-                                category=FutureWarning)
-        return get_peft_model(model, cfg)

@@ -93,7 +93,7 @@ class NumpySampler:
         return h
 
 
-def _mlp(n_in: int, hidden: tuple[int, ...], n_out: int, act: type[nn.Module],
+def mlp_layers(n_in: int, hidden: tuple[int, ...], n_out: int, act: type[nn.Module],
          ortho: bool, out_gain: float) -> nn.Sequential:
     layers: list[nn.Module] = []
     last = n_in
@@ -139,8 +139,8 @@ class MLPActorCritic(nn.Module):
         self.encoder = encoder
         self.critic_encoder = critic_encoder
         n_logits = int(sum(nvec)) if kind == "multicategorical" else action_dim
-        self.actor = _mlp(obs_dim, hidden, n_logits, act, ortho_init, 0.01)
-        self.critic = _mlp(obs_dim, hidden, 1, act, ortho_init, 1.0)
+        self.actor = mlp_layers(obs_dim, hidden, n_logits, act, ortho_init, 0.01)
+        self.critic = mlp_layers(obs_dim, hidden, 1, act, ortho_init, 1.0)
         if kind == "gaussian":
             self.log_std = nn.Parameter(torch.full((action_dim,), float(log_std_init)))
         self.nvec = tuple(int(n) for n in nvec) if nvec is not None else None

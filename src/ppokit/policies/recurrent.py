@@ -34,7 +34,7 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
-from .mlp import ACTIVATIONS, MLPActorCritic, _mlp
+from .mlp import ACTIVATIONS, MLPActorCritic, mlp_layers
 
 Tensor = torch.Tensor
 State = tuple[Tensor, ...]
@@ -76,9 +76,9 @@ class LSTMActorCritic(nn.Module):
         self.lstm_actor = nn.LSTM(obs_dim, H, self.n_lstm_layers, batch_first=True)
         self.lstm_critic = (nn.LSTM(obs_dim, H, self.n_lstm_layers, batch_first=True)
                             if self.enable_critic_lstm else None)
-        self.actor = _mlp(H, hidden, n_logits, act, ortho_init, 0.01)
+        self.actor = mlp_layers(H, hidden, n_logits, act, ortho_init, 0.01)
         critic_in = H if (self.enable_critic_lstm or self.shared_lstm) else obs_dim
-        self.critic = _mlp(critic_in, hidden, 1, act, ortho_init, 1.0)
+        self.critic = mlp_layers(critic_in, hidden, 1, act, ortho_init, 1.0)
         if kind == "gaussian":
             self.log_std = nn.Parameter(torch.full((action_dim,), float(log_std_init)))
 
