@@ -339,8 +339,9 @@ def test_reinforce_pp_and_broadcast():
 def test_registries_fail_loudly_and_their_names_are_the_config_values():
     from ppokit.algos.config import CHOICES
 
-    assert core.POLICY_LOSSES.names() == ["clip", "kl_penalty", "vanilla"]
-    with pytest.raises(ValueError, match="unknown policy loss 'ppo'; known: clip, kl_penalty"):
+    assert core.POLICY_LOSSES.names() == ["cispo", "clip", "gspo", "gspo_token", "kl_penalty",
+                                          "vanilla"]
+    with pytest.raises(ValueError, match="unknown policy loss 'ppo'; known: cispo, clip, gspo"):
         core.POLICY_LOSSES.get("ppo")
     with pytest.raises(ValueError, match="already registered"):
         core.register_advantage_estimator("grpo", core.grpo_advantages, layout="groups")

@@ -85,7 +85,7 @@ def test_without_the_import_the_error_names_the_flag_and_reading_needs_none(tmp_
     assert main(["train", "--set", "policy_loss=toy_tanh", "--run-dir", str(tmp_path / "x"),
                  *ENV_RUN]) == 2
     err = capsys.readouterr().err
-    assert "policy_loss: expected one of clip, kl_penalty, vanilla" in err
+    assert "policy_loss: expected one of cispo, clip, gspo, gspo_token, kl_penalty, vanilla" in err
     assert "--import MODULE" in err and not (tmp_path / "x").exists()
     rd = tmp_path / "run"
     assert main(["train", "--import", "_toy_recipe", "--set", "policy_loss=toy_tanh",

@@ -179,7 +179,7 @@ def _masked_terms(names_values: dict, mask, ref: str, layout: str = "[M] or [B, 
     return {k: _valid_only(v, m, k) for k, v in f.items()}, m
 
 
-def _policy_inputs(logp, logp_old, advantages, mask):
+def policy_inputs(logp, logp_old, advantages, mask):
     f, m = _masked_terms({"logp": logp, "logp_old": logp_old, "advantages": advantages},
                          mask, "logp")
     return f["logp"], f["logp_old"].detach(), f["advantages"].detach(), m
@@ -203,10 +203,10 @@ def clip_fractions(ratio: Tensor, advantages: Tensor, clip_low: float, clip_high
         if dual_clip is not None:
             active = active | ((advantages < 0) & (r > dual_clip))
         m = None if mask is None else mask
-        return (_mean(outside.to(r.dtype), m), _mean(active.to(r.dtype), m))
+        return (valid_mean(outside.to(r.dtype), m), valid_mean(active.to(r.dtype), m))
 
 
-def _mean(x: Tensor, m: Tensor | None) -> Tensor:
+def valid_mean(x: Tensor, m: Tensor | None) -> Tensor:
     if m is None:
         return x.mean()
     return torch.where(m, x, torch.zeros((), dtype=x.dtype)).sum() / m.sum().clamp(min=1)
@@ -223,7 +223,7 @@ def ratio_stats(ratio: Tensor, mask: Tensor | None = None) -> dict[str, Tensor]:
         return {
             "ratio_min": torch.where(mask, r, inf).min(),
             "ratio_max": torch.where(mask, r, -inf).max(),
-            "ratio_mean": _mean(r, mask),
+            "ratio_mean": valid_mean(r, mask),
         }
 
 
@@ -238,7 +238,7 @@ def approx_kl(logp_new, logp_old, mask=None, estimator: str = "k3") -> Tensor:
         f, m = _masked_terms({"logp_new": torch.as_tensor(logp_new).detach(),
                               "logp_old": torch.as_tensor(logp_old).detach()}, mask, "logp_new")
         per = kl_estimate(f["logp_old"], f["logp_new"], estimator)
-        return _mean(per, m)
+        return valid_mean(per, m)
 
 
 def clipped_surrogate_loss(logp, logp_old, advantages, mask=None, *, clip_eps: float = 0.2,
@@ -270,7 +270,7 @@ def clipped_surrogate_loss(logp, logp_old, advantages, mask=None, *, clip_eps: f
                                                                       "clip_eps_high")
     if dual_clip is not None and not float(dual_clip) > 1.0:
         raise ValueError(f"dual_clip: expected a number > 1, got {dual_clip!r}")
-    lp, lpo, adv, m = _policy_inputs(logp, logp_old, advantages, mask)
+    lp, lpo, adv, m = policy_inputs(logp, logp_old, advantages, mask)
     log_ratio = lp - lpo
     ratio = torch.exp(log_ratio)
     surr1 = ratio * adv
@@ -281,11 +281,11 @@ def clipped_surrogate_loss(logp, logp_old, advantages, mask=None, *, clip_eps: f
     per = -surr
     loss = aggregate(per, m, agg, num_tokens=num_tokens, num_seqs=num_seqs,
                      norm_length=norm_length)
-    stats = _policy_stats(log_ratio, ratio, adv, m, eps_low, eps_high, dual_clip)
+    stats = policy_stats(log_ratio, ratio, adv, m, eps_low, eps_high, dual_clip)
     return PolicyLoss(loss=loss, per_sample=per, ratio=ratio, stats=stats)
 
 
-def _policy_stats(log_ratio, ratio, adv, m, eps_low, eps_high, dual_clip):
+def policy_stats(log_ratio, ratio, adv, m, eps_low, eps_high, dual_clip):
     with torch.no_grad():
         lr = log_ratio.detach()
         r = ratio.detach()
@@ -293,8 +293,8 @@ def _policy_stats(log_ratio, ratio, adv, m, eps_low, eps_high, dual_clip):
         stats = {
             "clipfrac": clipfrac,
             "clip_active_frac": active,
-            "approx_kl": _mean(torch.expm1(lr) - lr, m),
-            "approx_kl_k1": _mean(-lr, m),
+            "approx_kl": valid_mean(torch.expm1(lr) - lr, m),
+            "approx_kl_k1": valid_mean(-lr, m),
         }
         stats.update(ratio_stats(r, m))
     return stats
@@ -308,13 +308,13 @@ def vanilla_pg_loss(logp, logp_old, advantages, mask=None, *, agg: str = "token-
     with an optional same-shape mask); ``logp_old`` is used only for the
     diagnostics (ratio, approx KL). Its gradient equals that of ``−ρ Â`` at ``ρ = 1``.
     """
-    lp, lpo, adv, m = _policy_inputs(logp, logp_old, advantages, mask)
+    lp, lpo, adv, m = policy_inputs(logp, logp_old, advantages, mask)
     per = -lp * adv
     loss = aggregate(per, m, agg, num_tokens=num_tokens, num_seqs=num_seqs,
                      norm_length=norm_length)
     log_ratio = (lp - lpo).detach()
     ratio = log_ratio.exp()
-    stats = _policy_stats(log_ratio, ratio, adv, m, float("inf"), float("inf"), None)
+    stats = policy_stats(log_ratio, ratio, adv, m, float("inf"), float("inf"), None)
     return PolicyLoss(loss=loss, per_sample=per, ratio=ratio, stats=stats)
 
 

@@ -48,6 +48,7 @@ from . import advantage as _gae
 from . import group as _group
 from . import losses as _losses
 from . import returns as _returns
+from . import surrogates as _surrogates
 
 __all__ = ["Registry", "Entry", "POLICY_LOSSES", "ADVANTAGES", "GROUP_ADVANTAGES",
            "ENV_ADVANTAGES", "NO_CLIP", "AdvantageSpec", "Steps", "TokenSteps",
@@ -201,6 +202,30 @@ def _ratio_surrogate(spec, logp, logp_old, advantages, mask=None, **agg):
     The clipped loss with a clip range no ratio reaches, so the statistics are the same."""
     return _losses.clipped_surrogate_loss(logp, logp_old, advantages, mask,
                                           clip_eps=NO_CLIP, **agg)
+
+
+@register_policy_loss("gspo", help="GSPO: one length-normalised ratio per sequence, "
+                      "clipped per sequence (clip_range / clip_range_high: the sequence's)")
+def _gspo(spec, logp, logp_old, advantages, mask=None, **agg):
+    return _surrogates.gspo_loss(logp, logp_old, advantages, mask, clip_eps=spec.clip_range,
+                                 clip_eps_high=spec.clip_range_high,
+                                 num_seqs=agg.get("num_seqs"))
+
+
+@register_policy_loss("gspo_token", help="GSPO-token: the sequence ratio's value with a "
+                      "gradient path per token (per-token advantages)")
+def _gspo_token(spec, logp, logp_old, advantages, mask=None, **agg):
+    return _surrogates.gspo_loss(logp, logp_old, advantages, mask, clip_eps=spec.clip_range,
+                                 clip_eps_high=spec.clip_range_high, token_level=True,
+                                 num_seqs=agg.get("num_seqs"))
+
+
+@register_policy_loss("cispo", help="CISPO: -sg(clip(ρ))·Â·log π on every token "
+                      "(clip_range >= 1: no lower bound)")
+def _cispo(spec, logp, logp_old, advantages, mask=None, **agg):
+    high = spec.clip_range_high if spec.clip_range_high is not None else spec.clip_range
+    return _surrogates.cispo_loss(logp, logp_old, advantages, mask, clip_eps=spec.clip_range,
+                                  clip_eps_high=high, **agg)
 
 
 # --------------------------------------------------------------------------- advantages

@@ -24,6 +24,7 @@ class Thresholds:
     """
 
     min_iterations: int = 6
+    # how far each update moves the policy
     clipfrac_zero_median: float = 0.01
     clipfrac_zero_q90: float = 0.03
     clipfrac_high_median: float = 0.3
@@ -31,6 +32,7 @@ class Thresholds:
     kl_rise_corr: float = 0.5
     kl_rise_factor: float = 2.0
     kl_floor: float = 1e-3
+    # learning progress and the critic
     return_flat_corr: float = 0.3
     return_flat_rel: float = 0.1
     early_stop_frac: float = 0.5
@@ -38,11 +40,13 @@ class Thresholds:
     ev_q90_max: float = 0.2
     value_fall_corr: float = -0.5
     value_fall_factor: float = 0.5
+    # exploration, and metrics that move together
     entropy_collapse_frac: float = 0.1
     entropy_collapse_within: float = 0.5
     coupling_corr: float = 0.5
     length_rise_rel: float = 0.2
     truncation_median: float = 0.2
+    # return-collapse
     collapse_drop: float = 0.3
     collapse_band: float = 0.1
     collapse_plateau_min: int = 3
@@ -58,10 +62,12 @@ class Thresholds:
     clipfrac_high_median_lm: float = 0.2
     lm_entropy_floor: float = 0.2
     lm_score_gain: float = 0.1
+    # completion lengths
     length_explosion_factor: float = 2.0
     length_explosion_min: float = 4.0
     length_collapse_factor: float = 0.5
     length_collapse_min: float = 2.0
+    # reward hacking, the reference KL, groups and the sampler
     hacking_rise: float = 0.1
     hacking_drop: float = 0.2
     kl_token_high: float = 1.0

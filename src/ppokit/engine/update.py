@@ -42,6 +42,7 @@ returns the same statistics. See docs/theory.md for the derivations.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from typing import Any, NamedTuple
@@ -111,12 +112,11 @@ class UpdateSpec:
                     ) -> UpdateSpec:
         """This spec with one update's scheduled clip range / controlled KL coefficient
         (``None``: keep the spec's)."""
-        changes = {}
-        if clip_range is not None and float(clip_range) != self.clip_range:
-            changes["clip_range"] = float(clip_range)
-        if kl_coef is not None and float(kl_coef) != self.kl_coef:
-            changes["kl_coef"] = float(kl_coef)
-        return replace(self, **changes) if changes else self
+        clip = self.clip_range if clip_range is None else float(clip_range)
+        beta = self.kl_coef if kl_coef is None else float(kl_coef)
+        if clip == self.clip_range and beta == self.kl_coef:
+            return self
+        return _with_values(self, clip, beta)  # once per update, not per minibatch
 
     def __post_init__(self):
         def bad(name, expected):
@@ -140,6 +140,11 @@ class UpdateSpec:
                 bad(name, "an integer >= 1")
         if self.minibatch_size < 0:
             bad("minibatch_size", "an integer >= 0")
+
+
+@functools.lru_cache(maxsize=8)
+def _with_values(spec: UpdateSpec, clip_range: float, kl_coef: float) -> UpdateSpec:
+    return replace(spec, clip_range=clip_range, kl_coef=kl_coef)
 
 
 class Forward(NamedTuple):

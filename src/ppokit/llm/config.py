@@ -100,9 +100,11 @@ class LLMConfig:
                                       "(None: half the iteration's sequences)")
     grad_accum: int = _f(1, "micro-batches per minibatch (gradient accumulation)")
     agg: str | None = _f(None, "loss aggregation mode (ppokit.core.aggregate)")
-    policy_loss: str = _f("clip", "the surrogate: clip (PPO-Clip), vanilla (-logp*A), or one "
-                                  "registered with ppokit.register_policy_loss")
-    clip_range: float = _f(0.2, "PPO clip epsilon")
+    policy_loss: str | None = _f(None, "the surrogate: clip (PPO-Clip; the default), "
+                                       "vanilla, gspo, gspo_token, cispo, or your own")
+    clip_range: float | None = _f(None, "clip epsilon, the lower one with clip_range_high "
+                                        "(default: the preset's; 0.2)")
+    clip_range_high: float | None = _f(None, "upper clip epsilon (None: clip_range)")
     clip_range_vf: float | None = _f(0.2, "value clipping around V_old (None: off)")
     vf_coef: float = _f(0.5, "value-loss coefficient")
     ent_coef: float = _f(0.0, "entropy bonus coefficient")
@@ -191,6 +193,10 @@ class LLMConfig:
                           .max_new_tokens if cfg.prompts is None else DEFAULT_MAX_NEW_TOKENS)
         if cfg.normalize_std is None:
             cfg = replace(cfg, normalize_std=True)
+        if cfg.policy_loss is None:
+            cfg = replace(cfg, policy_loss="clip")
+        if cfg.clip_range is None:
+            cfg = replace(cfg, clip_range=0.2)
         if cfg.batch_size is None:
             cfg = replace(cfg, batch_size=max(1, cfg.prompts_per_iter
                                               * cfg.samples_per_prompt // 2))
@@ -269,6 +275,7 @@ LIMITS: dict[str, tuple[bool, float, float, bool]] = {
     "batch_size": (True, 1, MAX_SEQUENCES, False),
     "grad_accum": (True, 1, MAX_SEQUENCES, False),
     "clip_range": (False, 0.0, COEF_MAX, True),
+    "clip_range_high": (False, 0.0, COEF_MAX, True),
     "clip_range_vf": (False, 0.0, COEF_MAX, True),
     "vf_coef": (False, 0.0, COEF_MAX, False),
     "ent_coef": (False, 0.0, COEF_MAX, False),

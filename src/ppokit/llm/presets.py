@@ -7,7 +7,7 @@ from __future__ import annotations
 __all__ = ["ALGOS", "TRUNCATION", "PRESETS", "MODEL_DEFAULTS", "LEARNING_RATES",
            "DEFAULT_MAX_NEW_TOKENS"]
 
-ALGOS = ("ppo", "grpo", "dr-grpo", "rloo", "reinforce++")
+ALGOS = ("ppo", "grpo", "dr-grpo", "rloo", "reinforce++", "gspo", "cispo")
 TRUNCATION = ("none", "bootstrap", "penalty", "mask")
 
 # The algorithm presets are values, not code paths: each fills the fields left at None.
@@ -30,6 +30,16 @@ PRESETS = {
     "reinforce++": {"advantage_estimator": "reinforce_pp", "use_critic": False,
                     "prompts_per_iter": 64, "samples_per_prompt": 1, "kl_mode": "reward",
                     "kl_coef": 0.02, "agg": "token-mean", "normalize_advantage": False},
+    # GRPO's groups with GSPO's sequence ratio and its own, much narrower clip range
+    "gspo": {"advantage_estimator": "grpo", "use_critic": False, "normalize_std": True,
+             "prompts_per_iter": 16, "samples_per_prompt": 4, "kl_mode": "loss",
+             "kl_coef": 0.02, "agg": "seq-mean-token-mean", "normalize_advantage": False,
+             "policy_loss": "gspo", "clip_range": 3e-4, "clip_range_high": 4e-4},
+    # GRPO's groups with CISPO's clipped, detached weight: no lower bound, capped above
+    "cispo": {"advantage_estimator": "grpo", "use_critic": False, "normalize_std": True,
+              "prompts_per_iter": 16, "samples_per_prompt": 4, "kl_mode": "loss",
+              "kl_coef": 0.02, "agg": "token-mean", "normalize_advantage": False,
+              "policy_loss": "cispo", "clip_range": 1.0, "clip_range_high": 0.28},
 }
 
 # Defaults that follow what is trained: the built-in tiny model, warm-started in seconds,

@@ -31,7 +31,8 @@ RESUMABLE = ("iterations", "time_limit", "checkpoint_every", "samples_logged", "
 # fields added after runs were first saved, with the value those runs trained with (a
 # resumed run goes on as it started, whatever today's default)
 ADDED_FIELDS = {"kl_estimator": "k3", "guard_kl": 0.0, "guard_grad_norm": 0.0,
-                "temperature": 1.0, "n_epochs": 2, "policy_loss": "clip"}
+                "temperature": 1.0, "n_epochs": 2, "policy_loss": "clip",
+                "clip_range_high": None}
 
 
 def resume_command(run_dir: str, cfg: LLMConfig, world: int = 1) -> str:

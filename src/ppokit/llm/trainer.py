@@ -487,7 +487,8 @@ class TokenTrainer:
         """The engine's spec of this trainer's update (shared with environment training)."""
         cfg = self.cfg
         return UpdateSpec(
-            policy_loss=cfg.policy_loss, clip_range=cfg.clip_range, agg=cfg.agg,
+            policy_loss=cfg.policy_loss, clip_range=cfg.clip_range,
+            clip_range_high=cfg.clip_range_high, agg=cfg.agg,
             norm_length=float(self.max_new_tokens), use_critic=self.critic is not None,
             vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef,
             kl_anchor="ref" if cfg.kl_mode == "loss" and beta > 0 else "none",
