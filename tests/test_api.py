@@ -168,7 +168,7 @@ class _NotAFactory:
     (dict(env=_NotAFactory), "env: got the class _NotAFactory; pass a factory"),
     (dict(env=3), "env: expected a Gymnasium id or a factory"),
     (dict(lr=0.1), "ppokit.train: unknown key 'lr'; did you mean 'learning_rate'"),
-    (dict(total_timesteps=10), "total_timesteps: pass it as total_steps="),
+    (dict(total_timesteps=10, total_steps=10), "total_timesteps: the same as total_steps"),
     (dict(total_steps=-1), "total_steps (total_timesteps): expected"),
     (dict(progress="yes"), "progress: expected True, False or None"),
     (dict(callbacks=[1]), "callbacks: expected functions"),
@@ -288,3 +288,14 @@ def test_scalars_logged_from_a_callback_join_that_iterations_record(tmp_path):
     with pytest.raises(UsageError, match="custom/x: expected a finite number"):
         agent.learn(256, callbacks=[not_a_number])
     agent.close()
+
+
+def test_stable_baselines3_names_and_the_package_listing(tmp_path):
+    """``total_timesteps=`` (SB3's name) trains as ``total_steps=``; ``dir(ppokit)`` lists
+    the lazily imported API, so tab completion finds it."""
+    agent = ppokit.train("CartPole-v1", total_timesteps=256, run_dir=tmp_path / "r", **TINY)
+    assert agent.cfg.total_timesteps == 256
+    names = dir(ppokit)
+    for name in ("train", "load", "Agent", "check_env", "register_policy_loss",
+                 "register_advantage_estimator", "register_features_extractor"):
+        assert name in names

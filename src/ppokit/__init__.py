@@ -15,6 +15,11 @@ __all__ = ["Agent", "check_env", "load", "register_advantage_estimator",
            "register_features_extractor", "register_policy_loss", "train", "__version__"]
 
 
+def __dir__() -> list[str]:
+    """The lazy attributes too, so that ``dir(ppokit)`` and tab completion show them."""
+    return sorted(set(globals()) | set(__all__))
+
+
 def __getattr__(name: str):
     if name in ("Agent", "load", "train"):
         from . import api

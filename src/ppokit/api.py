@@ -38,7 +38,8 @@ from ppokit.errors import UsageError
 
 __all__ = ["Agent", "train", "load"]
 
-_RENAMED = {"total_timesteps": "total_steps", "env_id": "env"}  # keyword -> config key
+_RENAMED = {"env_id": "env"}  # keyword -> the argument's name
+_ARG_OF = {"total_timesteps": "total_steps", "env_id": "env"}  # config key -> argument
 
 
 def _env_arg(env: Any) -> tuple[Any, str, str]:
@@ -88,6 +89,10 @@ def _resolve(env_id: str, algo: Any, total_steps: Any, env_kwargs: Any, env_sour
              config: dict, maker: Any = None):
     from ppokit.algos.config import resolve_config, unknown_key, valid_keys
 
+    if "total_timesteps" in config:  # Stable-Baselines3's name for total_steps
+        if total_steps is not None:
+            raise UsageError("total_timesteps: the same as total_steps; give one of them")
+        total_steps = config.pop("total_timesteps")
     for k in config:
         if k not in valid_keys() or k in _RENAMED:
             if k in _RENAMED:
@@ -115,8 +120,8 @@ def _resolve(env_id: str, algo: Any, total_steps: Any, env_kwargs: Any, env_sour
         return resolve_config(env_id=env_id, toml_values={}, overrides=overrides)
     except UsageError as exc:
         name = getattr(exc, "field", None)
-        if name in _RENAMED and str(exc).startswith(name + ":"):
-            raise UsageError(f"{_RENAMED[name]} ({name}):{str(exc)[len(name) + 1:]}") from None
+        if name in _ARG_OF and str(exc).startswith(name + ":"):
+            raise UsageError(f"{_ARG_OF[name]} ({name}):{str(exc)[len(name) + 1:]}") from None
         raise
 
 
@@ -505,7 +510,8 @@ def train(env, algo: str = "ppo", total_steps: int | None = None,
     ``gymnasium.vector.VectorEnv`` (trained as it is; ``n_envs`` is its ``num_envs``;
     ppokit closes it with the agent). A class or a single env instance is refused: pass
     ``lambda: MyEnv()``. ``algo``: ppo, a2c, reinforce or
-    ppo-kl. ``total_steps``: environment steps (default: the preset's). ``run_dir``: where
+    ppo-kl. ``total_steps``: environment steps (default: the preset's; Stable-Baselines3's
+    ``total_timesteps=`` is the same). ``run_dir``: where
     the run is written (default: a new ``runs/ENV-ALGO-sSEED-TIME``); an existing run is
     continued only with ``resume=True`` (then ``env`` must be the run's: its id, or its
     factory again, and no configuration may be given). ``callbacks``: functions
