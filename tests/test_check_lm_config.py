@@ -44,14 +44,14 @@ def flagged(results) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("algo", ["ppo", "grpo", "dr-grpo", "rloo", "reinforce++", "gspo",
-                                  "cispo"])
+                                  "cispo", "dapo"])
 def test_presets_pass(warm, tok, algo):
     res = run_config_checks(LLMConfig(algo=algo), warm, tok)
     assert [r.name for r in res] == CONFIG_CHECKS and set(CONFIG_CHECKS) <= set(CHECKS)
     assert flagged(res) == {}, [(r.name, r.measured) for r in res]
 
 
-@pytest.mark.parametrize("algo", ["grpo", "dr-grpo", "rloo", "gspo", "cispo"])
+@pytest.mark.parametrize("algo", ["grpo", "dr-grpo", "rloo", "gspo", "cispo", "dapo"])
 def test_group_estimator_with_one_sample(warm, tok, algo):
     res = run_config_checks(LLMConfig(algo=algo, samples_per_prompt=1), warm, tok)
     assert flagged(res) == {"lm-group-size": "FAIL"}

@@ -243,7 +243,7 @@ def test_the_eval_split_is_said_and_a_penalty_that_dwarfs_the_rewards_is_warned(
                for m in msgs)
     assert sum("truncation_penalty 0.5 is" in m for m in msgs) == 1
     # the default scores a cut completion like any other: no penalty, no warning
-    assert LLMConfig().truncation == "none"
+    assert LLMConfig().resolved().truncation == "none"
 
 
 def test_a_kl_term_that_dwarfs_the_rewards_is_warned_once(tmp_path, tok):

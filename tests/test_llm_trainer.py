@@ -151,11 +151,14 @@ def test_the_kl_loss_term_is_the_configured_estimator(tmp_path, tok, estimator):
     assert float(stats["kl_loss"]) == pytest.approx(float(per.mean()), rel=1e-5)
 
 
-@pytest.mark.parametrize("algo", ["ppo", "gspo", "cispo"])
+@pytest.mark.parametrize("algo", ["ppo", "gspo", "cispo", "dapo", "grpo+tis"])
 def test_resume_continues_exactly(tmp_path, tok, algo):
     cfg = {"iterations": 4, "checkpoint_every": 2, "algo": algo}
     if algo != "ppo":
         cfg.update(prompts_per_iter=2, samples_per_prompt=4)
+    if algo == "grpo+tis":  # a bf16 sampler corrected by truncated importance weights
+        cfg.update(algo="grpo", sampler_precision="bf16", rollout_is="truncate")
+    clip_key = {"gspo": "clipfrac_sequence", "cispo": "clipfrac_weight"}.get(algo, "clipfrac")
     a = _trainer(tmp_path, tok, "straight", **cfg)
     a.train(progress=False)
     b = _trainer(tmp_path, tok, "resumed", **{**cfg, "iterations": 2})
@@ -173,7 +176,9 @@ def test_resume_continues_exactly(tmp_path, tok, algo):
     assert [r["iteration"] for r in rb] == [1, 2, 3, 4]
     for x, y in zip(ra, rb):
         for key in ("score_mean", "kl_ref", "approx_kl", "value_loss", "response_length_mean",
-                    "clipfrac"):
+                    clip_key, "mismatch_k3_mean", *(
+                        ("dynamic_rounds", "dynamic_dropped_groups") if algo == "dapo"
+                        else ()), *(("rollout_is_weight_mean",) if "tis" in algo else ())):
             if x[key] is None:
                 assert y[key] is None, key
                 continue

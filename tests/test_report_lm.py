@@ -1,7 +1,7 @@
 """ppokit report on language-model runs: recorded metrics of real short runs of the token
 trainer (tests/data/README.md) — healthy runs get no finding; each provoked failure gets
-its code — plus a synthetic file for the sampler/trainer mismatch, which ppokit's trainer
-does not log."""
+its code — plus synthetic records for the sampler/trainer mismatch at a level a float32
+trainer never shows, and for the clip statistics of GSPO and CISPO."""
 
 from __future__ import annotations
 
@@ -77,6 +77,17 @@ def test_clipping_saturated():
     assert codes("llm_clip_saturated") == {"clipfrac-high", "kl-high"}
     f = finding("llm_clip_saturated", "clipfrac-high")
     assert "saturated" in f.message and "action tokens" in f.message
+
+
+@pytest.mark.parametrize("unit", ["sequence", "weight"])
+def test_gspo_and_cispo_clip_shares_are_not_token_clip_fractions(unit):
+    """GSPO clips whole sequences with a range of a few 1e-4, and CISPO's capped weights
+    keep their gradient: neither share is judged as PPO-Clip's token clip fraction."""
+    with open(DATA / "llm_clip_saturated.metrics.jsonl") as f:
+        recs = [json.loads(x) for x in f]
+    for r in recs:
+        r[f"clipfrac_{unit}"] = r.pop("clipfrac")
+    assert "clipfrac-high" not in {f.code for f in diagnose(MetricsTable(recs))}
 
 
 def test_reward_that_never_pays():

@@ -14,7 +14,11 @@ trainer, engine or configuration file changes (docs/architecture.md#extending).
   scheduled values included); ``agg`` the aggregation keywords of
   :func:`ppokit.core.aggregate`, to be passed on. Declarations: ``kl_anchor="old"`` (the
   loss is PPO-KL's surrogate: the trainer adds the penalty against the old policy and
-  adapts its coefficient), ``uses_clip_range`` (the clip range is reported with it).
+  adapts its coefficient), ``uses_clip_range`` (the clip range is reported with it),
+  ``clip_unit`` (what its ``clipfrac`` counts: ``"token"`` ratios that left the range,
+  ``"sequence"`` ratios (GSPO's), or ``"weight"`` — importance weights the clip changed,
+  every token keeping its gradient (CISPO's); the token trainer logs the last two as
+  ``clipfrac_sequence`` / ``clipfrac_weight``, which the report reads differently).
 * **Advantage estimators**, by layout:
 
   - ``"steps"``: ``fn(steps: Steps, spec: AdvantageSpec) -> (advantages, returns)`` on
@@ -171,15 +175,22 @@ POLICY_LOSSES = Registry(
 
 
 def register_policy_loss(name: str, fn: Callable | None = None, *, help: str = "",  # noqa: A002
-                         kl_anchor: str = "none", uses_clip_range: bool = True):
+                         kl_anchor: str = "none", uses_clip_range: bool = True,
+                         clip_unit: str = "token"):
     """Register a policy loss ``fn(spec, logp, logp_old, advantages, mask=None, **agg)``
     (tensors ``[M]`` or ``[B, L]``, one shape) returning a :class:`ppokit.core.PolicyLoss`
     (decorator or call). ``kl_anchor="old"``:
     the surrogate of PPO-KL (the trainer adds the penalty to the old policy)."""
     if kl_anchor not in ("none", "old"):
         raise ValueError(f"kl_anchor: expected 'none' or 'old', got {kl_anchor!r}")
+    if clip_unit not in CLIP_UNITS:
+        raise ValueError(f"clip_unit: expected one of {', '.join(CLIP_UNITS)}, got "
+                         f"{clip_unit!r}")
     return POLICY_LOSSES.register(name, fn, help=help, kl_anchor=kl_anchor,
-                                  uses_clip_range=bool(uses_clip_range))
+                                  uses_clip_range=bool(uses_clip_range), clip_unit=clip_unit)
+
+
+CLIP_UNITS = ("token", "sequence", "weight")
 
 
 @register_policy_loss("clip", help="PPO-Clip: -min(ρÂ, clip(ρ, 1-ε_low, 1+ε_high)Â), "
@@ -205,7 +216,8 @@ def _ratio_surrogate(spec, logp, logp_old, advantages, mask=None, **agg):
 
 
 @register_policy_loss("gspo", help="GSPO: one length-normalised ratio per sequence, "
-                      "clipped per sequence (clip_range / clip_range_high: the sequence's)")
+                      "clipped per sequence (clip_range / clip_range_high: the sequence's)",
+                      clip_unit="sequence")
 def _gspo(spec, logp, logp_old, advantages, mask=None, **agg):
     return _surrogates.gspo_loss(logp, logp_old, advantages, mask, clip_eps=spec.clip_range,
                                  clip_eps_high=spec.clip_range_high,
@@ -213,7 +225,7 @@ def _gspo(spec, logp, logp_old, advantages, mask=None, **agg):
 
 
 @register_policy_loss("gspo_token", help="GSPO-token: the sequence ratio's value with a "
-                      "gradient path per token (per-token advantages)")
+                      "gradient path per token (per-token advantages)", clip_unit="sequence")
 def _gspo_token(spec, logp, logp_old, advantages, mask=None, **agg):
     return _surrogates.gspo_loss(logp, logp_old, advantages, mask, clip_eps=spec.clip_range,
                                  clip_eps_high=spec.clip_range_high, token_level=True,
@@ -221,7 +233,7 @@ def _gspo_token(spec, logp, logp_old, advantages, mask=None, **agg):
 
 
 @register_policy_loss("cispo", help="CISPO: -sg(clip(ρ))·Â·log π on every token "
-                      "(clip_range >= 1: no lower bound)")
+                      "(clip_range >= 1: no lower bound)", clip_unit="weight")
 def _cispo(spec, logp, logp_old, advantages, mask=None, **agg):
     high = spec.clip_range_high if spec.clip_range_high is not None else spec.clip_range
     return _surrogates.cispo_loss(logp, logp_old, advantages, mask, clip_eps=spec.clip_range,

@@ -32,6 +32,11 @@ target-KL early stop — happens here, once, and means the same for both:
 * **Advantage normalisation.** ``normalize_advantage`` whitens (ddof 1, eps 1e-8) over the
   valid elements of each minibatch (``advantage_norm_scope="minibatch"``) or of the whole
   batch once (``"batch"``).
+* **Importance weights.** A batch column ``is_weight`` (the token trainer's truncated
+  importance weights for the sampler–trainer mismatch, ``rollout_is="truncate"``)
+  multiplies each element's advantage after any whitening: each element's policy term is
+  scaled by its weight, for every registered surrogate linear in the advantage, since
+  ``min(r·wA, clip(r)·wA) = w·min(r·A, clip(r)·A)`` for ``w > 0``.
 
 The labelled batch is validated and detached once per rollout (:class:`LabelledBatch`),
 not per loss term and micro-batch. The eager minibatch step is :func:`eager_minibatch_step`;
@@ -191,7 +196,7 @@ class LabelledBatch:
             if v.shape[:1] != (n,):
                 raise ValueError(f"labelled batch: {k!r} has {tuple(v.shape)[:1]} rows, "
                                  f"logp {n}")
-        for k in ("logp", "advantages", "returns", "values", "ref_logp"):
+        for k in ("logp", "advantages", "returns", "values", "ref_logp", "is_weight"):
             if k not in out:
                 continue
             v = out[k]
@@ -255,6 +260,9 @@ def eager_minibatch_step(spec: UpdateSpec, forward: Callable[[dict], Forward],
     if spec.normalize_advantage and spec.advantage_norm_scope == "minibatch":
         mb = dict(mb)
         mb["advantages"] = masked_whiten(mb["advantages"], m_all)
+    if "is_weight" in mb:  # importance weights of the elements, after any whitening
+        mb = dict(mb)
+        mb["advantages"] = mb["advantages"] * mb.pop("is_weight")
     accum = spec.grad_accum
     agg_kw: dict[str, Any] = {"agg": spec.agg, "norm_length": spec.norm_length}
     split = accum > 1 or dp is not None

@@ -19,6 +19,7 @@ from .presets import (  # noqa: F401 (re-exported)
     DEFAULT_MAX_NEW_TOKENS,
     LEARNING_RATES,
     MODEL_DEFAULTS,
+    OVERLONG_BUFFER,
     PRESETS,
     TRUNCATION,
 )
@@ -51,8 +52,9 @@ class LLMConfig:
     each field's ``metadata["help"]`` is its documentation (and the ``--help`` text)."""
 
     algo: str | None = _f(None, "algorithm preset: ppo | grpo | dr-grpo | rloo | reinforce++ "
-                                "(default: ppo on the built-in model and task, grpo with "
-                                "--model or --prompts)")
+                                "| gspo | cispo | dapo (docs/llm_algorithms.md; default: ppo "
+                                "on the built-in model and task, grpo with --model or "
+                                "--prompts)")
     model: str | None = _f(None, "local HF causal LM dir (None: built-in tiny model + warm "
                                  "start)")
     task: str | None = _f(None, "built-in task when no prompts are given: reverse | "
@@ -83,13 +85,19 @@ class LLMConfig:
     temperature: float | None = _f(None, "sampling temperature (log-probs use the same "
                                          "scaling; default 1 for the built-in model, 0.7 "
                                          "for a pretrained --model)")
-    old_logprobs: str = _f("sampler", "PPO's old log-probs: sampler (those the sampler drew "
-                                      "each token with; no extra forward pass) | recompute "
-                                      "(a forward pass over the batch after sampling)")
+    old_logprobs: str | None = _f(None, "PPO's old log-probs: sampler (those the sampler "
+                                        "drew each token with; no extra forward pass) | "
+                                        "recompute (the trainer's forward pass over the "
+                                        "batch after sampling; default: recompute with "
+                                        "rollout_is, else sampler)")
     precision: str = _f("fp32", "number format of the models' matrix products: fp32 | "
                                 "bf16 (policy, reference and critic run under bfloat16 "
                                 "autocast, as TRL's default bf16=True; weights, optimiser, "
                                 "log-softmax, values and losses stay float32)")
+    sampler_precision: str | None = _f(None, "number format of sampling alone: fp32 | bf16 "
+                                             "(default: precision); a sampler in another "
+                                             "format than the trainer is the rollout-"
+                                             "training mismatch that rollout_is corrects")
     learning_rate: float | None = _f(None, "policy learning rate (AdamW; default: 2e-4 for "
                                            "the built-in model; a pretrained --model: "
                                            "1e-4 with LoRA, 1e-6 fully fine-tuned)")
@@ -131,10 +139,39 @@ class LLMConfig:
     normalize_std: bool | None = _f(None, "grpo: divide by the group std")
     score_norm: str = _f("none", "none | batch: whiten scores over the batch first")
     score_clip: float | None = _f(None, "clip scores to [-c, c] after normalisation")
-    truncation: str = _f("none", "a response cut at max_new_tokens: none (scored as it "
-                                 "is) | penalty | mask | bootstrap (docs/training.md)")
+    truncation: str | None = _f(None, "a response cut at max_new_tokens: none (scored as "
+                                      "it is) | penalty | mask (left out of the loss: "
+                                      "DAPO's overlong filtering) | bootstrap "
+                                      "(docs/theory.md#truncated-responses; default: "
+                                      "mask with algo dapo, else none)")
     truncation_penalty: float = _f(0.5, "truncation=penalty: subtracted from a truncated "
                                         "response's score")
+    overlong_buffer: int | None = _f(None, "soft overlong punishment (DAPO): a completion "
+                                           "longer than max_new_tokens - overlong_buffer "
+                                           "tokens loses up to overlong_penalty, linearly "
+                                           "in its length, reaching it at max_new_tokens "
+                                           "(0: off; default: max_new_tokens / 5 with algo "
+                                           "dapo, else 0)")
+    overlong_penalty: float = _f(1.0, "soft overlong punishment: the penalty at "
+                                      "max_new_tokens")
+    dynamic_sampling: bool | None = _f(None, "DAPO's dynamic sampling: groups whose scores "
+                                             "are all equal (no advantage) are dropped and "
+                                             "more prompts sampled until the batch is full "
+                                             "(default: on with algo dapo)")
+    dynamic_sampling_rounds: int = _f(4, "dynamic sampling: most generation rounds per "
+                                         "iteration; a batch still short after them is "
+                                         "filled with dropped groups")
+    rollout_is: str = _f("none", "rollout-training mismatch correction: none | truncate "
+                                 "(token weight min(pi_old/pi_sampler, threshold)) | mask "
+                                 "(tokens or sequences whose ratio leaves [threshold_lower, "
+                                 "threshold] leave the loss); docs/llm_algorithms.md")
+    rollout_is_level: str = _f("token", "rollout_is: per token | sequence (the geometric "
+                                        "mean of its tokens' ratios)")
+    rollout_is_threshold: float = _f(2.0, "rollout_is: the ratio's cap (truncate) or upper "
+                                          "bound (mask); also the bound of the logged "
+                                          "mismatch_frac_outside")
+    rollout_is_threshold_lower: float | None = _f(None, "rollout_is=mask: the lower bound "
+                                                        "(default: 1 / threshold)")
     critic: str = _f("separate", "separate backbone copy | shared policy backbone")
     lora_r: int | None = _f(None, "LoRA rank for the policy (0: full fine-tuning; default: 16 "
                                   "for a pretrained --model, 0 for the built-in model)")
@@ -195,6 +232,21 @@ class LLMConfig:
             cfg = replace(cfg, normalize_std=True)
         if cfg.policy_loss is None:
             cfg = replace(cfg, policy_loss="clip")
+        if cfg.truncation is None:
+            cfg = replace(cfg, truncation="none")
+        if cfg.dynamic_sampling is None:
+            cfg = replace(cfg, dynamic_sampling=False)
+        if cfg.overlong_buffer is None:
+            cfg = replace(cfg, overlong_buffer=int(cfg.max_new_tokens
+                                                   * OVERLONG_BUFFER.get(cfg.algo, 0.0)))
+        if cfg.sampler_precision is None:
+            cfg = replace(cfg, sampler_precision=cfg.precision)
+        if cfg.old_logprobs is None:
+            cfg = replace(cfg, old_logprobs="sampler" if cfg.rollout_is == "none"
+                          else "recompute")
+        if cfg.rollout_is_threshold_lower is None and isinstance(
+                cfg.rollout_is_threshold, (int, float)) and cfg.rollout_is_threshold > 0:
+            cfg = replace(cfg, rollout_is_threshold_lower=1.0 / cfg.rollout_is_threshold)
         if cfg.clip_range is None:
             cfg = replace(cfg, clip_range=0.2)
         if cfg.batch_size is None:
@@ -203,6 +255,20 @@ class LLMConfig:
         _check_fields(cfg)
         if cfg.time_limit is not None and cfg.time_limit <= 0:
             cfg = replace(cfg, time_limit=None)
+        if cfg.rollout_is != "none" and cfg.old_logprobs != "recompute":
+            raise UsageError("rollout_is: a mismatch correction weighs the trainer's old "
+                             "log-probs against the sampler's, so it needs "
+                             "old_logprobs=recompute (its default with rollout_is)")
+        if cfg.rollout_is_threshold_lower >= cfg.rollout_is_threshold:
+            raise UsageError(f"rollout_is_threshold_lower: expected a bound below "
+                             f"rollout_is_threshold={cfg.rollout_is_threshold:g}, got "
+                             f"{cfg.rollout_is_threshold_lower:g}")
+        if cfg.overlong_buffer > cfg.max_new_tokens:
+            raise UsageError(f"overlong_buffer: expected at most max_new_tokens="
+                             f"{cfg.max_new_tokens} tokens, got {cfg.overlong_buffer}")
+        if cfg.dynamic_sampling and cfg.samples_per_prompt < 2:
+            raise UsageError("dynamic_sampling: drops groups whose completions score alike, "
+                             "so it needs samples_per_prompt >= 2")
         if cfg.truncation == "bootstrap" and not cfg.use_critic:
             raise UsageError("truncation: 'bootstrap' needs a critic (use_critic, as in "
                              "algo ppo); use 'penalty' or 'mask'")
@@ -223,7 +289,7 @@ class LLMConfig:
 
             if importlib.util.find_spec("peft") is None:
                 raise UsageError("lora_r: LoRA needs peft (pip install peft)")
-        if cfg.fsdp and cfg.precision != "fp32":
+        if cfg.fsdp and "bf16" in (cfg.precision, cfg.sampler_precision):
             raise UsageError("precision: bf16 is not offered with fsdp (sharded parameters "
                              "are gathered in float32); use precision=fp32")
         if cfg.fsdp and cfg.eval_every:
@@ -287,6 +353,11 @@ LIMITS: dict[str, tuple[bool, float, float, bool]] = {
     "kl_target": (False, 0.0, COEF_MAX, True),
     "score_clip": (False, 0.0, COEF_MAX, True),
     "truncation_penalty": (False, 0.0, COEF_MAX, False),
+    "overlong_buffer": (True, 0, 65_536, False),
+    "overlong_penalty": (False, 0.0, COEF_MAX, False),
+    "dynamic_sampling_rounds": (True, 1, 1000, False),
+    "rollout_is_threshold": (False, 1.0, COEF_MAX, False),
+    "rollout_is_threshold_lower": (False, 0.0, 1.0, False),
     "lora_r": (True, 0, 65_536, False),
     "lora_alpha": (False, 0.0, COEF_MAX, True),
     "guard_kl": (False, 0.0, COEF_MAX, False),
@@ -302,7 +373,9 @@ LIMITS: dict[str, tuple[bool, float, float, bool]] = {
     "samples_logged": (True, 0, 10**6, False),
 }
 CHOICES = {"agg": AGGREGATION_MODES, "old_logprobs": ("sampler", "recompute"),
-           "precision": ("fp32", "bf16"),
+           "precision": ("fp32", "bf16"), "sampler_precision": ("fp32", "bf16"),
+           "rollout_is": ("none", "truncate", "mask"),
+           "rollout_is_level": ("token", "sequence"),
            "kl_mode": ("reward", "loss", "none"), "truncation": TRUNCATION,
            "kl_estimator": tuple(KL_LOSS_ESTIMATORS),
            "critic": ("separate", "shared"),
@@ -314,7 +387,8 @@ PATHS = ("model", "prompts", "eval_prompts", "reward_model")
 # in _check_fields, reward_weights (finite numbers, one per reward) in resolved()
 # task (a built-in name or reasoning-gym:NAME) and task_options in _check_task
 SPECIAL = ("reward", "reward_weights", "task", "task_options")
-FLAGS_BOOL = ("normalize_advantage", "normalize_std", "use_critic", "fsdp")
+FLAGS_BOOL = ("normalize_advantage", "normalize_std", "use_critic", "fsdp",
+              "dynamic_sampling")
 
 _repr = reprlib.Repr()
 _repr.maxstring = _repr.maxother = 60

@@ -20,9 +20,21 @@ from ppokit.core import (
 )
 
 from .config import LLMConfig
+from .mismatch import correction
 from .rollout import TokenRollout, shift_to_tokens
 
-__all__ = ["Labels", "compute_labels", "advantage_spec"]
+__all__ = ["Labels", "compute_labels", "advantage_spec", "overlong_penalty"]
+
+
+def overlong_penalty(lengths: torch.Tensor, max_new_tokens: int, buffer: int,
+                     penalty: float) -> torch.Tensor:
+    """DAPO's soft overlong punishment, ``[B]`` (≤ 0): nothing up to ``max_new_tokens −
+    buffer`` tokens, then a penalty growing linearly with the length to ``penalty`` at
+    ``max_new_tokens`` (a completion cut there has reached it). ``buffer`` 0: none."""
+    if buffer <= 0:
+        return torch.zeros(lengths.shape, dtype=torch.float32)
+    over = (lengths.float() - (max_new_tokens - buffer)).clamp(min=0.0)
+    return -penalty * (over / buffer).clamp(max=1.0)
 
 
 def advantage_spec(cfg: LLMConfig) -> AdvantageSpec:
@@ -46,14 +58,21 @@ class Labels:
     token_rewards: torch.Tensor  # [B, L] what the advantage estimator saw (ppo/reinforce++)
     kl_tokens: torch.Tensor  # [B, L] k1(old, ref) on action tokens
     stats: dict = field(default_factory=dict)
+    is_weight: torch.Tensor | None = None  # [B, L] rollout_is=truncate: the tokens' weights
 
 
 def compute_labels(cfg: LLMConfig, roll: TokenRollout, scores: torch.Tensor, old_logp, ref_logp,
-                   beta: float, values_after: torch.Tensor | None = None) -> Labels:
+                   beta: float, values_after: torch.Tensor | None = None,
+                   sampler_logp: torch.Tensor | None = None) -> Labels:
     """Rewards, advantages and value targets for one rollout (pure tensor code).
 
     ``values_after``: ``[B, L]`` critic output at each position (value of the state after
     reading that token), ``ppo`` only. ``scores``: ``[B]`` raw sequence scores.
+    ``sampler_logp``: the sampler's log-probs of the action tokens, for the mismatch
+    correction ``cfg.rollout_is`` (:mod:`ppokit.llm.mismatch`; ``old_logp`` is then the
+    trainer's own): ``truncate`` gives the labels token weights, ``mask`` takes tokens out
+    of the loss mask after the advantages are computed (a token-level estimator's returns
+    still run over every action token).
     """
     am = roll.action_mask
     trunc = roll.truncated
@@ -113,6 +132,15 @@ def compute_labels(cfg: LLMConfig, roll: TokenRollout, scores: torch.Tensor, old
             if returns is None:
                 raise ValueError(f"advantage estimator {entry.name!r} gives no returns, which "
                                  f"the critic (use_critic) regresses on")
+    is_weight, is_stats = None, {}
+    if cfg.rollout_is != "none":
+        if sampler_logp is None:
+            raise ValueError("rollout_is: the rollout has no sampler log-probs to weigh")
+        corr = correction(cfg.rollout_is, cfg.rollout_is_level, old_logp, sampler_logp,
+                          loss_mask, cfg.rollout_is_threshold_lower, cfg.rollout_is_threshold)
+        is_weight, loss_mask, is_stats = corr.weight, corr.keep, corr.stats
+        if values is not None:
+            values = torch.where(loss_mask, values, zero)
     # whitening (normalize_advantage) happens in the update engine, batch scope
     adv = torch.where(loss_mask, adv, zero)
     non_score = (kl_reward.sum(1) if use_kl_reward else torch.zeros(bsz))
@@ -125,6 +153,7 @@ def compute_labels(cfg: LLMConfig, roll: TokenRollout, scores: torch.Tensor, old
         "response_length_mean": float(am.sum(1).float().mean()),
         "truncated_frac": float(trunc.float().mean()),
         "advantage_mean": float(masked_mean(adv, loss_mask)),
+        **is_stats,
     }
     if cfg.samples_per_prompt > 1 and bsz % cfg.samples_per_prompt == 0:
         # groups whose raw scores are all equal: a group estimator gives them advantage 0
@@ -135,4 +164,4 @@ def compute_labels(cfg: LLMConfig, roll: TokenRollout, scores: torch.Tensor, old
         stats["return_mean"] = float(masked_mean(returns, loss_mask))
     return Labels(old_logp.detach(), ref_logp.detach(), loss_mask, adv.detach(),
                   None if returns is None else returns.detach(), values, raw, token_rewards,
-                  kl_tok, stats)
+                  kl_tok, stats, None if is_weight is None else is_weight.detach())

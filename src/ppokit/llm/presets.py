@@ -5,9 +5,9 @@ pretrained one; docs/real_models.md gives the measurements behind them)."""
 from __future__ import annotations
 
 __all__ = ["ALGOS", "TRUNCATION", "PRESETS", "MODEL_DEFAULTS", "LEARNING_RATES",
-           "DEFAULT_MAX_NEW_TOKENS"]
+           "DEFAULT_MAX_NEW_TOKENS", "OVERLONG_BUFFER"]
 
-ALGOS = ("ppo", "grpo", "dr-grpo", "rloo", "reinforce++", "gspo", "cispo")
+ALGOS = ("ppo", "grpo", "dr-grpo", "rloo", "reinforce++", "gspo", "cispo", "dapo")
 TRUNCATION = ("none", "bootstrap", "penalty", "mask")
 
 # The algorithm presets are values, not code paths: each fills the fields left at None.
@@ -40,7 +40,19 @@ PRESETS = {
               "prompts_per_iter": 16, "samples_per_prompt": 4, "kl_mode": "loss",
               "kl_coef": 0.02, "agg": "token-mean", "normalize_advantage": False,
               "policy_loss": "cispo", "clip_range": 1.0, "clip_range_high": 0.28},
+    # GRPO's groups without a KL term, clip-higher, token-level aggregation, groups that
+    # teach nothing replaced by fresh ones (dynamic sampling), truncated completions left
+    # out of the loss and long ones penalised before the cap (OVERLONG_BUFFER)
+    "dapo": {"advantage_estimator": "grpo", "use_critic": False, "normalize_std": True,
+             "prompts_per_iter": 16, "samples_per_prompt": 4, "kl_mode": "none",
+             "kl_coef": 0.0, "agg": "token-mean", "normalize_advantage": False,
+             "policy_loss": "clip", "clip_range": 0.2, "clip_range_high": 0.28,
+             "dynamic_sampling": True, "truncation": "mask"},
 }
+# the soft overlong punishment's buffer as a share of the generation cap, per preset
+# (DAPO's 4096 of 20480 tokens); the generation cap is the task's, known only when the
+# configuration is resolved
+OVERLONG_BUFFER = {"dapo": 0.2}
 
 # Defaults that follow what is trained: the built-in tiny model, warm-started in seconds,
 # or a pretrained checkpoint (--model, or a model given to ppokit.llm.train), which one

@@ -41,6 +41,7 @@ __all__ = [
     "generate",
     "sequence_logprobs",
     "shift_to_tokens",
+    "concat_rollouts",
 ]
 
 
@@ -76,6 +77,44 @@ class TokenRollout:
                        self.prompt_len, self.truncated[idx],
                        [self.response_ids[i] for i in idx.tolist()],
                        None if self.logp is None else self.logp[idx])
+
+    def trimmed(self) -> TokenRollout:
+        """The same rows without the columns no row attends to (prompt padding left of the
+        longest prompt, response padding right of the longest response), as a rollout of
+        just these rows would have been laid out."""
+        used = self.attention_mask.bool().any(0)
+        if bool(used.all()) or not bool(used.any()):
+            return self
+        cols = torch.nonzero(used).squeeze(1)
+        first = min(int(cols[0]), self.prompt_len)
+        last = max(int(cols[-1]) + 1, self.prompt_len)
+        sl = slice(first, last)
+        return TokenRollout(self.input_ids[:, sl], self.attention_mask[:, sl],
+                            self.action_mask[:, sl], self.prompt_len - first, self.truncated,
+                            self.response_ids, None if self.logp is None else self.logp[:, sl])
+
+
+def concat_rollouts(rolls: list[TokenRollout], pad_token_id: int) -> TokenRollout:
+    """The rows of ``rolls`` as one rollout: prompts left-padded to the longest prompt,
+    responses right-padded to the longest response (padding is never attended to and never
+    an action); the sampler's log-probs are kept when every part has them."""
+    if len(rolls) == 1:
+        return rolls[0]
+    p = max(r.prompt_len for r in rolls)
+    t = max(r.input_ids.shape[1] - r.prompt_len for r in rolls)
+
+    def pad(r: TokenRollout, x: torch.Tensor, value) -> torch.Tensor:
+        left, right = p - r.prompt_len, t - (x.shape[1] - r.prompt_len)
+        return F.pad(x, (left, right), value=value) if (left or right) else x
+
+    with_logp = all(r.logp is not None for r in rolls)
+    return TokenRollout(
+        torch.cat([pad(r, r.input_ids, pad_token_id) for r in rolls]),
+        torch.cat([pad(r, r.attention_mask, 0) for r in rolls]),
+        torch.cat([pad(r, r.action_mask, False) for r in rolls]),
+        p, torch.cat([r.truncated for r in rolls]),
+        [ids for r in rolls for ids in r.response_ids],
+        torch.cat([pad(r, r.logp, 0.0) for r in rolls]) if with_logp else None)
 
 
 def encode_prompts(tokenizer, prompts: list[str], add_bos: bool = True):

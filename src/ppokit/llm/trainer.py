@@ -50,6 +50,7 @@ from pathlib import Path
 import torch
 
 from ppokit.core import (
+    POLICY_LOSSES,
     AdaptiveKLController,
     FixedKLController,
 )
@@ -81,6 +82,7 @@ from ppokit.io.checkpoint import (
 from ppokit.io.metrics import missing_iterations
 from ppokit.io.rundir import fail_run, fail_start
 
+from .batching import collect_batch
 from .config import (  # noqa: F401 (re-exported)
     ALGOS,
     PRESETS,
@@ -97,7 +99,8 @@ from .divergence import (
     learning_rate_warning,
     update_kl,
 )
-from .labels import Labels, compute_labels  # noqa: F401 (re-exported)
+from .labels import Labels, compute_labels, overlong_penalty  # noqa: F401 (re-exported)
+from .mismatch import mismatch_stats
 from .models import (
     AdaptersOff,
     ValueModel,
@@ -424,18 +427,20 @@ class TokenTrainer:
                                   kwargs.pop("completion_ids"), kwargs)
         return comps, total, per
 
-    def autocast(self):
+    def autocast(self, precision: str | None = None):
         """The context the models' forward passes run in: bfloat16 autocast with
         ``precision = "bf16"`` (matrix products in bfloat16, accumulated in float32; the
-        log-softmax, values and losses are float32 either way), else a no-op."""
+        log-softmax, values and losses are float32 either way), else a no-op.
+        ``precision``: another format than the configuration's (the sampler's)."""
         device = next(self.policy.parameters()).device.type
         return torch.autocast(device, dtype=torch.bfloat16,
-                              enabled=self.cfg.precision == "bf16")
+                              enabled=(precision or self.cfg.precision) == "bf16")
 
     def rollout(self, prompts: list[str], temperature: float | None = None,
                 model=None, generator: torch.Generator | None = None) -> TokenRollout:
+        """Sample completions of ``prompts`` (in ``sampler_precision``)."""
         ids, mask = encode_prompts(self.tok, prompts)
-        with self.autocast():
+        with self.autocast(self.cfg.sampler_precision):
             return self._generate(ids, mask, temperature, model, generator)
 
     def _generate(self, ids, mask, temperature, model, generator) -> TokenRollout:
@@ -456,8 +461,7 @@ class TokenTrainer:
 
     def _frozen_forward(self, roll: TokenRollout):
         t = self.cfg.temperature
-        if (self.cfg.old_logprobs == "sampler" and roll.logp is not None
-                and not self._shared_critic):
+        if self._old_from_sampler(roll):
             old = {"logp": roll.logp}
         else:
             old = sequence_logprobs(self.policy, roll.input_ids, roll.attention_mask,
@@ -472,6 +476,11 @@ class TokenTrainer:
             values_after = self.critic(roll.input_ids, roll.attention_mask, roll.position_ids,
                                        hidden_states=old.get("hidden"))
         return old["logp"], ref, values_after
+
+    def _old_from_sampler(self, roll: TokenRollout) -> bool:
+        """The old log-probs are the sampler's (no forward pass of the trainer)."""
+        return (self.cfg.old_logprobs == "sampler" and roll.logp is not None
+                and not self._shared_critic)
 
     def _shared_prompt_len(self, roll: TokenRollout) -> int | None:
         """Prompt width for :func:`sequence_logprobs` to compute each group's prompt once;
@@ -511,6 +520,8 @@ class TokenTrainer:
         if lab.returns is not None:
             data["returns"] = lab.returns
             data["values"] = lab.values
+        if lab.is_weight is not None:
+            data["is_weight"] = lab.is_weight
         return LabelledBatch.build(data, lab.loss_mask)
 
     def forward_adapter(self, roll: TokenRollout):
@@ -624,43 +635,93 @@ class TokenTrainer:
         """How far the last update moved the policy: :func:`update_kl` of the rollout's
         old log-probs and the updated policy's, on up to ``PROBE_ROWS`` of its sequences
         spread over the batch (every group represented)."""
+        rows, _, new = self._probe_logprobs(roll)
+        return update_kl(new, lab.old_logp[rows], lab.loss_mask[rows])
+
+    def _probe_logprobs(self, roll: TokenRollout):
+        """``(rows, sub-rollout, log-probs)``: the policy's log-probs of up to
+        ``PROBE_ROWS`` of the rollout's sequences, spread over the batch (every group
+        represented)."""
         n = roll.input_ids.shape[0]
         rows = torch.linspace(0, n - 1, min(n, PROBE_ROWS)).round().long().unique()
         sub = roll.select(rows)
         with self.autocast():
-            new = sequence_logprobs(self.policy, sub.input_ids, sub.attention_mask,
-                                    temperature=self.cfg.temperature,
-                                    prompt_len=self._shared_prompt_len(sub),
-                                    actions_from=sub.prompt_len)["logp"]
-        return update_kl(new, lab.old_logp[rows], lab.loss_mask[rows])
+            logp = sequence_logprobs(self.policy, sub.input_ids, sub.attention_mask,
+                                     temperature=self.cfg.temperature,
+                                     prompt_len=self._shared_prompt_len(sub),
+                                     actions_from=sub.prompt_len)["logp"]
+        return rows, sub, logp
+
+    def _score_with_length(self, rows: list[dict], roll: TokenRollout):
+        """:meth:`score_rows`, with the soft overlong punishment (``overlong_buffer``)
+        added to the scores and reported as the reward ``overlong``."""
+        comps, total, per = self.score_rows(rows, roll)
+        if self.cfg.overlong_buffer > 0:
+            pen = overlong_penalty(roll.lengths, self.max_new_tokens,
+                                   self.cfg.overlong_buffer, self.cfg.overlong_penalty)
+            total = total + pen.to(total.dtype)
+            per = {**per, "overlong": pen}
+        return comps, total, per
+
+    @torch.no_grad()
+    def mismatch(self, roll: TokenRollout, old: torch.Tensor | None) -> dict:
+        """``mismatch_...``: the trainer's old log-probs against the sampler's on the
+        rollout's action tokens (:func:`ppokit.llm.mismatch.mismatch_stats`): over the whole
+        batch when the trainer recomputed them (``old``), else on up to ``PROBE_ROWS``
+        sequences (one forward pass of the trainer over them). Nothing without sampler
+        log-probs."""
+        if roll.logp is None:
+            return {}
+        cfg = self.cfg
+        if old is not None:
+            trainer, sampler, mask = old, roll.logp, roll.action_mask
+        else:
+            _, sub, trainer = self._probe_logprobs(roll)
+            sampler, mask = sub.logp, sub.action_mask
+        return mismatch_stats(trainer, sampler, mask, cfg.rollout_is_threshold_lower,
+                              cfg.rollout_is_threshold)
 
     # ------------------------------------------------------------------ loop
     def train_iteration(self, roll: TokenRollout | None = None) -> dict:
         """One iteration. ``roll``: this rank's rollout of this iteration's prompts,
-        generated elsewhere (tests); by default it is sampled here."""
+        generated elsewhere (tests); by default it is sampled here (with dynamic sampling,
+        further rounds are sampled here either way)."""
         cfg = self.cfg
-        rows = self.sample_rows()
-        if self.dp is not None:
-            rows = shard(rows, self.rank, self.world)
-        rows = [r for r in rows for _ in range(cfg.samples_per_prompt)]
-        prompts = [self.prompt_text(r) for r in rows]
-        t0 = time.perf_counter()
-        if roll is None:
-            roll = self.rollout(prompts)
-        t1 = time.perf_counter()
+
+        def draw() -> list:
+            rows = self.sample_rows()
+            if self.dp is not None:
+                rows = shard(rows, self.rank, self.world)
+            return [r for r in rows for _ in range(cfg.samples_per_prompt)]
+
         self.rewards.when = f"iteration {self.iteration + 1}"
-        comps, scores, per_func = self.score_rows(rows, roll)
-        comps = [c if isinstance(c, str) else c[0]["content"] for c in comps]
+        t0 = time.perf_counter()
+        got = collect_batch(draw, lambda rows: self.rollout([self.prompt_text(r) for r in rows]),
+                            self._score_with_length, group_size=cfg.samples_per_prompt,
+                            dynamic=cfg.dynamic_sampling,
+                            max_rounds=cfg.dynamic_sampling_rounds, any_rank=self._agree,
+                            pad_token_id=self.tok.pad_token_id, first=roll)
+        roll, scores, per_func = got.roll, got.scores, got.per_func
+        prompts = [self.prompt_text(r) for r in got.rows]
+        comps = [c if isinstance(c, str) else c[0]["content"] for c in got.completions]
+        t1 = time.perf_counter() - got.time_scoring
+        recomputed = not self._old_from_sampler(roll)
         old, ref, values_after = self.frozen_forward(roll)
+        sampler_logp = roll.logp
         if self.dp is not None:  # the whole iteration batch on every rank (llm/parallel.py)
-            roll, (old, ref, values_after), (scores,) = gather_rollout(
-                self.dp, roll, [old, ref, values_after], [scores], self.tok.pad_token_id)
+            roll, (old, ref, values_after, sampler_logp), (scores,) = gather_rollout(
+                self.dp, roll, [old, ref, values_after, sampler_logp], [scores],
+                self.tok.pad_token_id)
+            roll.logp = sampler_logp
             prompts = [p for part in self.dp.gather_objects(prompts) for p in part]
             comps = [c for part in self.dp.gather_objects(comps) for c in part]
             per_func = {k: self.dp.all_gather_rows(v.contiguous())
                         for k, v in sorted(per_func.items())}
+            got.stats = _summed(self.dp.gather_objects(got.stats))
         beta = self.kl_ctl.value
-        lab = compute_labels(cfg, roll, scores, old, ref, beta, values_after)
+        lab = compute_labels(cfg, roll, scores, old, ref, beta, values_after,
+                             sampler_logp=sampler_logp if cfg.rollout_is != "none" else None)
+        mismatch = self.mismatch(roll, old if recomputed else None)
         t2 = time.perf_counter()
         upd = self.guarded_update(roll, lab)
         t3 = time.perf_counter()
@@ -669,7 +730,8 @@ class TokenTrainer:
         ntok = float(roll.action_mask.sum())
         self.iteration += 1
         self.elapsed += t3 - t0
-        rec = {"iteration": self.iteration, **lab.stats, **upd, "beta": beta,
+        rec = {"iteration": self.iteration, **lab.stats, **got.stats, **mismatch, **upd,
+               "beta": beta,
                "tokens_per_s_generation": ntok / max(t1 - t0, 1e-9),
                "tokens_per_s_scoring": ntok / max(t2 - t1, 1e-9),
                "tokens_per_s_training": ntok / max(t3 - t2, 1e-9),
@@ -678,6 +740,9 @@ class TokenTrainer:
                **per_function_stats(per_func)}
         if self.dp is not None:
             rec["ranks"] = self.world
+        unit = clip_unit(cfg.policy_loss)
+        if unit != "token" and "clipfrac" in rec:  # not a share of token ratios
+            rec[f"clipfrac_{unit}"] = rec.pop("clipfrac")
         if cfg.eval_every and self.iteration % cfg.eval_every == 0 and self.is_main:
             rec.update(self.evaluate_heldout())
         for mon in (self.monitors if self.is_main else ()):
@@ -930,3 +995,18 @@ class TokenTrainer:
                          f"of the {self.iteration} done (the file was deleted or cut); the "
                          "run goes on from the checkpoint and its curves have a gap there")
         self.log(f"resumed from {ckpt.name} at iteration {self.iteration}")
+
+
+def clip_unit(policy_loss: str) -> str:
+    """What the loss's ``clipfrac`` counts (:func:`ppokit.core.register_policy_loss`)."""
+    if policy_loss not in POLICY_LOSSES:
+        return "token"
+    return POLICY_LOSSES.entry(policy_loss).get("clip_unit", "token")
+
+
+def _summed(parts: list[dict]) -> dict:
+    """Every rank's counts summed (``dynamic_rounds``: the same on every rank)."""
+    if not parts or not parts[0]:
+        return {}
+    return {k: (parts[0][k] if k == "dynamic_rounds" else sum(p[k] for p in parts))
+            for k in parts[0]}
