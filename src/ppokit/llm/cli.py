@@ -1,8 +1,9 @@
 """``ppokit llm``: token-level RLHF from the command line.
 
-Subcommands: ``train`` (PPO / GRPO / Dr. GRPO / RLOO / REINFORCE++), ``eval`` (trained vs
-reference on held-out prompts), ``sft`` (supervised warm start), ``rm`` (Bradley–Terry
-reward model), ``dpo`` (direct preference optimisation), ``bench`` (throughput).
+Subcommands: ``train`` (PPO / GRPO / Dr. GRPO / RLOO / REINFORCE++ / GSPO / CISPO / DAPO),
+``compare`` (presets side by side), ``eval`` (trained vs reference on held-out prompts),
+``sft`` (supervised warm start), ``rm`` (Bradley–Terry reward model), ``dpo`` (direct
+preference optimisation), ``bench`` (throughput).
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub.required = True
 
     p = sub.add_parser("train", help="token-level RLHF training (ppo, grpo, dr-grpo, rloo, "
-                       "reinforce++)")
+                       "reinforce++, gspo, cispo, dapo)")
     add_config_arguments(p)
     p.add_argument("--run-dir", help="run directory (default: runs/llm-<algo>-<time>)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
@@ -119,6 +120,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="data-parallel training on N processes of this machine (launches "
                         "torchrun --standalone --nproc_per_node N -m ppokit llm train ...; "
                         "gloo between the ranks); under torchrun, ranks come from it")
+
+    p = sub.add_parser("compare", help="train several presets on one task and budget over "
+                       "several seeds; writes a table and a plot of held-out score "
+                       "against iterations")
+    add_config_arguments(p, skip=("algo", "seed", "eval_every"), epilog=False)
+    p.add_argument("--algos", default="grpo,dapo,gspo,cispo",
+                   help="comma-separated presets (default: grpo,dapo,gspo,cispo)")
+    p.add_argument("--seeds", default="0-2", help="seeds: a range 0-2 or a list 0,3,5 "
+                   "(default: 0-2)")
+    p.add_argument("--eval-every", dest="eval_every", type=_int, default=10,
+                   help="held-out score every N iterations, the curves' points (default: 10)")
+    p.add_argument("--out", default=None, help="directory of the runs, the table and the "
+                   "plot (default: runs/compare-<time>)")
 
     p = sub.add_parser("eval", help="score the trained and the reference policy on held-out "
                        "prompts; writes RUN_DIR/eval.json")
@@ -210,7 +224,7 @@ def run(args) -> int:
     set_threads(getattr(args, "model", None))
     cmd = args.llm_command
     return {"train": _train, "eval": _eval, "sft": _sft, "rm": _rm, "dpo": _dpo,
-            "bench": _bench, "fetch": _fetch}[cmd](args)
+            "bench": _bench, "fetch": _fetch, "compare": _compare}[cmd](args)
 
 
 def set_threads(model: str | None) -> None:
@@ -363,6 +377,25 @@ def _train_ranks(args, dp) -> int:
             return 0
         _print_eval(evaluate_lm_run(run_dir, reward=cfg.reward, reward_model=cfg.reward_model,
                                  log=lambda m: print(m, file=sys.stderr)))
+    return 0
+
+
+def _compare(args) -> int:
+    from .compare import compare, parse_seeds, table
+
+    seeds = parse_seeds(args.seeds)
+    algos = [a.strip() for a in args.algos.split(",") if a.strip()]
+    cfg = config_from_args(args)  # every key checked before any run starts
+    base = {f.name: getattr(cfg, f.name) for f in fields(cfg)
+            if f.name not in ("algo", "seed") and getattr(cfg, f.name) != f.default}
+    base["eval_every"] = args.eval_every
+    out = args.out or os.path.join("runs", time.strftime("compare-%Y%m%d-%H%M%S"))
+    print(f"comparing {', '.join(algos)} over seeds {', '.join(map(str, seeds))} in {out}",
+          flush=True)
+    summary = compare(algos, seeds, base, out,
+                      log=lambda m: print(m, flush=True))
+    print(table(summary))
+    print(f"wrote {os.path.join(out, 'compare.md')}, compare.json and compare.png")
     return 0
 
 

@@ -160,6 +160,8 @@ def check_cli_args(args) -> None:
         check_bench_args(batch=args.batch, length=args.length,
                          iterations=5 if args.iterations is None else args.iterations,
                          algo=args.algo)
+    elif cmd == "compare":
+        check_int("--eval-every", args.eval_every, 1, 10**9)
     elif cmd == "eval":
         if args.n_prompts is not None:
             check_int("--n-prompts", args.n_prompts, 1, 10**6)
