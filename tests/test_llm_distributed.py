@@ -134,8 +134,12 @@ def test_group_advantages_stay_within_a_rank():
         TokenTrainer(LLMConfig(prompts_per_iter=6), "unused", dp=_DP())
 
 
-@pytest.mark.parametrize("fsdp", [False, pytest.param(True, marks=pytest.mark.slow)])
-def test_resume_of_a_two_rank_run_is_exact(model_dir, tmp_path, fsdp):
+@pytest.mark.parametrize("fsdp, extra", [
+    (False, {}), pytest.param(True, {}, marks=pytest.mark.slow),
+    # dynamic sampling (each rank fills its share, the ranks take the same rounds) with a
+    # bf16 sampler's log-probs gathered and corrected by truncated importance weights
+    (False, {"algo": "dapo", "sampler_precision": "bf16", "rollout_is": "truncate"})])
+def test_resume_of_a_two_rank_run_is_exact(model_dir, tmp_path, fsdp, extra):
     """Straight vs stopped-and-resumed, both on 2 ranks; with fsdp the checkpoint holds
     full model tensors and each rank's optimiser shard, and the exported policy is a
     plain model directory."""
@@ -143,7 +147,7 @@ def test_resume_of_a_two_rank_run_is_exact(model_dir, tmp_path, fsdp):
     (work / "model").symlink_to(model_dir / "model")
     (work / "case.json").write_text(json.dumps({"algo": "grpo", "prompts_per_iter": 4,
                                                 "checkpoint_every": 2, "max_new_tokens": 10,
-                                                "batch_size": 8, "fsdp": fsdp}))
+                                                "batch_size": 8, "fsdp": fsdp, **extra}))
     _spawn(_dist_worker.train_and_resume, work)
 
     def rows(name):
@@ -154,8 +158,12 @@ def test_resume_of_a_two_rank_run_is_exact(model_dir, tmp_path, fsdp):
     assert [r["iteration"] for r in rb] == [1, 2, 3, 4] and all(r["ranks"] == 2 for r in rb)
     for x, y in zip(ra, rb):
         for key in ("score_mean", "kl_ref", "approx_kl", "policy_loss",
-                    "response_length_mean"):
+                    "response_length_mean", "mismatch_k3_mean", *(
+                        ("dynamic_rounds", "dynamic_dropped_groups", "rollout_is_weight_mean")
+                        if extra else ())):
             assert x[key] == pytest.approx(y[key], rel=1e-6, abs=1e-9), key
+    if extra:
+        assert all(r["mismatch_k3_mean"] > 1e-8 for r in rb)
     pa, pb = torch.load(work / "straight_params.pt"), torch.load(work / "resumed_params.pt")
     for k in pa:
         assert torch.allclose(pa[k], pb[k], atol=1e-6), k
