@@ -16,7 +16,7 @@ from ppokit.diagnose import CODES, MetricsTable, diagnose, report
 
 DATA = Path(__file__).parent / "data"
 LM_CODES = {"lm-entropy-collapse", "length-explosion", "length-collapse", "reward-hacking",
-            "kl-ref-blowup", "zero-spread-groups", "sampler-mismatch"}
+            "kl-ref-blowup", "zero-spread-groups", "sampler-mismatch", "reward-flat"}
 
 
 def codes(run) -> set[str]:
@@ -92,7 +92,10 @@ def test_gspo_and_cispo_clip_shares_are_not_token_clip_fractions(unit):
 
 def test_reward_that_never_pays():
     # a reward no completion earns: every group all-equal, no update moves the policy
-    assert codes("llm_reward_never_pays") == {"zero-spread-groups", "clipfrac-zero"}
+    assert codes("llm_reward_never_pays") == {"zero-spread-groups", "clipfrac-zero",
+                                              "reward-flat"}
+    f = finding("llm_reward_never_pays", "reward-flat")
+    assert "never moves" in f.message and "max_new_tokens" in f.message
     assert summary(finding("llm_reward_never_pays", "zero-spread-groups"),
                    "zero_spread_frac")["end"] == 1.0
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from ppokit.errors import UsageError
 
-__all__ = ["int_arg", "read_toml", "load_toml", "to_toml"]
+__all__ = ["int_arg", "read_toml", "load_toml", "to_toml", "log_every"]
 
 
 def int_arg(text: str) -> int:
@@ -138,3 +138,19 @@ def check_callbacks(callbacks: Any, shape: str = "(metrics, agent) -> bool | Non
         if not callable(cb):
             raise UsageError(f"callbacks: expected functions, got {type(cb).__name__}")
     return out
+
+
+LOG_EVERY_S = 30.0
+
+
+def log_every() -> float:
+    """Seconds between two plain progress lines off a terminal (both trainers):
+    ``PPOKIT_LOG_EVERY`` when it is a number > 0, else 30."""
+    import math
+    import os
+
+    try:
+        v = float(os.environ.get("PPOKIT_LOG_EVERY", ""))
+    except ValueError:
+        return LOG_EVERY_S
+    return v if 0 < v and math.isfinite(v) else LOG_EVERY_S

@@ -21,7 +21,8 @@ import errno as _errno
 import os
 
 __all__ = ["UsageError", "UserCodeError", "Fault", "FAULT_EXIT", "debug_enabled",
-           "with_suffix", "write_fault", "fault_remedy", "WRITE_FAULTS"]
+           "with_suffix", "write_fault", "fault_remedy", "WRITE_FAULTS", "extra_hint",
+           "require_extra"]
 
 FAULT_EXIT = 74  # EX_IOERR
 # the write failures that are the machine's, not the user's input or ppokit's logic
@@ -30,6 +31,23 @@ WRITE_FAULTS = frozenset({_errno.ENOSPC, _errno.EDQUOT, _errno.EFBIG})
 
 class UsageError(ValueError):
     """Bad input from the user: a bad option value, an unknown name, a missing file."""
+
+
+def extra_hint(extra: str) -> str:
+    """How to install one of ppokit's extras (from the package index; from a clone,
+    ``pip install -e '.[EXTRA]'`` does the same)."""
+    return f"pip install 'ppokit[{extra}]'"
+
+
+def require_extra(modules: str | tuple[str, ...], extra: str, what: str) -> None:
+    """A :class:`UsageError` naming ``what`` needs and how to install it, unless every
+    module of ``modules`` can be imported."""
+    import importlib.util
+
+    for mod in (modules,) if isinstance(modules, str) else modules:
+        if importlib.util.find_spec(mod) is None:
+            raise UsageError(f"{what} needs the {extra} extra: {extra_hint(extra)} ({mod} is "
+                             f"not installed)")
 
 
 class UserCodeError(UsageError):

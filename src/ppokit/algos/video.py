@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from ppokit.errors import UsageError
+from ppokit.errors import UsageError, extra_hint
 
 from .acting import new_memory, policy_actions
 
@@ -34,7 +34,7 @@ __all__ = ["NAME_PREFIX", "check_video_dir", "require_video_extra", "record_epis
 
 NAME_PREFIX = "eval"
 _OUTPUT = re.compile(r"(eval-episode-\d+\.mp4|video\.json|\.recording-[A-Za-z0-9_]+)\Z")
-_EXTRA = "pip install 'ppokit[video]'"
+_EXTRA = extra_hint("video")
 
 
 def check_video_dir(value, where: str = "--video") -> Path:

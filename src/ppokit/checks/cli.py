@@ -123,6 +123,9 @@ def _lm_report(args, cfg=None):
     """The token-layout checks on the model; with ``cfg`` (the run's configuration, from
     the ``ppokit llm train`` flags) the configuration checks too, on the model training
     would start from (the built-in model after its warm start, on the built-in task)."""
+    from ppokit.errors import require_extra
+
+    require_extra(("transformers", "tokenizers"), "llm", "--lm / --model")
     from .token_checks import run_token_checks
 
     if args.model is not None:

@@ -23,8 +23,10 @@ from ppokit.errors import UsageError
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    p.add_argument("--out", default="learning_curves.png",
-                   help="output image path; the format follows the suffix (default PNG)")
+    p.add_argument("--out", default=None,
+                   help="output image path; the format follows the suffix (default: "
+                        "RUN_DIR/plot.png for one run, plot.png in the runs' common "
+                        "directory for several)")
     p.add_argument("--title", default=None)
 
 
@@ -47,10 +49,27 @@ def _check_out(out: str) -> Path:
     return path
 
 
+def default_out(run_dirs: list[str]) -> str:
+    """Next to the runs: ``RUN_DIR/plot.png`` for one, else ``plot.png`` in the directory
+    that holds them all (the current one when they share none)."""
+    if len(run_dirs) == 1:
+        return os.path.join(run_dirs[0], "plot.png")
+    try:
+        common = os.path.commonpath([os.path.abspath(d) for d in run_dirs])
+    except ValueError:  # different drives
+        common = ""
+    if common in {os.path.abspath(d) for d in run_dirs}:  # one run inside another
+        common = os.path.dirname(common)
+    return os.path.join(common or ".", "plot.png")
+
+
 def run(args: argparse.Namespace) -> int:
     from ppokit.io.plots import curve, plot_runs
 
-    out = _check_out(args.out)
+    for d in args.run_dirs:
+        if not Path(d).is_dir():
+            raise UsageError(f"RUN_DIR: no such directory {d!r}")
+    out = _check_out(args.out if args.out is not None else default_out(args.run_dirs))
     from ppokit.llm.plots import is_llm_run, plot_llm_runs
 
     llm_runs = [d for d in args.run_dirs if is_llm_run(d)]

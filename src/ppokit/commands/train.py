@@ -92,11 +92,13 @@ def run(args: argparse.Namespace) -> int:
              "env_kwargs": parse_env_kwargs(args.env_kwargs), "track": args.track}
     fresh = False
     if args.resume:
-        if any(v is not None for k, v in flags.items() if k != "env_id") or args.sets \
+        if any(v is not None for k, v in flags.items()
+               if k not in ("env_id", "total_timesteps")) or args.sets \
                 or args.config or args.run_dir:
             raise UsageError("--resume continues a run with its saved configuration; it "
-                             "cannot be combined with --algo/--total-steps/--seed/"
-                             "--num-envs/--env-kwargs/--run-dir/--config/--set")
+                             "cannot be combined with --algo/--seed/--num-envs/"
+                             "--env-kwargs/--run-dir/--config/--set (--total-steps N "
+                             "sets a new total, to train a finished run further)")
         run_dir = Path(args.resume)
         if not run_dir.is_dir():
             raise UsageError(f"--resume: no such run directory {str(run_dir)!r}")
@@ -128,7 +130,10 @@ def run(args: argparse.Namespace) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     trainer = Trainer(cfg, run_dir, resume=bool(args.resume), log=log, fresh=fresh, env=env)
-    show = not args.no_progress and sys.stderr.isatty()
+    if args.resume and not _resume_target(trainer, args.total_timesteps, log):
+        trainer.close()
+        return 0
+    show = not args.no_progress  # a bar on a terminal, plain lines in a log
     try:
         with GracefulStop(log) as stop:
             try:
@@ -177,6 +182,27 @@ def run(args: argparse.Namespace) -> int:
     print(f"{summary}; run dir {run_dir} (curve: {png.name})", flush=True)
     _say_if_collapsed(run_dir, log)
     return 0
+
+
+def _resume_target(trainer, total: int | None, log) -> bool:
+    """With ``--resume``: a new total (``--total-steps``) extends the run to it; a run
+    that has finished, given none, has nothing to do (said, and False returned)."""
+    done, planned = trainer.global_step, trainer.cfg.total_timesteps
+    if total is not None:
+        if total <= done:
+            trainer.close()
+            raise UsageError(f"--total-steps: the run has already trained {done:,} steps; "
+                             f"give a larger total to train it further, got {total:,}")
+        trainer.extend(total - done)
+        log(f"training on to {trainer.cfg.total_timesteps:,} steps (a linear schedule is "
+            f"stretched to the new total)")
+        return True
+    if trainer.iteration >= trainer.cfg.num_iterations:
+        log(f"nothing to do: {trainer.run_dir} finished its {planned:,} steps ({done:,} "
+            f"trained); train it further with ppokit train --resume {trainer.run_dir} "
+            f"--total-steps N")
+        return False
+    return True
 
 
 def _say_if_collapsed(run_dir: Path, log) -> None:

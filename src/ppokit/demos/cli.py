@@ -234,6 +234,9 @@ def render(name: str, args: argparse.Namespace | None = None) -> str:
 
         iterations = _at_least(opt("iterations", 100), 1, "--iterations")
         beta = _positive(opt("beta", 0.5), "--beta")
+        from ppokit.errors import require_extra
+
+        require_extra(("transformers", "tokenizers"), "llm", "ppokit demo reward-hacking")
         from ppokit.llm import run_reward_hacking_demo
 
         summary = run_reward_hacking_demo(

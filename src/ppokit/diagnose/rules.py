@@ -180,6 +180,59 @@ def rule_kl_rising_return_flat(table: MetricsTable, th: Thresholds) -> list[Find
                    spearman=r_corr)])]
 
 
+def rule_return_flat(table: MetricsTable, th: Thresholds) -> list[Finding]:
+    """An environment run's return never moves (:func:`_flat`)."""
+    return [] if _return_metric(table) != "episode_return_mean" else _flat(table, th)
+
+
+def rule_reward_flat(table: MetricsTable, th: Thresholds) -> list[Finding]:
+    """A language-model run's score never moves (:func:`_flat`)."""
+    return [] if _return_metric(table) != "score_mean" else _flat(table, th)
+
+
+def _flat(table: MetricsTable, th: Thresholds) -> list[Finding]:
+    """The return (environment runs) or the score (language-model runs) never moves: the
+    last third's median within ``return_flat_rel`` of the first third's (relative to their
+    size and the series' spread) and no rising trend, over at least
+    ``flat_min_iterations`` iterations — the most common way a first run fails. Not when
+    the updates move the policy a lot (``kl-high``, ``kl-rising-return-flat`` say that)."""
+    name = _return_metric(table)
+    if name is None:
+        return []
+    pos, ret = table.series(name, active_only=True)
+    if len(ret) < max(th.min_iterations, th.flat_min_iterations):
+        return []
+    _, kl = table.series("approx_kl", active_only=True)
+    if (len(kl) and float(np.median(kl)) > th.kl_high_median) \
+            or rule_kl_rising_return_flat(table, th):
+        return []  # the policy moves, and goes nowhere: kl-high / kl-rising-return-flat
+    corr = spearman(pos, ret)
+    r1, _, r3 = thirds(ret)
+    iqr = float(np.subtract(*np.quantile(ret, [0.75, 0.25])))
+    scale = max(abs(r1), abs(r3), iqr, 1e-8)
+    if not (abs(r3 - r1) / scale < th.return_flat_rel and abs(corr) < th.return_flat_corr):
+        return []  # it moved, or it trends (up: learning slowly; down: another finding)
+    lm = name == "score_mean"
+    what = "score (reward)" if lm else "return"
+    code = "reward-flat" if lm else "return-flat"
+    if lm:
+        advice = ("Check the reward on a few completions by hand (does any completion earn "
+                  "more than another? score_std, zero_spread_frac), the generation cap "
+                  "(max_new_tokens: are answers cut before they finish?), the prompts' format, "
+                  "and the learning rate (too small: clipfrac stays 0).")
+    else:
+        advice = ("Check that the reward can change with the actions (a constant or "
+                  "action-independent reward teaches nothing), the observation (does it carry "
+                  "what the task needs?), the learning rate (too small: clipfrac and "
+                  "approx_kl stay near 0) and the budget (total steps) before anything else.")
+    return [Finding(
+        code, "warning",
+        f"The {what} never moves: {name} has a median of {r1:.4g} in the first third of "
+        f"the run and {r3:.4g} in the last, with no trend (Spearman {corr:.2f}). "
+        f"Nothing was learned. {advice}",
+        [evidence(table, name, pos, ret, first_third=r1, last_third=r3, spearman=corr)])]
+
+
 def _early_stop(rec: dict) -> tuple[bool, bool, float | None]:
     """``(logged, fired, epoch)`` of one record: an ``early_stop`` object
     (``{"epoch": .., "minibatch": ..}`` or null), ``early_stop_epoch`` (null when it did not
@@ -461,6 +514,8 @@ RULES: dict[str, tuple[Rule, str]] = {
     "clipfrac-high": (rule_clipfrac_high, "clip fraction stuck high"),
     "kl-high": (rule_kl_high, "approx KL per update stays large"),
     "kl-rising-return-flat": (rule_kl_rising_return_flat, "approx KL rises, return flat"),
+    "return-flat": (rule_return_flat, "the return never moves"),
+    "reward-flat": (rule_reward_flat, "LM: the score never moves"),
     "early-stop-frequent": (rule_early_stop_frequent, "target-KL early stop fires most "
                             "iterations"),
     "critic-mean-only": (rule_critic_mean_only, "value loss falls, explained variance ≈ 0"),

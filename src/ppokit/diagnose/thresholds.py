@@ -35,6 +35,7 @@ class Thresholds:
     # learning progress and the critic
     return_flat_corr: float = 0.3
     return_flat_rel: float = 0.1
+    flat_min_iterations: int = 10
     early_stop_frac: float = 0.5
     ev_near_zero: float = 0.1
     ev_q90_max: float = 0.2

@@ -45,7 +45,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from ppokit.errors import UsageError
+from ppokit.errors import UsageError, extra_hint
 
 __all__ = ["register", "is_atari_spec", "make_env", "env_fns", "NoopReset", "MaxAndSkip",
            "GameScore", "EpisodicLife", "FireAtLifeStart", "Resize84", "ClipRewardSign",
@@ -55,7 +55,7 @@ NOOP_MAX = 30
 SKIP = 4
 SIZE = 84
 STACK = 4
-EXTRA_HINT = "pip install -e '.[atari]'"
+EXTRA_HINT = extra_hint("atari")
 _OWN_KWARGS = ("frameskip", "obs_type")  # set by the preprocessing, not by env_kwargs
 
 

@@ -39,12 +39,12 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from ppokit.errors import UsageError
+from ppokit.errors import UsageError, extra_hint
 
 __all__ = ["EnvPoolVectorEnv", "EnvPoolAtari", "make_envpool", "envpool_ids",
            "ATARI_KWARGS", "EXTRA_HINT"]
 
-EXTRA_HINT = "pip install -e '.[envpool]'"
+EXTRA_HINT = extra_hint("envpool")
 
 
 def _envpool():

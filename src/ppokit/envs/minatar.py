@@ -14,10 +14,12 @@ package is imported because the id names its games, as ale-py is for ``ALE/`` id
 
 from __future__ import annotations
 
+from ppokit.errors import extra_hint
+
 __all__ = ["register", "NAMESPACE", "EXTRA_HINT"]
 
 NAMESPACE = "MinAtar/"
-EXTRA_HINT = "pip install -e '.[minatar]'"
+EXTRA_HINT = extra_hint("minatar")
 
 
 def register() -> bool:

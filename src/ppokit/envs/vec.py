@@ -22,7 +22,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 
-from ppokit.errors import UsageError
+from ppokit.errors import UsageError, extra_hint
 
 from . import atari, minatar
 from .checked import checked_factory, label_of
@@ -137,7 +137,7 @@ def make_vec(env_id: str | Callable[[], gym.Env], num_envs: int, *,
     except UsageError:
         raise
     except (gym.error.Error, ModuleNotFoundError, ImportError) as exc:
-        raise UsageError(f"env: cannot build {env_id!r}: {str(exc).splitlines()[0]}") from None
+        raise UsageError(f"env: cannot build {env_id!r}: {_extra_advice(exc)}") from None
     except TypeError as exc:  # e.g. an env_kwargs name the environment does not take
         raise UsageError(f"env_kwargs: {env_id!r} does not accept them ({exc})") from None
     return flatten_dict_obs(env)
@@ -394,3 +394,17 @@ def load_env_state(env: VectorEnv, state: dict) -> None:
             _load_plain(e.unwrapped, s["env"])
     else:
         _load_plain(env, state["env"])
+
+
+# Gymnasium's own families and the ppokit extra that installs each
+_GYM_EXTRAS = {"box2d": "box2d", "mujoco": "mujoco", "pygame": "video"}
+
+
+def _extra_advice(exc: BaseException) -> str:
+    """Gymnasium's message, with the ppokit extra that installs what it misses."""
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    low = first.lower()
+    for key, extra in _GYM_EXTRAS.items():
+        if key in low and "not installed" in low:
+            return f"it needs the {extra} extra: {extra_hint(extra)} ({first})"
+    return first

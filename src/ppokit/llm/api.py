@@ -43,8 +43,10 @@ def train(model, reward_funcs, train_dataset, algo: str = "grpo", eval_dataset=N
     * ``**config``: any :class:`LLMConfig` key (``iterations``, ``learning_rate``,
       ``samples_per_prompt``, ``max_new_tokens``, ...).
     """
+    from ppokit.errors import require_extra
     from ppokit.io import unique_run_dir
 
+    require_extra(("transformers", "tokenizers"), "llm", "ppokit.llm.train")
     from .config import config_from_values
     from .data import load_rows
     from .models import load_lm, load_tokenizer, quiet_transformers

@@ -213,7 +213,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
+    from ppokit.errors import require_extra
 
+    require_extra(("transformers", "tokenizers"), "llm", f"ppokit llm {args.llm_command}")
+    if args.llm_command == "fetch" and not getattr(args, "list", False):
+        require_extra("gguf", "gguf", "ppokit llm fetch")
     from .guards import check_cli_args
     from .models import quiet_transformers
 

@@ -288,7 +288,7 @@ class LLMConfig:
             import importlib.util
 
             if importlib.util.find_spec("peft") is None:
-                raise UsageError("lora_r: LoRA needs peft (pip install peft)")
+                raise UsageError("lora_r: LoRA needs peft (pip install 'ppokit[lora]')")
         if cfg.fsdp and "bf16" in (cfg.precision, cfg.sampler_precision):
             raise UsageError("precision: bf16 is not offered with fsdp (sharded parameters "
                              "are gathered in float32); use precision=fp32")

@@ -186,7 +186,7 @@ def _read_parquet(path: str, what: str) -> list[dict]:
         import pyarrow.parquet as pq
     except ImportError:
         raise UsageError(f"{what}: reading Parquet needs the datasets package "
-                         "(pip install datasets)") from None
+                         "(pip install 'ppokit[llm]')") from None
     return pq.read_table(path).to_pylist()
 
 

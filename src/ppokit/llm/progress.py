@@ -2,8 +2,8 @@
 
 On a terminal, a rich progress bar with the figures people watch and the elapsed and
 remaining time. Off a terminal (CI logs, ``nohup``, ``| tee``) a bar cannot redraw, so one
-plain line is printed every ``every`` seconds (and after the last iteration) with the same
-figures: never a half-rendered bar.
+plain line is printed every ``every`` seconds (``PPOKIT_LOG_EVERY``, 30; and after the last
+iteration) with the same figures: never a half-rendered bar.
 """
 
 from __future__ import annotations
@@ -11,9 +11,7 @@ from __future__ import annotations
 import sys
 import time
 
-__all__ = ["Progress", "LOG_EVERY_S"]
-
-LOG_EVERY_S = 30.0
+__all__ = ["Progress"]
 
 
 def _figures(rec: dict) -> str:
@@ -33,11 +31,15 @@ class Progress:
     whether to draw a bar (default: whether stderr is a terminal)."""
 
     def __init__(self, total: int, start: int, enabled: bool = True, *, tty: bool | None = None,
-                 every: float = LOG_EVERY_S, stream=None):
+                 every: float | None = None, stream=None):
         self.enabled = enabled
         self.total, self.start = total, start
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty
+        if every is None:
+            from ppokit.cliutil import log_every
+
+            every = log_every()
         self.every = every
         self._p = None
         self._t0 = self._last = None

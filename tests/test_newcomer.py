@@ -1,0 +1,136 @@
+"""A newcomer's first hour: progress that shows in a log, and a feature whose extra is not
+installed naming the one-line install."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from ppokit.cli import main
+from ppokit.cliutil import log_every
+from ppokit.errors import UsageError, extra_hint, require_extra
+
+
+def test_ppokit_train_off_a_terminal_prints_plain_lines(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PPOKIT_LOG_EVERY", "0.000001")  # a line every iteration
+    assert main(["train", "--total-steps", "1024", "--set", "n_envs=2", "n_steps=128",
+                 "--run-dir", str(tmp_path / "run"), "--eval-episodes", "1"]) == 0
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if x.startswith("ppo CartPole-v1: step ")]
+    assert len(lines) == 4, err
+    assert lines[0].startswith("ppo CartPole-v1: step 256/1,024 (25%)")
+    assert lines[-1].startswith("ppo CartPole-v1: step 1,024/1,024 (100%)")
+    for x in lines:
+        assert " sps " in x and "return " in x and "elapsed 0:00:" in x and "remaining " in x
+    assert "\r" not in err and "\x1b[" not in err  # no bar, no escape codes
+
+
+def test_no_progress_and_the_interval(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PPOKIT_LOG_EVERY", "3600")  # only the last iteration's line
+    assert main(["train", "--total-steps", "1024", "--set", "n_envs=2", "n_steps=128",
+                 "--run-dir", str(tmp_path / "a"), "--eval-episodes", "1"]) == 0
+    lines = [x for x in capsys.readouterr().err.splitlines() if ": step " in x]
+    assert len(lines) == 1 and "(100%)" in lines[0]
+    assert main(["train", "--total-steps", "1024", "--set", "n_envs=2", "n_steps=128",
+                 "--run-dir", str(tmp_path / "b"), "--eval-episodes", "1",
+                 "--no-progress"]) == 0
+    assert ": step " not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("raw, want", [("", 30.0), ("5", 5.0), ("0.5", 0.5), ("0", 30.0),
+                                       ("-3", 30.0), ("nan", 30.0), ("inf", 30.0),
+                                       ("often", 30.0)])
+def test_log_every(monkeypatch, raw, want):
+    monkeypatch.setenv("PPOKIT_LOG_EVERY", raw)
+    assert log_every() == want
+
+
+def test_a_missing_extra_is_named_with_its_install_line(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "ale_py" else real(name, *a))
+    with pytest.raises(UsageError) as exc:
+        require_extra(("numpy", "ale_py"), "atari", "env 'ALE/Pong-v5'")
+    assert str(exc.value) == ("env 'ALE/Pong-v5' needs the atari extra: pip install "
+                              "'ppokit[atari]' (ale_py is not installed)")
+    require_extra("numpy", "atari", "anything")  # installed: nothing to say
+    assert extra_hint("llm") == "pip install 'ppokit[llm]'"
+
+
+def test_gymnasiums_missing_dependency_names_ppokits_extra():
+    from ppokit.envs.vec import _extra_advice
+
+    msg = _extra_advice(ModuleNotFoundError('Box2D is not installed, you can install it by '
+                                            'run `pip install swig` followed by `pip install '
+                                            '"gymnasium[box2d]"`'))
+    assert msg.startswith("it needs the box2d extra: pip install 'ppokit[box2d]' (Box2D")
+    msg = _extra_advice(ImportError('MuJoCo is not installed, run `pip install '
+                                    '"gymnasium[mujoco]"`'))
+    assert msg.startswith("it needs the mujoco extra: pip install 'ppokit[mujoco]'")
+    assert _extra_advice(ImportError("something else")) == "something else"
+
+
+def test_llm_commands_without_the_llm_extra(monkeypatch, capsys):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "transformers" else real(name, *a))
+    assert main(["llm", "train", "--iterations", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "ppokit llm train needs the llm extra: pip install 'ppokit[llm]'" in err
+    assert main(["check", "--lm"]) == 2
+    assert "pip install 'ppokit[llm]'" in capsys.readouterr().err
+
+
+def _short_run(tmp_path, name, *extra):
+    run = tmp_path / name
+    assert main(["train", "--total-steps", "1024", "--set", "n_envs=2", "n_steps=128", *extra,
+                 "--run-dir", str(run), "--eval-episodes", "0", "--no-progress"]) == 0
+    return run
+
+
+def test_resume_of_a_finished_run_says_there_is_nothing_to_do_or_extends_it(tmp_path,
+                                                                              capsys):
+    run = _short_run(tmp_path, "run")
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 0
+    out = capsys.readouterr()
+    assert "nothing to do" in out.err and f"--resume {run} --total-steps N" in out.err
+    assert "steps/s" not in out.out  # no summary as if it had trained
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 4
+    assert main(["train", "--resume", str(run), "--total-steps", "512"]) == 2
+    assert "already trained 1,024 steps" in capsys.readouterr().err
+    assert main(["train", "--resume", str(run), "--total-steps", "2048", "--no-progress",
+                 "--eval-episodes", "0"]) == 0
+    assert "training on to 2,048 steps" in capsys.readouterr().err
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == list(range(1, 9))
+    assert rows[-1]["global_step"] == 2048
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 0
+    assert "finished its 2,048 steps" in capsys.readouterr().err
+    assert main(["train", "--resume", str(run), "--seed", "3"]) == 2  # still refused
+
+
+def test_plot_writes_next_to_the_runs(tmp_path, capsys, monkeypatch):
+    a, b = _short_run(tmp_path, "a"), _short_run(tmp_path, "b")
+    monkeypatch.chdir(tmp_path / "a")  # not where the figures go
+    capsys.readouterr()
+    assert main(["plot", str(a)]) == 0
+    assert capsys.readouterr().out.strip() == f"wrote {a / 'plot.png'}"
+    assert (a / "plot.png").is_file()
+    assert main(["plot", str(a), str(b)]) == 0
+    assert (tmp_path / "plot.png").is_file()
+    assert main(["plot", str(tmp_path / "nope")]) == 2
+
+
+def test_report_names_a_return_that_never_moves(tmp_path, capsys):
+    from ppokit.diagnose import report
+
+    run = tmp_path / "flat"
+    assert main(["train", "--total-steps", "12288", "--set", "n_envs=4", "n_steps=64",
+                 "learning_rate=1e-9", "--run-dir", str(run), "--eval-episodes", "0",
+                 "--no-progress"]) == 0
+    found = {f.code: f for f in report(run)}
+    assert "return-flat" in found, sorted(found)
+    assert "never moves" in found["return-flat"].message
