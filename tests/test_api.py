@@ -185,11 +185,11 @@ def test_train_arguments_are_checked_at_the_boundary(tmp_path, monkeypatch, kwar
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
-def test_instances_and_bad_observations_are_refused(tmp_path):
+def test_classes_and_bad_observations_are_refused(tmp_path):
     import gymnasium as gym
 
-    with pytest.raises(UsageError, match="environment instance .*pass a factory"):
-        ppokit.train(gym.make("CartPole-v1"))
+    with pytest.raises(UsageError, match="got the class CartPoleEnv; pass a factory"):
+        ppokit.train(gym.make("CartPole-v1").unwrapped.__class__)
     agent = ppokit.train("CartPole-v1", total_steps=256, run_dir=tmp_path / "r", **TINY)
     with pytest.raises(UsageError, match="run_dir: .* already holds a run; continue it with "
                        "ppokit.train"):

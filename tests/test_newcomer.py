@@ -134,3 +134,34 @@ def test_report_names_a_return_that_never_moves(tmp_path, capsys):
     found = {f.code: f for f in report(run)}
     assert "return-flat" in found, sorted(found)
     assert "never moves" in found["return-flat"].message
+
+
+def test_report_and_check_off_a_terminal_are_plain_text(capsys):
+    from pathlib import Path
+
+    data = Path(__file__).parent / "data" / "llm_lr_too_high.metrics.jsonl"
+    assert main(["report", str(data)]) == 0
+    out = capsys.readouterr().out
+    assert "WARNING  kl-high  (docs/checks.md, row kl-high)" in out
+    assert "    evidence: approx_kl: median=" in out
+    assert "┃" not in out and "│" not in out  # no table cut to 80 columns
+    assert max(len(x) for x in out.splitlines()) <= 100 + len(str(data)) + 40
+    assert main(["check", "--env", "CartPole-v1", "--no-policy", "--env-steps", "400",
+                 "--env-seconds", "5"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == "ppokit check: CartPole-v1"
+    assert any(x.startswith("PASS  env-api ") for x in lines)
+    assert "┃" not in out
+    # a planted bug: the failing check says what it means, its fix and where it is explained
+    import io
+
+    from _check_envs import TimeLimitAsTermination
+
+    import ppokit
+
+    buf = io.StringIO()
+    ppokit.check_env(TimeLimitAsTermination, steps=2000, seconds=10).print_plain(buf)
+    out = buf.getvalue()
+    assert "\nFAIL time-limit-terminated:\n" in out
+    assert "    fix: " in out and "    explained: docs/checks.md, row time-limit-terminated" in out

@@ -1,6 +1,7 @@
 """ppokit: policy-gradient reinforcement learning centred on PPO.
 
-``ppokit.train``, ``ppokit.load`` and ``ppokit.Agent`` (:mod:`ppokit.api`), and
+``ppokit.train``, ``ppokit.load`` and ``ppokit.Agent`` (:mod:`ppokit.api`), ``ppokit.PPO``
+and ``ppokit.A2C`` (Stable-Baselines3's calling conventions, :mod:`ppokit.sb3`), and
 ``ppokit.check_env`` (:mod:`ppokit.checks.environment`), and
 ``ppokit.register_policy_loss`` / ``ppokit.register_advantage_estimator``
 (:mod:`ppokit.core.registry`) and ``ppokit.register_features_extractor``
@@ -11,7 +12,7 @@ on first use, so ``import ppokit`` stays light (no torch, no Gymnasium).
 
 __version__ = "0.1.0"
 
-__all__ = ["Agent", "check_env", "load", "register_advantage_estimator",
+__all__ = ["A2C", "Agent", "PPO", "check_env", "load", "register_advantage_estimator",
            "register_features_extractor", "register_policy_loss", "train", "__version__"]
 
 
@@ -25,6 +26,10 @@ def __getattr__(name: str):
         from . import api
 
         return getattr(api, name)
+    if name in ("PPO", "A2C"):
+        from . import sb3
+
+        return getattr(sb3, name)
     if name in ("register_policy_loss", "register_advantage_estimator"):
         from .core import registry
 

@@ -58,10 +58,11 @@ def _env_arg(env: Any) -> tuple[Any, str, str]:
 
         given = GivenVectorEnv(env)
         return given, given.__qualname__, "factory"
-    if isinstance(env, gym.Env):
-        raise UsageError(f"env: got an environment instance ({type(env).__name__}); ppokit "
-                         "builds n_envs copies itself, so pass a factory that makes one "
-                         "(env=lambda: MyEnv()), a gymnasium VectorEnv, or a registered id")
+    if isinstance(env, gym.Env):  # Stable-Baselines3's habit: one instance
+        from ppokit.envs.source import InstanceEnvs
+
+        maker = InstanceEnvs(env)
+        return maker, maker.label, "factory"
     if callable(env):
         name = getattr(env, "__qualname__", None) or type(env).__name__
         label = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._-")[:100] or "factory"
@@ -508,8 +509,10 @@ def train(env, algo: str = "ppo", total_steps: int | None = None,
     ``env``: a registered Gymnasium id, ``"module:Id"`` (``module`` is imported first, the
     current directory included), a factory ``() -> gymnasium.Env``, or a
     ``gymnasium.vector.VectorEnv`` (trained as it is; ``n_envs`` is its ``num_envs``;
-    ppokit closes it with the agent). A class or a single env instance is refused: pass
-    ``lambda: MyEnv()``. ``algo``: ppo, a2c, reinforce or
+    ppokit closes it with the agent), or an environment instance (Stable-Baselines3's
+    habit: it is the first environment, the others are ``gymnasium.make(env.spec)`` of a
+    registered one or deep copies, :class:`ppokit.envs.source.InstanceEnvs`). A class is
+    refused: pass ``lambda: MyEnv()``. ``algo``: ppo, a2c, reinforce or
     ppo-kl. ``total_steps``: environment steps (default: the preset's; Stable-Baselines3's
     ``total_timesteps=`` is the same). ``run_dir``: where
     the run is written (default: a new ``runs/ENV-ALGO-sSEED-TIME``); an existing run is
@@ -615,7 +618,7 @@ def load(path: str | os.PathLike, env=None, *, best: bool = False) -> Agent:
     if not path.is_dir():
         raise UsageError(f"path: no such run directory {str(path)!r}")
     if env is not None and not isinstance(env, str):
-        env = _env_arg(env)[0]  # refuses classes and instances with the same message
+        env = _env_arg(env)[0]  # refuses a class with the same message
     if not isinstance(best, bool):
         raise UsageError(f"best: expected True or False, got {best!r}")
     cfg, tensors, arrays, st = load_run_checkpoint(path, best=best)

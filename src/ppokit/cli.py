@@ -118,9 +118,17 @@ def main(argv: list[str] | None = None) -> int:
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, _terminate)
         threading.excepthook = _thread_fault_hook
+    own = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--debug" not in argv:
-        return _main(argv)
+        try:
+            return _main(argv)
+        except BrokenPipeError:  # `ppokit report RUN | head`: the reader stopped reading
+            if not own:
+                raise
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes
+            return 141  # 128 + SIGPIPE, as a shell reports it
     # anywhere on the line; for this command and the processes it starts (torchrun's ranks)
     old = os.environ.get("PPOKIT_DEBUG")
     os.environ["PPOKIT_DEBUG"] = "1"

@@ -210,7 +210,10 @@ def _environment_report(args):
                        seconds=args.env_seconds, seed=args.seed, where="--env")
     if args.no_policy:
         return report
-    broken = [n for n in ("env-api", "env-exception") if n in report.failed]
+    # the policy checks collect a batch from the env: not from one that raises, breaks its
+    # API, or returns NaN or observations outside its space (the batch would refuse them)
+    broken = [n for n in ("env-api", "env-exception", "env-nonfinite", "obs-outside-space")
+              if n in report.failed]
     if broken:
         from . import POLICY_CHECKS
 

@@ -70,6 +70,31 @@ class CheckReport:
     def names(self) -> list[str]:
         return [r.name for r in self.results]
 
+    def print_plain(self, out=None) -> None:
+        """The results off a terminal (a log, a pipe): one line per check, then what each
+        check that did not pass means, its fix and where it is explained."""
+        import sys
+        import textwrap
+
+        out = out or sys.stdout
+        print(f"ppokit check: {self.target}", file=out)
+        width = max(len(r.name) for r in self.results) if self.results else 0
+        for r in self.results:
+            print(f"{r.status:4s}  {r.name:{width}s}  {r.measured}  [{r.criterion}]", file=out)
+        for r in self.results:
+            if r.status != "PASS" and r.detail:
+                print(f"\n{r.status} {r.name}:", file=out)
+                print(textwrap.fill(r.detail, width=100, initial_indent="    ",
+                                    subsequent_indent="    "), file=out)
+                if r.fix:
+                    print(textwrap.fill(f"fix: {r.fix}", width=100, initial_indent="    ",
+                                        subsequent_indent="         "), file=out)
+                print(f"    explained: docs/checks.md, row {r.name}", file=out)
+        n_fail, n_warn = len(self.failed), len(self.warned)
+        warned = f", {n_warn} warning(s)" if n_warn else ""
+        print(f"all checks passed{warned}" if self.ok else f"{n_fail} check(s) failed{warned}",
+              file=out)
+
     def print(self, console=None) -> None:
         from rich.console import Console
         from rich.markup import escape
@@ -77,7 +102,8 @@ class CheckReport:
 
         if console is None:
             console = Console()
-            console.width = max(console.width, 110)
+            if not console.is_terminal:
+                return self.print_plain()
         table = Table(title=f"ppokit check: {self.target}", title_justify="left")
         table.add_column("check", no_wrap=True)
         table.add_column("result", no_wrap=True)
@@ -94,6 +120,7 @@ class CheckReport:
                               f"{escape(r.detail)}")
                 if r.fix:
                     console.print(f"     fix: {escape(r.fix)}")
+                console.print(f"     explained: docs/checks.md, row {escape(r.name)}")
         n_fail, n_warn = len(self.failed), len(self.warned)
         warned = f", {n_warn} warning(s)" if n_warn else ""
         console.print(f"all checks passed{warned}" if self.ok else

@@ -31,6 +31,25 @@ def _summary_text(ev: dict) -> str:
     return f"{ev['metric']}: {s}{span}"
 
 
+def _print_plain(findings: list[Finding], source: str, n: int, out=None) -> None:
+    """The report off a terminal (a log, a pipe): no table to wrap at 80 columns, each
+    finding as its severity and code, then its message and evidence, indented."""
+    import textwrap
+
+    out = out or sys.stdout
+    print(f"ppokit report {source}: {n} iterations read", file=out)
+    if not findings:
+        print("No findings: none of the known problem patterns shows in these metrics.",
+              file=out)
+        return
+    for f in findings:
+        print(f"\n{f.severity.upper()}  {f.code}  (docs/checks.md, row {f.code})", file=out)
+        print(textwrap.fill(f.message, width=100, initial_indent="    ",
+                            subsequent_indent="    "), file=out)
+        for e in f.evidence:
+            print(f"    evidence: {_summary_text(e)}", file=out)
+
+
 def _print_table(findings: list[Finding], source: str, n: int) -> None:
     from rich.console import Console
     from rich.markup import escape
@@ -38,6 +57,8 @@ def _print_table(findings: list[Finding], source: str, n: int) -> None:
 
     # metric names and paths come from the file: print them as text, never as markup
     console = Console()
+    if not console.is_terminal:
+        return _print_plain(findings, source, n)
     console.print(f"[bold]ppokit report[/bold] {escape(source)}: {n} iterations read")
     if not findings:
         console.print("No findings: none of the known problem patterns shows in these metrics.")

@@ -24,8 +24,8 @@ from typing import Any
 
 from ppokit.errors import UsageError, UserCodeError
 
-__all__ = ["GivenVectorEnv", "split_env_id", "import_env_module", "gym_id", "env_for_run",
-           "check_env_kwargs", "FACTORY"]
+__all__ = ["GivenVectorEnv", "InstanceEnvs", "split_env_id", "import_env_module", "gym_id",
+           "env_for_run", "check_env_kwargs", "FACTORY"]
 
 FACTORY = "factory"  # TrainConfig.env_source of a run trained on a Python factory
 _IMPORTED: set[str] = set()  # modules the user named in this process
@@ -105,6 +105,51 @@ def env_for_run(env_id: str, env_source: str, given: Any, where: str
 _KW_MAX = 64 * 1024
 _RESERVED = frozenset({"num_envs", "vectorization_mode", "vector_kwargs", "wrappers", "id",
                        "vectorization", "autoreset_mode"})
+
+
+class InstanceEnvs:
+    """A user's ``gymnasium.Env`` instance as a factory (Stable-Baselines3's habit of
+    passing one environment). The rule: the first environment built is the instance
+    itself; every further one (the other ``n_envs − 1`` training copies, the evaluation
+    environments) is ``gymnasium.make(env.spec)`` when the instance was made from a
+    registered id — the same id, keyword arguments and wrappers — and otherwise a deep copy
+    of the instance as it was given (taken before training touches it). ``label``: the
+    registered id (so its preset applies), else the class name."""
+
+    def __init__(self, env: Any):
+        import copy
+
+        self.env = env
+        spec = getattr(env, "spec", None)
+        self.spec = spec if spec is not None and getattr(spec, "id", None) else None
+        name = self.spec.id if self.spec is not None else type(env.unwrapped).__name__
+        self.label = name
+        self.__qualname__ = name
+        self._used = False
+        self._template, self._copy_error = None, None
+        if self.spec is None:
+            try:
+                self._template = copy.deepcopy(env)
+            except Exception as exc:  # noqa: BLE001 - said when a copy is needed
+                self._copy_error = exc
+
+    def __call__(self):
+        import copy
+
+        if not self._used:
+            self._used = True
+            return self.env
+        if self.spec is not None:
+            import gymnasium as gym
+
+            return gym.make(self.spec)
+        if self._template is None:
+            exc = self._copy_error
+            raise UsageError(f"env: the {self.label} instance given cannot be copied "
+                             f"(copy.deepcopy raised {type(exc).__name__}: {exc}); a run "
+                             "needs one environment per n_envs and for evaluation: pass a "
+                             "factory (env=lambda: MyEnv()) or n_envs=1 with eval_episodes=0")
+        return copy.deepcopy(self._template)
 
 
 class GivenVectorEnv:

@@ -41,6 +41,25 @@ DEPRECATED = {"lr": "learning_rate", "epochs": "n_epochs", "clip_eps": "clip_ran
               "minibatches": "batch_size"}
 
 
+# TRL's names (GRPOConfig) with one ppokit key of the same meaning, accepted as they are
+# (--set, TOML, ppokit.llm.train keywords); and TRL's names that have no one-to-one
+# ppokit key, refused with what to use instead (docs/from_trl.md)
+TRL_NAMES = {"num_generations": "samples_per_prompt", "max_completion_length": "max_new_tokens",
+             "beta": "kl_coef", "num_iterations": "n_epochs", "epsilon": "clip_range",
+             "epsilon_high": "clip_range_high", "gradient_accumulation_steps": "grad_accum"}
+TRL_REFUSED = {
+    "per_device_train_batch_size": "batch_size is the sequences of one optimiser step (TRL's "
+                                   "per_device_train_batch_size x gradient_accumulation_steps "
+                                   "x processes)",
+    "loss_type": "agg sets the aggregation (TRL's grpo: seq-mean-token-mean, dr_grpo: "
+                 "seq-mean-token-sum-norm, dapo: token-mean), or --algo dr-grpo / dapo",
+    "scale_rewards": "normalize_std (true: divide by the group's standard deviation)",
+    "importance_sampling_level": "policy_loss=gspo (sequence) or the default clip (token)",
+    "max_prompt_length": "prompts are never cut; a prompt that leaves no room for the "
+                         "completion in the model's context is refused before training",
+}
+
+
 def _f(default, help: str):  # noqa: A002 - the metadata key users read
     return field(default=default, metadata={"help": help})
 
@@ -578,6 +597,10 @@ def _known(name: str, where: str, log) -> str:
     known = {f.name for f in fields(LLMConfig)}
     if name in known:
         return name
+    if name in TRL_NAMES:
+        return TRL_NAMES[name]
+    if name in TRL_REFUSED:
+        _fail(name, f"TRL's name, with no one-to-one ppokit key: {TRL_REFUSED[name]}")
     if name in DEPRECATED:
         new = DEPRECATED[name]
         if log is not None:

@@ -303,6 +303,8 @@ class TokenTrainer:
                    else f"eval_fraction={cfg.eval_fraction:g}, the last rows")
             self.log(f"prompts: {len(self.train_rows)} rows for training, "
                      f"{len(self.eval_rows)} held out for evaluation ({how})")
+        if not resume and self.is_main:
+            self.log(recipe_line(cfg, self.max_new_tokens))
         self.iteration = 0
         self.elapsed = 0.0
         self._saved_iteration = None
@@ -995,6 +997,20 @@ class TokenTrainer:
                          f"of the {self.iteration} done (the file was deleted or cut); the "
                          "run goes on from the checkpoint and its curves have a gap there")
         self.log(f"resumed from {ckpt.name} at iteration {self.iteration}")
+
+
+def recipe_line(cfg: LLMConfig, max_new_tokens: int) -> str:
+    """What one iteration does, said when training starts (the preset, the batch, the
+    generation cap and temperature: what ``config.json`` records)."""
+    kl = ("no KL term" if cfg.kl_mode == "none" or not cfg.kl_coef
+          else f"KL to the reference in the {cfg.kl_mode}, beta {cfg.kl_coef:g}")
+    extra = "".join([", dynamic sampling" if cfg.dynamic_sampling else "",
+                     f", rollout_is={cfg.rollout_is}" if cfg.rollout_is != "none" else ""])
+    return (f"recipe: {cfg.algo} ({cfg.policy_loss} loss, {cfg.advantage_estimator} "
+            f"advantages, {kl}{extra}); {cfg.prompts_per_iter} prompts x "
+            f"{cfg.samples_per_prompt} completions an iteration, at most {max_new_tokens} "
+            f"new tokens each (max_new_tokens), temperature {cfg.temperature:g}, learning "
+            f"rate {cfg.learning_rate:g}" + (f", LoRA r={cfg.lora_r}" if cfg.lora_r else ""))
 
 
 def clip_unit(policy_loss: str) -> str:

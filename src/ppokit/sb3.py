@@ -1,0 +1,181 @@
+"""Stable-Baselines3's shape over ppokit: ``PPO`` and ``A2C`` classes whose constructor,
+``learn``, ``save``, ``load`` and ``predict`` take what Stable-Baselines3's do, so that a
+script written for it runs with ``from ppokit import PPO`` in place of ``from
+stable_baselines3 import PPO`` (docs/from_sb3.md maps every habit).
+
+Underneath is :func:`ppokit.train` and its :class:`ppokit.Agent`, reached as ``.agent``.
+What differs, on purpose:
+
+* hyperparameters not given keep ppokit's values — the RL zoo's tuned preset for the
+  environments that have one (CartPole-v1: 8 environments, ``n_steps`` 32), else ppokit's
+  defaults — where Stable-Baselines3 uses its generic ones (``n_steps`` 2048, one
+  environment for an instance);
+* an environment instance is the first of the run's environments; the others are copies
+  (``gymnasium.make(env.spec)`` for a registered one, else deep copies:
+  :class:`ppokit.envs.source.InstanceEnvs`);
+* ``save(path)`` writes a run directory (configuration and a verified checkpoint,
+  safetensors and JSON: nothing in it is ever executed on ``load``), not a zip file of
+  pickles, and never overwrites a directory that holds something;
+* a callback is ppokit's ``(metrics, agent) -> False | "stop" | None``; Stable-Baselines3's
+  callback objects are refused with that said.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ppokit.errors import UsageError
+
+__all__ = ["PPO", "A2C"]
+
+# Stable-Baselines3's policy names: ppokit chooses the network from the observation space
+POLICY_NAMES = {"MlpPolicy": "mlp", "CnnPolicy": "cnn", "MultiInputPolicy": "multi_input"}
+# policy_kwargs keys with a ppokit configuration key of the same meaning
+POLICY_KWARGS = {"net_arch": "net_arch", "ortho_init": "ortho_init",
+                 "log_std_init": "log_std_init", "activation_fn": "activation"}
+
+
+def _policy_kwargs(kw: dict | None) -> dict:
+    if kw is None:
+        return {}
+    if not isinstance(kw, dict):
+        raise UsageError(f"policy_kwargs: expected a dict, got {type(kw).__name__}")
+    out = {}
+    for k, v in kw.items():
+        if k not in POLICY_KWARGS:
+            raise UsageError(f"policy_kwargs: {k!r} has no ppokit equivalent (known: "
+                             f"{', '.join(POLICY_KWARGS)}); ppokit's configuration keys are "
+                             "listed by ppokit train --help")
+        if k == "activation_fn":
+            name = getattr(v, "__name__", str(v)).lower()
+            if name not in ("tanh", "relu"):
+                raise UsageError(f"policy_kwargs: activation_fn {name!r}; ppokit offers "
+                                 "torch.nn.Tanh and torch.nn.ReLU")
+            v = name
+        if k == "net_arch" and isinstance(v, dict):
+            pi, vf = v.get("pi"), v.get("vf")
+            if pi != vf or set(v) - {"pi", "vf"}:
+                raise UsageError("policy_kwargs: net_arch with different pi and vf layers; "
+                                 "ppokit's actor and critic share one net_arch (a list)")
+            v = pi
+        out[POLICY_KWARGS[k]] = v
+    return out
+
+
+class _SB3Shaped:
+    algo = "ppo"
+
+    def __init__(self, policy: Any = "MlpPolicy", env: Any = None, *, seed: int | None = None,
+                 verbose: int = 0, device: str = "auto", policy_kwargs: dict | None = None,
+                 tensorboard_log: str | None = None, run_dir: str | os.PathLike | None = None,
+                 **config):
+        if env is None or isinstance(env, str) and not env:
+            raise UsageError("env: expected a Gymnasium id, an environment instance, a "
+                             "factory or a VectorEnv")
+        if isinstance(policy, str):
+            if policy not in POLICY_NAMES:
+                raise UsageError(f"policy: expected one of {', '.join(POLICY_NAMES)} (or a "
+                                 f"features-extractor class), got {policy!r}")
+            policy = POLICY_NAMES[policy]
+        if device not in ("auto", "cpu"):
+            raise UsageError(f"device: ppokit trains where torch puts its tensors; expected "
+                             f"'auto' or 'cpu', got {device!r}")
+        if tensorboard_log is not None:
+            raise UsageError("tensorboard_log: ppokit writes its TensorBoard scalars into the "
+                             "run directory (tensorboard=True, the default); give "
+                             "run_dir=... to choose where")
+        if not isinstance(verbose, int) or isinstance(verbose, bool):
+            raise UsageError(f"verbose: expected 0, 1 or 2, got {verbose!r}")
+        self.env = env
+        self.verbose = verbose
+        self.run_dir = run_dir
+        self.config = {**config, **_policy_kwargs(policy_kwargs), "policy": policy}
+        if seed is not None:
+            self.config["seed"] = seed
+        self.agent = None
+
+    # ------------------------------------------------------------------ training
+    def learn(self, total_timesteps: int, callback: Any = None, log_interval: int = 1,
+              tb_log_name: str = "", reset_num_timesteps: bool = True,
+              progress_bar: bool = False):
+        """Train ``total_timesteps`` environment steps (whole rollouts); a second call
+        trains that many more in the same run directory. Returns ``self``."""
+        from ppokit.api import train
+
+        callbacks = () if callback is None else (
+            tuple(callback) if isinstance(callback, (list, tuple)) else (callback,))
+        for cb in callbacks:
+            if hasattr(cb, "on_step") or hasattr(cb, "_on_step"):
+                raise UsageError("callback: a Stable-Baselines3 callback object; ppokit's "
+                                 "callbacks are functions (metrics, agent) -> False | 'stop' "
+                                 "| None, called after every iteration (docs/from_sb3.md)")
+        progress = True if progress_bar else (None if self.verbose else False)
+        if self.agent is None:
+            self.agent = train(self.env, self.algo, total_timesteps, run_dir=self.run_dir,
+                               callbacks=callbacks, progress=progress, **self.config)
+        else:
+            self.agent.learn(total_timesteps, callbacks=callbacks, progress=progress)
+        return self
+
+    # ------------------------------------------------------------------ acting
+    def predict(self, observation, state=None, episode_start=None,
+                deterministic: bool = False):
+        """``(action, state)``, as Stable-Baselines3's (sampled unless ``deterministic``)."""
+        return self._trained("predict").predict(observation, state, episode_start,
+                                                deterministic=deterministic)
+
+    @property
+    def policy(self):
+        return self._trained("policy").policy
+
+    @property
+    def num_timesteps(self) -> int:
+        return 0 if self.agent is None else self.agent.num_timesteps
+
+    def get_env(self):
+        return self.env
+
+    def _trained(self, what: str):
+        if self.agent is None:
+            raise UsageError(f"{what}: the model has not been trained or loaded yet (learn() "
+                             f"or {type(self).__name__}.load(path) first)")
+        return self.agent
+
+    # ------------------------------------------------------------------ files
+    def save(self, path: str | os.PathLike) -> None:
+        """A run directory at ``path`` (new or empty): what :meth:`load` reads."""
+        self._trained("save").save(path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, env: Any = None, **kwargs):
+        """The model saved at ``path`` (a run directory); ``env`` is needed for further
+        ``learn`` only when it trained on a factory or an instance."""
+        from ppokit.api import load
+
+        if kwargs:
+            raise UsageError(f"load: {', '.join(sorted(kwargs))} not taken (ppokit's load "
+                             "takes the path and env)")
+        agent = load(path, env=env)
+        model = cls.__new__(cls)
+        model.env, model.verbose, model.run_dir = env, 0, agent.run_dir
+        model.config, model.agent = {}, agent
+        if agent.cfg.algo != cls.algo:
+            raise UsageError(f"path: {path} holds a {agent.cfg.algo} run; load it with "
+                             f"ppokit.load(path)")
+        return model
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.agent!r})"
+
+
+class PPO(_SB3Shaped):
+    """PPO with Stable-Baselines3's calling conventions (see the module)."""
+
+    algo = "ppo"
+
+
+class A2C(_SB3Shaped):
+    """A2C with Stable-Baselines3's calling conventions (see the module)."""
+
+    algo = "a2c"
