@@ -156,9 +156,8 @@ def test_report_and_check_off_a_terminal_are_plain_text(capsys):
     # a planted bug: the failing check says what it means, its fix and where it is explained
     import io
 
-    from _check_envs import TimeLimitAsTermination
-
     import ppokit
+    from _check_envs import TimeLimitAsTermination
 
     buf = io.StringIO()
     ppokit.check_env(TimeLimitAsTermination, steps=2000, seconds=10).print_plain(buf)
