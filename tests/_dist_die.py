@@ -4,7 +4,7 @@ that rank exit hard (status 17) at the start of that iteration (tests only)."""
 import os
 import sys
 
-from ppokit.llm import trainer as _trainer
+from ppokit.llm.training import trainer as _trainer
 
 _rank, _at = (int(x) for x in os.environ["PPOKIT_TEST_DIE"].split(":"))
 _orig = _trainer.TokenTrainer.train_iteration

@@ -24,7 +24,7 @@ def _join(rank: int, world: int, port: int):
 def local_rows(roll, rank: int, world: int):
     """Rank ``rank``'s block of a global rollout, with the padding columns no row of the
     block uses removed: the layout that rank's own generation would have produced."""
-    from ppokit.llm.rollout import TokenRollout
+    from ppokit.llm.modeling.rollout import TokenRollout
 
     n = roll.input_ids.shape[0] // world
     sub = roll.select(torch.arange(rank * n, (rank + 1) * n))
@@ -42,9 +42,9 @@ def local_rows(roll, rank: int, world: int):
 def one_update(rank: int, world: int, port: int, work: str) -> None:
     """Every case of ``work/cases.json``: a trainer on this rank's rows of the global
     rollout ``work/roll_{i}.pt``; rank 0 saves the parameters and the record."""
-    from ppokit.llm.fsdp import full_state_dict
-    from ppokit.llm.models import load_lm
-    from ppokit.llm.trainer import LLMConfig, TokenTrainer
+    from ppokit.llm.modeling.models import load_lm
+    from ppokit.llm.training.fsdp import full_state_dict
+    from ppokit.llm.training.trainer import LLMConfig, TokenTrainer
 
     dp = _join(rank, world, port)
     work = Path(work)
@@ -68,9 +68,9 @@ def one_update(rank: int, world: int, port: int, work: str) -> None:
 
 def train_and_resume(rank: int, world: int, port: int, work: str) -> None:
     """A straight 2-rank run of 4 iterations, and one stopped after 2 and resumed."""
-    from ppokit.llm.fsdp import full_state_dict
-    from ppokit.llm.models import load_lm
-    from ppokit.llm.trainer import LLMConfig, TokenTrainer
+    from ppokit.llm.modeling.models import load_lm
+    from ppokit.llm.training.fsdp import full_state_dict
+    from ppokit.llm.training.trainer import LLMConfig, TokenTrainer
 
     dp = _join(rank, world, port)
     work = Path(work)
@@ -105,8 +105,8 @@ def train_and_resume(rank: int, world: int, port: int, work: str) -> None:
 def different_starts(rank: int, world: int, port: int, work: str) -> None:
     """Each rank hands the trainer a different starting model: after set-up every rank's
     policy and reference are rank 0's."""
-    from ppokit.llm.models import build_char_tokenizer, build_tiny_model
-    from ppokit.llm.trainer import LLMConfig, TokenTrainer
+    from ppokit.llm.modeling.models import build_char_tokenizer, build_tiny_model
+    from ppokit.llm.training.trainer import LLMConfig, TokenTrainer
 
     dp = _join(rank, world, port)
     tok = build_char_tokenizer()

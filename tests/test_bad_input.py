@@ -36,8 +36,8 @@ def small_machine(monkeypatch):
     everywhere (and no case can start a huge allocation on a large machine). A case that
     gets past validation fails at once instead of training."""
     import ppokit.algos
-    import ppokit.llm.trainer
-    from ppokit.llm import guards
+    import ppokit.llm.training.trainer
+    from ppokit.llm.training import guards
 
     monkeypatch.setattr(train_config, "available_memory", lambda: 4 * GIB)
     monkeypatch.setattr(guards, "available_memory", lambda: 4 * GIB)
@@ -46,7 +46,7 @@ def small_machine(monkeypatch):
         raise AssertionError("a refused case reached the trainer")
 
     monkeypatch.setattr(ppokit.algos, "Trainer", no_training)
-    monkeypatch.setattr(ppokit.llm.trainer, "TokenTrainer", no_training)
+    monkeypatch.setattr(ppokit.llm.training.trainer, "TokenTrainer", no_training)
 
 
 def snapshot(root: Path) -> dict[str, object]:
@@ -67,7 +67,7 @@ def snapshot(root: Path) -> dict[str, object]:
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A saved built-in tiny policy (so dpo cases skip the warm-start SFT)."""
-    from ppokit.llm.models import build_char_tokenizer, build_tiny_model, save_policy
+    from ppokit.llm.modeling.models import build_char_tokenizer, build_tiny_model, save_policy
 
     d = tmp_path_factory.mktemp("model") / "tiny"
     tok = build_char_tokenizer()
@@ -254,7 +254,7 @@ LLM_TRAIN = [
     (["--task", "sorting"], "task"),
     (["--reward-weights", "1,x"], "reward_weights"),
     (["--reward-weights", "nan"], "reward_weights"),
-    (["--reward", "ppokit.llm.task:correct_answer", "--reward-weights", "1,2"],
+    (["--reward", "ppokit.llm.inputs.task:correct_answer", "--reward-weights", "1,2"],
      "reward_weights"),
     (["--reward", "nocolon_no_dir"], "reward"),
     (["--algo", "grpo", "--prompts-per-iter", "4096", "--samples-per-prompt", "256",
@@ -493,14 +493,14 @@ def test_resolve_config_names_the_key(kw, name):
 
 
 def _llm_limits():
-    from ppokit.llm.config import LIMITS as LLM_LIMITS
+    from ppokit.llm.training.config import LIMITS as LLM_LIMITS
 
     return LLM_LIMITS
 
 
 @given(data=st.data())
 def test_llm_config_fields_are_finite_and_in_range(data):
-    from ppokit.llm.config import LLMConfig
+    from ppokit.llm.training.config import LLMConfig
 
     limits = _llm_limits()
     name = data.draw(st.sampled_from(sorted(limits)))
@@ -522,7 +522,7 @@ def test_llm_config_fields_are_finite_and_in_range(data):
 
 
 def test_llm_config_every_field_has_a_rule():
-    from ppokit.llm.config import CHOICES, FLAGS_BOOL, PATHS, SPECIAL, LLMConfig
+    from ppokit.llm.training.config import CHOICES, FLAGS_BOOL, PATHS, SPECIAL, LLMConfig
 
     ruled = (set(_llm_limits()) | set(CHOICES) | set(PATHS) | set(FLAGS_BOOL) | {"algo"}
              | set(SPECIAL))
@@ -543,10 +543,10 @@ def test_llm_config_every_field_has_a_rule():
     ("run_bench", dict(precision="fp16")), ("run_bench", dict(rounds=0)),
 ])
 def test_python_entry_points_name_the_argument(call, name):
-    from ppokit.llm.bench import run_bench
-    from ppokit.llm.dpo import dpo_train
-    from ppokit.llm.rm import train_reward_model
-    from ppokit.llm.sft import sft_train
+    from ppokit.llm.evaluation.bench import run_bench
+    from ppokit.llm.training.dpo import dpo_train
+    from ppokit.llm.training.rm import train_reward_model
+    from ppokit.llm.training.sft import sft_train
 
     kw = dict(name)
     (key, _), = kw.items()
@@ -567,7 +567,7 @@ def test_python_entry_points_name_the_argument(call, name):
 def test_non_finite_weights_are_refused():
     import torch
 
-    from ppokit.llm.guards import check_finite_model
+    from ppokit.llm.training.guards import check_finite_model
 
     lin = torch.nn.Linear(3, 2)
     check_finite_model(lin, "sft")
@@ -580,9 +580,9 @@ def test_non_finite_weights_are_refused():
 def test_sft_refuses_to_return_non_finite_weights(tiny_model_dir):
     import torch
 
-    from ppokit.llm.models import load_lm
-    from ppokit.llm.sft import builtin_sft
-    from ppokit.llm.task import ReverseTask
+    from ppokit.llm.inputs.task import ReverseTask
+    from ppokit.llm.modeling.models import load_lm
+    from ppokit.llm.training.sft import builtin_sft
 
     model, tok = load_lm(str(tiny_model_dir))
     with torch.no_grad():
@@ -617,7 +617,7 @@ def _llm_args(argv: list[str]):
 def test_llm_cli_args_checked_before_any_work(argv, flag):
     """``check_cli_args`` on a parsed ``ppokit llm`` namespace: what a command can call
     before it builds a model or generates pairs."""
-    from ppokit.llm.guards import check_cli_args
+    from ppokit.llm.training.guards import check_cli_args
 
     with pytest.raises(UsageError, match=f"^{flag}:"):
         check_cli_args(_llm_args(argv))
@@ -627,6 +627,6 @@ def test_llm_cli_args_checked_before_any_work(argv, flag):
                                  ["dpo", "--out", "o"], ["bench"], ["eval", "r"],
                                  ["train"]])
 def test_llm_cli_defaults_pass_the_checks(cmd):
-    from ppokit.llm.guards import check_cli_args
+    from ppokit.llm.training.guards import check_cli_args
 
     check_cli_args(_llm_args(cmd))

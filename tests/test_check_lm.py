@@ -15,9 +15,9 @@ pytest.importorskip("transformers")
 from ppokit.checks.labels import check_token_labels_frozen  # noqa: E402
 from ppokit.checks.token_checks import make_token_batch, run_token_checks  # noqa: E402
 from ppokit.cli import main  # noqa: E402
-from ppokit.llm.models import build_char_tokenizer, build_tiny_model, save_policy  # noqa: E402
-from ppokit.llm.rollout import sequence_logprobs, shift_to_tokens  # noqa: E402
-from ppokit.llm.trainer import TokenTrainer  # noqa: E402
+from ppokit.llm.modeling.models import build_char_tokenizer, build_tiny_model, save_policy  # noqa: E402
+from ppokit.llm.modeling.rollout import sequence_logprobs, shift_to_tokens  # noqa: E402
+from ppokit.llm.training.trainer import TokenTrainer  # noqa: E402
 
 TOKEN_CHECKS = ["token-action-mask", "token-ratio-identity", "padding-invariance",
                 "zero-advantage-gradient", "flipped-advantage-direction",

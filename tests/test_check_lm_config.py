@@ -13,10 +13,10 @@ pytest.importorskip("transformers")
 from ppokit.checks.codes import CHECKS  # noqa: E402
 from ppokit.checks.lm_config import run_config_checks  # noqa: E402
 from ppokit.cli import main  # noqa: E402
-from ppokit.llm.config import LLMConfig  # noqa: E402
-from ppokit.llm.models import build_char_tokenizer, build_tiny_model, save_policy  # noqa: E402
-from ppokit.llm.sft import builtin_sft  # noqa: E402
-from ppokit.llm.task import make_task  # noqa: E402
+from ppokit.llm.inputs.task import make_task  # noqa: E402
+from ppokit.llm.modeling.models import build_char_tokenizer, build_tiny_model, save_policy  # noqa: E402
+from ppokit.llm.training.config import LLMConfig  # noqa: E402
+from ppokit.llm.training.sft import builtin_sft  # noqa: E402
 
 CONFIG_CHECKS = ["lm-group-size", "lm-kl-reference", "lm-chat-template",
                  "lm-reward-constant", "lm-truncation", "lm-prompt-length"]
@@ -83,7 +83,7 @@ def prompt_parity(prompts, completions, **kwargs):
 
 
 def test_reward_constant_on_sampled_completions(warm, tok):
-    from ppokit.llm.task import reverse_score
+    from ppokit.llm.inputs.task import reverse_score
 
     res = run_config_checks(LLMConfig(algo="grpo"), warm, tok,
                             reward_fn=[reverse_score, constant_reward])
@@ -124,7 +124,7 @@ def _digit_rows(n=40, seed=0):
 
 def chat_reverse(prompts, completions, **kwargs):
     """The reverse task's score on conversations (the last message, the assistant's)."""
-    from ppokit.llm.task import score_one
+    from ppokit.llm.inputs.task import score_one
 
     return [score_one(p[-1]["content"], c[0]["content"]) for p, c in zip(prompts, completions)]
 
@@ -150,7 +150,7 @@ def test_conversation_prompts_need_a_chat_template(warm, tok, tmp_path):
     # and that is said before any training, in one line
     from dataclasses import replace
 
-    res = run_config_checks(replace(cfg, reward="ppokit.llm.task:reverse_score"), warm,
+    res = run_config_checks(replace(cfg, reward="ppokit.llm.inputs.task:reverse_score"), warm,
                             with_template)
     r = {x.name: x for x in res}["lm-reward-constant"]
     assert r.status == "FAIL" and "raised AttributeError" in r.detail
@@ -160,19 +160,19 @@ def test_prompts_longer_than_the_context(warm, tok, tmp_path):
     rows = _digit_rows()
     rows[7] = {"prompt": "1" * 60 + ">"}          # 62 tokens with BOS; the context is 64
     cfg = LLMConfig(algo="grpo", prompts=_prompts_file(tmp_path, rows),
-                    reward="ppokit.llm.task:reverse_score", max_new_tokens=9)
+                    reward="ppokit.llm.inputs.task:reverse_score", max_new_tokens=9)
     res = run_config_checks(cfg, warm, tok)
     assert flagged(res) == {"lm-prompt-length": "FAIL"}
     r = {x.name: x for x in res}["lm-prompt-length"]
     assert r.values["over"] == 1 and r.values["longest"] == 62 and r.values["context"] == 64
     assert statuses(res)["lm-reward-constant"] == "SKIP"
     # the default max_new_tokens of a prompts file (64) leaves no room at all
-    cfg = LLMConfig(algo="grpo", prompts=cfg.prompts, reward="ppokit.llm.task:reverse_score")
+    cfg = LLMConfig(algo="grpo", prompts=cfg.prompts, reward="ppokit.llm.inputs.task:reverse_score")
     r = {x.name: x for x in run_config_checks(cfg, warm, tok)}["lm-prompt-length"]
     assert r.status == "FAIL" and r.values["over"] == len(rows)
     rows[7] = {"prompt": "1" * 40 + ">"}
     cfg = LLMConfig(algo="grpo", prompts=_prompts_file(tmp_path, rows),
-                    reward="ppokit.llm.task:reverse_score", max_new_tokens=9)
+                    reward="ppokit.llm.inputs.task:reverse_score", max_new_tokens=9)
     assert statuses(run_config_checks(cfg, warm, tok))["lm-prompt-length"] == "PASS"
 
 
@@ -195,7 +195,7 @@ def test_cli_model_dir_with_prompts_and_reward(warm, tok, tmp_path, capsys):
     rows = _digit_rows()
     rows[3] = {"prompt": "9" * 60 + ">"}
     argv = ["check", "--model", str(tmp_path / "m"), "--prompts",
-            _prompts_file(tmp_path, rows), "--reward", "ppokit.llm.task:reverse_score",
+            _prompts_file(tmp_path, rows), "--reward", "ppokit.llm.inputs.task:reverse_score",
             "--algo", "grpo", "--max-new-tokens", "9", "--no-labels", "--json"]
     assert main(argv) == 1
     res = {r["name"]: r["status"] for r in json.loads(capsys.readouterr().out)["results"]}

@@ -122,8 +122,8 @@ def test_group_estimators_with_spread_match_the_float64_formula(p, g, seed):
 
 
 def test_grpo_labels_of_a_group_with_equal_scores_are_zero_on_every_action_token():
-    from ppokit.llm.rollout import TokenRollout
-    from ppokit.llm.trainer import LLMConfig, compute_labels
+    from ppokit.llm.modeling.rollout import TokenRollout
+    from ppokit.llm.training.trainer import LLMConfig, compute_labels
 
     b, length = 8, 6
     am = torch.zeros(b, length, dtype=torch.bool)
@@ -263,7 +263,7 @@ def test_kl_loss_default_is_the_gradient_of_kl_policy_to_reference():
     has the expected gradient of KL(π ‖ π_ref); GRPO's k3 stays selectable by name; k1,
     whose expected gradient is 0, is refused as a loss."""
     from ppokit.engine import UpdateSpec
-    from ppokit.llm.config import LLMConfig
+    from ppokit.llm.training.config import LLMConfig
 
     assert KL_LOSS_DIRECTION[core.DEFAULT_KL_LOSS_ESTIMATOR] == "forward"
     assert UpdateSpec().kl_estimator == core.DEFAULT_KL_LOSS_ESTIMATOR

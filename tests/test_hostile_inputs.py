@@ -44,7 +44,7 @@ def work(tmp_path_factory) -> Path:
     import torch
     from safetensors.torch import load_file
 
-    from ppokit.llm.models import build_char_tokenizer, build_tiny_model, save_policy
+    from ppokit.llm.modeling.models import build_char_tokenizer, build_tiny_model, save_policy
 
     root = tmp_path_factory.mktemp("hostile")
     _hostile.write_modules(root)

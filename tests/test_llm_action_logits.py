@@ -16,9 +16,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ppokit.llm import fused
-from ppokit.llm.models import build_char_tokenizer, build_tiny_model
-from ppokit.llm.rollout import encode_prompts, sequence_logprobs
+from ppokit.llm.modeling import fused
+from ppokit.llm.modeling.models import build_char_tokenizer, build_tiny_model
+from ppokit.llm.modeling.rollout import encode_prompts, sequence_logprobs
 
 SETTINGS = settings(max_examples=15, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture])

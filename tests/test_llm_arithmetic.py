@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ppokit.llm.task import ArithmeticTask, _held_out, answer_format, correct_answer
+from ppokit.llm.inputs.task import ArithmeticTask, _held_out, answer_format, correct_answer
 
 
 def test_prompts_rows_and_held_out_split():

@@ -9,7 +9,7 @@ import pytest
 
 from ppokit.cli import main
 from ppokit.errors import UsageError
-from ppokit.llm.compare import compare, parse_seeds
+from ppokit.llm.evaluation.compare import compare, parse_seeds
 
 
 def test_parse_seeds():

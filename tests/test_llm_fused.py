@@ -1,4 +1,4 @@
-"""The fused decoder forward (ppokit/llm/fused.py) against transformers' own forward.
+"""The fused decoder forward (ppokit/llm/modeling/fused.py) against transformers' own forward.
 
 On random Llama and Qwen2 models (grouped-query attention, attention and MLP biases, tied
 and separate heads) and random batches (prompts of random lengths, left padded, repeated
@@ -21,10 +21,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ppokit.llm import fused
-from ppokit.llm.models import build_char_tokenizer, build_tiny_model
-from ppokit.llm.precision import frozen_linears_to_bf16, use_float32_attention
-from ppokit.llm.rollout import encode_prompts, position_ids_from_mask, sequence_logprobs
+from ppokit.llm.modeling import fused
+from ppokit.llm.modeling.models import build_char_tokenizer, build_tiny_model
+from ppokit.llm.modeling.precision import frozen_linears_to_bf16, use_float32_attention
+from ppokit.llm.modeling.rollout import encode_prompts, position_ids_from_mask, sequence_logprobs
 
 SETTINGS = settings(max_examples=12, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -183,7 +183,7 @@ def test_uncovered_models_fall_back_to_transformers(tok, monkeypatch):
 def test_the_trainer_runs_the_fused_pass(tok, tmp_path, monkeypatch):
     """The built-in model is a Llama: the update's and the reference's forward passes go
     through the fused pass, and an iteration trains."""
-    from ppokit.llm.trainer import LLMConfig, TokenTrainer
+    from ppokit.llm.training.trainer import LLMConfig, TokenTrainer
 
     calls = []
     real = fused._forward
@@ -213,7 +213,7 @@ def test_fused_sampling_equals_transformers_cached_decoding(tok, monkeypatch, ar
     """Greedy decoding through the fused sampler gives transformers' tokens, and the
     log-prob of each drawn token to float rounding; sampling with one seed gives the
     same tokens too."""
-    from ppokit.llm.rollout import generate
+    from ppokit.llm.modeling.rollout import generate
 
     name, kv, bias, tied = arch
     model = _model(tok, name, kv, bias, tied, seed % 83)

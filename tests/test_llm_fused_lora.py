@@ -1,10 +1,11 @@
-"""The fused forward with PEFT LoRA adapters (ppokit/llm/fused.py) against PEFT's own forward.
+"""The fused forward with PEFT LoRA adapters (ppokit/llm/modeling/fused.py) against PEFT's
+own forward.
 
 LoRA's base weights are frozen, so the fused pass keeps their concatenations between calls
 and adds each adapter's ``scale · (x Aᵀ) Bᵀ`` in its module's output columns. On random
 Llama and Qwen2 models with random (non-zero) adapters: the logits and the gradient of
 every adapter parameter equal PEFT's forward; with the adapters disabled (the trainer's
-reference, :class:`ppokit.llm.models.AdaptersOff`) the logits are the base model's; the
+reference, :class:`ppokit.llm.modeling.models.AdaptersOff`) the logits are the base model's; the
 sampler draws the tokens PEFT's model gives; a base weight changed in place is seen (the
 kept concatenation is not stale); unsupported adapters (dropout, DoRA) fall back.
 """
@@ -18,9 +19,9 @@ from hypothesis import strategies as st
 
 pytest.importorskip("peft")
 
-from ppokit.llm import fused  # noqa: E402
-from ppokit.llm.models import AdaptersOff, build_char_tokenizer  # noqa: E402
-from ppokit.llm.rollout import (  # noqa: E402
+from ppokit.llm.modeling import fused  # noqa: E402
+from ppokit.llm.modeling.models import AdaptersOff, build_char_tokenizer  # noqa: E402
+from ppokit.llm.modeling.rollout import (  # noqa: E402
     encode_prompts,
     generate,
     position_ids_from_mask,

@@ -1,5 +1,5 @@
 """Prompts that share a prefix (a chat template's system prompt): the fused pass and the
-sampler compute the shared tokens once (ppokit/llm/fused.py, ``_Layout``'s root).
+sampler compute the shared tokens once (ppokit/llm/modeling/fused.py, ``_Layout``'s root).
 
 On random Llama and Qwen2 models with prompts that start with a common prefix of random
 length and then differ (random lengths, left padded, groups of completions): the logits
@@ -17,9 +17,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ppokit.llm import fused
-from ppokit.llm.models import build_char_tokenizer
-from ppokit.llm.rollout import encode_prompts, generate, position_ids_from_mask
+from ppokit.llm.modeling import fused
+from ppokit.llm.modeling.models import build_char_tokenizer
+from ppokit.llm.modeling.rollout import encode_prompts, generate, position_ids_from_mask
 
 SETTINGS = settings(max_examples=12, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -147,7 +147,7 @@ def test_sampler_steps_with_a_root_equal_the_whole_sequence_pass(tok):
     pos = position_ids_from_mask(mask)
     with torch.no_grad():
         s = fused.FusedSampler(model, ids.shape[1], ids.device)
-        from ppokit.llm.positions import distinct_prompts
+        from ppokit.llm.modeling.positions import distinct_prompts
 
         first, rows = distinct_prompts(ids[:, :p], mask[:, :p])
         out = [s.prefill(ids[first, :p], mask[first, :p], rows)]

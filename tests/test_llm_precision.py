@@ -1,5 +1,5 @@
 """precision=bf16 in the token trainer: attention computed in float32 inside bfloat16
-autocast (ppokit.llm.precision) against transformers' own sdpa attention, on random
+autocast (ppokit.llm.modeling.precision) against transformers' own sdpa attention, on random
 left-padded batches of Llama- and GPT-2-architecture models."""
 
 import copy
@@ -10,9 +10,14 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ppokit.llm.models import build_char_tokenizer, build_tiny_model, frozen_copy, save_policy
-from ppokit.llm.precision import ATTENTION, frozen_linears_to_bf16, use_float32_attention
-from ppokit.llm.rollout import sequence_logprobs
+from ppokit.llm.modeling.models import (
+    build_char_tokenizer,
+    build_tiny_model,
+    frozen_copy,
+    save_policy,
+)
+from ppokit.llm.modeling.precision import ATTENTION, frozen_linears_to_bf16, use_float32_attention
+from ppokit.llm.modeling.rollout import sequence_logprobs
 
 SETTINGS = settings(max_examples=10, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture])

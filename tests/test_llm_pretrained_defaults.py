@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from ppokit.errors import UsageError
-from ppokit.llm.config import LEARNING_RATES, LLMConfig
-from ppokit.llm.divergence import TrainingDiverged, update_kl
-from ppokit.llm.models import AdaptersOff, build_char_tokenizer, build_tiny_model
-from ppokit.llm.trainer import TokenTrainer
+from ppokit.llm.modeling.models import AdaptersOff, build_char_tokenizer, build_tiny_model
+from ppokit.llm.training.config import LEARNING_RATES, LLMConfig
+from ppokit.llm.training.divergence import TrainingDiverged, update_kl
+from ppokit.llm.training.trainer import TokenTrainer
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +185,7 @@ def test_lora_checkpoint_holds_the_adapters_and_resumes_exactly(tmp_path, tok):
 
 
 def test_resume_with_a_new_learning_rate(tmp_path, tok):
-    from ppokit.llm.runfiles import config_from_run
+    from ppokit.llm.training.runfiles import config_from_run
 
     tr = _trainer(tmp_path, tok, iterations=1, learning_rate=1e-3)
     tr.train(progress=False)
@@ -199,7 +199,7 @@ def test_resume_with_a_new_learning_rate(tmp_path, tok):
 
 
 def test_learning_rate_warning_follows_size_and_mode():
-    from ppokit.llm.divergence import learning_rate_warning, tolerated_learning_rate
+    from ppokit.llm.training.divergence import learning_rate_warning, tolerated_learning_rate
 
     n = 135_000_000
     assert learning_rate_warning(LEARNING_RATES["full"], n, lora=False) is None

@@ -3,7 +3,7 @@ iteration, never a bar's frame."""
 
 import io
 
-from ppokit.llm.progress import Progress
+from ppokit.llm.training.progress import Progress
 
 REC = {"score_mean": 0.5, "kl_ref": 0.01, "response_length_mean": 7.0, "clipfrac": None}
 

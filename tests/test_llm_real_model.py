@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def smollm2():
     pytest.importorskip("gguf")
-    from ppokit.llm.fetch import fetch_model
+    from ppokit.llm.modeling.fetch import fetch_model
 
     try:
         return fetch_model("smollm2-135m-instruct", log=lambda *a: None)
@@ -28,8 +28,8 @@ def smollm2():
 
 
 def test_smollm2_learns_the_numbers_task_with_the_pretrained_defaults(smollm2, tmp_path):
-    from ppokit.llm.config import LLMConfig
-    from ppokit.llm.trainer import TokenTrainer
+    from ppokit.llm.training.config import LLMConfig
+    from ppokit.llm.training.trainer import TokenTrainer
 
     cfg = LLMConfig(model=smollm2, iterations=12, prompts_per_iter=8, time_limit=0,
                     checkpoint_every=10**9)

@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 
 from ppokit.cli import main
 from ppokit.errors import UsageError
-from ppokit.llm.data import load_rows, render_prompt
-from ppokit.llm.models import build_char_tokenizer, build_tiny_model, save_policy
-from ppokit.llm.rewards import RewardSet, check_scores
-from ppokit.llm.trainer import LLMConfig, TokenTrainer
+from ppokit.llm.inputs.data import load_rows, render_prompt
+from ppokit.llm.inputs.rewards import RewardSet, check_scores
+from ppokit.llm.modeling.models import build_char_tokenizer, build_tiny_model, save_policy
+from ppokit.llm.training.trainer import LLMConfig, TokenTrainer
 
 TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }} | {% endfor %}"
             "{% if add_generation_prompt %}assistant: {% endif %}")
@@ -376,7 +376,7 @@ def test_unreadable_prompt_files_are_one_line_errors(tmp_path):
 
 
 def test_a_reward_model_beside_python_reward_functions_is_refused():
-    from ppokit.llm.trainer import LLMConfig, reward_set
+    from ppokit.llm.training.trainer import LLMConfig, reward_set
 
     with pytest.raises(UsageError, match="reward_model: give it in reward_funcs"):
         reward_set(LLMConfig(reward_model="somewhere"), reward_fn=lambda completions,

@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ppokit.errors import UsageError
-from ppokit.llm.models import (
+from ppokit.llm.inputs.task import ReverseTask, reverse_score, score_one
+from ppokit.llm.modeling.models import (
     build_char_tokenizer,
     build_tiny_model,
     count_parameters,
@@ -16,9 +17,8 @@ from ppokit.llm.models import (
     load_tokenizer,
     save_policy,
 )
-from ppokit.llm.rollout import TokenRollout, encode_prompts, generate, sequence_logprobs
-from ppokit.llm.task import ReverseTask, reverse_score, score_one
-from ppokit.llm.trainer import LLMConfig, compute_labels
+from ppokit.llm.modeling.rollout import TokenRollout, encode_prompts, generate, sequence_logprobs
+from ppokit.llm.training.trainer import LLMConfig, compute_labels
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ppokit.llm.models import build_char_tokenizer, build_tiny_model
-from ppokit.llm.rollout import (
+from ppokit.llm.modeling.models import build_char_tokenizer, build_tiny_model
+from ppokit.llm.modeling.rollout import (
     _cache_keyword,
     _cache_of,
     _decode_cache,

@@ -10,10 +10,10 @@ import torch
 from _nostep import NoStep
 from ppokit.cli import main
 from ppokit.errors import UsageError
-from ppokit.llm.models import build_char_tokenizer, build_tiny_model
-from ppokit.llm.rewards import load_reward_callable
-from ppokit.llm.rollout import sequence_logprobs
-from ppokit.llm.trainer import LLMConfig, TokenTrainer, compute_labels
+from ppokit.llm.inputs.rewards import load_reward_callable
+from ppokit.llm.modeling.models import build_char_tokenizer, build_tiny_model
+from ppokit.llm.modeling.rollout import sequence_logprobs
+from ppokit.llm.training.trainer import LLMConfig, TokenTrainer, compute_labels
 
 
 @pytest.fixture(scope="module")
@@ -218,7 +218,7 @@ def test_target_kl_stops_the_update(tmp_path, tok):
 
 
 def test_reward_callable_loading():
-    fn = load_reward_callable("ppokit.llm.task:reverse_score")
+    fn = load_reward_callable("ppokit.llm.inputs.task:reverse_score")
     assert fn(["12>"], ["21"]) == [1.0]
     with pytest.raises(UsageError, match="module:function"):
         load_reward_callable("nocolon")
@@ -241,7 +241,7 @@ def test_cli_train_eval_end_to_end(tmp_path, capsys):
 
 
 def test_cli_loads_a_local_model_dir(tmp_path, tok):
-    from ppokit.llm.models import save_policy
+    from ppokit.llm.modeling.models import save_policy
 
     mdir = str(tmp_path / "m")
     save_policy(build_tiny_model(tok, arch="gpt2"), tok, mdir)
@@ -254,7 +254,7 @@ def test_cli_loads_a_local_model_dir(tmp_path, tok):
 def test_chat_task_with_a_tokenizer_without_template_is_one_line(tmp_path, tok, capsys):
     """A pretrained --model defaults to the numbers chat task, which needs a chat
     template: a model without one is told what to give instead."""
-    from ppokit.llm.models import save_policy
+    from ppokit.llm.modeling.models import save_policy
 
     mdir = str(tmp_path / "m")
     save_policy(build_tiny_model(tok), tok, mdir)
@@ -266,7 +266,7 @@ def test_chat_task_with_a_tokenizer_without_template_is_one_line(tmp_path, tok, 
 
 
 def test_reward_model_and_dpo_commands(tmp_path):
-    from ppokit.llm.rewards import RewardModelScorer
+    from ppokit.llm.inputs.rewards import RewardModelScorer
 
     rm = str(tmp_path / "rm")
     assert main(["llm", "rm", "--out", rm, "--n-pairs", "64", "--epochs", "1"]) == 0
@@ -295,7 +295,7 @@ def test_reference_is_a_frozen_copy(tmp_path, tok):
 def test_prompts_file_with_a_reward_callable_and_adaptive_beta(tmp_path, tok):
     pf = tmp_path / "prompts.jsonl"
     pf.write_text("".join(json.dumps({"prompt": f"{i}{i + 1}>"}) + "\n" for i in range(8)))
-    tr = _trainer(tmp_path, tok, prompts=str(pf), reward="ppokit.llm.task:reverse_score",
+    tr = _trainer(tmp_path, tok, prompts=str(pf), reward="ppokit.llm.inputs.task:reverse_score",
                   kl_target=0.01, kl_coef=0.1, prompts_per_iter=4, iterations=2)
     recs = tr.train(progress=False)
     # the sampler's log-probs against the reference's forward pass: 0 to rounding
@@ -310,7 +310,7 @@ def test_prompts_file_with_a_reward_callable_and_adaptive_beta(tmp_path, tok):
 @pytest.mark.parametrize("critic", ["separate", "shared"])
 def test_lora_policy_trains_adapters_only_and_exports_a_plain_model(tmp_path, tok, critic):
     pytest.importorskip("peft")
-    from ppokit.llm.models import load_lm
+    from ppokit.llm.modeling.models import load_lm
 
     tr = _trainer(tmp_path, tok, critic, lora_r=4, critic=critic, iterations=2,
                   checkpoint_every=1)
@@ -336,7 +336,7 @@ def test_lora_policy_trains_adapters_only_and_exports_a_plain_model(tmp_path, to
 
 
 def test_eval_every_logs_the_held_out_score_without_changing_training(tmp_path, tok):
-    from ppokit.llm.evaluate import score_policy
+    from ppokit.llm.evaluation.evaluate import score_policy
 
     plain = _trainer(tmp_path, tok, "plain", algo="grpo", prompts_per_iter=4,
                      samples_per_prompt=2, iterations=3)

@@ -85,7 +85,7 @@ def test_reward_hacking_run_flags_length_reward_coupling(tmp_path):
     """Token-level PPO against a length-biased reward model without a KL anchor (the
     reward-hacking demo, shortened): reward, KL to the reference and length rise together."""
     pytest.importorskip("transformers")
-    from ppokit.llm.demo import run_reward_hacking_demo
+    from ppokit.llm.evaluation.demo import run_reward_hacking_demo
 
     out = tmp_path / "rh"
     run_reward_hacking_demo(str(out), iterations=40, plot=False, log=lambda *a: None)
@@ -114,7 +114,7 @@ def test_provoked_length_hacking_run_is_named(tmp_path, monkeypatch):
     monkeypatch.chdir(Path(__file__).parent.parent)   # tests._lm_rewards importable
     run = tmp_path / "lenhack"
     assert main(["llm", "train", "--algo", "grpo", "--iterations", "60",
-                 "--max-new-tokens", "24", "--reward", "ppokit.llm.task:reverse_score",
+                 "--max-new-tokens", "24", "--reward", "ppokit.llm.inputs.task:reverse_score",
                  "--reward", "tests._lm_rewards:length_bonus", "--eval-every", "10",
                  "--run-dir", str(run), "--no-progress", "--no-eval"]) == 0
     found = set(warnings(str(run)))

@@ -17,11 +17,11 @@ from _faults import _count_and_crash, _Crash, _snapshot, count_write_steps
 from ppokit.cli import main
 from ppokit.errors import UsageError
 from ppokit.io import GracefulStop, Interrupted, latest_checkpoint, read_metrics
-from ppokit.llm.evaluate import evaluate_lm_run
-from ppokit.llm.models import build_char_tokenizer, build_tiny_model
-from ppokit.llm.trainer import LLMConfig, TokenTrainer
+from ppokit.llm.evaluation.evaluate import evaluate_lm_run
+from ppokit.llm.modeling.models import build_char_tokenizer, build_tiny_model
+from ppokit.llm.training.trainer import LLMConfig, TokenTrainer
 
-REWARD = "ppokit.llm.task:reverse_score"
+REWARD = "ppokit.llm.inputs.task:reverse_score"
 
 
 def _prompts(tmp_path: Path) -> Path:
@@ -144,7 +144,7 @@ def test_resume_cannot_change_the_run_configuration(tmp_path, capsys):
 def test_a_run_saved_before_kl_estimator_resumes_with_the_k3_it_trained_with(tmp_path):
     """kl_estimator's default is k2; a run whose configuration predates the field trained
     its KL loss with k3 and goes on with it."""
-    from ppokit.llm.runfiles import config_from_run
+    from ppokit.llm.training.runfiles import config_from_run
 
     rd = _trained(tmp_path, algo="grpo", iterations=1, samples_per_prompt=2)
     assert config_from_run(str(rd)).kl_estimator == "k2"

@@ -129,13 +129,13 @@ def _lm_report(args, cfg=None):
     from .token_checks import run_token_checks
 
     if args.model is not None:
-        from ppokit.llm.models import load_lm
+        from ppokit.llm.modeling.models import load_lm
 
         model, tok = load_lm(args.model)
         target = args.model
     else:
         from ppokit.llm.cli import set_threads
-        from ppokit.llm.models import build_char_tokenizer, build_tiny_model
+        from ppokit.llm.modeling.models import build_char_tokenizer, build_tiny_model
 
         set_threads(None)  # as ppokit llm train runs the built-in model
         tok = build_char_tokenizer()
@@ -159,8 +159,8 @@ def _warm_start(model, tok, cfg):
     """A copy of the built-in model after the warm start ``ppokit llm train`` gives it."""
     import copy
 
-    from ppokit.llm.sft import builtin_sft
-    from ppokit.llm.task import make_task
+    from ppokit.llm.inputs.task import make_task
+    from ppokit.llm.training.sft import builtin_sft
 
     task = make_task(cfg.task or "reverse")  # the built-in model's default task
     warm = copy.deepcopy(model)

@@ -259,7 +259,7 @@ def check_token_labels_frozen(model, tokenizer, *, trainer_cls=None, seed: int =
                               ) -> CheckResult:
     """The same check on ppokit's token-level trainer (PPO with a critic): one iteration of
     the built-in task with ``model`` (copied) as the policy, two epochs, one minibatch."""
-    from ppokit.llm import trainer as trainer_mod
+    from ppokit.llm.training import trainer as trainer_mod
 
     trainer_cls = trainer_cls or trainer_mod.TokenTrainer
     cfg = trainer_mod.LLMConfig(algo="ppo", iterations=1, n_epochs=2, batch_size=8,

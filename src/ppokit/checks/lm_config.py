@@ -1,6 +1,7 @@
 """Pre-flight checks of a language-model run's configuration, before any training.
 
-Given the run's :class:`ppokit.llm.config.LLMConfig` (as ``ppokit llm train`` would get it),
+Given the run's :class:`ppokit.llm.training.config.LLMConfig` (as ``ppokit llm train``
+would get it),
 the starting model and tokenizer, they read the configuration, the prompts and a small
 sample of completions:
 
@@ -51,7 +52,7 @@ def _skip(name, crit, why) -> CheckResult:
 
 def check_group_size(cfg) -> CheckResult:
     from ppokit.core.registry import GROUP_ADVANTAGES
-    from ppokit.llm.config import PRESETS
+    from ppokit.llm.training.config import PRESETS
 
     name, crit = "lm-group-size", "a group estimator gets ≥ 2 samples per prompt"
     preset = PRESETS.get(cfg.algo, {})
@@ -122,7 +123,7 @@ def _context(model) -> int | None:
 
 
 def check_prompt_length(rows: list, tokenizer, model, max_new_tokens: int) -> CheckResult:
-    from ppokit.llm.data import render_prompt
+    from ppokit.llm.inputs.data import render_prompt
 
     name = "lm-prompt-length"
     crit = "longest prompt + max_new_tokens ≤ the model's context"
@@ -165,7 +166,7 @@ def check_sampled(rcfg, model, tokenizer, rewards, rows: list, *, max_new_tokens
     completions (rows with the same prompt follow each other: the groups, which matter
     when the run's estimator is a group estimator)."""
     from ppokit.core.registry import GROUP_ADVANTAGES
-    from ppokit.llm.evaluate import score_policy
+    from ppokit.llm.evaluation.evaluate import score_policy
 
     group_rows = [r for r in rows for _ in range(samples)]
     n = len(group_rows)
@@ -236,11 +237,11 @@ def check_sampled(rcfg, model, tokenizer, rewards, rows: list, *, max_new_tokens
 def run_config_checks(cfg, model, tokenizer, *, reward_fn=None, prompts: int = 8,
                       samples: int = 4, seed: int = 0, log=None) -> list[CheckResult]:
     """The checks of the module documentation on ``cfg`` (an unresolved
-    :class:`ppokit.llm.config.LLMConfig`: the preset is applied here, so that a field the
+    :class:`ppokit.llm.training.config.LLMConfig`: the preset is applied here, so that a field the
     preset cannot accept is a finding, not an error), starting from ``model``."""
-    from ppokit.llm.config import prompt_sets
-    from ppokit.llm.reward_setup import reward_set
-    from ppokit.llm.task import make_task
+    from ppokit.llm.inputs.reward_setup import reward_set
+    from ppokit.llm.inputs.task import make_task
+    from ppokit.llm.training.config import prompt_sets
 
     log = log or (lambda *a: None)
     group = check_group_size(cfg)

@@ -54,7 +54,7 @@ def token_surrogate(clip_eps: float = 0.2):
 
 
 def _default_logprobs(model, input_ids, attention_mask):
-    from ppokit.llm.rollout import sequence_logprobs
+    from ppokit.llm.modeling.rollout import sequence_logprobs
 
     return sequence_logprobs(model, input_ids, attention_mask)["logp"]
 
@@ -62,7 +62,7 @@ def _default_logprobs(model, input_ids, attention_mask):
 def _logprobs_native(model, input_ids, attention_mask):
     """The same token-convention log-probs as ppokit's default, kept in the model's own
     dtype (the default casts logits to float32, too coarse for finite differences)."""
-    from ppokit.llm.rollout import position_ids_from_mask, shift_to_tokens
+    from ppokit.llm.modeling.rollout import position_ids_from_mask, shift_to_tokens
 
     pos = position_ids_from_mask(attention_mask)
     logits = model(input_ids=input_ids, attention_mask=attention_mask,
@@ -73,7 +73,7 @@ def _logprobs_native(model, input_ids, attention_mask):
 
 def default_prompts(tokenizer) -> list[str]:
     """Prompts of different lengths (so left padding occurs) in the tokenizer's alphabet."""
-    from ppokit.llm.models import is_builtin
+    from ppokit.llm.modeling.models import is_builtin
 
     if is_builtin(tokenizer):
         return ["381>", "90417>", "5>", "662014>", "27>", "1234>"]
@@ -95,7 +95,7 @@ class TokenBatch:
 def make_token_batch(model, tokenizer, prompts: list[str] | None = None, *,
                      max_new_tokens: int = 8, seed: int = 0) -> TokenBatch:
     """Sample completions and end every other row early (EOS + right padding)."""
-    from ppokit.llm.rollout import encode_prompts, generate
+    from ppokit.llm.modeling.rollout import encode_prompts, generate
 
     prompts = prompts or default_prompts(tokenizer)
     gen = torch.Generator().manual_seed(seed)
@@ -223,12 +223,12 @@ def run_token_checks(model, tokenizer, *, prompts: list[str] | None = None,
 
     Args:
         logprob_fn: ``(model, input_ids, attention_mask) -> [B, L]`` log-probs in the token
-            convention; default ppokit's :func:`ppokit.llm.rollout.sequence_logprobs`.
+            convention; default ppokit's :func:`ppokit.llm.modeling.rollout.sequence_logprobs`.
         mask_fn: ``TokenBatch -> [B, L]`` bool action mask; default the rollout's own.
         surrogate: ``(logp, logp_old, adv, mask=None) -> loss``, called with ``[B, L]`` and
             a mask, or with ``[M]`` action tokens; default PPO-Clip, token-mean.
         labels: also run ``token-labels-frozen``: one iteration of ppokit's token trainer
-            (``trainer_cls``, default :class:`ppokit.llm.trainer.TokenTrainer`) on the
+            (``trainer_cls``, default :class:`ppokit.llm.training.trainer.TokenTrainer`) on the
             built-in task with a copy of ``model``.
     """
     logprob_fn = logprob_fn or _default_logprobs

@@ -8,7 +8,8 @@ nothing to plot and no file is written (exit status 2). Runs of one configuratio
 at different steps are averaged only where all of them have data; the legend says up to
 which step, the longer runs' remainders are drawn on their own, and a note on stderr says so.
 Language-model run directories (``ppokit llm train``) get their own panels: reward, KL to
-the reference, response length and truncated share per iteration (:mod:`ppokit.llm.plots`).
+the reference, response length and truncated share per iteration
+(:mod:`ppokit.llm.evaluation.plots`).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         if not Path(d).is_dir():
             raise UsageError(f"RUN_DIR: no such directory {d!r}")
     out = _check_out(args.out if args.out is not None else default_out(args.run_dirs))
-    from ppokit.llm.plots import is_llm_run, plot_llm_runs
+    from ppokit.llm.evaluation.plots import is_llm_run, plot_llm_runs
 
     llm_runs = [d for d in args.run_dirs if is_llm_run(d)]
     if llm_runs:  # language-model runs: reward, KL, length and truncation per iteration

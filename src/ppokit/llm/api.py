@@ -1,7 +1,7 @@
 """The Python entry point of token-level RL: :func:`train` (your model, your rewards, your
 data) and the :class:`LLMRun` it returns (``generate``, ``evaluate``, ``save``).
 
-``train`` is a thin layer over :class:`ppokit.llm.trainer.TokenTrainer`: it loads the model
+``train`` is a thin layer over :class:`ppokit.llm.training.trainer.TokenTrainer`: it loads the model
 and the dataset, turns the keyword arguments into an :class:`LLMConfig` (the same keys as
 ``ppokit llm train``'s flags, with the same checks and messages), trains and hands back the
 trained policy. The run directory is an ordinary ``ppokit llm`` run directory.
@@ -32,11 +32,11 @@ def train(model, reward_funcs, train_dataset, algo: str = "grpo", eval_dataset=N
     * ``model``: a local model directory, or a loaded ``transformers`` causal LM (then
       ``tokenizer`` too, unless the model was loaded from a local directory that has one).
     * ``reward_funcs``: one or a list of reward functions (TRL's calling convention, see
-      :mod:`ppokit.llm.rewards`), ``"module:function"`` strings or reward-model
+      :mod:`ppokit.llm.inputs.rewards`), ``"module:function"`` strings or reward-model
       directories; ``reward_weights=[...]`` weighs them.
     * ``train_dataset`` / ``eval_dataset``: a JSONL/JSON/CSV/Parquet path, a
       ``datasets.Dataset`` or a list of dicts with a ``prompt`` column
-      (:mod:`ppokit.llm.data`). Without ``eval_dataset`` the last ``eval_fraction`` (0.1)
+      (:mod:`ppokit.llm.inputs.data`). Without ``eval_dataset`` the last ``eval_fraction`` (0.1)
       of the rows is held out, and said so.
     * ``callbacks``: functions called with each iteration's metrics record; one that
       returns ``True`` stops training (a checkpoint is written).
@@ -47,10 +47,10 @@ def train(model, reward_funcs, train_dataset, algo: str = "grpo", eval_dataset=N
     from ppokit.io import unique_run_dir
 
     require_extra(("transformers", "tokenizers"), "llm", "ppokit.llm.train")
-    from .config import config_from_values
-    from .data import load_rows
-    from .models import load_lm, load_tokenizer, quiet_transformers
-    from .trainer import TokenTrainer
+    from .inputs.data import load_rows
+    from .modeling.models import load_lm, load_tokenizer, quiet_transformers
+    from .training.config import config_from_values
+    from .training.trainer import TokenTrainer
 
     quiet_transformers()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -139,8 +139,8 @@ class LLMRun:
                  temperature: float = 0.0, seed: int = 0) -> list[str]:
         """Completions of ``prompts`` (a string, a conversation, or a list of either);
         greedy by default."""
-        from .data import render_prompt
-        from .rollout import encode_prompts, generate
+        from .inputs.data import render_prompt
+        from .modeling.rollout import encode_prompts, generate
 
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and all(
                 isinstance(m, dict) and "role" in m for m in prompts)):
@@ -159,8 +159,8 @@ class LLMRun:
         """Score the trained policy and the reference on ``dataset`` (default: the held-out
         rows) with the run's rewards: ``score_mean``, ``reward/NAME`` and the same with
         ``reference_`` in front, over the same prompts, sampling settings and seed."""
-        from .data import load_rows
-        from .evaluate import score_policy
+        from .evaluation.evaluate import score_policy
+        from .inputs.data import load_rows
 
         rows = self._tr.eval_rows if dataset is None else load_rows(dataset, "dataset")
         if not rows:

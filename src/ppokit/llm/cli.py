@@ -25,7 +25,7 @@ def add_config_arguments(p: argparse.ArgumentParser, skip: tuple[str, ...] = (),
     """One flag per :class:`LLMConfig` field (help from the field's metadata), the
     deprecated names as hidden flags, and ``--set`` / ``--config`` as for ``ppokit train``.
     ``skip``: fields whose flag the command defines itself (with the same meaning)."""
-    from .config import DEPRECATED, LLMConfig, config_help
+    from .training.config import DEPRECATED, LLMConfig, config_help
 
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     if epilog:
@@ -72,7 +72,7 @@ def add_config_arguments(p: argparse.ArgumentParser, skip: tuple[str, ...] = (),
 
 def flag_values(args) -> dict:
     """The values given as flags, deprecated names included (with a message)."""
-    from .config import DEPRECATED, LLMConfig
+    from .training.config import DEPRECATED, LLMConfig
 
     out = {f.name: getattr(args, f.name) for f in fields(LLMConfig)
            if getattr(args, f.name, None) is not None}
@@ -89,7 +89,7 @@ def flag_values(args) -> dict:
 
 def config_from_args(args):
     """preset < --config TOML < --set < flags."""
-    from .config import config_from_values, parse_sets, read_toml
+    from .training.config import config_from_values, parse_sets, read_toml
 
     def log(msg):
         print(f"ppokit llm: {msg}", file=sys.stderr)
@@ -201,7 +201,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, metavar="NAME_OR_DIR",
                    help="a pretrained model (a fetched name such as smollm2-135m-instruct, a "
                         "directory or a .gguf file): GRPO with LoRA against TRL's "
-                        "GRPOTrainer on it, float32, on a chat task (ppokit/llm/bench_real.py)")
+                        "GRPOTrainer on it, float32, on a chat task "
+                        "(ppokit/llm/evaluation/bench_real.py)")
     p.add_argument("--task", default="numbers",
                    help="with --model: the chat task whose prompts both train on")
     p.add_argument("--precision", default="bf16", choices=("bf16", "fp32"),
@@ -218,8 +219,8 @@ def run(args) -> int:
     require_extra(("transformers", "tokenizers"), "llm", f"ppokit llm {args.llm_command}")
     if args.llm_command == "fetch" and not getattr(args, "list", False):
         require_extra("gguf", "gguf", "ppokit llm fetch")
-    from .guards import check_cli_args
-    from .models import quiet_transformers
+    from .modeling.models import quiet_transformers
+    from .training.guards import check_cli_args
 
     check_cli_args(args)  # every argument before any work (a warm start, pair generation)
     quiet_transformers()
@@ -265,8 +266,8 @@ def _print_eval(ev: dict) -> None:
 
 
 def _launch(nproc: int) -> int:
-    """``--nproc N``: run this same command on N local ranks (:mod:`ppokit.llm.launch`)."""
-    from .launch import launch
+    """``--nproc N``: run this same command on N local ranks (:mod:`ppokit.llm.training.launch`)."""
+    from .training.launch import launch
 
     argv = list(sys.argv[1:])
     out, skip = [], False
@@ -319,9 +320,9 @@ def _train(args) -> int:
 def _train_ranks(args, dp) -> int:
     from ppokit.io import GracefulStop, Interrupted, unique_run_dir
 
-    from .evaluate import evaluate_lm_run
-    from .runfiles import resume_command
-    from .trainer import TokenTrainer, config_from_run
+    from .evaluation.evaluate import evaluate_lm_run
+    from .training.runfiles import resume_command
+    from .training.trainer import TokenTrainer, config_from_run
 
     main_rank = dp is None or dp.is_main
     fresh = False
@@ -385,7 +386,7 @@ def _train_ranks(args, dp) -> int:
 
 
 def _compare(args) -> int:
-    from .compare import compare, parse_seeds, table
+    from .evaluation.compare import compare, parse_seeds, table
 
     seeds = parse_seeds(args.seeds)
     algos = [a.strip() for a in args.algos.split(",") if a.strip()]
@@ -405,14 +406,14 @@ def _compare(args) -> int:
 
 def _config_overrides(args) -> dict:
     """Flags and ``--set`` values given with ``--resume`` (deprecated names renamed)."""
-    from .config import DEPRECATED, parse_sets
+    from .training.config import DEPRECATED, parse_sets
 
     vals = {**parse_sets(args.sets or []), **flag_values(args)}
     return {DEPRECATED.get(k, k): v for k, v in vals.items()}
 
 
 def _eval(args) -> int:
-    from .evaluate import evaluate_lm_run
+    from .evaluation.evaluate import evaluate_lm_run
 
     if not os.path.isdir(args.run_dir):
         raise UsageError(f"RUN_DIR: no such directory {args.run_dir!r}")
@@ -426,13 +427,13 @@ def _eval(args) -> int:
 
 
 def _sft(args) -> int:
-    from .models import build_char_tokenizer, build_tiny_model, load_lm, save_policy
-    from .sft import builtin_sft, sft_train
-    from .task import ReverseTask
+    from .inputs.task import ReverseTask
+    from .modeling.models import build_char_tokenizer, build_tiny_model, load_lm, save_policy
+    from .training.sft import builtin_sft, sft_train
 
     rows = []
     if args.data:  # read and checked before any model is built
-        from .data import read_jsonl_objects
+        from .inputs.data import read_jsonl_objects
 
         rows = [(r["prompt"], r["completion"]) for r in read_jsonl_objects(
             args.data, "--data", ("prompt", "completion"), "demonstrations file")]
@@ -461,7 +462,7 @@ def _sft(args) -> int:
 
 
 def _pairs(args):
-    from .prefs import builtin_pairs, load_pairs, split_pairs
+    from .inputs.prefs import builtin_pairs, load_pairs, split_pairs
 
     if args.data:
         pairs = load_pairs(args.data)
@@ -474,7 +475,7 @@ def _pairs(args):
 
 
 def _rm(args) -> int:
-    from .rm import build_reward_model, save_reward_model, train_reward_model
+    from .training.rm import build_reward_model, save_reward_model, train_reward_model
 
     train_pairs, eval_pairs = _pairs(args)
     model, tok = build_reward_model(args.model, seed=args.seed)
@@ -487,10 +488,10 @@ def _rm(args) -> int:
 
 
 def _dpo(args) -> int:
-    from .dpo import dpo_train
-    from .models import build_char_tokenizer, build_tiny_model, load_lm, save_policy
-    from .sft import builtin_sft
-    from .task import ReverseTask
+    from .inputs.task import ReverseTask
+    from .modeling.models import build_char_tokenizer, build_tiny_model, load_lm, save_policy
+    from .training.dpo import dpo_train
+    from .training.sft import builtin_sft
 
     train_pairs, eval_pairs = _pairs(args)
     if args.model:
@@ -509,7 +510,7 @@ def _dpo(args) -> int:
 
 
 def _fetch(args) -> int:
-    from .fetch import KNOWN_MODELS, cached_model_dir, fetch_model
+    from .modeling.fetch import KNOWN_MODELS, cached_model_dir, fetch_model
 
     if args.list or not args.name:
         for name, spec in KNOWN_MODELS.items():
@@ -529,10 +530,10 @@ def _fetch(args) -> int:
 
 
 def _bench(args) -> int:
-    from .bench import run_bench
+    from .evaluation.bench import run_bench
 
     if args.model is not None:
-        from .bench_real import run_real_bench
+        from .evaluation.bench_real import run_real_bench
 
         run_real_bench(args.model, task=args.task, iterations=args.iterations or 3,
                        rounds=3 if args.rounds is None else args.rounds)

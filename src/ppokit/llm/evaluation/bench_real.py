@@ -1,0 +1,283 @@
+"""``ppokit llm bench --model NAME``: ppokit and TRL's ``GRPOTrainer`` on the same pretrained
+model, side by side.
+
+Both train GRPO on the same model, the same prompts (a chat task of
+:mod:`ppokit.llm.inputs.chat_tasks`, rendered by the model's own chat template), the same group
+size, completion cap, sampling temperature, update geometry (one pass over each
+generation's completions in two minibatches, one optimiser step each), loss
+(sequence mean of token means), KL term to the reference (k3, β 0.02), learning rate,
+gradient clipping and LoRA adapters (rank 16, α 32, every linear layer of the decoder), in
+float32 (on a CPU without native bfloat16 both run far slower in bfloat16). Each runs in a
+fresh process, ppokit then TRL, for ``rounds`` pairs; the table gives each figure's median
+and each round's ratio is printed. What each library then does its own way is its speed:
+ppokit's fused forward and sampler, old log-probs from the sampler, the reference as the
+adapters switched off; TRL's generate, its old-log-prob pass and its reference pass.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import statistics
+import tempfile
+import time
+import warnings
+
+import torch
+
+from ppokit.errors import UsageError
+
+from .bench import comparison_table, peak_rss_mb, rss_mb, timing_wrapper
+
+__all__ = ["GEOMETRY", "bench_ppokit_real", "bench_trl_real", "run_real_bench",
+           "matmul_peak_gflops", "token_flops"]
+
+# the shared settings (TRL's names in the comments)
+GEOMETRY = {
+    "prompts_per_iter": 8,      # generation_batch_size / num_generations
+    "samples_per_prompt": 4,    # num_generations
+    "max_new_tokens": 32,       # max_completion_length
+    "temperature": 0.7,
+    "n_epochs": 1,              # num_iterations
+    "learning_rate": 1e-4,
+    "kl_coef": 0.02,            # beta
+    "max_grad_norm": 1.0,
+    "lora_r": 16,
+    "lora_alpha": 32.0,
+}
+
+
+def matmul_peak_gflops(n: int = 1536, repeats: int = 5) -> float:
+    """This machine's float32 matrix-multiply throughput at torch's current thread count:
+    the best of ``repeats`` products of two ``n`` x ``n`` matrices, in GFLOP/s (2 n^3
+    operations each). The yardstick of the fraction of peak."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best / 1e9
+
+
+def token_flops(model) -> dict:
+    """Multiply-add operations (2 per multiply-accumulate) of one token's forward pass:
+    ``body``, through the decoder's linear layers (attention's score and mixing products,
+    a few percent at these lengths, are left out), and ``head``, the output layer over the
+    whole vocabulary (paid only where a token is sampled or scored)."""
+    head = model.get_output_embeddings()
+    body = 0
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear) and mod is not head and "lora_" not in name:
+            body += mod.weight.numel()
+    return {"body": 2 * body, "head": 2 * head.weight.numel()}
+
+
+def _fractions(out: dict, flops: dict, n_epochs: int, peak: float) -> None:
+    """Each phase's estimated GFLOP/s and fraction of ``peak``, counting only the
+    completion tokens (prompts are shorter and their shared prefix is computed once, so
+    this is a lower bound): generation and scoring one forward per token, training a
+    forward and a backward (about the forward's cost again: the frozen weights get no
+    gradient) per token and epoch."""
+    per_token = flops["body"] + flops["head"]
+    passes = {"generation": 1, "scoring": 1, "training": 2 * n_epochs}
+    for phase, k in passes.items():
+        gf = out[f"tokens_per_s_{phase}"] * per_token * k / 1e9
+        out[f"gflops_{phase}"] = gf
+        out[f"peak_fraction_{phase}"] = gf / peak
+
+
+def bench_ppokit_real(model_dir: str, task: str = "numbers", iterations: int = 3) -> dict:
+    """ppokit's GRPO on ``model_dir`` with :data:`GEOMETRY`: seconds and completion
+    tokens per iteration by phase (medians after one warm-up iteration)."""
+    from ..training.config import LLMConfig
+    from ..training.trainer import TokenTrainer
+
+    g = GEOMETRY
+    cfg = LLMConfig(algo="grpo", model=model_dir, task=task, iterations=iterations + 1,
+                    checkpoint_every=10**9, agg="seq-mean-token-mean",
+                    batch_size=g["prompts_per_iter"] * g["samples_per_prompt"] // 2,
+                    **{k: v for k, v in g.items()})
+    tmp = tempfile.mkdtemp(prefix="ppokit-bench-")
+    tr = None
+    try:
+        tr = TokenTrainer(cfg, tmp, log=lambda *a: None)
+        flops = token_flops(tr.policy)
+        rss_start = rss_mb()
+        tr.train_iteration()  # warm-up
+        recs, cpu = [], []
+        for _ in range(iterations):
+            c0 = time.process_time()
+            recs.append(tr.train_iteration())
+            cpu.append(time.process_time() - c0)
+    finally:
+        if tr is not None:
+            tr.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    out = {"sequences_per_iter": g["prompts_per_iter"] * g["samples_per_prompt"]}
+    for phase in ("generation", "scoring", "training"):
+        out[f"time_{phase}"] = statistics.median(r[f"time_{phase}"] for r in recs)
+        out[f"tokens_per_s_{phase}"] = statistics.median(r[f"tokens_per_s_{phase}"]
+                                                         for r in recs)
+    tot = sum(r["time_generation"] + r["time_scoring"] + r["time_training"] for r in recs)
+    out["seconds_per_iteration"] = tot / len(recs)
+    out["tokens_per_s_total"] = sum(r["response_tokens"] for r in recs) / tot
+    out["completion_tokens_per_iteration"] = statistics.mean(r["response_tokens"]
+                                                             for r in recs)
+    out["cpu_seconds_per_iteration"] = statistics.median(cpu)
+    out["rss_start_mb"] = rss_start
+    out["peak_gflops"] = matmul_peak_gflops()
+    _fractions(out, flops, g["n_epochs"], out["peak_gflops"])
+    return out
+
+
+def bench_trl_real(model_dir: str, task: str = "numbers", iterations: int = 3) -> dict:
+    """TRL's ``GRPOTrainer`` on ``model_dir`` with :data:`GEOMETRY` (``loss_type="grpo"``,
+    ``bf16=False``, a PEFT ``LoraConfig``): seconds per generation cycle (four optimiser
+    steps, one ppokit iteration) and the share of its sampling and scoring."""
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoTokenizer, TrainerCallback
+    from transformers.trainer_callback import PrinterCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from ..inputs.chat_tasks import exact_answer
+    from ..inputs.task import make_task
+
+    g = GEOMETRY
+    t = make_task(task)
+    rows = [t.row(p) for p in t.train_prompts(4096, random.Random(0))]
+    ds = Dataset.from_list(rows)
+
+    def correct(completions, answer, **_):
+        return exact_answer(completions, answer)
+
+    class Clock(TrainerCallback):
+        def __init__(self):
+            self.t, self.cpu = [], []
+
+        def on_step_end(self, args, state, control, **kw):  # noqa: ARG002
+            self.t.append(time.perf_counter())
+            self.cpu.append(time.process_time())
+
+    tmp = tempfile.mkdtemp(prefix="ppokit-trl-")
+    clock, steps = Clock(), 4
+    n = g["prompts_per_iter"] * g["samples_per_prompt"]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            args = GRPOConfig(
+                output_dir=f"{tmp}/out", per_device_train_batch_size=n // 2,
+                steps_per_generation=2, num_iterations=g["n_epochs"],
+                num_generations=g["samples_per_prompt"],
+                max_completion_length=g["max_new_tokens"], max_steps=steps * (iterations + 1),
+                learning_rate=g["learning_rate"], beta=g["kl_coef"], loss_type="grpo",
+                temperature=g["temperature"], top_p=1.0, top_k=0,
+                max_grad_norm=g["max_grad_norm"], logging_steps=1, report_to=[],
+                use_cpu=True, save_strategy="no", disable_tqdm=True, bf16=False,
+                lr_scheduler_type="constant", warmup_steps=0)
+            lora = LoraConfig(r=g["lora_r"], lora_alpha=g["lora_alpha"], lora_dropout=0.0,
+                              target_modules="all-linear", task_type="CAUSAL_LM")
+            tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+            trainer = GRPOTrainer(model=model_dir, reward_funcs=correct, args=args,
+                                  train_dataset=ds, processing_class=tok, callbacks=[clock],
+                                  peft_config=lora)
+            trainer.remove_callback(PrinterCallback)
+            calls = {"_generate": [], "_generate_and_score_completions": []}
+            for name, times in calls.items():
+                if hasattr(trainer, name):
+                    setattr(trainer, name, timing_wrapper(getattr(trainer, name), times))
+            rss_start = rss_mb()
+            t0, c0 = time.perf_counter(), time.process_time()
+            trainer.train()
+        ends, cpus = [t0] + clock.t, [c0] + clock.cpu
+        cycles = [ends[i + steps] - ends[i] for i in range(0, len(ends) - steps, steps)][1:]
+        cpu_cycles = [cpus[i + steps] - cpus[i]
+                      for i in range(0, len(cpus) - steps, steps)][1:]
+        lengths = [h["completions/mean_length"] for h in trainer.state.log_history
+                   if "completions/mean_length" in h][1:]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    sec = statistics.median(cycles)
+    toks = statistics.mean(lengths) * n
+    out = {"seconds_per_iteration": sec, "completion_tokens_per_iteration": toks,
+           "tokens_per_s_total": toks / sec, "sequences_per_iter": n,
+           "cpu_seconds_per_iteration": statistics.median(cpu_cycles),
+           "rss_start_mb": rss_start}
+    gen, gen_score = calls["_generate"][1:], calls["_generate_and_score_completions"][1:]
+    if gen and len(gen) == len(gen_score):
+        out["time_generation"] = statistics.median(gen)
+        out["time_scoring"] = statistics.median(b - a for a, b in zip(gen, gen_score))
+        out["time_training"] = max(sec - statistics.median(gen_score), 0.0)
+    return out
+
+
+def _child(fn_name: str, threads: int, kwargs: dict) -> dict:
+    torch.set_num_threads(threads)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    out = globals()[fn_name](**kwargs)
+    out["peak_rss_mb"] = peak_rss_mb()
+    return out
+
+
+def _own_process(fn_name: str, **kwargs) -> dict:
+    import multiprocessing as mp
+
+    with mp.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_child, (fn_name, torch.get_num_threads(), kwargs))
+
+
+def run_real_bench(model: str, task: str = "numbers", iterations: int = 3,
+                   rounds: int = 3) -> dict:
+    """The side-by-side comparison (module docstring); prints the table and returns the
+    medians, each round's ratio and the end-to-end ratio."""
+    import importlib.util
+
+    from ..modeling.fetch import resolve_model
+    from ..training.guards import check_int
+
+    check_int("--iterations", iterations, 1, 1000)
+    check_int("--rounds", rounds, 1, 100)
+    model_dir = resolve_model(model)
+    if not os.path.isdir(model_dir):
+        raise UsageError(f"--model: {model!r} is not a model directory or a fetched model")
+    have_trl = all(importlib.util.find_spec(m) is not None for m in ("trl", "peft"))
+    ours, theirs = [], []
+    for r in range(rounds):
+        ours.append(_own_process("bench_ppokit_real", model_dir=model_dir, task=task,
+                                 iterations=iterations))
+        line = f"round {r + 1}/{rounds}: ppokit {ours[-1]['seconds_per_iteration']:.2f} s/iteration"
+        if have_trl:
+            theirs.append(_own_process("bench_trl_real", model_dir=model_dir, task=task,
+                                       iterations=iterations))
+            ratio = theirs[-1]["seconds_per_iteration"] / ours[-1]["seconds_per_iteration"]
+            line += f", TRL {theirs[-1]['seconds_per_iteration']:.2f}: TRL/ppokit {ratio:.2f}x"
+        print(line, flush=True)
+    from .bench import median_record
+
+    t = median_record(ours)
+    g = GEOMETRY
+    print(f"GRPO on {model} ({task} task; {g['prompts_per_iter']} prompts x "
+          f"{g['samples_per_prompt']} samples, up to {g['max_new_tokens']} tokens; LoRA r "
+          f"{g['lora_r']}; float32; torch threads {torch.get_num_threads()}; medians of "
+          f"{rounds} rounds of {iterations} iterations):")
+    print(f"  float32 matrix-multiply peak of this machine: {t['peak_gflops']:.0f} GFLOP/s")
+    for phase in ("generation", "scoring", "training"):
+        print(f"  ppokit {phase:<10} {t[f'tokens_per_s_{phase}']:>8.1f} tokens/s   "
+              f"{t[f'time_{phase}']:7.2f} s/iteration   ~{t[f'gflops_{phase}']:.0f} GFLOP/s, "
+              f"{100 * t[f'peak_fraction_{phase}']:.0f}% of peak")
+    res = {"ppokit": t, "rounds": rounds}
+    if not have_trl:
+        print("trl (and peft) are not installed: the TRL comparison is skipped "
+              "(pip install 'ppokit[bench]')")
+        return res
+    trl_res = median_record(theirs)
+    res["trl"] = trl_res
+    res["round_ratios"] = [b["seconds_per_iteration"] / a["seconds_per_iteration"]
+                           for a, b in zip(ours, theirs)]
+    res["ratio"] = trl_res["seconds_per_iteration"] / t["seconds_per_iteration"]
+    res["token_ratio"] = t["tokens_per_s_total"] / trl_res["tokens_per_s_total"]
+    print(comparison_table(t, trl_res, rounds))
+    return res

@@ -1,0 +1,165 @@
+"""Held-out evaluation: score the trained policy and the reference (warm-start) policy on
+the same prompts with the same sampling settings and seed."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+from ppokit.errors import UsageError
+from ppokit.io.atomic import atomic_write_text
+
+from ..modeling.rollout import encode_prompts, generate
+
+__all__ = ["score_policy", "evaluate_lm_run"]
+
+
+@torch.no_grad()
+def score_policy(model, tokenizer, prompts: list, reward_fn, *, max_new_tokens: int,
+                 temperature: float = 1.0, seed: int = 0, batch_size: int = 128,
+                 per_sample: bool = False) -> dict:
+    """Mean score (and each reward function's mean, ``reward/NAME``), mean response
+    length and truncated share of one policy on ``prompts`` (prompt rows, or plain
+    strings); ``reward_fn``: a :class:`ppokit.llm.inputs.rewards.RewardSet`, a reward function or
+    a list of them. ``per_sample``: also ``scores``, ``truncated`` (one per prompt, in
+    order) and ``per_function`` (``{name: [n]}``, NaN where a function returned None)."""
+    from ..inputs.data import render_prompt
+    from ..inputs.reward_setup import reward_arguments
+    from ..inputs.rewards import RewardSet, per_function_stats
+
+    rewards = reward_fn if isinstance(reward_fn, RewardSet) else RewardSet(
+        list(reward_fn) if isinstance(reward_fn, (list, tuple)) else [reward_fn])
+    rows = [{"prompt": p} if isinstance(p, str) else p for p in prompts]
+    gen = torch.Generator().manual_seed(seed)
+    scores, lengths, trunc, samples, per_all = [], [], [], [], {}
+    for i in range(0, len(rows), batch_size):
+        chunk = rows[i:i + batch_size]
+        texts = [render_prompt(tokenizer, r["prompt"]) for r in chunk]
+        ids, mask = encode_prompts(tokenizer, texts)
+        roll = generate(model, ids, mask, max_new_tokens=max_new_tokens,
+                        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                        temperature=temperature, generator=gen)
+        decoded = [tokenizer.decode(r, skip_special_tokens=True) for r in roll.response_ids]
+        _, kwargs = reward_arguments(chunk, decoded, roll.response_ids)
+        total, per = rewards(kwargs.pop("prompts"), kwargs.pop("completions"),
+                             kwargs.pop("completion_ids"), kwargs)
+        scores += total.tolist()
+        for k, v in per.items():
+            per_all.setdefault(k, []).append(v)
+        lengths += roll.lengths.tolist()
+        trunc += roll.truncated.tolist()
+        samples += list(zip(texts, decoded))
+    n = len(scores)
+    per_all = {k: torch.cat(v) for k, v in per_all.items()}
+    stats = per_function_stats(per_all)
+    from ppokit.core.stats import mean_interval
+
+    out = {"score_mean": sum(scores) / n, "score_ci95": list(mean_interval(scores)),
+           "response_length_mean": sum(lengths) / n,
+           "truncated_frac": sum(trunc) / n, "samples": samples[:8], "n": n,
+           **{k: v for k, v in stats.items() if not k.endswith("_std")}}
+    if per_sample:
+        out.update(scores=scores, truncated=[bool(t) for t in trunc],
+                   per_function={k: v.tolist() for k, v in per_all.items()})
+    return out
+
+
+def evaluate_lm_run(run_dir: str, *, n_prompts: int | None = None, temperature: float | None = None,
+                 seed: int = 1234, greedy: bool = True, log=print, reward: str | None = None,
+                 reward_model: str | None = None, reward_fn=None) -> dict:
+    """Score ``RUN_DIR``'s trained policy (its newest intact checkpoint) and its reference
+    on the run's held-out prompts; write ``RUN_DIR/eval.json`` and return it.
+
+    Only the run's own files are read. A run trained with a reward function or a reward
+    model gets it from the caller (``reward`` / ``reward_model`` / ``reward_fn``), never
+    from the run directory."""
+    import copy
+
+    from ppokit.io import RunLock, check_tree, find_checkpoint, load_checkpoint
+    from ppokit.io.checkpoint import no_checkpoint_message
+
+    from ..inputs.reward_setup import check_reward_named_again
+    from ..modeling.models import load_lm, load_policy_state, wrap_lora
+    from ..training.runfiles import config_from_run
+
+    if not os.path.isdir(run_dir):
+        raise UsageError(f"RUN_DIR: no such directory {run_dir!r}")
+    if n_prompts is not None and n_prompts < 1:
+        raise UsageError(f"--n-prompts: expected an integer >= 1, got {n_prompts}")
+    if temperature is not None and not (temperature >= 0 and temperature < float("inf")):
+        raise UsageError(f"--temperature: expected a finite number >= 0, got {temperature}")
+    with RunLock(run_dir, "eval"):
+        cfg = config_from_run(run_dir, n_eval_prompts=n_prompts, reward=reward,
+                              reward_model=reward_model)
+        ckpt, damaged = find_checkpoint(os.path.join(run_dir, "checkpoints"), log=log)
+        if ckpt is None:
+            raise UsageError(no_checkpoint_message(run_dir, damaged))
+        tensors, _, state = load_checkpoint(ckpt)
+        check_reward_named_again(cfg, state.get("config"), reward_fn)
+        ref_dir = os.path.join(run_dir, "reference")
+        if not os.path.isdir(ref_dir) or os.path.islink(ref_dir):
+            raise UsageError(f"eval: {run_dir!r} has no reference/ directory")
+        check_tree(ref_dir, "run dir")
+        from ppokit.plugins import reading_run
+
+        with reading_run():  # evaluating needs no loss or estimator of the user's
+            rcfg = cfg.resolved()
+        holder = _EvalSetup(rcfg, run_dir, reward_fn)
+        reference, tok = load_lm(ref_dir)
+        reference.eval()
+        policy = copy.deepcopy(reference)
+        if rcfg.lora_r > 0:
+            policy = wrap_lora(policy, rcfg.lora_r, rcfg.lora_alpha)
+        try:
+            load_policy_state(policy, tensors["policy"], lora=rcfg.lora_r > 0)
+        except (KeyError, RuntimeError, ValueError) as exc:
+            raise UsageError(f"eval: checkpoint {ckpt} does not fit the run's reference "
+                             f"model ({type(exc).__name__})") from None
+        if rcfg.lora_r > 0:
+            policy = policy.merge_and_unload()
+        policy.eval()
+        temp = rcfg.temperature if temperature is None else temperature
+        kw = {"max_new_tokens": holder.max_new_tokens, "seed": seed}
+        out = {"run_dir": run_dir, "checkpoint": ckpt.name, "n_prompts": len(holder.prompts),
+               "temperature": temp}
+        pol = score_policy(policy, tok, holder.prompts, holder.reward_fn, temperature=temp,
+                           **kw)
+        ref = score_policy(reference, tok, holder.prompts, holder.reward_fn, temperature=temp,
+                           **kw)
+        per = {k: pol[k] for k in pol if k.startswith("reward/")}
+        per.update({"reference_" + k: ref[k] for k in ref if k.startswith("reward/")})
+        out.update(per)
+        out.update({"score_mean": pol["score_mean"], "reference_score_mean": ref["score_mean"],
+                    "score_ci95": pol["score_ci95"], "reference_score_ci95": ref["score_ci95"],
+                    "response_length_mean": pol["response_length_mean"],
+                    "reference_response_length_mean": ref["response_length_mean"],
+                    "truncated_frac": pol["truncated_frac"],
+                    "reference_truncated_frac": ref["truncated_frac"]})
+        if greedy:
+            for key, model in (("greedy", policy), ("reference_greedy", reference)):
+                res = score_policy(model, tok, holder.prompts, holder.reward_fn,
+                                   temperature=0.0, **kw)
+                out[f"{key}_score_mean"] = res["score_mean"]
+                out[f"{key}_score_ci95"] = res["score_ci95"]
+        out["samples"] = [{"prompt": p, "completion": c} for p, c in pol["samples"]]
+        atomic_write_text(os.path.join(run_dir, "eval.json"), json.dumps(out, indent=2) + "\n")
+    return out
+
+
+class _EvalSetup:
+    """Held-out prompts, reward function and generation cap of a run's config."""
+
+    def __init__(self, cfg, run_dir: str, reward_fn=None):
+        from ..inputs.reward_setup import reward_set
+        from ..inputs.task import make_task
+        from ..training.runfiles import run_prompt_sets
+
+        task = make_task(cfg.task, cfg.task_options) if cfg.prompts is None else None
+        self.reward_fn = reward_set(cfg, reward_fn, task)
+        self.prompts = run_prompt_sets(run_dir, cfg)[1][: cfg.n_eval_prompts]
+        if not self.prompts:
+            raise UsageError(f"eval: {run_dir!r} holds no held-out prompts (it was trained "
+                             "with eval_fraction=0 and no eval prompts)")
+        self.max_new_tokens = cfg.max_new_tokens or (task.max_new_tokens if task else 64)

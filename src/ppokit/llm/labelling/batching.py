@@ -1,0 +1,106 @@
+"""One iteration's batch of scored completions, with DAPO's dynamic sampling.
+
+A group estimator gives every completion of a group whose scores are all equal the
+advantage 0: such a group costs its generation and its share of the update and teaches
+nothing. Dynamic sampling (``dynamic_sampling``) drops these groups and draws more prompts,
+round after round, until the batch holds as many groups with a spread as it should, or
+``dynamic_sampling_rounds`` rounds were generated; a batch still short then is filled with
+dropped groups (advantage 0 each), so that every iteration's batch has the configured size
+and the update its configured minibatches. The groups are taken in the order they were
+generated; each group stays whole.
+
+With several ranks each rank fills its own share of the batch from its own block of the
+prompts, and the ranks generate the same number of rounds (a round is taken while any rank
+is short), so that the prompt stream stays the same on all of them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from ..modeling.rollout import TokenRollout, concat_rollouts
+
+__all__ = ["IterationBatch", "collect_batch", "spread_groups"]
+
+
+@dataclass
+class IterationBatch:
+    """This rank's rows (one per completion), their rollout, completions and scores."""
+
+    rows: list
+    roll: TokenRollout
+    completions: list
+    scores: torch.Tensor  # [B]
+    per_func: dict  # name -> [B]
+    time_scoring: float  # seconds spent scoring, within the collection
+    stats: dict = field(default_factory=dict)
+
+
+def spread_groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+    """``[B / group_size]`` bool: the groups of consecutive rows whose scores are not all
+    equal (NaN counts as unequal to everything)."""
+    g = scores.reshape(-1, group_size)
+    return ~(g == g[:, :1]).all(1)
+
+
+def collect_batch(draw: Callable[[], list], generate: Callable[[list], TokenRollout],
+                  score: Callable[[list, TokenRollout], tuple], *, group_size: int,
+                  dynamic: bool, max_rounds: int, any_rank: Callable[[bool], bool],
+                  pad_token_id: int, first: TokenRollout | None = None) -> IterationBatch:
+    """Draw rows (``draw()``: this rank's rows, each prompt repeated ``group_size``
+    times), generate (``generate(rows)``; ``first``: the first round's rollout, made
+    elsewhere) and score them (``score(rows, roll) -> (completions, [B] scores, {name:
+    [B]})``). Without ``dynamic``: one round. With it: rounds of :func:`spread_groups`
+    filtering as the module describes; ``any_rank(flag)``: ``flag`` on any rank.
+
+    Statistics (with ``dynamic``): ``dynamic_rounds``, ``dynamic_dropped_groups`` (groups
+    of equal scores drawn, over the rounds), ``dynamic_filled_groups`` (dropped groups put
+    back to fill a short batch) and ``dynamic_generated`` (completions generated)."""
+    t_score = 0.0
+    parts: list = []  # (rows, roll, completions, scores, per_func) of each round
+    kept: list = []   # (round, group) with a spread, in generation order
+    spare: list = []  # (round, group) without
+    need = None
+    rounds = 0
+    while True:
+        rows = draw()
+        if need is None:
+            need = len(rows) // group_size
+        roll = first if (first is not None and rounds == 0) else generate(rows)
+        t = time.perf_counter()
+        comps, scores, per = score(rows, roll)
+        t_score += time.perf_counter() - t
+        parts.append((rows, roll, comps, scores, per))
+        if not dynamic:
+            return IterationBatch(rows, roll, comps, scores, per, t_score)
+        spread = spread_groups(scores, group_size)
+        for g, ok in enumerate(spread.tolist()):
+            (kept if ok else spare).append((rounds, g))
+        rounds += 1
+        if rounds >= max_rounds or not any_rank(len(kept) < need):
+            break
+    chosen = kept[:need]
+    filled = max(0, need - len(chosen))
+    chosen += spare[:filled]
+    chosen.sort()  # generation order: earlier rounds first, each round's groups in order
+    starts, offset = [], 0
+    for p in parts:
+        starts.append(offset)
+        offset += len(p[0])
+    idx = torch.tensor([starts[r] + g * group_size + k for r, g in chosen
+                        for k in range(group_size)], dtype=torch.long)
+    roll = concat_rollouts([p[1] for p in parts], pad_token_id).select(idx).trimmed()
+    flat = [(p[0], p[2]) for p in parts]
+    all_rows = [x for rows, _ in flat for x in rows]
+    all_comps = [c for _, comps in flat for c in comps]
+    scores = torch.cat([p[3] for p in parts])[idx]
+    names = parts[0][4].keys()
+    per = {k: torch.cat([p[4][k] for p in parts])[idx] for k in names}
+    stats = {"dynamic_rounds": rounds, "dynamic_dropped_groups": len(spare),
+             "dynamic_filled_groups": filled, "dynamic_generated": offset}
+    return IterationBatch([all_rows[i] for i in idx.tolist()], roll,
+                          [all_comps[i] for i in idx.tolist()], scores, per, t_score, stats)

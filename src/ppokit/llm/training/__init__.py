@@ -1,0 +1,3 @@
+"""The token trainer and its configuration, presets, run files, guards, data parallelism and
+FSDP, progress, and the other trainers (SFT, reward model, DPO).
+"""

@@ -1,0 +1,1030 @@
+"""The token-level trainer: PPO, GRPO, Dr. GRPO, RLOO and REINFORCE++ as presets of one loop.
+
+One iteration (docs/theory.md#the-ppo-iteration, in this order):
+
+1. **Generate** ``prompts_per_iter × samples_per_prompt`` completions with the current
+   policy (plain sampling at ``temperature``; KV cache; left-padded prompts).
+2. **Score** (all frozen labels, no gradient): the sequence scores (reward function or
+   reward model); old log-probs from a separate forward pass of the policy; reference
+   log-probs from the frozen reference; the critic's values (``ppo``).
+3. **Advantages**, computed once, by ``advantage_estimator`` (a preset value, not a code
+   path of the algorithm): the score goes on the last action token (the EOS when there is
+   one) and, with ``kl_mode="reward"``, the per-token KL reward ``−β (log π_old − log
+   π_ref)`` on action tokens (k1, never clamped); ``gae`` runs
+   :func:`ppokit.core.token_gae` with the critic (value targets ``A + V_old``); the group
+   estimators (``grpo`` with or without ``normalize_std``, ``dr_grpo``, ``rloo``, from
+   :data:`ppokit.core.GROUP_ADVANTAGES`) normalise scores within each group of samples of
+   one prompt and broadcast the sequence advantage to its action tokens; ``reinforce_pp``
+   whitens per-token returns over the batch.
+4. **Update**: the engine both trainers share (:func:`ppokit.engine.run_update`):
+   ``n_epochs`` passes in shuffled minibatches of ``batch_size`` sequences, each
+   accumulated over ``grad_accum`` micro-batches whose losses divide by the minibatch's
+   *global* token / sequence counts (so accumulation changes nothing but memory),
+   PPO-Clip surrogate, optional value clipping, entropy bonus, KL loss term
+   (``kl_mode="loss"``, ``kl_estimator`` of the current policy vs the reference: k2 by
+   default, whose expected gradient is ``∇KL(π ‖ π_ref)``), one global gradient
+   clip over policy and critic, and the target-KL early stop — each meaning exactly what
+   it means for environment training (docs/architecture.md, glossary).
+
+Truncation (a response that reached ``max_new_tokens`` without EOS) is an explicit option:
+``none`` (the default): the response is scored like any other, so the objective is the
+reward itself; ``bootstrap`` (a critic only): the score is not placed; the return after
+the last token is the critic's value of the final state; ``penalty``: the score is placed,
+minus ``truncation_penalty``; ``mask``: the row is left out of every loss.
+
+Prompts and rewards (ppokit.llm.inputs.data, ppokit.llm.inputs.rewards): a prompt row is
+plain text or a conversation rendered with the tokenizer's chat template; each reward
+function is called
+with TRL's keyword arguments (``prompts``, ``completions``, ``completion_ids`` and every
+other column of the rows), and is probed once on a small batch before training starts, so
+that a wrong signature or return value stops the run before any update.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from ppokit.core import (
+    POLICY_LOSSES,
+    AdaptiveKLController,
+    FixedKLController,
+)
+from ppokit.core.validation import NonFiniteError
+from ppokit.engine import Forward, LabelledBatch, UpdateSpec, eager_minibatch_step, run_update
+from ppokit.engine.allocator import keep_freed_memory
+from ppokit.errors import UsageError
+from ppokit.io import (
+    GracefulStop,
+    Interrupted,
+    MetricsWriter,
+    RunDir,
+    atomic_write_text,
+    capture_rng,
+    check_tree,
+    find_checkpoint,
+    load_checkpoint,
+    restore_rng,
+    save_checkpoint,
+    truncate_metrics,
+)
+from ppokit.io.checkpoint import (
+    no_checkpoint_message,
+    optimizer_from_flat,
+    optimizer_to_flat,
+    remove_leftovers,
+    set_aside_newer,
+)
+from ppokit.io.metrics import missing_iterations
+from ppokit.io.rundir import fail_run, fail_start
+
+from ..inputs.reward_setup import (  # noqa: F401 (re-exported)
+    check_reward_named_again,
+    reward_arguments,
+    reward_set,
+)
+from ..inputs.rewards import per_function_stats
+from ..inputs.task import make_task
+from ..labelling.batching import collect_batch
+from ..labelling.labels import Labels, compute_labels, overlong_penalty  # noqa: F401 (re-exported)
+from ..labelling.mismatch import mismatch_stats
+from ..modeling.models import (
+    AdaptersOff,
+    ValueModel,
+    build_char_tokenizer,
+    build_tiny_model,
+    frozen_copy,
+    load_lm,
+    load_policy_state,
+    save_policy,
+    wrap_lora,
+)
+from ..modeling.positions import distinct_prompts
+from ..modeling.rollout import (
+    TokenRollout,
+    encode_prompts,
+    generate,
+    sequence_logprobs,
+    shift_to_tokens,
+)
+from .config import (  # noqa: F401 (re-exported)
+    ALGOS,
+    PRESETS,
+    TRUNCATION,
+    LLMConfig,
+    config_dict,
+    load_prompts,
+    prompt_sets,
+)
+from .divergence import (
+    PROBE_ROWS,
+    DivergenceGuard,
+    TrainingDiverged,
+    learning_rate_warning,
+    update_kl,
+)
+from .parallel import NoRunDir, gather_rollout, shard
+from .progress import Progress
+from .runfiles import (  # noqa: F401 (config_from_run re-exported)
+    EVAL_PROMPTS,
+    TRAIN_PROMPTS,
+    config_from_run,
+    resume_command,
+    run_prompt_sets,
+    write_prompts,
+)
+
+__all__ = ["LLMConfig", "ALGOS", "TokenTrainer", "Labels", "compute_labels", "load_prompts"]
+
+# --------------------------------------------------------------------------- trainer
+
+
+class TokenTrainer:
+    """Owns the policy, reference, critic, optimiser and run directory."""
+
+    def __init__(self, cfg: LLMConfig, run_dir: str, *, policy=None, tokenizer=None,
+                 reference=None, log=print, resume: bool = False, monitors=None,
+                 reward_fn=None, fresh: bool = False, train_rows=None, eval_rows=None,
+                 callbacks=(), dp=None):
+        self.cfg = cfg = cfg.resolved()
+        keep_freed_memory()  # engine/allocator.py: no kernel round trip per activation
+        # data parallelism (ppokit.engine.dist.DataParallel; None: one process). Only rank
+        # 0 owns the run directory: lock, metrics, samples, checkpoints, exported policy.
+        self.dp = dp
+        self.rank, self.world = (dp.rank, dp.world) if dp is not None else (0, 1)
+        self.is_main = self.rank == 0
+        if cfg.prompts_per_iter % self.world:
+            raise UsageError(f"prompts_per_iter: {cfg.prompts_per_iter} is not divisible by "
+                             f"the {self.world} ranks (each rank takes whole prompts with "
+                             "all their samples)")
+        # monitors: callables (prompts, completions) -> {name: float}, logged each iteration
+        # (e.g. a true task score while training against a learned reward model)
+        self.monitors = list(monitors or [])
+        # callbacks: called with each iteration's record; one that returns True stops
+        # training at that iteration boundary (a checkpoint is written)
+        self.callbacks = list(callbacks or [])
+        self._warned: set = set()
+        self.run_dir = str(run_dir)
+        self.log = log
+        self.metrics = None
+        # the lock first: a second writer fails before any work; a failed start leaves
+        # nothing behind (RunDir.abort)
+        self.rundir = (RunDir(self.run_dir, new=not resume, kind="llm", fresh=fresh)
+                       if self.is_main else NoRunDir())
+        try:
+            self._setup(cfg, policy, tokenizer, reference, reward_fn, resume, train_rows,
+                        eval_rows)
+        except BaseException as exc:
+            fail_start(exc, self.rundir, resume)
+        if resume:  # (a new run is under way once its first checkpoint is written)
+            self.rundir.started()
+
+    def _setup(self, cfg, policy, tokenizer, reference, reward_fn, resume: bool,
+               train_rows=None, eval_rows=None) -> None:
+        run_dir = self.run_dir
+        ckpt = None
+        if resume:  # verify before anything is loaded or changed
+            ckpt, damaged, problem = None, [], None
+            if self.is_main:
+                ckpt, damaged = find_checkpoint(os.path.join(run_dir, "checkpoints"),
+                                                log=self.log)
+                if ckpt is None:
+                    problem = no_checkpoint_message(run_dir, damaged)
+            if self.dp is not None:  # every rank loads the checkpoint rank 0 verified
+                ckpt, problem = self.dp.gather_objects((ckpt, problem))[0]
+            if problem is not None:
+                raise UsageError(problem)
+            self._ckpt = load_checkpoint(ckpt)
+            self._damaged = damaged
+            check_reward_named_again(cfg, self._ckpt[2].get("config"), reward_fn)
+        torch.manual_seed(cfg.seed)
+        self.py_rng = random.Random(cfg.seed)  # the prompts: the same on every rank
+        # sampling: one stream per rank; shuffling minibatches: the same on every rank
+        self.gen = torch.Generator().manual_seed(cfg.seed + 1_000_003 * self.rank)
+        self.shuffle_gen = torch.Generator().manual_seed(cfg.seed + 17)
+        self.task = make_task(cfg.task, cfg.task_options) if cfg.prompts is None else None
+        # reward and prompts before any model work: a bad one fails fast
+        self.rewards = self._reward_set(reward_fn)
+        if resume:
+            self.train_rows, self.eval_rows = run_prompt_sets(run_dir, cfg)
+        elif train_rows is not None:
+            from ..inputs.data import split_rows
+
+            self.train_rows, self.eval_rows = ((list(train_rows), list(eval_rows))
+                                               if eval_rows is not None else
+                                               split_rows(list(train_rows), cfg.eval_fraction))
+        else:
+            self.train_rows, self.eval_rows = prompt_sets(cfg)
+        columns = sorted({k for r in (self.train_rows or [self.task.row(
+            self.task.heldout_prompts(1)[0])]) for k in r})
+        self.rewards.check_signatures(columns)
+        ref_dir = os.path.join(run_dir, "reference")
+        if policy is None:
+            if resume or (self.is_main and os.path.isdir(ref_dir)):
+                check_tree(ref_dir, "run dir")
+                policy, tokenizer = load_lm(ref_dir)
+            elif cfg.model is not None:
+                policy, tokenizer = load_lm(cfg.model)
+            else:
+                policy, tokenizer = self._warm_start()
+        if self.is_main and (not os.path.isdir(ref_dir) or os.path.islink(ref_dir)):
+            save_policy(policy, tokenizer, ref_dir)
+        self.policy, self.tok = policy, tokenizer
+        if getattr(self.task, "chat", False) and not getattr(tokenizer, "chat_template", None):
+            raise UsageError(f"task: {cfg.task!r} asks its questions through the model's "
+                             "chat template, and this tokenizer has none; give --task "
+                             "reverse or arithmetic (plain-text prompts) or your own --prompts")
+        self.policy.eval()  # no dropout anywhere: old and new log-probs must agree
+        self._check_prompts(policy, tokenizer)  # (done already before a warm start)
+        own_reference = reference is None
+        self.critic = None
+        if cfg.use_critic and cfg.critic == "separate":
+            self.critic = ValueModel(self.policy, separate=True)  # full copy, no adapters
+        if cfg.lora_r > 0:
+            self.policy = wrap_lora(self.policy, cfg.lora_r, cfg.lora_alpha)
+            self.policy.eval()
+        # the reference: with LoRA, the policy with its adapters off (the frozen base is
+        # the starting policy: no second copy of the weights); else a frozen copy
+        if reference is not None:
+            self.reference = reference
+        elif cfg.lora_r > 0:
+            self.reference = AdaptersOff(self.policy)
+        else:
+            self.reference = frozen_copy(policy)
+        if cfg.use_critic and cfg.critic == "shared":
+            self.critic = ValueModel(self.policy, separate=False)
+        if self.critic is not None:
+            self.critic.eval()
+        if cfg.precision == "bf16":  # attention in float32 on the CPU (llm/modeling/precision.py)
+            from ..modeling.precision import use_float32_attention
+
+            for m in (self.policy, self.reference, self.critic):
+                if m is not None:
+                    use_float32_attention(m)
+        if self.dp is not None:  # every rank starts from rank 0's weights
+            # the reference too: ranks may have built their starting models differently
+            # (a warm start's arithmetic on another machine, an unseeded model)
+            self.dp.broadcast_([p.data for p in self.trained_parameters()]
+                               + [p.data for p in self.reference.parameters()])
+        if cfg.precision == "bf16" and own_reference:  # llm/modeling/precision.py
+            from ..modeling.precision import frozen_linears_to_bf16
+
+            frozen_linears_to_bf16(self.reference)
+        self.fsdp = bool(cfg.fsdp)
+        if self.fsdp:
+            self._shard_models(resume)
+        groups = [{"params": [p for p in self.policy.parameters() if p.requires_grad],
+                   "lr": cfg.learning_rate}]
+        if self.critic is not None:
+            groups.append({"params": list(self.critic.parameters()), "lr": cfg.critic_lr})
+        # the fused kernel (one pass over each tensor per step) when every parameter is a
+        # plain float32 CPU tensor; FSDP's sharded parameters keep the per-tensor loop
+        fused = not self.fsdp and all(p.dtype == torch.float32 and p.device.type == "cpu"
+                                      for g in groups for p in g["params"])
+        self.opt = torch.optim.AdamW(groups, weight_decay=0.0, eps=1e-6, fused=fused or None)
+        self.minibatch_observer = None  # called with each minibatch (ppokit check)
+        self.kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.kl_target) if cfg.kl_target
+                       else FixedKLController(cfg.kl_coef))
+        self.guard = DivergenceGuard(cfg.guard_kl or None, cfg.guard_grad_norm or None,
+                                     cfg.guard_retries, log=self.log)
+        warning = learning_rate_warning(cfg.learning_rate, sum(
+            p.numel() for p in self.policy.parameters()), cfg.lora_r > 0)
+        if warning and self.is_main and not resume:
+            self.log(warning)
+        self.max_new_tokens = cfg.max_new_tokens or (self.task.max_new_tokens if self.task
+                                                     else 64)
+        self.probe_rewards()
+        if self.train_rows is not None and not resume:  # (said once the start has succeeded)
+            how = ("eval_prompts" if cfg.eval_prompts or eval_rows is not None
+                   else f"eval_fraction={cfg.eval_fraction:g}, the last rows")
+            self.log(f"prompts: {len(self.train_rows)} rows for training, "
+                     f"{len(self.eval_rows)} held out for evaluation ({how})")
+        if not resume and self.is_main:
+            self.log(recipe_line(cfg, self.max_new_tokens))
+        self.iteration = 0
+        self.elapsed = 0.0
+        self._saved_iteration = None
+        if resume:
+            self._load_checkpoint(ckpt)
+        elif self.is_main:
+            atomic_write_text(os.path.join(run_dir, "config.json"),
+                              json.dumps(config_dict(cfg), indent=2) + "\n")
+            if self.train_rows is not None:  # the run's own copy: resume and eval read it
+                write_prompts(os.path.join(run_dir, TRAIN_PROMPTS), self.train_rows)
+                write_prompts(os.path.join(run_dir, EVAL_PROMPTS), self.eval_rows)
+            truncate_metrics(os.path.join(run_dir, "metrics.jsonl"), 0)
+            truncate_metrics(os.path.join(run_dir, "samples.jsonl"), 0)
+        if not self.is_main:
+            self.samples = None
+            return
+        self.metrics = MetricsWriter(run_dir, tensorboard=True, step_key="iteration")
+        self.samples = MetricsWriter(run_dir, tensorboard=False, name="samples.jsonl",
+                                     step_key="iteration")
+
+    # ------------------------------------------------------------------ setup
+    def _shard_models(self, resume: bool) -> None:
+        """``fsdp``: the policy, the reference and a separate critic's body sharded across
+        the ranks (ppokit/llm/training/fsdp.py); a resumed run's full weights go in first."""
+        from .fsdp import shard_model
+
+        if self.dp is None:
+            raise UsageError("fsdp: needs several ranks (torchrun --nproc_per_node N, or "
+                             "ppokit llm train --nproc N)")
+        if resume:
+            tensors = self._ckpt[0]
+            self.policy.load_state_dict(tensors["policy"])
+            if self.critic is not None:
+                self.critic.load_state_dict(tensors["critic"])
+        shard_model(self.policy)
+        shard_model(self.reference)
+        if self.critic is not None and self.critic.separate:
+            shard_model(self.critic.body)
+        self.dp.lockstep = True
+
+    def _all_done(self, flag: bool) -> bool:
+        """Every rank's generation finished (sharded models generate in step)."""
+        return bool(self.dp.min_(torch.tensor(float(flag))) > 0)
+
+    def _check_prompts(self, policy, tokenizer) -> None:
+        """Every prompt row renders (a chat template that raises is named) and fits the
+        model's context with the completion; before any training."""
+        if self.train_rows is None or getattr(self, "_prompts_checked", False):
+            return
+        from ..inputs.data import check_prompts, model_context
+
+        check_prompts(tokenizer, self.train_rows, self.eval_rows, model_context(policy),
+                      self.cfg.max_new_tokens or 64, self.log)
+        self._prompts_checked = True
+
+    def _warm_start(self):
+        from .sft import builtin_sft
+
+        tok = build_char_tokenizer()
+        model = build_tiny_model(tok, seed=self.cfg.seed)
+        self._check_prompts(model, tok)  # before the warm start's work
+        # the built-in task's demonstrations (also when the prompts are the user's)
+        task = self.task or make_task(self.cfg.task)
+        steps = self.cfg.sft_steps or task.sft_steps
+        self.log(f"warm start: SFT of the built-in tiny model ({steps} steps on "
+                 "noisy demonstrations)")
+        info = builtin_sft(task, model, tok, steps=steps, lr=self.cfg.sft_lr,
+                           seed=self.cfg.seed)
+        if self.is_main:
+            atomic_write_text(os.path.join(self.run_dir, "warm_start.json"),
+                          json.dumps(info, indent=2) + "\n")
+        return model, tok
+
+    def _reward_set(self, reward_fn):
+        return reward_set(self.cfg, reward_fn, self.task, log=self.log)
+
+    def probe_rewards(self) -> None:
+        """Call every reward function once on completions of two training prompts (own
+        random generator: the run's streams are untouched), so that a wrong signature or
+        return value is an error before any training."""
+        rows = self.sample_rows(2, random.Random(self.cfg.seed + 1))
+        gen = torch.Generator().manual_seed(self.cfg.seed + 1)
+        roll = self.rollout([self.prompt_text(r) for r in rows], generator=gen)
+        self.rewards.when = "the check before training"
+        self.score_rows(rows, roll)
+
+    # ------------------------------------------------------------------ phases
+    def render(self, prompt) -> str:
+        from ..inputs.data import render_prompt
+
+        return render_prompt(self.tok, prompt)
+
+    def prompt_text(self, row: dict) -> str:
+        return self.render(row["prompt"])
+
+    def sample_rows(self, n: int | None = None, rng: random.Random | None = None
+                    ) -> list[dict]:
+        """``n`` (default ``prompts_per_iter``) training rows, drawn with replacement: the
+        global list, the same on every rank (with several ranks, :meth:`train_iteration`
+        takes this rank's block of it)."""
+        n = self.cfg.prompts_per_iter if n is None else n
+        rng = rng or self.py_rng
+        if self.task is not None:
+            return [self.task.row(p) for p in self.task.train_prompts(n, rng)]
+        return [self.train_rows[rng.randrange(len(self.train_rows))] for _ in range(n)]
+
+    def sample_prompts(self) -> list[str]:
+        """The texts of :meth:`sample_rows` (what the model is given)."""
+        return [self.prompt_text(r) for r in self.sample_rows()]
+
+    def decode(self, roll: TokenRollout) -> list[str]:
+        return [self.tok.decode(r, skip_special_tokens=True) for r in roll.response_ids]
+
+    def score(self, prompts, completions) -> torch.Tensor:
+        """Total scores of plain-text prompts and completions (no other columns)."""
+        return self.rewards(list(prompts), list(completions))[0]
+
+    def score_rows(self, rows: list[dict], roll: TokenRollout):
+        """``(completions, total [B], {name: [B]})`` of a rollout of ``rows``."""
+        comps, kwargs = reward_arguments(rows, self.decode(roll), roll.response_ids)
+        total, per = self.rewards(kwargs.pop("prompts"), kwargs.pop("completions"),
+                                  kwargs.pop("completion_ids"), kwargs)
+        return comps, total, per
+
+    def autocast(self, precision: str | None = None):
+        """The context the models' forward passes run in: bfloat16 autocast with
+        ``precision = "bf16"`` (matrix products in bfloat16, accumulated in float32; the
+        log-softmax, values and losses are float32 either way), else a no-op.
+        ``precision``: another format than the configuration's (the sampler's)."""
+        device = next(self.policy.parameters()).device.type
+        return torch.autocast(device, dtype=torch.bfloat16,
+                              enabled=(precision or self.cfg.precision) == "bf16")
+
+    def rollout(self, prompts: list[str], temperature: float | None = None,
+                model=None, generator: torch.Generator | None = None) -> TokenRollout:
+        """Sample completions of ``prompts`` (in ``sampler_precision``)."""
+        ids, mask = encode_prompts(self.tok, prompts)
+        with self.autocast(self.cfg.sampler_precision):
+            return self._generate(ids, mask, temperature, model, generator)
+
+    def _generate(self, ids, mask, temperature, model, generator) -> TokenRollout:
+        return generate(model or self.policy, ids, mask, max_new_tokens=self.max_new_tokens,
+                        eos_token_id=self.tok.eos_token_id, pad_token_id=self.tok.pad_token_id,
+                        temperature=self.cfg.temperature if temperature is None else temperature,
+                        generator=self.gen if generator is None else generator,
+                        all_done=self._all_done if self.fsdp else None)
+
+    @torch.no_grad()
+    def frozen_forward(self, roll: TokenRollout):
+        """Old log-probs (policy), reference log-probs, critic values — no gradient.
+        The old log-probs are the sampler's own (``roll.logp``) unless ``old_logprobs =
+        "recompute"``, the rollout came without them, or a shared critic needs the
+        policy's hidden states anyway."""
+        with self.autocast():
+            return self._frozen_forward(roll)
+
+    def _frozen_forward(self, roll: TokenRollout):
+        t = self.cfg.temperature
+        if self._old_from_sampler(roll):
+            old = {"logp": roll.logp}
+        else:
+            old = sequence_logprobs(self.policy, roll.input_ids, roll.attention_mask,
+                                    temperature=t, with_hidden=self._shared_critic,
+                                    prompt_len=self._shared_prompt_len(roll),
+                                    actions_from=roll.prompt_len)
+        ref = sequence_logprobs(self.reference, roll.input_ids, roll.attention_mask,
+                                temperature=t, prompt_len=self._shared_prompt_len(roll),
+                                actions_from=roll.prompt_len)["logp"]
+        values_after = None
+        if self.critic is not None:
+            values_after = self.critic(roll.input_ids, roll.attention_mask, roll.position_ids,
+                                       hidden_states=old.get("hidden"))
+        return old["logp"], ref, values_after
+
+    def _old_from_sampler(self, roll: TokenRollout) -> bool:
+        """The old log-probs are the sampler's (no forward pass of the trainer)."""
+        return (self.cfg.old_logprobs == "sampler" and roll.logp is not None
+                and not self._shared_critic)
+
+    def _shared_prompt_len(self, roll: TokenRollout) -> int | None:
+        """Prompt width for :func:`sequence_logprobs` to compute each group's prompt once;
+        None under FSDP, where every rank must make the same forward calls whatever its
+        rows (sharing takes two calls, or one when no prompt repeats)."""
+        return None if self.fsdp else roll.prompt_len
+
+    @property
+    def _shared_critic(self) -> bool:
+        return self.critic is not None and not self.critic.separate
+
+    def update_spec(self, beta: float) -> UpdateSpec:
+        """The engine's spec of this trainer's update (shared with environment training)."""
+        cfg = self.cfg
+        return UpdateSpec(
+            policy_loss=cfg.policy_loss, clip_range=cfg.clip_range,
+            clip_range_high=cfg.clip_range_high, agg=cfg.agg,
+            norm_length=float(self.max_new_tokens), use_critic=self.critic is not None,
+            vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef,
+            kl_anchor="ref" if cfg.kl_mode == "loss" and beta > 0 else "none",
+            kl_coef=beta, kl_estimator=cfg.kl_estimator, clip_range_vf=cfg.clip_range_vf,
+            value_clip_mode="max",
+            max_grad_norm=cfg.max_grad_norm, target_kl=cfg.target_kl,
+            target_kl_check="minibatch", n_epochs=cfg.n_epochs,
+            minibatch_size=cfg.batch_size, grad_accum=cfg.grad_accum,
+            normalize_advantage=bool(cfg.normalize_advantage), advantage_norm_scope="batch")
+
+    def labelled_batch(self, roll: TokenRollout, lab: Labels) -> LabelledBatch:
+        """The rollout's frozen labels as the engine's batch: one row per sequence, the
+        loss mask marking the action tokens that enter the losses; ``row`` indexes the
+        rollout (the forward adapter reads the token ids from it)."""
+        n = roll.input_ids.shape[0]
+        data = {"row": torch.arange(n), "logp": lab.old_logp,
+                "advantages": lab.advantages, "ref_logp": lab.ref_logp}
+        if self.dp is not None:  # contiguous blocks of rows, in rank order
+            data["owner"] = torch.arange(self.world).repeat_interleave(n // self.world)
+        if lab.returns is not None:
+            data["returns"] = lab.returns
+            data["values"] = lab.values
+        if lab.is_weight is not None:
+            data["is_weight"] = lab.is_weight
+        return LabelledBatch.build(data, lab.loss_mask)
+
+    def forward_adapter(self, roll: TokenRollout):
+        """The policy (and critic) on a set of the rollout's sequences: log-probs and
+        entropies of the action tokens and the critic's values, each ``[M, L]``."""
+        t = self.cfg.temperature
+        # the rollout's number of distinct prompts: each minibatch's shared-prompt pass
+        # computes that many prompt rows (or its own row count, if fewer), so that every
+        # minibatch has one shape (ppokit/llm/modeling/fused.py, fused_logits: min_prompts)
+        p = self._shared_prompt_len(roll)
+        groups = distinct_prompts(roll.input_ids[:, :p], roll.attention_mask[:, :p]) if p else None
+        n_prompts = 0 if groups is None else int(groups[0].shape[0])
+
+        def forward(rows: dict) -> Forward:
+            with self.autocast():
+                return _forward(rows)
+
+        def _forward(rows: dict) -> Forward:
+            sub = roll.select(rows["row"])
+            out = sequence_logprobs(self.policy, sub.input_ids, sub.attention_mask,
+                                    temperature=t, with_entropy=True,
+                                    with_hidden=self._shared_critic,
+                                    prompt_len=self._shared_prompt_len(sub),
+                                    min_prompts=min(n_prompts, len(rows["row"])),
+                                    actions_from=sub.prompt_len,
+                                    entropy_grad=self.cfg.ent_coef > 0)
+            v = None
+            if self.critic is not None:
+                v_after = self.critic(sub.input_ids, sub.attention_mask, sub.position_ids,
+                                      hidden_states=out.get("hidden"))
+                v = shift_to_tokens(v_after[:, :-1])
+            return Forward(out["logp"], out["entropy"], v)
+
+        return forward
+
+    def trained_parameters(self) -> list[torch.Tensor]:
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        if self.critic is not None:
+            seen = {id(p) for p in params}
+            params += [p for p in self.critic.parameters()
+                       if p.requires_grad and id(p) not in seen]
+        return params
+
+    def update_minibatch(self, mb: dict, clip_range: float, kl_limit: float | None = None,
+                         *, spec: UpdateSpec, forward) -> dict | None:
+        """The engine's eager minibatch step (a subclass may override it)."""
+        return eager_minibatch_step(spec, forward, self.opt, self.trained_parameters(), mb,
+                                    clip_range=clip_range, kl_coef=spec.kl_coef,
+                                    kl_limit=kl_limit, dp=self.dp)
+
+    def update(self, roll: TokenRollout, lab: Labels) -> dict:
+        """One update of the engine (:func:`ppokit.engine.run_update`) on this rollout."""
+        spec = self.update_spec(self.kl_ctl.value)
+        forward = self.forward_adapter(roll)
+        observer = self.minibatch_observer
+
+        def step(mb, clip_range, kl_limit):
+            if observer is not None:
+                observer(mb)
+            return self.update_minibatch(mb, clip_range, kl_limit, spec=spec, forward=forward)
+
+        return run_update(spec, self.labelled_batch(roll, lab), forward, self.opt,
+                          self.trained_parameters(), generator=self.shuffle_gen,
+                          step_fn=step, dp=self.dp)
+
+    def guarded_update(self, roll: TokenRollout, lab: Labels) -> dict:
+        """:meth:`update` under the divergence guard (ppokit/llm/training/divergence.py): an update
+        whose gradient or movement passes the guard's limits is undone and run again at
+        half the learning rate, at most ``guard_retries`` times; ``kl_after``,
+        ``guard_rollbacks`` and ``learning_rate`` join its statistics."""
+        guard = self.guard
+        params = self.trained_parameters()
+        snap = guard.snapshot(params, self.opt, self.shuffle_gen) if guard.enabled else None
+        base_lrs = [g["lr"] for g in self.opt.param_groups]
+        rollbacks = 0
+        while True:
+            try:
+                upd = self.update(roll, lab)
+            except NonFiniteError as exc:  # a step made the policy's outputs NaN or inf
+                if not guard.enabled:
+                    raise
+                upd, kl_after = {}, None
+                problem = f"the update made the policy non-finite ({exc})"
+            else:
+                kl_after = self.movement(roll, lab) if guard.enabled else None
+                problem = guard.problem(upd, kl_after)
+            if problem is None:
+                break
+            lr = self.opt.param_groups[0]["lr"]
+            if rollbacks >= self.cfg.guard_retries:
+                guard.restore(snap, params, self.opt, self.shuffle_gen)  # lr as it was
+                raise TrainingDiverged(
+                    f"iteration {self.iteration + 1}: {problem}, still at learning rate "
+                    f"{lr:.3g} after {rollbacks} halving(s); training stopped before this "
+                    "update was kept (the last checkpoint in the run directory is intact). "
+                    "Lower --learning-rate (or train LoRA adapters: --lora-r 16), or raise "
+                    "--guard-kl / --guard-grad-norm if the movement is intended")
+            guard.restore(snap, params, self.opt, self.shuffle_gen)
+            rollbacks += 1
+            for group, base in zip(self.opt.param_groups, base_lrs):
+                group["lr"] = base * 0.5 ** rollbacks
+            self.log(f"guard: iteration {self.iteration + 1}: {problem}; the update was "
+                     f"undone and is retried at learning rate {lr * 0.5:.3g}")
+        upd["kl_after"] = kl_after
+        upd["guard_rollbacks"] = rollbacks
+        upd["learning_rate"] = self.opt.param_groups[0]["lr"]
+        return upd
+
+    @torch.no_grad()
+    def movement(self, roll: TokenRollout, lab: Labels) -> float:
+        """How far the last update moved the policy: :func:`update_kl` of the rollout's
+        old log-probs and the updated policy's, on up to ``PROBE_ROWS`` of its sequences
+        spread over the batch (every group represented)."""
+        rows, _, new = self._probe_logprobs(roll)
+        return update_kl(new, lab.old_logp[rows], lab.loss_mask[rows])
+
+    def _probe_logprobs(self, roll: TokenRollout):
+        """``(rows, sub-rollout, log-probs)``: the policy's log-probs of up to
+        ``PROBE_ROWS`` of the rollout's sequences, spread over the batch (every group
+        represented)."""
+        n = roll.input_ids.shape[0]
+        rows = torch.linspace(0, n - 1, min(n, PROBE_ROWS)).round().long().unique()
+        sub = roll.select(rows)
+        with self.autocast():
+            logp = sequence_logprobs(self.policy, sub.input_ids, sub.attention_mask,
+                                     temperature=self.cfg.temperature,
+                                     prompt_len=self._shared_prompt_len(sub),
+                                     actions_from=sub.prompt_len)["logp"]
+        return rows, sub, logp
+
+    def _score_with_length(self, rows: list[dict], roll: TokenRollout):
+        """:meth:`score_rows`, with the soft overlong punishment (``overlong_buffer``)
+        added to the scores and reported as the reward ``overlong``."""
+        comps, total, per = self.score_rows(rows, roll)
+        if self.cfg.overlong_buffer > 0:
+            pen = overlong_penalty(roll.lengths, self.max_new_tokens,
+                                   self.cfg.overlong_buffer, self.cfg.overlong_penalty)
+            total = total + pen.to(total.dtype)
+            per = {**per, "overlong": pen}
+        return comps, total, per
+
+    @torch.no_grad()
+    def mismatch(self, roll: TokenRollout, old: torch.Tensor | None) -> dict:
+        """``mismatch_...``: the trainer's old log-probs against the sampler's on the
+        rollout's action tokens (:func:`ppokit.llm.labelling.mismatch.mismatch_stats`): over
+        the whole
+        batch when the trainer recomputed them (``old``), else on up to ``PROBE_ROWS``
+        sequences (one forward pass of the trainer over them). Nothing without sampler
+        log-probs."""
+        if roll.logp is None:
+            return {}
+        cfg = self.cfg
+        if old is not None:
+            trainer, sampler, mask = old, roll.logp, roll.action_mask
+        else:
+            _, sub, trainer = self._probe_logprobs(roll)
+            sampler, mask = sub.logp, sub.action_mask
+        return mismatch_stats(trainer, sampler, mask, cfg.rollout_is_threshold_lower,
+                              cfg.rollout_is_threshold)
+
+    # ------------------------------------------------------------------ loop
+    def train_iteration(self, roll: TokenRollout | None = None) -> dict:
+        """One iteration. ``roll``: this rank's rollout of this iteration's prompts,
+        generated elsewhere (tests); by default it is sampled here (with dynamic sampling,
+        further rounds are sampled here either way)."""
+        cfg = self.cfg
+
+        def draw() -> list:
+            rows = self.sample_rows()
+            if self.dp is not None:
+                rows = shard(rows, self.rank, self.world)
+            return [r for r in rows for _ in range(cfg.samples_per_prompt)]
+
+        self.rewards.when = f"iteration {self.iteration + 1}"
+        t0 = time.perf_counter()
+        got = collect_batch(draw, lambda rows: self.rollout([self.prompt_text(r) for r in rows]),
+                            self._score_with_length, group_size=cfg.samples_per_prompt,
+                            dynamic=cfg.dynamic_sampling,
+                            max_rounds=cfg.dynamic_sampling_rounds, any_rank=self._agree,
+                            pad_token_id=self.tok.pad_token_id, first=roll)
+        roll, scores, per_func = got.roll, got.scores, got.per_func
+        prompts = [self.prompt_text(r) for r in got.rows]
+        comps = [c if isinstance(c, str) else c[0]["content"] for c in got.completions]
+        t1 = time.perf_counter() - got.time_scoring
+        recomputed = not self._old_from_sampler(roll)
+        old, ref, values_after = self.frozen_forward(roll)
+        sampler_logp = roll.logp
+        if self.dp is not None:  # the iteration's batch on every rank (training/parallel.py)
+            roll, (old, ref, values_after, sampler_logp), (scores,) = gather_rollout(
+                self.dp, roll, [old, ref, values_after, sampler_logp], [scores],
+                self.tok.pad_token_id)
+            roll.logp = sampler_logp
+            prompts = [p for part in self.dp.gather_objects(prompts) for p in part]
+            comps = [c for part in self.dp.gather_objects(comps) for c in part]
+            per_func = {k: self.dp.all_gather_rows(v.contiguous())
+                        for k, v in sorted(per_func.items())}
+            got.stats = _summed(self.dp.gather_objects(got.stats))
+        beta = self.kl_ctl.value
+        lab = compute_labels(cfg, roll, scores, old, ref, beta, values_after,
+                             sampler_logp=sampler_logp if cfg.rollout_is != "none" else None)
+        mismatch = self.mismatch(roll, old if recomputed else None)
+        t2 = time.perf_counter()
+        upd = self.guarded_update(roll, lab)
+        t3 = time.perf_counter()
+        if isinstance(self.kl_ctl, AdaptiveKLController):
+            self.kl_ctl.update(lab.stats["kl_ref"], len(prompts))
+        ntok = float(roll.action_mask.sum())
+        self.iteration += 1
+        self.elapsed += t3 - t0
+        rec = {"iteration": self.iteration, **lab.stats, **got.stats, **mismatch, **upd,
+               "beta": beta,
+               "tokens_per_s_generation": ntok / max(t1 - t0, 1e-9),
+               "tokens_per_s_scoring": ntok / max(t2 - t1, 1e-9),
+               "tokens_per_s_training": ntok / max(t3 - t2, 1e-9),
+               "time_generation": t1 - t0, "time_scoring": t2 - t1, "time_training": t3 - t2,
+               "response_tokens": ntok, "wall_time": self.elapsed,
+               **per_function_stats(per_func)}
+        if self.dp is not None:
+            rec["ranks"] = self.world
+        unit = clip_unit(cfg.policy_loss)
+        if unit != "token" and "clipfrac" in rec:  # not a share of token ratios
+            rec[f"clipfrac_{unit}"] = rec.pop("clipfrac")
+        if cfg.eval_every and self.iteration % cfg.eval_every == 0 and self.is_main:
+            rec.update(self.evaluate_heldout())
+        for mon in (self.monitors if self.is_main else ()):
+            rec.update({k: float(v) for k, v in mon(prompts, comps).items()})
+        rec = {k: (float(v) if isinstance(v, float) else v) for k, v in rec.items()}
+        if not self.is_main:
+            return rec
+        self._check_scales(rec)
+        self.metrics.write(rec)
+        for i in range(min(cfg.samples_logged, len(prompts))):
+            self.samples.write({"iteration": self.iteration, "prompt": prompts[i],
+                                "completion": comps[i], "score": float(scores[i]),
+                                "truncated": bool(roll.truncated[i])})
+        return rec
+
+    def evaluate_heldout(self) -> dict:
+        """``eval/...``: the policy's mean score (and each reward function's, length,
+        truncated share) on ``n_eval_prompts`` held-out rows, sampled at the training
+        temperature with a generator of its own (the same seed each time, so the series
+        compares policies, and the run's own random streams are untouched)."""
+        from ..evaluation.evaluate import score_policy
+
+        rows = (self.eval_rows or [])[: self.cfg.n_eval_prompts]
+        if not rows:
+            return {}
+        with self.autocast():
+            out = score_policy(self.policy, self.tok, rows, self.rewards,
+                               max_new_tokens=self.max_new_tokens,
+                               temperature=self.cfg.temperature, seed=self.cfg.seed + 7919)
+        return {f"eval/{k}": float(v) for k, v in out.items() if isinstance(v, float)}
+
+    def train(self, progress: bool = True, *, stop: GracefulStop | None = None
+              ) -> list[dict]:
+        """Train to ``iterations`` (or the time limit), checkpointing every
+        ``checkpoint_every`` iterations and at the end, then export ``RUN_DIR/policy``.
+        With ``stop`` (a :class:`GracefulStop`), a signal ends training at the next
+        iteration boundary: a checkpoint is written and :class:`ppokit.io.Interrupted`
+        raised. The run directory's lock is held until training returns."""
+        cfg = self.cfg
+        recs = []
+        self.rundir.reacquire()
+        bar = Progress(cfg.iterations, self.iteration, enabled=progress and self.is_main)
+        try:
+            self._train_loop(bar, recs, stop)
+        except BaseException as exc:  # before the first checkpoint: nothing is left behind
+            self.close()
+            last = (None if self._saved_iteration is None else Path(self.run_dir)
+                    / "checkpoints" / f"iter_{self._saved_iteration:09d}")
+            fail_run(exc, self.rundir, last, resume_command(self.run_dir, cfg, self.world))
+        finally:
+            self.rundir.close()
+        return recs
+
+    def _train_loop(self, bar, recs: list, stop) -> None:
+        cfg = self.cfg
+        with bar:
+            while self.iteration < cfg.iterations:
+                if self._agree(cfg.time_limit is not None and self.elapsed >= cfg.time_limit):
+                    self.log(f"time limit of {cfg.time_limit:.0f} s reached at iteration "
+                             f"{self.iteration}")
+                    break
+                rec = self.train_iteration()
+                recs.append(rec)
+                bar.advance(rec)
+                # callbacks run where the record is written (rank 0); all ranks stop together
+                asked = [cb(rec) is True for cb in self.callbacks] if self.is_main else []
+                if self._agree(any(asked)):
+                    self.log(f"a callback stopped training at iteration {self.iteration}")
+                    break
+                if self.iteration % cfg.checkpoint_every == 0:
+                    self.save_checkpoint()
+                if self._agree(stop is not None and stop.requested):
+                    ckpt = self.save_checkpoint()
+                    raise Interrupted(stop.signum or 2, self.iteration, ckpt)
+        self.save_checkpoint()
+        self.export_policy(os.path.join(self.run_dir, "policy"))
+
+    def _agree(self, flag: bool) -> bool:
+        """``flag`` on any rank (one all-reduce): decisions that end the loop are taken by
+        all ranks together (a signal or a clock may reach them at different moments)."""
+        if self.dp is None:
+            return bool(flag)
+        return bool(self.dp.max_(torch.tensor(float(flag))) > 0)
+
+    def _check_scales(self, rec: dict) -> None:
+        """Warn (once each) when a fixed term of the objective dwarfs the rewards: the
+        truncation penalty, or the KL term, more than 10 times the scores' spread."""
+        cfg, spread = self.cfg, rec.get("score_std", 0.0)
+        if not spread or spread <= 0:
+            return
+        if (cfg.truncation == "penalty" and rec.get("truncated_frac", 0) > 0
+                and cfg.truncation_penalty > 10 * spread and "penalty" not in self._warned):
+            self._warned.add("penalty")
+            self.log(f"warning: truncation_penalty {cfg.truncation_penalty:g} is "
+                     f"{cfg.truncation_penalty / spread:.0f}x the spread of the rewards "
+                     f"(std {spread:.3g}): the penalty, not the reward, decides what is "
+                     "learned (shorter responses); consider truncation=none or mask, or a "
+                     "smaller penalty")
+        kl_term = abs(rec.get("beta", 0.0)) * abs(rec.get("kl_ref", 0.0))
+        if cfg.kl_mode != "none" and kl_term > 10 * spread and "kl" not in self._warned:
+            self._warned.add("kl")
+            self.log(f"warning: the KL term (beta {rec['beta']:.3g} x kl_ref "
+                     f"{rec['kl_ref']:.3g} nats = {kl_term:.3g}) is {kl_term / spread:.0f}x "
+                     f"the spread of the rewards (std {spread:.3g}): staying near the "
+                     "reference dominates the objective; consider a smaller kl_coef")
+
+    def close(self) -> None:
+        """Close the metrics files and release the run directory's lock."""
+        for w in (self.metrics, getattr(self, "samples", None)):
+            if w is not None:
+                w.close()
+        self.rundir.close()
+
+    # ------------------------------------------------------------------ checkpoints
+    def export_policy(self, path: str) -> None:
+        """Save the policy as a plain local HF directory (LoRA adapters merged in a copy)."""
+        import copy
+
+        model = self.policy
+        if self.fsdp:  # gathered from the shards on every rank, written by rank 0
+            from .fsdp import full_state_dict, plain_copy
+
+            state = full_state_dict(self.policy)
+            if not self.is_main:
+                return
+            model = plain_copy(self.policy, state)
+        if not self.is_main:
+            return
+        if self.cfg.lora_r > 0:
+            model = copy.deepcopy(self.policy).merge_and_unload()
+        save_policy(model, self.tok, path)
+
+    def _policy_state(self) -> dict:
+        """The policy's tensors a checkpoint holds: with LoRA only the adapters (the frozen
+        base is the run's ``reference/`` directory, which resume loads first), else all."""
+        if self.cfg.lora_r > 0:
+            trained = {n for n, p in self.policy.named_parameters() if p.requires_grad}
+            return {k: v for k, v in self.policy.state_dict().items() if k in trained}
+        return dict(self.policy.state_dict())
+
+    def _load_policy_state(self, state: dict) -> None:
+        load_policy_state(self.policy, state, lora=self.cfg.lora_r > 0)
+
+    def save_checkpoint(self) -> Path:
+        """Write this iteration's checkpoint (once per iteration) with the run-directory
+        layer every ppokit run uses (:func:`ppokit.io.save_checkpoint`)."""
+        root = Path(self.run_dir) / "checkpoints"
+        if self._saved_iteration == self.iteration:
+            return root / f"iter_{self.iteration:09d}"
+        ranks = opt_shards = None
+        if self.fsdp:  # full model tensors (a collective), each rank's optimiser shard
+            from .fsdp import full_state_dict, local_optimizer_state
+
+            policy_sd = full_state_dict(self.policy)
+            critic_sd = full_state_dict(self.critic) if self.critic is not None else None
+            opt_shards = self.dp.gather_to_main(  # only rank 0 holds them all
+                optimizer_to_flat(local_optimizer_state(self.opt)))
+        else:
+            policy_sd = self._policy_state()
+            critic_sd = dict(self.critic.state_dict()) if self.critic is not None else None
+        if self.dp is not None:  # every rank's sampling stream, written by rank 0
+            ranks = self.dp.gather_objects(self.gen.get_state())
+            if not self.is_main:
+                self._saved_iteration = self.iteration
+                return root / f"iter_{self.iteration:09d}"
+        if opt_shards is None:
+            opt_t, opt_meta = optimizer_to_flat(self.opt.state_dict())
+        else:
+            opt_t = {f"rank{r}/{k}": v for r, (t, _) in enumerate(opt_shards)
+                     for k, v in t.items()}
+            opt_meta = {"ranks": [m for _, m in opt_shards]}
+        rng_t, rng_meta = capture_rng({"generator": self.gen, "shuffle": self.shuffle_gen},
+                                      {"prompts": self.py_rng})
+        tensors = {"policy": policy_sd, "optimizer": opt_t, "rng": rng_t}
+        if ranks is not None:
+            tensors["rank_rng"] = {f"rank{r}": st for r, st in enumerate(ranks)}
+        if critic_sd is not None:
+            tensors["critic"] = critic_sd
+        state = {"elapsed": self.elapsed, "kl_controller": self.kl_ctl.state_dict(),
+                 "optimizer": opt_meta, "rng": rng_meta, "config": config_dict(self.cfg),
+                 "ranks": self.world}
+        path = save_checkpoint(root, self.iteration, tensors=tensors, arrays={}, state=state)
+        self._saved_iteration = self.iteration
+        self.rundir.started()  # from now on a failure keeps the run
+        return path
+
+    def _load_checkpoint(self, ckpt: Path) -> None:
+        tensors, _, state = self._ckpt
+        del self._ckpt
+        try:
+            if self.fsdp:  # the weights went in before sharding (_shard_models)
+                from .fsdp import load_local_optimizer_state
+
+                shards = state["optimizer"].get("ranks") or []
+                if len(shards) != self.world:
+                    raise ValueError(f"an fsdp run resumes on the same number of ranks "
+                                     f"({len(shards)}), not {self.world}")
+                pre = f"rank{self.rank}/"
+                mine = {k[len(pre):]: v for k, v in tensors["optimizer"].items()
+                        if k.startswith(pre)}
+                load_local_optimizer_state(self.opt,
+                                           optimizer_from_flat(mine, shards[self.rank]))
+            else:
+                self._load_policy_state(tensors["policy"])
+                if self.critic is not None:
+                    self.critic.load_state_dict(tensors["critic"])
+                self.opt.load_state_dict(optimizer_from_flat(tensors["optimizer"],
+                                                             state["optimizer"]))
+                saved_lr = (state.get("config") or {}).get("learning_rate")
+                if saved_lr is not None and saved_lr != self.cfg.learning_rate:
+                    # --learning-rate given with --resume: the policy's rate from here on
+                    self.opt.param_groups[0]["lr"] = self.cfg.learning_rate
+                    self.log(f"learning rate {self.cfg.learning_rate:g} from here on (the "
+                             f"run was started at {saved_lr:g})")
+            rng = tensors["rng"]
+            restore_rng(rng, state["rng"], {"generator": self.gen}, {"prompts": self.py_rng})
+            if "gen/shuffle" in rng:  # (checkpoints before data parallelism lack it)
+                self.shuffle_gen.set_state(rng["gen/shuffle"])
+            saved_world = int(state.get("ranks", 1))
+            if saved_world != self.world:
+                if self.world > 1 or saved_world > 1:
+                    self.log(f"resumed with {self.world} rank(s); the run was written by "
+                             f"{saved_world}: each rank's sampling stream restarts from the "
+                             "seed (everything else is restored exactly)")
+                if self.rank:
+                    self.gen.manual_seed(self.cfg.seed + 1_000_003 * self.rank)
+            elif self.world > 1:
+                self.gen.set_state(tensors["rank_rng"][f"rank{self.rank}"])
+            self.kl_ctl.load_state_dict(state["kl_controller"])
+            self.iteration = int(state["iteration"])
+            self.elapsed = float(state["elapsed"])
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            raise UsageError(f"--resume: checkpoint {ckpt} does not fit this run "
+                             f"({type(exc).__name__}: {exc}); nothing was changed") from None
+        self._saved_iteration = self.iteration
+        if not self.is_main:
+            return
+        root = Path(self.run_dir) / "checkpoints"
+        set_aside_newer(root, ckpt, self._damaged, self.log)
+        remove_leftovers(root)
+        for name in ("metrics.jsonl", "samples.jsonl"):
+            missing: list[int] = []
+            skipped = truncate_metrics(os.path.join(self.run_dir, name), self.iteration,
+                                       missing)
+            if skipped:
+                self.log(f"{name}: skipped {len(skipped)} unreadable line(s) "
+                         f"(line {', '.join(map(str, skipped[:5]))})")
+            if missing and name == "metrics.jsonl":
+                self.log(f"{name}: no record of iteration(s) {missing_iterations(missing)} "
+                         f"of the {self.iteration} done (the file was deleted or cut); the "
+                         "run goes on from the checkpoint and its curves have a gap there")
+        self.log(f"resumed from {ckpt.name} at iteration {self.iteration}")
+
+
+def recipe_line(cfg: LLMConfig, max_new_tokens: int) -> str:
+    """What one iteration does, said when training starts (the preset, the batch, the
+    generation cap and temperature: what ``config.json`` records)."""
+    kl = ("no KL term" if cfg.kl_mode == "none" or not cfg.kl_coef
+          else f"KL to the reference in the {cfg.kl_mode}, beta {cfg.kl_coef:g}")
+    extra = "".join([", dynamic sampling" if cfg.dynamic_sampling else "",
+                     f", rollout_is={cfg.rollout_is}" if cfg.rollout_is != "none" else ""])
+    return (f"recipe: {cfg.algo} ({cfg.policy_loss} loss, {cfg.advantage_estimator} "
+            f"advantages, {kl}{extra}); {cfg.prompts_per_iter} prompts x "
+            f"{cfg.samples_per_prompt} completions an iteration, at most {max_new_tokens} "
+            f"new tokens each (max_new_tokens), temperature {cfg.temperature:g}, learning "
+            f"rate {cfg.learning_rate:g}" + (f", LoRA r={cfg.lora_r}" if cfg.lora_r else ""))
+
+
+def clip_unit(policy_loss: str) -> str:
+    """What the loss's ``clipfrac`` counts (:func:`ppokit.core.register_policy_loss`)."""
+    if policy_loss not in POLICY_LOSSES:
+        return "token"
+    return POLICY_LOSSES.entry(policy_loss).get("clip_unit", "token")
+
+
+def _summed(parts: list[dict]) -> dict:
+    """Every rank's counts summed (``dynamic_rounds``: the same on every rank)."""
+    if not parts or not parts[0]:
+        return {}
+    return {k: (parts[0][k] if k == "dynamic_rounds" else sum(p[k] for p in parts))
+            for k in parts[0]}
