@@ -57,7 +57,7 @@ from . import surrogates as _surrogates
 __all__ = ["Registry", "Entry", "POLICY_LOSSES", "ADVANTAGES", "GROUP_ADVANTAGES",
            "ENV_ADVANTAGES", "NO_CLIP", "AdvantageSpec", "Steps", "TokenSteps",
            "token_advantages", "tokens_as_steps", "register_policy_loss",
-           "register_advantage_estimator", "LAYOUTS"]
+           "register_advantage_estimator", "LAYOUTS", "CLIP_UNITS", "clip_unit"]
 
 IMPORT_HINT = ("a part of your own is registered by its module: `--import MODULE` on the "
                "command line, or import it before training from Python")
@@ -191,6 +191,14 @@ def register_policy_loss(name: str, fn: Callable | None = None, *, help: str = "
 
 
 CLIP_UNITS = ("token", "sequence", "weight")
+
+
+def clip_unit(policy_loss: str) -> str:
+    """What the policy loss ``policy_loss``'s ``clipfrac`` counts (``clip_unit`` of
+    :func:`register_policy_loss`; ``"token"`` for a name not registered here)."""
+    if policy_loss not in POLICY_LOSSES:
+        return "token"
+    return POLICY_LOSSES.entry(policy_loss).get("clip_unit", "token")
 
 
 @register_policy_loss("clip", help="PPO-Clip: -min(ρÂ, clip(ρ, 1-ε_low, 1+ε_high)Â), "

@@ -24,7 +24,7 @@ import torch
 
 from ..modeling.rollout import TokenRollout, concat_rollouts
 
-__all__ = ["IterationBatch", "collect_batch", "spread_groups"]
+__all__ = ["IterationBatch", "collect_batch", "spread_groups", "summed_stats"]
 
 
 @dataclass
@@ -104,3 +104,12 @@ def collect_batch(draw: Callable[[], list], generate: Callable[[list], TokenRoll
              "dynamic_filled_groups": filled, "dynamic_generated": offset}
     return IterationBatch([all_rows[i] for i in idx.tolist()], roll,
                           [all_comps[i] for i in idx.tolist()], scores, per, t_score, stats)
+
+
+def summed_stats(parts: list[dict]) -> dict:
+    """Every rank's dynamic-sampling counts summed (``dynamic_rounds``: the same on
+    every rank)."""
+    if not parts or not parts[0]:
+        return {}
+    return {k: (parts[0][k] if k == "dynamic_rounds" else sum(p[k] for p in parts))
+            for k in parts[0]}

@@ -30,9 +30,10 @@ import math
 
 import torch
 
+from ppokit.core.validation import NonFiniteError
 from ppokit.errors import UsageError
 
-__all__ = ["TrainingDiverged", "DivergenceGuard", "PROBE_ROWS", "update_kl",
+__all__ = ["TrainingDiverged", "DivergenceGuard", "PROBE_ROWS", "update_kl", "guarded_update",
            "tolerated_learning_rate", "learning_rate_warning"]
 
 PROBE_ROWS = 8
@@ -122,3 +123,47 @@ def learning_rate_warning(lr: float, n_params: int, lora: bool) -> str | None:
             f"{n_params / 1e6:.0f}M-parameter pretrained model tolerates {how} "
             "(docs/real_models.md); one update may wreck it (the divergence guard, guard_kl, "
             "undoes such an update and halves the rate)")
+
+
+def guarded_update(tr, roll, lab) -> dict:
+    """The trainer ``tr``'s update of ``roll`` under its divergence guard: an update whose
+    gradient or movement passes the guard's limits is undone and run again at half the
+    learning rate, at most ``guard_retries`` times; ``kl_after``, ``guard_rollbacks`` and
+    ``learning_rate`` join its statistics."""
+    guard = tr.guard
+    params = tr.trained_parameters()
+    snap = guard.snapshot(params, tr.opt, tr.shuffle_gen) if guard.enabled else None
+    base_lrs = [g["lr"] for g in tr.opt.param_groups]
+    rollbacks = 0
+    while True:
+        try:
+            upd = tr.update(roll, lab)
+        except NonFiniteError as exc:  # a step made the policy's outputs NaN or inf
+            if not guard.enabled:
+                raise
+            upd, kl_after = {}, None
+            problem = f"the update made the policy non-finite ({exc})"
+        else:
+            kl_after = tr.movement(roll, lab) if guard.enabled else None
+            problem = guard.problem(upd, kl_after)
+        if problem is None:
+            break
+        lr = tr.opt.param_groups[0]["lr"]
+        if rollbacks >= tr.cfg.guard_retries:
+            guard.restore(snap, params, tr.opt, tr.shuffle_gen)  # lr as it was
+            raise TrainingDiverged(
+                f"iteration {tr.iteration + 1}: {problem}, still at learning rate "
+                f"{lr:.3g} after {rollbacks} halving(s); training stopped before this "
+                "update was kept (the last checkpoint in the run directory is intact). "
+                "Lower --learning-rate (or train LoRA adapters: --lora-r 16), or raise "
+                "--guard-kl / --guard-grad-norm if the movement is intended")
+        guard.restore(snap, params, tr.opt, tr.shuffle_gen)
+        rollbacks += 1
+        for group, base in zip(tr.opt.param_groups, base_lrs):
+            group["lr"] = base * 0.5 ** rollbacks
+        tr.log(f"guard: iteration {tr.iteration + 1}: {problem}; the update was "
+                 f"undone and is retried at learning rate {lr * 0.5:.3g}")
+    upd["kl_after"] = kl_after
+    upd["guard_rollbacks"] = rollbacks
+    upd["learning_rate"] = tr.opt.param_groups[0]["lr"]
+    return upd

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 
-__all__ = ["Progress"]
+__all__ = ["Progress", "recipe_line"]
 
 
 def _figures(rec: dict) -> str:
@@ -85,3 +85,17 @@ class Progress:
         if self._p is not None:
             self._p.__exit__(*exc)
         return False
+
+
+def recipe_line(cfg, max_new_tokens: int) -> str:
+    """What one iteration does, said when training starts (the preset, the batch, the
+    generation cap and temperature: what ``config.json`` records)."""
+    kl = ("no KL term" if cfg.kl_mode == "none" or not cfg.kl_coef
+          else f"KL to the reference in the {cfg.kl_mode}, beta {cfg.kl_coef:g}")
+    extra = "".join([", dynamic sampling" if cfg.dynamic_sampling else "",
+                     f", rollout_is={cfg.rollout_is}" if cfg.rollout_is != "none" else ""])
+    return (f"recipe: {cfg.algo} ({cfg.policy_loss} loss, {cfg.advantage_estimator} "
+            f"advantages, {kl}{extra}); {cfg.prompts_per_iter} prompts x "
+            f"{cfg.samples_per_prompt} completions an iteration, at most {max_new_tokens} "
+            f"new tokens each (max_new_tokens), temperature {cfg.temperature:g}, learning "
+            f"rate {cfg.learning_rate:g}" + (f", LoRA r={cfg.lora_r}" if cfg.lora_r else ""))

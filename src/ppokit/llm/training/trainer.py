@@ -50,12 +50,8 @@ from pathlib import Path
 
 import torch
 
-from ppokit.core import (
-    POLICY_LOSSES,
-    AdaptiveKLController,
-    FixedKLController,
-)
-from ppokit.core.validation import NonFiniteError
+from ppokit.core import AdaptiveKLController, FixedKLController
+from ppokit.core.registry import clip_unit
 from ppokit.engine import Forward, LabelledBatch, UpdateSpec, eager_minibatch_step, run_update
 from ppokit.engine.allocator import keep_freed_memory
 from ppokit.errors import UsageError
@@ -65,22 +61,14 @@ from ppokit.io import (
     MetricsWriter,
     RunDir,
     atomic_write_text,
-    capture_rng,
     check_tree,
     find_checkpoint,
     load_checkpoint,
-    restore_rng,
-    save_checkpoint,
     truncate_metrics,
 )
 from ppokit.io.checkpoint import (
     no_checkpoint_message,
-    optimizer_from_flat,
-    optimizer_to_flat,
-    remove_leftovers,
-    set_aside_newer,
 )
-from ppokit.io.metrics import missing_iterations
 from ppokit.io.rundir import fail_run, fail_start
 
 from ..inputs.reward_setup import (  # noqa: F401 (re-exported)
@@ -90,7 +78,7 @@ from ..inputs.reward_setup import (  # noqa: F401 (re-exported)
 )
 from ..inputs.rewards import per_function_stats
 from ..inputs.task import make_task
-from ..labelling.batching import collect_batch
+from ..labelling.batching import collect_batch, summed_stats
 from ..labelling.labels import Labels, compute_labels, overlong_penalty  # noqa: F401 (re-exported)
 from ..labelling.mismatch import mismatch_stats
 from ..modeling.models import (
@@ -100,7 +88,6 @@ from ..modeling.models import (
     build_tiny_model,
     frozen_copy,
     load_lm,
-    load_policy_state,
     save_policy,
     wrap_lora,
 )
@@ -112,6 +99,7 @@ from ..modeling.rollout import (
     sequence_logprobs,
     shift_to_tokens,
 )
+from . import checkpoints
 from .config import (  # noqa: F401 (re-exported)
     ALGOS,
     PRESETS,
@@ -124,12 +112,12 @@ from .config import (  # noqa: F401 (re-exported)
 from .divergence import (
     PROBE_ROWS,
     DivergenceGuard,
-    TrainingDiverged,
+    guarded_update,
     learning_rate_warning,
     update_kl,
 )
 from .parallel import NoRunDir, gather_rollout, shard
-from .progress import Progress
+from .progress import Progress, recipe_line
 from .runfiles import (  # noqa: F401 (config_from_run re-exported)
     EVAL_PROMPTS,
     TRAIN_PROMPTS,
@@ -591,47 +579,9 @@ class TokenTrainer:
                           step_fn=step, dp=self.dp)
 
     def guarded_update(self, roll: TokenRollout, lab: Labels) -> dict:
-        """:meth:`update` under the divergence guard (ppokit/llm/training/divergence.py): an update
-        whose gradient or movement passes the guard's limits is undone and run again at
-        half the learning rate, at most ``guard_retries`` times; ``kl_after``,
-        ``guard_rollbacks`` and ``learning_rate`` join its statistics."""
-        guard = self.guard
-        params = self.trained_parameters()
-        snap = guard.snapshot(params, self.opt, self.shuffle_gen) if guard.enabled else None
-        base_lrs = [g["lr"] for g in self.opt.param_groups]
-        rollbacks = 0
-        while True:
-            try:
-                upd = self.update(roll, lab)
-            except NonFiniteError as exc:  # a step made the policy's outputs NaN or inf
-                if not guard.enabled:
-                    raise
-                upd, kl_after = {}, None
-                problem = f"the update made the policy non-finite ({exc})"
-            else:
-                kl_after = self.movement(roll, lab) if guard.enabled else None
-                problem = guard.problem(upd, kl_after)
-            if problem is None:
-                break
-            lr = self.opt.param_groups[0]["lr"]
-            if rollbacks >= self.cfg.guard_retries:
-                guard.restore(snap, params, self.opt, self.shuffle_gen)  # lr as it was
-                raise TrainingDiverged(
-                    f"iteration {self.iteration + 1}: {problem}, still at learning rate "
-                    f"{lr:.3g} after {rollbacks} halving(s); training stopped before this "
-                    "update was kept (the last checkpoint in the run directory is intact). "
-                    "Lower --learning-rate (or train LoRA adapters: --lora-r 16), or raise "
-                    "--guard-kl / --guard-grad-norm if the movement is intended")
-            guard.restore(snap, params, self.opt, self.shuffle_gen)
-            rollbacks += 1
-            for group, base in zip(self.opt.param_groups, base_lrs):
-                group["lr"] = base * 0.5 ** rollbacks
-            self.log(f"guard: iteration {self.iteration + 1}: {problem}; the update was "
-                     f"undone and is retried at learning rate {lr * 0.5:.3g}")
-        upd["kl_after"] = kl_after
-        upd["guard_rollbacks"] = rollbacks
-        upd["learning_rate"] = self.opt.param_groups[0]["lr"]
-        return upd
+        """:meth:`update` under the divergence guard
+        (:func:`ppokit.llm.training.divergence.guarded_update`)."""
+        return guarded_update(self, roll, lab)
 
     @torch.no_grad()
     def movement(self, roll: TokenRollout, lab: Labels) -> float:
@@ -721,7 +671,7 @@ class TokenTrainer:
             comps = [c for part in self.dp.gather_objects(comps) for c in part]
             per_func = {k: self.dp.all_gather_rows(v.contiguous())
                         for k, v in sorted(per_func.items())}
-            got.stats = _summed(self.dp.gather_objects(got.stats))
+            got.stats = summed_stats(self.dp.gather_objects(got.stats))
         beta = self.kl_ctl.value
         lab = compute_labels(cfg, roll, scores, old, ref, beta, values_after,
                              sampler_logp=sampler_logp if cfg.rollout_is != "none" else None)
@@ -863,168 +813,11 @@ class TokenTrainer:
     # ------------------------------------------------------------------ checkpoints
     def export_policy(self, path: str) -> None:
         """Save the policy as a plain local HF directory (LoRA adapters merged in a copy)."""
-        import copy
-
-        model = self.policy
-        if self.fsdp:  # gathered from the shards on every rank, written by rank 0
-            from .fsdp import full_state_dict, plain_copy
-
-            state = full_state_dict(self.policy)
-            if not self.is_main:
-                return
-            model = plain_copy(self.policy, state)
-        if not self.is_main:
-            return
-        if self.cfg.lora_r > 0:
-            model = copy.deepcopy(self.policy).merge_and_unload()
-        save_policy(model, self.tok, path)
-
-    def _policy_state(self) -> dict:
-        """The policy's tensors a checkpoint holds: with LoRA only the adapters (the frozen
-        base is the run's ``reference/`` directory, which resume loads first), else all."""
-        if self.cfg.lora_r > 0:
-            trained = {n for n, p in self.policy.named_parameters() if p.requires_grad}
-            return {k: v for k, v in self.policy.state_dict().items() if k in trained}
-        return dict(self.policy.state_dict())
-
-    def _load_policy_state(self, state: dict) -> None:
-        load_policy_state(self.policy, state, lora=self.cfg.lora_r > 0)
+        checkpoints.export_policy(self, path)
 
     def save_checkpoint(self) -> Path:
-        """Write this iteration's checkpoint (once per iteration) with the run-directory
-        layer every ppokit run uses (:func:`ppokit.io.save_checkpoint`)."""
-        root = Path(self.run_dir) / "checkpoints"
-        if self._saved_iteration == self.iteration:
-            return root / f"iter_{self.iteration:09d}"
-        ranks = opt_shards = None
-        if self.fsdp:  # full model tensors (a collective), each rank's optimiser shard
-            from .fsdp import full_state_dict, local_optimizer_state
-
-            policy_sd = full_state_dict(self.policy)
-            critic_sd = full_state_dict(self.critic) if self.critic is not None else None
-            opt_shards = self.dp.gather_to_main(  # only rank 0 holds them all
-                optimizer_to_flat(local_optimizer_state(self.opt)))
-        else:
-            policy_sd = self._policy_state()
-            critic_sd = dict(self.critic.state_dict()) if self.critic is not None else None
-        if self.dp is not None:  # every rank's sampling stream, written by rank 0
-            ranks = self.dp.gather_objects(self.gen.get_state())
-            if not self.is_main:
-                self._saved_iteration = self.iteration
-                return root / f"iter_{self.iteration:09d}"
-        if opt_shards is None:
-            opt_t, opt_meta = optimizer_to_flat(self.opt.state_dict())
-        else:
-            opt_t = {f"rank{r}/{k}": v for r, (t, _) in enumerate(opt_shards)
-                     for k, v in t.items()}
-            opt_meta = {"ranks": [m for _, m in opt_shards]}
-        rng_t, rng_meta = capture_rng({"generator": self.gen, "shuffle": self.shuffle_gen},
-                                      {"prompts": self.py_rng})
-        tensors = {"policy": policy_sd, "optimizer": opt_t, "rng": rng_t}
-        if ranks is not None:
-            tensors["rank_rng"] = {f"rank{r}": st for r, st in enumerate(ranks)}
-        if critic_sd is not None:
-            tensors["critic"] = critic_sd
-        state = {"elapsed": self.elapsed, "kl_controller": self.kl_ctl.state_dict(),
-                 "optimizer": opt_meta, "rng": rng_meta, "config": config_dict(self.cfg),
-                 "ranks": self.world}
-        path = save_checkpoint(root, self.iteration, tensors=tensors, arrays={}, state=state)
-        self._saved_iteration = self.iteration
-        self.rundir.started()  # from now on a failure keeps the run
-        return path
+        """Write this iteration's checkpoint (once per iteration; :mod:`.checkpoints`)."""
+        return checkpoints.save_checkpoint(self)
 
     def _load_checkpoint(self, ckpt: Path) -> None:
-        tensors, _, state = self._ckpt
-        del self._ckpt
-        try:
-            if self.fsdp:  # the weights went in before sharding (_shard_models)
-                from .fsdp import load_local_optimizer_state
-
-                shards = state["optimizer"].get("ranks") or []
-                if len(shards) != self.world:
-                    raise ValueError(f"an fsdp run resumes on the same number of ranks "
-                                     f"({len(shards)}), not {self.world}")
-                pre = f"rank{self.rank}/"
-                mine = {k[len(pre):]: v for k, v in tensors["optimizer"].items()
-                        if k.startswith(pre)}
-                load_local_optimizer_state(self.opt,
-                                           optimizer_from_flat(mine, shards[self.rank]))
-            else:
-                self._load_policy_state(tensors["policy"])
-                if self.critic is not None:
-                    self.critic.load_state_dict(tensors["critic"])
-                self.opt.load_state_dict(optimizer_from_flat(tensors["optimizer"],
-                                                             state["optimizer"]))
-                saved_lr = (state.get("config") or {}).get("learning_rate")
-                if saved_lr is not None and saved_lr != self.cfg.learning_rate:
-                    # --learning-rate given with --resume: the policy's rate from here on
-                    self.opt.param_groups[0]["lr"] = self.cfg.learning_rate
-                    self.log(f"learning rate {self.cfg.learning_rate:g} from here on (the "
-                             f"run was started at {saved_lr:g})")
-            rng = tensors["rng"]
-            restore_rng(rng, state["rng"], {"generator": self.gen}, {"prompts": self.py_rng})
-            if "gen/shuffle" in rng:  # (checkpoints before data parallelism lack it)
-                self.shuffle_gen.set_state(rng["gen/shuffle"])
-            saved_world = int(state.get("ranks", 1))
-            if saved_world != self.world:
-                if self.world > 1 or saved_world > 1:
-                    self.log(f"resumed with {self.world} rank(s); the run was written by "
-                             f"{saved_world}: each rank's sampling stream restarts from the "
-                             "seed (everything else is restored exactly)")
-                if self.rank:
-                    self.gen.manual_seed(self.cfg.seed + 1_000_003 * self.rank)
-            elif self.world > 1:
-                self.gen.set_state(tensors["rank_rng"][f"rank{self.rank}"])
-            self.kl_ctl.load_state_dict(state["kl_controller"])
-            self.iteration = int(state["iteration"])
-            self.elapsed = float(state["elapsed"])
-        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-            raise UsageError(f"--resume: checkpoint {ckpt} does not fit this run "
-                             f"({type(exc).__name__}: {exc}); nothing was changed") from None
-        self._saved_iteration = self.iteration
-        if not self.is_main:
-            return
-        root = Path(self.run_dir) / "checkpoints"
-        set_aside_newer(root, ckpt, self._damaged, self.log)
-        remove_leftovers(root)
-        for name in ("metrics.jsonl", "samples.jsonl"):
-            missing: list[int] = []
-            skipped = truncate_metrics(os.path.join(self.run_dir, name), self.iteration,
-                                       missing)
-            if skipped:
-                self.log(f"{name}: skipped {len(skipped)} unreadable line(s) "
-                         f"(line {', '.join(map(str, skipped[:5]))})")
-            if missing and name == "metrics.jsonl":
-                self.log(f"{name}: no record of iteration(s) {missing_iterations(missing)} "
-                         f"of the {self.iteration} done (the file was deleted or cut); the "
-                         "run goes on from the checkpoint and its curves have a gap there")
-        self.log(f"resumed from {ckpt.name} at iteration {self.iteration}")
-
-
-def recipe_line(cfg: LLMConfig, max_new_tokens: int) -> str:
-    """What one iteration does, said when training starts (the preset, the batch, the
-    generation cap and temperature: what ``config.json`` records)."""
-    kl = ("no KL term" if cfg.kl_mode == "none" or not cfg.kl_coef
-          else f"KL to the reference in the {cfg.kl_mode}, beta {cfg.kl_coef:g}")
-    extra = "".join([", dynamic sampling" if cfg.dynamic_sampling else "",
-                     f", rollout_is={cfg.rollout_is}" if cfg.rollout_is != "none" else ""])
-    return (f"recipe: {cfg.algo} ({cfg.policy_loss} loss, {cfg.advantage_estimator} "
-            f"advantages, {kl}{extra}); {cfg.prompts_per_iter} prompts x "
-            f"{cfg.samples_per_prompt} completions an iteration, at most {max_new_tokens} "
-            f"new tokens each (max_new_tokens), temperature {cfg.temperature:g}, learning "
-            f"rate {cfg.learning_rate:g}" + (f", LoRA r={cfg.lora_r}" if cfg.lora_r else ""))
-
-
-def clip_unit(policy_loss: str) -> str:
-    """What the loss's ``clipfrac`` counts (:func:`ppokit.core.register_policy_loss`)."""
-    if policy_loss not in POLICY_LOSSES:
-        return "token"
-    return POLICY_LOSSES.entry(policy_loss).get("clip_unit", "token")
-
-
-def _summed(parts: list[dict]) -> dict:
-    """Every rank's counts summed (``dynamic_rounds``: the same on every rank)."""
-    if not parts or not parts[0]:
-        return {}
-    return {k: (parts[0][k] if k == "dynamic_rounds" else sum(p[k] for p in parts))
-            for k in parts[0]}
+        checkpoints.load_checkpoint(self, ckpt)
