@@ -43,6 +43,7 @@ from .validation import (
 __all__ = [
     "td_residuals",
     "gae",
+    "gae_reference",
     "token_gae",
     "token_gae_reference",
     "discounted_reverse_cumsum",
@@ -99,19 +100,85 @@ def gae(rewards, values, next_values, terminated, episode_end, gamma: float,
 
     ``A_t = δ_t + γ λ (1 − episode_end_t) A_{t+1}``, ``A_T = 0``.
     """
+    deltas, carry_coef, v = _gae_terms(rewards, values, next_values, terminated, episode_end,
+                                       gamma, lam)
+    if deltas.device.type == "cpu" and deltas.dtype in (torch.float32, torch.float64):
+        adv = _reverse_scan_time(deltas, carry_coef)
+    else:
+        adv = _reverse_scan_loop(deltas, carry_coef)
+    return adv, adv + v
+
+
+def _gae_terms(rewards, values, next_values, terminated, episode_end, gamma: float,
+               lam: float) -> tuple[Tensor, Tensor, Tensor]:
+    """``(δ, γλ(1 − episode_end), values)`` of checked, detached inputs."""
     gamma = check_unit_interval(gamma, "gamma")
     lam = check_unit_interval(lam, "lam")
     r, v, nv, term, end = _env_inputs(rewards, values, next_values, terminated, episode_end)
-    with torch.no_grad():
-        r, v, nv = r.detach(), v.detach(), nv.detach()
-        deltas = r + gamma * (~term).to(r.dtype) * nv - v
-        carry_coef = (gamma * lam) * (~end).to(r.dtype)
-        adv = torch.empty_like(deltas)
-        carry = torch.zeros_like(deltas[0])
-        for t in range(deltas.shape[0] - 1, -1, -1):
-            carry = deltas[t] + carry_coef[t] * carry
-            adv[t] = carry
+    r, v, nv = r.detach(), v.detach(), nv.detach()
+    deltas = r + gamma * (~term).to(r.dtype) * nv - v
+    return deltas, (gamma * lam) * (~end).to(r.dtype), v
+
+
+def gae_reference(rewards, values, next_values, terminated, episode_end, gamma: float,
+                  lam: float) -> tuple[Tensor, Tensor]:
+    """:func:`gae` as the plain loop over time steps (the definition the fast path is
+    held to by the tests)."""
+    deltas, carry_coef, v = _gae_terms(rewards, values, next_values, terminated, episode_end,
+                                       gamma, lam)
+    adv = _reverse_scan_loop(deltas, carry_coef)
     return adv, adv + v
+
+
+def _reverse_scan_loop(x: Tensor, a: Tensor) -> Tensor:
+    """``y_t = x_t + a_t y_{t+1}`` along the first axis, ``y_T = 0``: one step at a time."""
+    y = torch.empty_like(x)
+    carry = torch.zeros_like(x[0])
+    for t in range(x.shape[0] - 1, -1, -1):
+        carry = x[t] + a[t] * carry
+        y[t] = carry
+    return y
+
+
+def _reverse_scan_time(x: Tensor, a: Tensor, chunk: int = 16) -> Tensor:
+    """:func:`_reverse_scan_loop` for CPU tensors ``[T]`` or ``[T, N]``, in NumPy without a
+    Python loop over T. Time is the leading axis, so chunks of ``chunk`` steps are views
+    ``[n, chunk, N]``: a scan inside every chunk at once (``chunk`` vector steps, keeping
+    each position's product of coefficients to the chunk's end), the chunks' first values
+    solved by recursive doubling over the ``n`` chunks, then each chunk's carry-in added
+    through those products. The same sums in another order: equal to the loop to rounding
+    (``tests/test_core_gae_fast.py``)."""
+    xn, an = x.numpy(), a.numpy()
+    if xn.ndim == 1:
+        xn, an = xn[:, None], an[:, None]
+    length, width = xn.shape
+    n = -(-length // chunk)
+    y = np.empty((n * chunk, width), xn.dtype)
+    p = np.empty_like(y)
+    y[:length] = xn
+    y[length:] = 0
+    p[:length] = an
+    p[length:] = 1
+    y3, p3 = y.reshape(n, chunk, width), p.reshape(n, chunk, width)
+    with np.errstate(all="ignore"):  # an overflow gives inf, as the loop does
+        tmp = np.empty((n, width), xn.dtype)
+        for i in range(chunk - 2, -1, -1):  # p3[:, i] is still a_i here, then a_i…a_{C−1}
+            np.multiply(p3[:, i], y3[:, i + 1], out=tmp)
+            y3[:, i] += tmp
+            p3[:, i] *= p3[:, i + 1]
+        # the chunks' first values: Y_k = first_k + P_k · Y_{k+1}, Y_n = 0
+        head = y3[:, 0].copy()
+        prod = p3[:, 0].copy()
+        step = 1
+        while step < n:
+            head[:-step] += prod[:-step] * head[step:]
+            prod[:-step] *= prod[step:].copy()
+            step *= 2
+        after = np.zeros((n, width), xn.dtype)  # each chunk's carry-in: Y_{k+1}
+        after[:-1] = head[1:]
+        y3 += p3 * after[:, None, :]
+    out = y[:length]
+    return torch.from_numpy(out[:, 0].copy() if x.ndim == 1 else out)
 
 
 # --------------------------------------------------------------------------- token layout
