@@ -56,8 +56,39 @@ def test_compare_refuses_bad_input_before_training(tmp_path):
         compare(["grpo"], [0], {"eval_every": 1, "rollout_is": "tis"}, str(tmp_path / "c"))
     assert not (tmp_path / "a").exists() and not (tmp_path / "c").exists()
     (tmp_path / "d" / "grpo-s0").mkdir(parents=True)  # a run directory of something else
-    with pytest.raises(UsageError, match="without a finished comparison run"):
+    with pytest.raises(UsageError, match="without a comparison run to continue"):
         compare(["grpo"], [0], {"eval_every": 1, "iterations": 1}, str(tmp_path / "d"))
+
+
+class _StopNow:
+    """A signal already received (what GracefulStop holds after Ctrl-C)."""
+
+    requested = True
+    signum = 15
+
+
+def test_a_stopped_comparison_goes_on_where_it_stopped(tmp_path):
+    from ppokit.io import Interrupted
+
+    base = {"iterations": 3, "eval_every": 1, "n_eval_prompts": 8, "prompts_per_iter": 4,
+            "sft_steps": 5}
+    out = str(tmp_path / "cmp")
+    with pytest.raises(Interrupted):
+        compare(["grpo"], [0], base, out, log=lambda m: None, stop=_StopNow())
+    assert not (tmp_path / "cmp" / "grpo-s0" / "eval.json").exists()
+    said = []
+    summary = compare(["grpo"], [0], base, out, log=said.append)
+    assert said[0] == "grpo seed 0: continued from iteration 1"
+    data = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    run = data["runs"][0]
+    assert run["iterations"] == 3 and [x for x, _ in run["curve"]] == [0, 1, 2, 3]
+    assert summary["rows"][0]["score"] == run["eval"]["score_mean"]
+    with pytest.raises(UsageError, match="holds grpo seed 0, not dapo seed 0"):
+        import shutil
+
+        shutil.copytree(tmp_path / "cmp" / "grpo-s0", tmp_path / "other" / "dapo-s0")
+        (tmp_path / "other" / "dapo-s0" / "eval.json").unlink()
+        compare(["dapo"], [0], base, str(tmp_path / "other"), log=lambda m: None)
 
 
 @pytest.mark.slow  # about 2 minutes on one thread

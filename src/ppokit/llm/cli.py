@@ -397,8 +397,17 @@ def _compare(args) -> int:
     out = args.out or os.path.join("runs", time.strftime("compare-%Y%m%d-%H%M%S"))
     print(f"comparing {', '.join(algos)} over seeds {', '.join(map(str, seeds))} in {out}",
           flush=True)
-    summary = compare(algos, seeds, base, out,
-                      log=lambda m: print(m, flush=True))
+    from ppokit.io import GracefulStop, Interrupted
+
+    with GracefulStop() as stop:
+        try:
+            summary = compare(algos, seeds, base, out, log=lambda m: print(m, flush=True),
+                              stop=stop)
+        except Interrupted as exc:
+            print(f"{exc}; the run in progress was checkpointed; the same command "
+                  f"continues the comparison: ppokit llm compare ... --out {out}",
+                  file=sys.stderr, flush=True)
+            return exc.exit_code
     print(table(summary))
     print(f"wrote {os.path.join(out, 'compare.md')}, compare.json and compare.png")
     return 0

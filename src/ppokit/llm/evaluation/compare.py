@@ -7,9 +7,11 @@ configuration but for ``algo`` and ``seed``, the held-out score measured every
 ``eval_every`` iterations on the same held-out prompts with the same sampling seed
 (:meth:`TokenTrainer.evaluate_heldout`; iteration 0 is the starting policy), then
 evaluated at the end as ``ppokit llm eval`` does (``eval.json``). A run that already holds
-its ``eval.json`` is read, not trained again, so an interrupted comparison goes on where it
-stopped. ``OUT/compare.md`` holds the table, ``OUT/compare.json`` every figure and
-``OUT/compare.png`` the curves (mean over the seeds, and each seed's).
+its ``eval.json`` is read, not trained again, and one that was stopped (Ctrl-C or SIGTERM
+checkpoints it; or a crash after its last checkpoint) goes on from its newest checkpoint:
+the same command continues an interrupted comparison where it stopped. ``OUT/compare.md``
+holds the table, ``OUT/compare.json`` every figure and ``OUT/compare.png`` the curves (mean
+over the seeds, and each seed's).
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 from pathlib import Path
 
 from ppokit.errors import UsageError
@@ -50,14 +51,21 @@ def parse_seeds(text: str) -> list[int]:
     return out
 
 
-def _run(algo: str, seed: int, base: dict, run_dir: str, log) -> dict:
-    """Train one run to its end and evaluate it (or read a finished one)."""
+def _run(algo: str, seed: int, base: dict, run_dir: str, log, stop=None) -> dict:
+    """Train one run to its end and evaluate it; read a finished one back; continue one
+    that was stopped (a signal, a crash) from its newest checkpoint. ``stop``: a
+    :class:`ppokit.io.GracefulStop` (a signal checkpoints the run and ends the comparison:
+    :class:`ppokit.io.Interrupted`)."""
+    from ppokit.io import find_checkpoint
+
     from ..training.config import config_from_values
+    from ..training.runfiles import config_from_run
     from ..training.trainer import TokenTrainer
     from .evaluate import evaluate_lm_run
 
     done = os.path.join(run_dir, "eval.json")
     curve_file = os.path.join(run_dir, "compare_curve.json")
+    start_file = os.path.join(run_dir, "compare_start.json")
     if os.path.isfile(done) and os.path.isfile(curve_file):
         log(f"{algo} seed {seed}: finished earlier ({run_dir}), read back")
         with open(curve_file) as f:
@@ -65,18 +73,32 @@ def _run(algo: str, seed: int, base: dict, run_dir: str, log) -> dict:
         with open(done) as f:
             return {**kept, "eval": json.load(f)}
     if os.path.exists(run_dir):
-        raise UsageError(f"{run_dir}: a run directory without a finished comparison run "
-                         f"(no eval.json); remove it or choose another --out")
-    cfg = config_from_values(("compare", {**base, "algo": algo, "seed": seed}))
-    tr = TokenTrainer(cfg, run_dir, log=lambda m: None)
+        ckpt = find_checkpoint(os.path.join(run_dir, "checkpoints"), log=lambda m: None)[0] \
+            if os.path.isdir(os.path.join(run_dir, "checkpoints")) else None
+        if ckpt is None or not os.path.isfile(start_file):
+            raise UsageError(f"{run_dir}: a run directory without a comparison run to "
+                             f"continue (no checkpoint, or not started by ppokit llm "
+                             f"compare); remove it or choose another --out")
+        cfg = config_from_run(run_dir, reward=base.get("reward"))
+        if cfg.algo != algo or cfg.seed != seed:
+            raise UsageError(f"{run_dir}: holds {cfg.algo} seed {cfg.seed}, not {algo} seed "
+                             f"{seed}; remove it or choose another --out")
+        with open(start_file) as f:
+            start = json.load(f)["start"]
+        tr = TokenTrainer(cfg, run_dir, resume=True, log=lambda m: None)
+        log(f"{algo} seed {seed}: continued from iteration {tr.iteration}")
+    else:
+        cfg = config_from_values(("compare", {**base, "algo": algo, "seed": seed}))
+        tr = TokenTrainer(cfg, run_dir, log=lambda m: None)
+        start = tr.evaluate_heldout().get(CURVE_KEY)
+        atomic_write_text(start_file, json.dumps({"start": start}))
     cfg = tr.cfg  # resolved
     try:
-        start = tr.evaluate_heldout().get(CURVE_KEY)
-        t0 = time.perf_counter()
-        recs = tr.train(progress=False)
-        wall = time.perf_counter() - t0
+        tr.train(progress=False, stop=stop)
+        wall = tr.elapsed
     finally:
         tr.close()
+    recs = _metrics(run_dir)  # every iteration, those before a stop included
     curve = [[0, start]] + [[r["iteration"], r[CURVE_KEY]] for r in recs if CURVE_KEY in r]
     kept = {"algo": algo, "seed": seed, "iterations": len(recs), "wall_s": wall,
             "curve": curve,
@@ -90,8 +112,16 @@ def _run(algo: str, seed: int, base: dict, run_dir: str, log) -> dict:
     return {**kept, "eval": ev}
 
 
+def _metrics(run_dir: str) -> list[dict]:
+    """The run's ``metrics.jsonl`` records, in order (read as data)."""
+    from ppokit.io.atomic import read_regular
+
+    text = read_regular(os.path.join(run_dir, "metrics.jsonl"), max_size=1 << 30)
+    return [json.loads(x) for x in text.decode().splitlines() if x.strip()]
+
+
 def compare(algos: list[str], seeds: list[int], base: dict, out_dir: str, *,
-            log=print) -> dict:
+            log=print, stop=None) -> dict:
     """Train every ``algo`` × ``seed`` with the configuration ``base`` (any
     :class:`LLMConfig` keys but ``algo`` and ``seed``; ``eval_every`` is required) under
     ``out_dir``; write the table, the figures and the plot; return the summary."""
@@ -109,7 +139,7 @@ def compare(algos: list[str], seeds: list[int], base: dict, out_dir: str, *,
     for a in algos:  # every run's configuration checked before the first one trains
         config_from_values(("compare", {**base, "algo": a, "seed": seeds[0]})).resolved()
     os.makedirs(out_dir, exist_ok=True)
-    runs = [_run(a, s, base, os.path.join(out_dir, f"{a}-s{s}"), log)
+    runs = [_run(a, s, base, os.path.join(out_dir, f"{a}-s{s}"), log, stop)
             for a in algos for s in seeds]
     summary = summarise(runs, algos)
     summary["config"] = {k: v for k, v in base.items() if not callable(v)}
