@@ -69,6 +69,8 @@ from ppokit.core import (
 )
 from ppokit.core.losses import AGGREGATION_MODES
 
+from .batch import LabelledBatch  # noqa: F401 (re-exported)
+
 __all__ = ["UpdateSpec", "LabelledBatch", "Forward", "run_update", "eager_minibatch_step",
            "clip_grad_norm_",
            "STAT_KEYS", "UPDATE_KEYS"]
@@ -160,60 +162,6 @@ class Forward(NamedTuple):
     logp: Tensor
     entropy: Tensor
     values: Tensor | None = None
-
-
-@dataclass
-class LabelledBatch:
-    """The frozen labels of one rollout plus whatever the forward adapter reads, every
-    tensor with the rows as its first dimension. ``mask`` (``[B, L]`` bool) marks the
-    elements that enter the losses; ``None``: all of them (``[N]`` rows)."""
-
-    data: dict[str, Tensor]
-    mask: Tensor | None = None
-
-    @property
-    def n_rows(self) -> int:
-        return int(self.data["logp"].shape[0])
-
-    @classmethod
-    def build(cls, data: dict[str, Tensor], mask: Tensor | None = None) -> LabelledBatch:
-        """Validate and detach once per rollout: every tensor has the same number of rows;
-        the labels (``logp``, ``advantages`` and, when present, ``returns``, ``values``,
-        ``ref_logp``) have one shape, the mask's, and are finite where it is set (masked
-        elements may hold anything: they never reach the loss or its gradient)."""
-        for key in ("logp", "advantages"):
-            if key not in data:
-                raise ValueError(f"labelled batch: {key!r} is required")
-        out = {k: v.detach() for k, v in data.items()}
-        n = out["logp"].shape[0]
-        shape = out["logp"].shape if mask is None else mask.shape
-        if mask is not None:
-            if mask.dtype != torch.bool:
-                raise ValueError(f"labelled batch: mask must be bool, got {mask.dtype}")
-            if mask.shape[0] != n:
-                raise ValueError("labelled batch: mask rows differ from logp's")
-        for k, v in out.items():
-            if v.shape[:1] != (n,):
-                raise ValueError(f"labelled batch: {k!r} has {tuple(v.shape)[:1]} rows, "
-                                 f"logp {n}")
-        for k in ("logp", "advantages", "returns", "values", "ref_logp", "is_weight"):
-            if k not in out:
-                continue
-            v = out[k]
-            if v.shape != shape:
-                raise ValueError(f"labelled batch: {k!r} has shape {tuple(v.shape)}, "
-                                 f"expected {tuple(shape)}")
-            valid = v if mask is None else v[mask]
-            if not bool(torch.isfinite(valid).all()):
-                raise ValueError(f"labelled batch: {k!r} is not finite on valid elements")
-        return cls(out, None if mask is None else mask.detach())
-
-    def rows(self, idx: Tensor | None) -> dict[str, Tensor]:
-        """The rows ``idx`` (all when ``None``) as a dict, with ``mask`` when there is one."""
-        d = dict(self.data) if idx is None else {k: v[idx] for k, v in self.data.items()}
-        if self.mask is not None:
-            d["mask"] = self.mask if idx is None else self.mask[idx]
-        return d
 
 
 def _counts(rows: dict[str, Tensor]) -> dict[str, Any]:
