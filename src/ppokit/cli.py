@@ -23,7 +23,8 @@ import threading
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("ppokit.demos.cli",
              "run the worked experiments (GAE, clip, bandit, KL, ...) and print their figures"),
-    "llm": ("ppokit.llm.cli", "token-level RLHF on language models (train, compare, eval, sft, rm, dpo, fetch, bench)"),
+    "llm": ("ppokit.llm.cli", "token-level RLHF on language models (train, compare, eval, "
+            "sft, rm, dpo, fetch, bench)"),
     "train": ("ppokit.commands.train", "train an agent on a Gymnasium environment"),
     "tune": ("ppokit.commands.tune",
              "hyperparameter search with Optuna (trials local or as Ray tasks)"),
