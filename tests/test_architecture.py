@@ -18,7 +18,7 @@ LAYERS = [
     {"algos", "diagnose"},
     {"llm"},
     {"checks", "demos"},
-    {"api", "sb3"},
+    {"api", "agent", "sb3"},
     {"commands", "cli", "<root>", "__main__"},
 ]
 
