@@ -70,10 +70,10 @@ class FakeSampler:
             self.next_group += 1
         return rows
 
-    def generate(self, rows):
-        b = len(rows)
-        plen = [int(torch.randint(1, 5, (1,), generator=self.rng)) for _ in rows]
-        rlen = [int(torch.randint(1, 6, (1,), generator=self.rng)) for _ in rows]
+    def generate(self, prompts):
+        b = len(prompts)
+        plen = [int(torch.randint(1, 5, (1,), generator=self.rng)) for _ in prompts]
+        rlen = [int(torch.randint(1, 6, (1,), generator=self.rng)) for _ in prompts]
         p, t = max(plen), max(rlen)
         ids = torch.zeros(b, p + t, dtype=torch.long)
         attn = torch.zeros(b, p + t, dtype=torch.long)
@@ -104,7 +104,7 @@ class FakeSampler:
 def _collect(fake, dynamic=True, rounds=4, first=None):
     return collect_batch(fake.draw, fake.generate, fake.score, group_size=fake.g,
                          dynamic=dynamic, max_rounds=rounds, any_rank=lambda f: f,
-                         pad_token_id=0, first=first)
+                         pad_token_id=0, render=lambda r: f"p{r['group']}", first=first)
 
 
 @settings(max_examples=60, deadline=None)
@@ -120,6 +120,7 @@ def test_dynamic_sampling_keeps_whole_groups_with_a_spread(g, n, rounds, eq, see
     bad = [k for k in range(drawn) if eq[k % 40]]
     want = sorted(good[:n] + bad[:max(0, n - len(good))])
     assert [r["group"] for r in got.rows] == [k for k in want for _ in range(g)]
+    assert got.prompts == [f"p{r['group']}" for r in got.rows]  # rendered once, kept in step
     rounds_needed = next((r + 1 for r in range(rounds)
                           if sum(not eq[k % 40] for k in range((r + 1) * n)) >= n), rounds)
     assert got.stats["dynamic_rounds"] == rounds_needed

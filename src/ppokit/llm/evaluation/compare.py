@@ -68,10 +68,7 @@ def _run(algo: str, seed: int, base: dict, run_dir: str, log, stop=None) -> dict
     start_file = os.path.join(run_dir, "compare_start.json")
     if os.path.isfile(done) and os.path.isfile(curve_file):
         log(f"{algo} seed {seed}: finished earlier ({run_dir}), read back")
-        with open(curve_file) as f:
-            kept = json.load(f)
-        with open(done) as f:
-            return {**kept, "eval": json.load(f)}
+        return {**_read_json(curve_file), "eval": _read_json(done)}
     if os.path.exists(run_dir):
         ckpt = find_checkpoint(os.path.join(run_dir, "checkpoints"), log=lambda m: None)[0] \
             if os.path.isdir(os.path.join(run_dir, "checkpoints")) else None
@@ -83,8 +80,7 @@ def _run(algo: str, seed: int, base: dict, run_dir: str, log, stop=None) -> dict
         if cfg.algo != algo or cfg.seed != seed:
             raise UsageError(f"{run_dir}: holds {cfg.algo} seed {cfg.seed}, not {algo} seed "
                              f"{seed}; remove it or choose another --out")
-        with open(start_file) as f:
-            start = json.load(f)["start"]
+        start = _read_json(start_file)["start"]
         tr = TokenTrainer(cfg, run_dir, resume=True, log=lambda m: None)
         log(f"{algo} seed {seed}: continued from iteration {tr.iteration}")
     else:
@@ -110,6 +106,17 @@ def _run(algo: str, seed: int, base: dict, run_dir: str, log, stop=None) -> dict
     log(f"{algo} seed {seed}: held-out {ev['reference_score_mean']:.3f} -> "
         f"{ev['score_mean']:.3f} in {len(recs)} iterations, {wall:.0f} s")
     return {**kept, "eval": ev}
+
+
+def _read_json(path: str) -> dict:
+    """A JSON file of a run directory, read as data (a regular file, no link followed)."""
+    from ppokit.io.atomic import read_regular
+
+    try:
+        return json.loads(read_regular(path).decode())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{path}: not a readable comparison file ({exc}); remove the run "
+                         "directory to train it again") from None
 
 
 def _metrics(run_dir: str) -> list[dict]:

@@ -32,6 +32,7 @@ class IterationBatch:
     """This rank's rows (one per completion), their rollout, completions and scores."""
 
     rows: list
+    prompts: list  # the rows' rendered texts
     roll: TokenRollout
     completions: list
     scores: torch.Tensor  # [B]
@@ -50,11 +51,12 @@ def spread_groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
 def collect_batch(draw: Callable[[], list], generate: Callable[[list], TokenRollout],
                   score: Callable[[list, TokenRollout], tuple], *, group_size: int,
                   dynamic: bool, max_rounds: int, any_rank: Callable[[bool], bool],
-                  pad_token_id: int, first: TokenRollout | None = None) -> IterationBatch:
+                  pad_token_id: int, render: Callable[[dict], str] = str,
+                  first: TokenRollout | None = None) -> IterationBatch:
     """Draw rows (``draw()``: this rank's rows, each prompt repeated ``group_size``
-    times), generate (``generate(rows)``; ``first``: the first round's rollout, made
-    elsewhere) and score them (``score(rows, roll) -> (completions, [B] scores, {name:
-    [B]})``). Without ``dynamic``: one round. With it: rounds of :func:`spread_groups`
+    times), render each once (``render(row)``), generate (``generate(prompts)``;
+    ``first``: the first round's rollout, made elsewhere) and score them
+    (``score(rows, roll) -> (completions, [B] scores, {name: [B]})``). Without ``dynamic``: one round. With it: rounds of :func:`spread_groups`
     filtering as the module describes; ``any_rank(flag)``: ``flag`` on any rank.
 
     Statistics (with ``dynamic``): ``dynamic_rounds``, ``dynamic_dropped_groups`` (groups
@@ -70,13 +72,15 @@ def collect_batch(draw: Callable[[], list], generate: Callable[[list], TokenRoll
         rows = draw()
         if need is None:
             need = len(rows) // group_size
-        roll = first if (first is not None and rounds == 0) else generate(rows)
+        texts = {id(r): render(r) for r in rows}  # a group's rows are one object
+        prompts = [texts[id(r)] for r in rows]
+        roll = first if (first is not None and rounds == 0) else generate(prompts)
         t = time.perf_counter()
         comps, scores, per = score(rows, roll)
         t_score += time.perf_counter() - t
-        parts.append((rows, roll, comps, scores, per))
+        parts.append((rows, roll, comps, scores, per, prompts))
         if not dynamic:
-            return IterationBatch(rows, roll, comps, scores, per, t_score)
+            return IterationBatch(rows, prompts, roll, comps, scores, per, t_score)
         spread = spread_groups(scores, group_size)
         for g, ok in enumerate(spread.tolist()):
             (kept if ok else spare).append((rounds, g))
@@ -94,16 +98,17 @@ def collect_batch(draw: Callable[[], list], generate: Callable[[list], TokenRoll
     idx = torch.tensor([starts[r] + g * group_size + k for r, g in chosen
                         for k in range(group_size)], dtype=torch.long)
     roll = concat_rollouts([p[1] for p in parts], pad_token_id).select(idx).trimmed()
-    flat = [(p[0], p[2]) for p in parts]
-    all_rows = [x for rows, _ in flat for x in rows]
-    all_comps = [c for _, comps in flat for c in comps]
+    all_rows = [x for p in parts for x in p[0]]
+    all_comps = [c for p in parts for c in p[2]]
+    all_prompts = [x for p in parts for x in p[5]]
     scores = torch.cat([p[3] for p in parts])[idx]
     names = parts[0][4].keys()
     per = {k: torch.cat([p[4][k] for p in parts])[idx] for k in names}
     stats = {"dynamic_rounds": rounds, "dynamic_dropped_groups": len(spare),
              "dynamic_filled_groups": filled, "dynamic_generated": offset}
-    return IterationBatch([all_rows[i] for i in idx.tolist()], roll,
-                          [all_comps[i] for i in idx.tolist()], scores, per, t_score, stats)
+    keep = idx.tolist()
+    return IterationBatch([all_rows[i] for i in keep], [all_prompts[i] for i in keep], roll,
+                          [all_comps[i] for i in keep], scores, per, t_score, stats)
 
 
 def summed_stats(parts: list[dict]) -> dict:

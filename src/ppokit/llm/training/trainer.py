@@ -650,13 +650,12 @@ class TokenTrainer:
 
         self.rewards.when = f"iteration {self.iteration + 1}"
         t0 = time.perf_counter()
-        got = collect_batch(draw, lambda rows: self.rollout([self.prompt_text(r) for r in rows]),
-                            self._score_with_length, group_size=cfg.samples_per_prompt,
-                            dynamic=cfg.dynamic_sampling,
+        got = collect_batch(draw, self.rollout, self._score_with_length,
+                            group_size=cfg.samples_per_prompt, dynamic=cfg.dynamic_sampling,
                             max_rounds=cfg.dynamic_sampling_rounds, any_rank=self._agree,
-                            pad_token_id=self.tok.pad_token_id, first=roll)
-        roll, scores, per_func = got.roll, got.scores, got.per_func
-        prompts = [self.prompt_text(r) for r in got.rows]
+                            pad_token_id=self.tok.pad_token_id, render=self.prompt_text,
+                            first=roll)
+        roll, scores, per_func, prompts = got.roll, got.scores, got.per_func, got.prompts
         comps = [c if isinstance(c, str) else c[0]["content"] for c in got.completions]
         t1 = time.perf_counter() - got.time_scoring
         recomputed = not self._old_from_sampler(roll)
