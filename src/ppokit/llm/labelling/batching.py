@@ -56,8 +56,9 @@ def collect_batch(draw: Callable[[], list], generate: Callable[[list], TokenRoll
     """Draw rows (``draw()``: this rank's rows, each prompt repeated ``group_size``
     times), render each once (``render(row)``), generate (``generate(prompts)``;
     ``first``: the first round's rollout, made elsewhere) and score them
-    (``score(rows, roll) -> (completions, [B] scores, {name: [B]})``). Without ``dynamic``: one round. With it: rounds of :func:`spread_groups`
-    filtering as the module describes; ``any_rank(flag)``: ``flag`` on any rank.
+    (``score(rows, roll) -> (completions, [B] scores, {name: [B]})``). Without ``dynamic``:
+    one round. With it: rounds of :func:`spread_groups` filtering as the module describes;
+    ``any_rank(flag)``: ``flag`` on any rank.
 
     Statistics (with ``dynamic``): ``dynamic_rounds``, ``dynamic_dropped_groups`` (groups
     of equal scores drawn, over the rounds), ``dynamic_filled_groups`` (dropped groups put
