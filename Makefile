@@ -19,9 +19,12 @@ $(VENV)/.base: pyproject.toml Makefile
 	$(PIP) install -q --no-compile -e .
 	touch $@
 
-# Everything the test suite exercises: the extras in EXTRAS.
+# Everything the test suite exercises: the extras in EXTRAS, byte-compiled once here (the
+# suite starts hundreds of processes, each of which would otherwise compile what it
+# imports where byte-code is not written: 416 s of tests instead of 554 s, for 50 s here).
 $(VENV)/.installed: $(VENV)/.base
 	$(PIP) install -q --no-compile -e ".[$(EXTRAS)]"
+	$(PY) -m compileall -q -j 0 $(VENV)/lib > /dev/null
 	touch $@
 
 setup: $(VENV)/.installed
