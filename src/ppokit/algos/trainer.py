@@ -79,14 +79,13 @@ from ppokit.io.checkpoint import (
     no_checkpoint_message,
     optimizer_from_flat,
     optimizer_to_flat,
-    remove_leftovers,
     restore_rng,
     save_checkpoint,
-    set_aside_newer,
 )
-from ppokit.io.metrics import MetricsWriter, missing_iterations, truncate_metrics
-from ppokit.io.rundir import RunDir, fail_run, fail_start
-from ppokit.io.signals import GracefulStop, Interrupted
+from ppokit.io.lifecycle import RunLifecycle
+from ppokit.io.metrics import MetricsWriter, truncate_metrics
+from ppokit.io.rundir import RunDir, fail_start
+from ppokit.io.signals import GracefulStop
 from ppokit.io.spaces import recorded_spaces
 from ppokit.io.tracking import check_tracker, make_tracker
 from ppokit.plugins import require
@@ -126,7 +125,7 @@ def update_spec(c: TrainConfig) -> UpdateSpec:
         advantage_norm_scope=c.advantage_norm_scope)
 
 
-class Trainer:
+class Trainer(RunLifecycle):
     """Trains ``config`` into ``run_dir``; ``resume=True`` continues from its checkpoint.
 
     ``log`` receives one-line human messages (resume notices); the per-iteration
@@ -166,6 +165,7 @@ class Trainer:
         if resume:  # (a new run is under way once its first checkpoint is written)
             self.rundir.started()
         self._saved_iteration = self.iteration if resume else None
+        self._on_iteration = None
 
     def _open_metrics(self, resume: bool) -> MetricsWriter:
         c = self.cfg
@@ -440,9 +440,8 @@ class Trainer:
         rec.update(self._user_scalars)
         self._user_scalars = {}
         self.metrics.write(rec)
-        if (self.iteration % c.checkpoint_every == 0
-                or self.iteration == c.num_iterations):
-            self.save()
+        if self.checkpoint_due():
+            self.checkpoint()
         return rec
 
     def _best_of_best_dir(self) -> None:
@@ -498,25 +497,45 @@ class Trainer:
 
     def train(self, on_iteration: Callable[[dict], Any] | None = None, *,
               stop: GracefulStop | None = None) -> None:
-        """Iterate until ``num_iterations``. ``on_iteration(metrics)`` runs after each
-        iteration's update, before its record is written (scalars it logs with
-        :meth:`record` join that record); when it returns ``False`` or ``"stop"``, training
-        ends there with a checkpoint (``stopped_early`` is then True). With ``stop`` (a
-        :class:`GracefulStop`), a signal ends training at the next iteration boundary: a
-        checkpoint is written and :class:`ppokit.io.Interrupted` raised. The run
-        directory's lock is held until training returns."""
-        self.rundir.reacquire()
+        """Iterate until ``num_iterations`` (:meth:`RunLifecycle.run_to_end`).
+        ``on_iteration(metrics)`` runs after each iteration's update, before its record is
+        written (scalars it logs with :meth:`record` join that record); when it returns
+        ``False`` or ``"stop"``, training ends there with a checkpoint (``stopped_early`` is
+        then True). With ``stop`` (a :class:`GracefulStop`), a signal ends training at the
+        next iteration boundary: a checkpoint is written and :class:`ppokit.io.Interrupted`
+        raised. The run directory's lock is held until training returns."""
         if self.metrics.fh.closed:  # training again after an earlier train() returned
             self.metrics = self._open_metrics(resume=True)
-        self.stopped_early, self.stop_reason = False, None
+        self._on_iteration = on_iteration
         try:
-            self._train_loop(on_iteration, stop)
-        except BaseException as exc:
-            self.metrics.close()  # (before a failed start's files are removed)
-            fail_run(exc, self.rundir, self._last_checkpoint(), self.resume_command())
+            self.run_to_end(stop)
         finally:
             self.metrics.close()
-            self.rundir.close()
+
+    # ------------------------------------------------------------------ the run's life
+    @property
+    def total_iterations(self) -> int:
+        return self.cfg.num_iterations
+
+    @property
+    def checkpoint_every(self) -> int:
+        return self.cfg.checkpoint_every
+
+    def run_iteration(self) -> dict[str, Any]:
+        return self.iterate(self._on_iteration)
+
+    def stop_requested(self, rec: dict) -> str | None:
+        target = self.cfg.stop_at_return
+        got = rec.get("eval_return_mean")
+        if target is not None and got is not None and got >= target:
+            return f"evaluation return {got:.1f} reached stop_at_return {target:g}"
+        r = self.last_verdict
+        if r is False or (isinstance(r, str) and r == "stop"):
+            return "a callback asked to stop"
+        return None
+
+    def release(self) -> None:
+        self.metrics.close()  # (before a failed start's files are removed)
 
     def resume_command(self) -> str:
         """The command that continues this run."""
@@ -530,31 +549,6 @@ class Trainer:
                 + resume_flags(policy_loss=c.policy_loss,
                                advantage_estimator=c.advantage_estimator))
 
-    def _last_checkpoint(self) -> Path | None:
-        if self._saved_iteration is None:
-            return None
-        return self.run_dir / "checkpoints" / f"iter_{self._saved_iteration:09d}"
-
-    def _train_loop(self, on_iteration, stop) -> None:
-        while self.iteration < self.cfg.num_iterations:
-            rec = self.iterate(on_iteration)
-            reason = None
-            target = self.cfg.stop_at_return
-            got = rec.get("eval_return_mean")
-            if target is not None and got is not None and got >= target:
-                reason = f"evaluation return {got:.1f} reached stop_at_return {target:g}"
-            r = self.last_verdict
-            if r is False or (isinstance(r, str) and r == "stop"):
-                reason = reason or "a callback asked to stop"
-            if reason is not None:
-                if self._saved_iteration != self.iteration:
-                    self.save()
-                self.stopped_early, self.stop_reason = True, reason
-                break
-            if stop is not None and stop.requested:
-                ckpt = self.save() if self._saved_iteration != self.iteration else None
-                raise Interrupted(stop.signum, self.iteration, ckpt)
-
     def close(self) -> None:
         """Close the environments and release the run directory's lock."""
         if self.env is not None:
@@ -565,7 +559,15 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
     def save(self, root: str | Path | None = None, keep: int | None = None) -> Path:
         """Write a checkpoint of the whole training state under ``root`` (default: the run
-        directory's ``checkpoints/``)."""
+        directory's ``checkpoints/``, once per iteration: :meth:`checkpoint`)."""
+        if root is None and keep is None:
+            return self.checkpoint()
+        return self._write(root, keep)
+
+    def write_checkpoint(self) -> Path:
+        return self._write(None, None)
+
+    def _write(self, root: str | Path | None, keep: int | None) -> Path:
         opt_t, opt_meta = optimizer_to_flat(self.opt.state_dict())
         rng_t, rng_meta = capture_rng({"sample": self.sample_gen,
                                        "shuffle": self.shuffle_gen})
@@ -590,14 +592,9 @@ class Trainer:
                                       self.env.single_action_space),
             "config": self.cfg.to_dict(),
         }
-        own = root is None
-        root = self.run_dir / "checkpoints" if own else Path(root)
-        path = save_checkpoint(root, self.iteration, tensors=tensors, arrays=arrays,
+        root = self.run_dir / "checkpoints" if root is None else Path(root)
+        return save_checkpoint(root, self.iteration, tensors=tensors, arrays=arrays,
                                state=state, keep=keep or self.cfg.keep_checkpoints)
-        if own:
-            self._saved_iteration = self.iteration
-            self.rundir.started()  # from now on a failure keeps the run
-        return path
 
     def _resume(self) -> None:
         root = self.run_dir / "checkpoints"
@@ -637,17 +634,7 @@ class Trainer:
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
             raise UsageError(f"--resume: checkpoint {ckpt} does not fit this run "
                              f"({type(exc).__name__}: {exc}); nothing was changed") from None
-        set_aside_newer(root, ckpt, damaged, self.log)
-        remove_leftovers(root)
-        missing: list[int] = []
-        skipped = truncate_metrics(self.run_dir / "metrics.jsonl", self.iteration, missing)
-        if skipped:
-            self.log(f"metrics.jsonl: skipped {len(skipped)} unreadable line(s) "
-                     f"(line {', '.join(map(str, skipped[:5]))})")
-        if missing:
-            self.log(f"metrics.jsonl: no record of iteration(s) {missing_iterations(missing)} "
-                     f"of the {self.iteration} done (the file was deleted or cut); the run "
-                     "goes on from the checkpoint and its learning curve has a gap there")
+        self.tidy_resumed(ckpt, damaged)
         if st["env_state"] is not None:
             self.env.reset(seed=self.cfg.seed)  # then overwritten by the saved state
             load_env_state(self.env, st["env_state"])

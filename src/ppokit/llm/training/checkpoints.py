@@ -7,19 +7,15 @@ tidies the run directory. Functions of the trainer ``tr``."""
 from __future__ import annotations
 
 import copy
-import os
 from pathlib import Path
 
 from ppokit.errors import UsageError
-from ppokit.io import capture_rng, restore_rng, truncate_metrics
+from ppokit.io import capture_rng, restore_rng
 from ppokit.io import save_checkpoint as write_checkpoint
 from ppokit.io.checkpoint import (
     optimizer_from_flat,
     optimizer_to_flat,
-    remove_leftovers,
-    set_aside_newer,
 )
-from ppokit.io.metrics import missing_iterations
 
 from ..modeling.models import load_policy_state, save_policy
 from .config import config_dict
@@ -62,8 +58,6 @@ def save_checkpoint(tr) -> Path:
     """Write this iteration's checkpoint (once per iteration) with the run-directory
     layer every ppokit run uses (:func:`ppokit.io.save_checkpoint`)."""
     root = Path(tr.run_dir) / "checkpoints"
-    if tr._saved_iteration == tr.iteration:
-        return root / f"iter_{tr.iteration:09d}"
     ranks = opt_shards = None
     if tr.fsdp:  # full model tensors (a collective), each rank's optimiser shard
         from .fsdp import full_state_dict, local_optimizer_state
@@ -78,8 +72,7 @@ def save_checkpoint(tr) -> Path:
     if tr.dp is not None:  # every rank's sampling stream, written by rank 0
         ranks = tr.dp.gather_objects(tr.gen.get_state())
         if not tr.is_main:
-            tr._saved_iteration = tr.iteration
-            return root / f"iter_{tr.iteration:09d}"
+            return tr.checkpoint_path(tr.iteration)
     if opt_shards is None:
         opt_t, opt_meta = optimizer_to_flat(tr.opt.state_dict())
     else:
@@ -96,10 +89,7 @@ def save_checkpoint(tr) -> Path:
     state = {"elapsed": tr.elapsed, "kl_controller": tr.kl_ctl.state_dict(),
              "optimizer": opt_meta, "rng": rng_meta, "config": config_dict(tr.cfg),
              "ranks": tr.world}
-    path = write_checkpoint(root, tr.iteration, tensors=tensors, arrays={}, state=state)
-    tr._saved_iteration = tr.iteration
-    tr.rundir.started()  # from now on a failure keeps the run
-    return path
+    return write_checkpoint(root, tr.iteration, tensors=tensors, arrays={}, state=state)
 
 
 def load_checkpoint(tr, ckpt: Path) -> None:
@@ -153,18 +143,5 @@ def load_checkpoint(tr, ckpt: Path) -> None:
     tr._saved_iteration = tr.iteration
     if not tr.is_main:
         return
-    root = Path(tr.run_dir) / "checkpoints"
-    set_aside_newer(root, ckpt, tr._damaged, tr.log)
-    remove_leftovers(root)
-    for name in ("metrics.jsonl", "samples.jsonl"):
-        missing: list[int] = []
-        skipped = truncate_metrics(os.path.join(tr.run_dir, name), tr.iteration,
-                                   missing)
-        if skipped:
-            tr.log(f"{name}: skipped {len(skipped)} unreadable line(s) "
-                     f"(line {', '.join(map(str, skipped[:5]))})")
-        if missing and name == "metrics.jsonl":
-            tr.log(f"{name}: no record of iteration(s) {missing_iterations(missing)} "
-                     f"of the {tr.iteration} done (the file was deleted or cut); the "
-                     "run goes on from the checkpoint and its curves have a gap there")
+    tr.tidy_resumed(ckpt, tr._damaged, ("metrics.jsonl", "samples.jsonl"))
     tr.log(f"resumed from {ckpt.name} at iteration {tr.iteration}")

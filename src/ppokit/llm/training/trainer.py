@@ -57,7 +57,6 @@ from ppokit.engine.allocator import keep_freed_memory
 from ppokit.errors import UsageError
 from ppokit.io import (
     GracefulStop,
-    Interrupted,
     MetricsWriter,
     RunDir,
     atomic_write_text,
@@ -69,7 +68,8 @@ from ppokit.io import (
 from ppokit.io.checkpoint import (
     no_checkpoint_message,
 )
-from ppokit.io.rundir import fail_run, fail_start
+from ppokit.io.lifecycle import RunLifecycle
+from ppokit.io.rundir import fail_start
 
 from ..inputs.reward_setup import (  # noqa: F401 (re-exported)
     check_reward_named_again,
@@ -132,7 +132,7 @@ __all__ = ["LLMConfig", "ALGOS", "TokenTrainer", "Labels", "compute_labels", "lo
 # --------------------------------------------------------------------------- trainer
 
 
-class TokenTrainer:
+class TokenTrainer(RunLifecycle):
     """Owns the policy, reference, critic, optimiser and run directory."""
 
     def __init__(self, cfg: LLMConfig, run_dir: str, *, policy=None, tokenizer=None,
@@ -652,7 +652,7 @@ class TokenTrainer:
         t0 = time.perf_counter()
         got = collect_batch(draw, self.rollout, self._score_with_length,
                             group_size=cfg.samples_per_prompt, dynamic=cfg.dynamic_sampling,
-                            max_rounds=cfg.dynamic_sampling_rounds, any_rank=self._agree,
+                            max_rounds=cfg.dynamic_sampling_rounds, any_rank=self.agree,
                             pad_token_id=self.tok.pad_token_id, render=self.prompt_text,
                             first=roll)
         roll, scores, per_func, prompts = got.roll, got.scores, got.per_func, got.prompts
@@ -730,50 +730,54 @@ class TokenTrainer:
     def train(self, progress: bool = True, *, stop: GracefulStop | None = None
               ) -> list[dict]:
         """Train to ``iterations`` (or the time limit), checkpointing every
-        ``checkpoint_every`` iterations and at the end, then export ``RUN_DIR/policy``.
-        With ``stop`` (a :class:`GracefulStop`), a signal ends training at the next
-        iteration boundary: a checkpoint is written and :class:`ppokit.io.Interrupted`
-        raised. The run directory's lock is held until training returns."""
-        cfg = self.cfg
-        recs = []
-        self.rundir.reacquire()
-        bar = Progress(cfg.iterations, self.iteration, enabled=progress and self.is_main)
-        try:
-            self._train_loop(bar, recs, stop)
-        except BaseException as exc:  # before the first checkpoint: nothing is left behind
-            self.close()
-            last = (None if self._saved_iteration is None else Path(self.run_dir)
-                    / "checkpoints" / f"iter_{self._saved_iteration:09d}")
-            fail_run(exc, self.rundir, last, resume_command(self.run_dir, cfg, self.world))
-        finally:
-            self.rundir.close()
-        return recs
+        ``checkpoint_every`` iterations and at the end, then export ``RUN_DIR/policy``
+        (:meth:`RunLifecycle.run_to_end`). With ``stop`` (a :class:`GracefulStop`), a
+        signal ends training at the next iteration boundary: a checkpoint is written and
+        :class:`ppokit.io.Interrupted` raised. The run directory's lock is held until
+        training returns."""
+        self._recs = []
+        self._bar = Progress(self.cfg.iterations, self.iteration,
+                             enabled=progress and self.is_main)
+        with self._bar:
+            self.run_to_end(stop)
+        return self._recs
 
-    def _train_loop(self, bar, recs: list, stop) -> None:
-        cfg = self.cfg
-        with bar:
-            while self.iteration < cfg.iterations:
-                if self._agree(cfg.time_limit is not None and self.elapsed >= cfg.time_limit):
-                    self.log(f"time limit of {cfg.time_limit:.0f} s reached at iteration "
-                             f"{self.iteration}")
-                    break
-                rec = self.train_iteration()
-                recs.append(rec)
-                bar.advance(rec)
-                # callbacks run where the record is written (rank 0); all ranks stop together
-                asked = [cb(rec) is True for cb in self.callbacks] if self.is_main else []
-                if self._agree(any(asked)):
-                    self.log(f"a callback stopped training at iteration {self.iteration}")
-                    break
-                if self.iteration % cfg.checkpoint_every == 0:
-                    self.save_checkpoint()
-                if self._agree(stop is not None and stop.requested):
-                    ckpt = self.save_checkpoint()
-                    raise Interrupted(stop.signum or 2, self.iteration, ckpt)
-        self.save_checkpoint()
+    # ------------------------------------------------------------------ the run's life
+    @property
+    def total_iterations(self) -> int:
+        return self.cfg.iterations
+
+    @property
+    def checkpoint_every(self) -> int:
+        return self.cfg.checkpoint_every
+
+    @property
+    def time_limit(self) -> float | None:
+        return self.cfg.time_limit
+
+    def run_iteration(self) -> dict:
+        rec = self.train_iteration()
+        self._recs.append(rec)
+        self._bar.advance(rec)
+        return rec
+
+    def stop_requested(self, rec: dict) -> str | None:
+        # callbacks run where the record is written (rank 0); all ranks stop together
+        if self.is_main and any([cb(rec) is True for cb in self.callbacks]):
+            self.log(f"a callback stopped training at iteration {self.iteration}")
+            return "a callback asked to stop"
+        return None
+
+    def finish(self) -> None:
         self.export_policy(os.path.join(self.run_dir, "policy"))
 
-    def _agree(self, flag: bool) -> bool:
+    def release(self) -> None:
+        self.close()
+
+    def resume_command(self) -> str:
+        return resume_command(self.run_dir, self.cfg, self.world)
+
+    def agree(self, flag: bool) -> bool:
         """``flag`` on any rank (one all-reduce): decisions that end the loop are taken by
         all ranks together (a signal or a clock may reach them at different moments)."""
         if self.dp is None:
@@ -816,6 +820,9 @@ class TokenTrainer:
 
     def save_checkpoint(self) -> Path:
         """Write this iteration's checkpoint (once per iteration; :mod:`.checkpoints`)."""
+        return self.checkpoint()
+
+    def write_checkpoint(self) -> Path:
         return checkpoints.save_checkpoint(self)
 
     def _load_checkpoint(self, ckpt: Path) -> None:
