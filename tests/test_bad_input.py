@@ -22,7 +22,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ppokit.algos import config as train_config
 from ppokit.algos.config import LIMITS, TrainConfig, resolve_config
 from ppokit.cli import main
 from ppokit.errors import UsageError
@@ -37,10 +36,9 @@ def small_machine(monkeypatch):
     gets past validation fails at once instead of training."""
     import ppokit.algos
     import ppokit.llm.training.trainer
-    from ppokit.llm.training import guards
+    from ppokit.algos import memory
 
-    monkeypatch.setattr(train_config, "available_memory", lambda: 4 * GIB)
-    monkeypatch.setattr(guards, "available_memory", lambda: 4 * GIB)
+    monkeypatch.setattr(memory, "available_memory", lambda: 4 * GIB)
 
     def no_training(*args, **kwargs):
         raise AssertionError("a refused case reached the trainer")

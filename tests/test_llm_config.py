@@ -80,7 +80,7 @@ def test_deprecated_names_are_accepted_with_a_message():
     assert any("minibatches" in m for m in said)
     with pytest.raises(UsageError, match="did you mean 'clip_range'"):
         parse_sets(["clip_rang=0.1"])
-    with pytest.raises(UsageError, match="n_epochs: expected int"):
+    with pytest.raises(UsageError, match="n_epochs: expected an integer"):
         parse_sets(["n_epochs=two"])
 
 

@@ -63,6 +63,7 @@ from ppokit.engine import LabelledBatch, UpdateSpec, eager_minibatch_step, run_u
 from ppokit.engine.allocator import keep_freed_memory
 from ppokit.engine.flat import FlatParameters
 from ppokit.engine.fused import FusedStep, policy_forward, supports
+from ppokit.engine.recipe import spec_of
 from ppokit.envs import (
     ObsNormalizer,
     RewardScaler,
@@ -106,23 +107,15 @@ EVAL_SEED_OFFSET = 3_000_000  # evaluations during training: episode seeds seed 
 
 
 def update_spec(c: TrainConfig) -> UpdateSpec:
-    """The engine's spec of a configuration's update (the clip range and the KL
-    coefficient are per-iteration values: the schedule's and the controller's). The policy
-    loss's registration declares whether it carries PPO-KL's penalty to the old policy."""
+    """The engine's spec of a configuration's update (:func:`ppokit.engine.recipe.spec_of`;
+    the clip range and the KL coefficient are per-iteration values: the schedule's and the
+    controller's). The policy loss's registration declares whether it carries PPO-KL's
+    penalty to the old policy."""
     require(POLICY_LOSSES, c.policy_loss, "policy_loss", "ppokit train --resume RUN_DIR")
     require(ENV_ADVANTAGES, c.advantage_estimator, "advantage_estimator",
             "ppokit train --resume RUN_DIR")
     anchor = POLICY_LOSSES.entry(c.policy_loss)["kl_anchor"]
-    return UpdateSpec(
-        policy_loss=c.policy_loss, clip_range=c.clip_range, agg="token-mean",
-        use_critic=c.use_critic, vf_coef=c.vf_coef, ent_coef=c.ent_coef,
-        kl_anchor=anchor, kl_coef=c.kl_coef if anchor == "old" else 0.0,
-        clip_range_vf=c.clip_range_vf, value_clip_mode=c.value_clip_mode,
-        max_grad_norm=c.max_grad_norm, target_kl=c.target_kl,
-        target_kl_check=c.target_kl_check, n_epochs=c.n_epochs,
-        minibatch_size=c.minibatch_size, grad_accum=1,
-        normalize_advantage=c.normalize_advantage,
-        advantage_norm_scope=c.advantage_norm_scope)
+    return spec_of(c, kl_anchor=anchor, kl_coef=c.kl_coef if anchor == "old" else 0.0)
 
 
 class Trainer(RunLifecycle):

@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import os
-import reprlib
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 
 from ppokit.algos.config import SEED_MAX
-from ppokit.cliutil import in_range
-from ppokit.core.kl import DEFAULT_KL_LOSS_ESTIMATOR, KL_LOSS_ESTIMATORS
-from ppokit.core.losses import AGGREGATION_MODES
-from ppokit.core.registry import ADVANTAGES, GROUP_ADVANTAGES, IMPORT_HINT, POLICY_LOSSES, Registry
+from ppokit.core.kl import DEFAULT_KL_LOSS_ESTIMATOR
+from ppokit.core.registry import ADVANTAGES, GROUP_ADVANTAGES, POLICY_LOSSES
+from ppokit.engine.recipe import COEF_MAX, recipe
 from ppokit.errors import UsageError
-from ppokit.plugins import names_checked
+from ppokit.settings import (
+    bounds_of,
+    brief,
+    check_fields,
+    choices_of,
+    fail,
+    help_table,
+    parse_text,
+    resolve_key,
+    setting,
+)
+from ppokit.settings import parse_sets as parse_set_items
 
 from ..inputs.task import TASKS, make_task
 from .presets import (  # noqa: F401 (re-exported)
@@ -60,8 +69,7 @@ TRL_REFUSED = {
 }
 
 
-def _f(default, help: str):  # noqa: A002 - the metadata key users read
-    return field(default=default, metadata={"help": help})
+MAX_SEQUENCES = 2**20  # prompts_per_iter * samples_per_prompt
 
 
 @dataclass(frozen=True)
@@ -70,153 +78,175 @@ class LLMConfig:
     trainer use for every shared quantity. ``None`` means "the algorithm preset's value";
     each field's ``metadata["help"]`` is its documentation (and the ``--help`` text)."""
 
-    algo: str | None = _f(None, "algorithm preset: ppo | grpo | dr-grpo | rloo | reinforce++ "
-                                "| gspo | cispo | dapo (docs/llm_algorithms.md; default: ppo "
-                                "on the built-in model and task, grpo with --model or "
-                                "--prompts)")
-    model: str | None = _f(None, "local HF causal LM dir (None: built-in tiny model + warm "
-                                 "start)")
-    task: str | None = _f(None, "built-in task when no prompts are given: reverse | "
-                                "arithmetic (the built-in model); numbers | "
-                                "reasoning-gym:NAME (a pretrained chat --model; default: "
-                                "reverse for the built-in model, numbers with --model)")
-    task_options: str | None = _f(None, "a reasoning-gym task's dataset settings, a JSON "
-                                        "object (e.g. '{\"max_terms\": 2}')")
-    prompts: str | None = _f(None, "prompt dataset: JSONL/JSON/CSV/Parquet rows with a "
-                                   "'prompt' column (None: the built-in task)")
-    eval_prompts: str | None = _f(None, "held-out prompt dataset (default: eval_fraction "
-                                        "of prompts)")
-    eval_fraction: float = _f(0.1, "share of the prompt rows held out for evaluation when "
-                                   "no eval_prompts are given (0: none)")
-    reward: str | None = _f(None, "reward function(s) module:function, comma-separated or "
-                                  "repeated --reward; in Python also callables (None: the "
-                                  "built-in task's rewards)")
-    reward_weights: tuple | None = _f(None, "one weight per reward function, "
-                                            "comma-separated (None: all 1)")
-    reward_model: str | None = _f(None, "dir saved by `ppokit llm rm`")
-    iterations: int = _f(400, "training iterations (rollout + update)")
-    time_limit: float | None = _f(480.0, "stop training after this many seconds (<= 0: no "
-                                         "limit)")
-    prompts_per_iter: int | None = _f(None, "distinct prompts per iteration")
-    samples_per_prompt: int | None = _f(None, "completions per prompt (group size G)")
-    max_new_tokens: int | None = _f(None, "generation cap in tokens (default: the built-in "
-                                          "task's; 64 with --prompts)")
-    temperature: float | None = _f(None, "sampling temperature (log-probs use the same "
-                                         "scaling; default 1 for the built-in model, 0.7 "
-                                         "for a pretrained --model)")
-    old_logprobs: str | None = _f(None, "PPO's old log-probs: sampler (those the sampler "
-                                        "drew each token with; no extra forward pass) | "
-                                        "recompute (the trainer's forward pass over the "
-                                        "batch after sampling; default: recompute with "
-                                        "rollout_is, else sampler)")
-    precision: str = _f("fp32", "number format of the models' matrix products: fp32 | "
-                                "bf16 (policy, reference and critic run under bfloat16 "
-                                "autocast, as TRL's default bf16=True; weights, optimiser, "
-                                "log-softmax, values and losses stay float32)")
-    sampler_precision: str | None = _f(None, "number format of sampling alone: fp32 | bf16 "
-                                             "(default: precision); a sampler in another "
-                                             "format than the trainer is the rollout-"
-                                             "training mismatch that rollout_is corrects")
-    learning_rate: float | None = _f(None, "policy learning rate (AdamW; default: 2e-4 for "
-                                           "the built-in model; a pretrained --model: "
-                                           "1e-4 with LoRA, 1e-6 fully fine-tuned)")
-    critic_lr: float = _f(1e-3, "critic learning rate")
-    n_epochs: int | None = _f(None, "passes over each rollout batch (default 2 for the "
-                                    "built-in model, 1 for a pretrained --model)")
-    batch_size: int | None = _f(None, "sequences per minibatch, one optimiser step each "
-                                      "(None: half the iteration's sequences)")
-    grad_accum: int = _f(1, "micro-batches per minibatch (gradient accumulation)")
-    agg: str | None = _f(None, "loss aggregation mode (ppokit.core.aggregate)")
-    policy_loss: str | None = _f(None, "the surrogate: clip (PPO-Clip; the default), "
-                                       "vanilla, gspo, gspo_token, cispo, or your own")
-    clip_range: float | None = _f(None, "clip epsilon, the lower one with clip_range_high "
-                                        "(default: the preset's; 0.2)")
-    clip_range_high: float | None = _f(None, "upper clip epsilon (None: clip_range)")
-    clip_range_vf: float | None = _f(0.2, "value clipping around V_old (None: off)")
-    vf_coef: float = _f(0.5, "value-loss coefficient")
-    ent_coef: float = _f(0.0, "entropy bonus coefficient")
-    max_grad_norm: float = _f(1.0, "global gradient-norm clip over every trained "
-                                   "parameter (policy and critic)")
-    target_kl: float | None = _f(None, "early stop: a minibatch whose approx_kl exceeds "
-                                       "1.5 x target_kl is not stepped")
-    gamma: float = _f(1.0, "discount per action token")
-    gae_lambda: float = _f(0.95, "GAE lambda (advantage_estimator gae)")
-    advantage_estimator: str | None = _f(None, "gae | reinforce_pp | grpo | dr_grpo | rloo | "
-                                               "reward_to_go | one registered with "
-                                               "ppokit.register_advantage_estimator")
-    use_critic: bool | None = _f(None, "learn a value model (needed by gae)")
-    kl_mode: str | None = _f(None, "where the reference KL enters: reward (k1 per token) | "
-                                   "loss (a term, kl_estimator) | none")
-    kl_estimator: str = _f(DEFAULT_KL_LOSS_ESTIMATOR,
-                           "kl_mode=loss: the term's per-token estimator: k2 (1/2 (log pi - "
-                           "log pi_ref)^2; expected gradient that of KL(pi || pi_ref), the KL "
-                           "penalised) | k3 (GRPO's pi_ref/pi - 1 - log(pi_ref/pi); unbiased "
-                           "value, but expected gradient that of KL(pi_ref || pi))")
-    kl_coef: float | None = _f(None, "beta: the weight of the KL to the reference")
-    kl_target: float | None = _f(None, "adaptive beta (PPO paper rule) on the sequence KL")
-    normalize_advantage: bool | None = _f(None, "whiten token advantages over the batch")
-    normalize_std: bool | None = _f(None, "grpo: divide by the group std")
-    score_norm: str = _f("none", "none | batch: whiten scores over the batch first")
-    score_clip: float | None = _f(None, "clip scores to [-c, c] after normalisation")
-    truncation: str | None = _f(None, "a response cut at max_new_tokens: none (scored as "
-                                      "it is) | penalty | mask (left out of the loss: "
-                                      "DAPO's overlong filtering) | bootstrap "
-                                      "(docs/theory.md#truncated-responses; default: "
-                                      "mask with algo dapo, else none)")
-    truncation_penalty: float = _f(0.5, "truncation=penalty: subtracted from a truncated "
-                                        "response's score")
-    overlong_buffer: int | None = _f(None, "soft overlong punishment (DAPO): a completion "
-                                           "longer than max_new_tokens - overlong_buffer "
-                                           "tokens loses up to overlong_penalty, linearly "
-                                           "in its length, reaching it at max_new_tokens "
-                                           "(0: off; default: max_new_tokens / 5 with algo "
-                                           "dapo, else 0)")
-    overlong_penalty: float = _f(1.0, "soft overlong punishment: the penalty at "
-                                      "max_new_tokens")
-    dynamic_sampling: bool | None = _f(None, "DAPO's dynamic sampling: groups whose scores "
-                                             "are all equal (no advantage) are dropped and "
-                                             "more prompts sampled until the batch is full "
-                                             "(default: on with algo dapo)")
-    dynamic_sampling_rounds: int = _f(4, "dynamic sampling: most generation rounds per "
-                                         "iteration; a batch still short after them is "
-                                         "filled with dropped groups")
-    rollout_is: str = _f("none", "rollout-training mismatch correction: none | truncate "
-                                 "(token weight min(pi_old/pi_sampler, threshold)) | mask "
-                                 "(tokens or sequences whose ratio leaves [threshold_lower, "
-                                 "threshold] leave the loss); docs/llm_algorithms.md")
-    rollout_is_level: str = _f("token", "rollout_is: per token | sequence (the geometric "
-                                        "mean of its tokens' ratios)")
-    rollout_is_threshold: float = _f(2.0, "rollout_is: the ratio's cap (truncate) or upper "
-                                          "bound (mask); also the bound of the logged "
-                                          "mismatch_frac_outside")
-    rollout_is_threshold_lower: float | None = _f(None, "rollout_is=mask: the lower bound "
-                                                        "(default: 1 / threshold)")
-    critic: str = _f("separate", "separate backbone copy | shared policy backbone")
-    lora_r: int | None = _f(None, "LoRA rank for the policy (0: full fine-tuning; default: 16 "
-                                  "for a pretrained --model, 0 for the built-in model)")
-    fsdp: bool = _f(False, "with several ranks (torchrun / --nproc): shard the policy, "
-                    "reference and critic across them with FSDP2 (docs/llm_distributed.md)")
-    lora_alpha: float | None = _f(None, "LoRA scaling alpha (default: 2 x lora_r)")
-    guard_kl: float | None = _f(None, "divergence guard: an update that moves the policy more "
-                                      "than this many nats per token (k3 of old vs new on "
-                                      "its samples) is undone and retried at half the "
-                                      "learning rate (0: off; default 0.5 for a pretrained "
-                                      "--model, off for the built-in model)")
-    guard_grad_norm: float | None = _f(None, "divergence guard: likewise for a gradient norm "
-                                             "above this (before clipping; 0: off; default "
-                                             "off)")
-    guard_retries: int = _f(3, "divergence guard: halvings of the learning rate within one "
-                                "iteration before training stops")
-    sft_steps: int | None = _f(None, "warm-start SFT steps for the built-in model (None: "
-                                     "the task's, 150 for reverse, 600 for arithmetic)")
-    sft_lr: float = _f(3e-3, "warm-start SFT learning rate")
-    seed: int = _f(0, "seed for everything")
-    n_eval_prompts: int = _f(128, "held-out prompts for `ppokit llm eval` (and eval_every)")
-    eval_every: int = _f(0, "score the policy on n_eval_prompts held-out prompts every N "
-                            "iterations while training, logged as eval/score_mean, "
-                            "eval/reward/NAME, ... (0: never)")
-    checkpoint_every: int = _f(25, "iterations between checkpoints (and at the end)")
-    samples_logged: int = _f(4, "completions written to samples.jsonl per iteration")
+    algo: str | None = setting(None, "algorithm preset: ppo | grpo | dr-grpo | rloo | "
+                               "reinforce++ | gspo | cispo | dapo (docs/llm_algorithms.md; "
+                               "default: ppo on the built-in model and task, grpo with --model "
+                               "or --prompts)")
+    model: str | None = setting(None, "local HF causal LM dir (None: built-in tiny model + "
+                                "warm start)")
+    task: str | None = setting(None, "built-in task when no prompts are given: reverse | "
+                               "arithmetic (the built-in model); numbers | reasoning-gym:NAME "
+                               "(a pretrained chat --model; default: reverse for the built-in "
+                               "model, numbers with --model)")
+    task_options: str | None = setting(None, "a reasoning-gym task's dataset settings, a JSON "
+                                       "object (e.g. '{\"max_terms\": 2}')")
+    prompts: str | None = setting(None, "prompt dataset: JSONL/JSON/CSV/Parquet rows with a "
+                                  "'prompt' column (None: the built-in task)")
+    eval_prompts: str | None = setting(None, "held-out prompt dataset (default: eval_fraction "
+                                       "of prompts)")
+    eval_fraction: float = setting(0.1, "share of the prompt rows held out for evaluation when "
+                                   "no eval_prompts are given (0: none)",
+                                   bounds=(0.0, 0.99, False))
+    reward: str | None = setting(None, "reward function(s) module:function, comma-separated or "
+                                 "repeated --reward; in Python also callables (None: the "
+                                 "built-in task's rewards)")
+    reward_weights: tuple | None = setting(None, "one weight per reward function, "
+                                           "comma-separated (None: all 1)")
+    reward_model: str | None = setting(None, "dir saved by `ppokit llm rm`")
+    iterations: int = setting(400, "training iterations (rollout + update)",
+                              bounds=(1, 10**9, False))
+    time_limit: float | None = setting(480.0, "stop training after this many seconds (<= 0: no "
+                                       "limit)", bounds=(-1e12, 1e12, False))
+    prompts_per_iter: int | None = setting(None, "distinct prompts per iteration",
+                                           bounds=(1, 65_536, False))
+    samples_per_prompt: int | None = setting(None, "completions per prompt (group size G)",
+                                             bounds=(1, 4096, False))
+    max_new_tokens: int | None = setting(None, "generation cap in tokens (default: the "
+                                         "built-in task's; 64 with --prompts)",
+                                         bounds=(1, 65_536, False))
+    temperature: float | None = setting(None, "sampling temperature (log-probs use the same "
+                                        "scaling; default 1 for the built-in model, 0.7 for a "
+                                        "pretrained --model)", bounds=(0.01, 100.0, False))
+    old_logprobs: str | None = setting(None, "PPO's old log-probs: sampler (those the sampler "
+                                       "drew each token with; no extra forward pass) | "
+                                       "recompute (the trainer's forward pass over the batch "
+                                       "after sampling; default: recompute with rollout_is, "
+                                       "else sampler)", choices=("sampler", "recompute"))
+    precision: str = setting("fp32", "number format of the models' matrix products: fp32 | "
+                             "bf16 (policy, reference and critic run under bfloat16 autocast, "
+                             "as TRL's default bf16=True; weights, optimiser, log-softmax, "
+                             "values and losses stay float32)", choices=("fp32", "bf16"))
+    sampler_precision: str | None = setting(None, "number format of sampling alone: fp32 | "
+                                            "bf16 (default: precision); a sampler in another "
+                                            "format than the trainer is the rollout-training "
+                                            "mismatch that rollout_is corrects",
+                                            choices=("fp32", "bf16"))
+    learning_rate: float | None = recipe("learning_rate", None, "policy; AdamW; default: 2e-4 "
+                                         "for the built-in model; a pretrained --model: 1e-4 "
+                                         "with LoRA, 1e-6 fully fine-tuned")
+    critic_lr: float = setting(1e-3, "critic learning rate", bounds=(0.0, 10.0, True))
+    n_epochs: int | None = recipe("n_epochs", None, "default 2 for the built-in model, 1 for a "
+                                  "pretrained --model")
+    batch_size: int | None = setting(None, "sequences per minibatch, one optimiser step each "
+                                     "(None: half the iteration's sequences)",
+                                     bounds=(1, MAX_SEQUENCES, False))
+    grad_accum: int = recipe("grad_accum", 1)
+    agg: str | None = recipe("agg", None, "default: the preset's")
+    policy_loss: str | None = recipe("policy_loss", None, "default: clip")
+    clip_range: float | None = recipe("clip_range", None, "default: the preset's; 0.2")
+    clip_range_high: float | None = recipe("clip_range_high", None)
+    clip_range_vf: float | None = recipe("clip_range_vf", 0.2)
+    vf_coef: float = recipe("vf_coef", 0.5)
+    ent_coef: float = recipe("ent_coef", 0.0)
+    max_grad_norm: float | None = recipe("max_grad_norm", 1.0)
+    target_kl_check: str = recipe("target_kl_check", "minibatch")
+    value_clip_mode: str = recipe("value_clip_mode", "max")
+    advantage_norm_scope: str = recipe("advantage_norm_scope", "batch")
+    target_kl: float | None = recipe("target_kl", None, "a minibatch above 1.5 x target_kl is "
+                                     "not stepped")
+    gamma: float = recipe("gamma", 1.0)
+    gae_lambda: float = recipe("gae_lambda", 0.95)
+    advantage_estimator: str | None = recipe("advantage_estimator", None, "default: the "
+                                             "preset's")
+    use_critic: bool | None = recipe("use_critic", None, "default: the preset's; gae needs one")
+    kl_mode: str | None = setting(None, "where the reference KL enters: reward (k1 per token) "
+                                  "| loss (a term, kl_estimator) | none",
+                                  choices=("reward", "loss", "none"))
+    kl_estimator: str = recipe("kl_estimator", DEFAULT_KL_LOSS_ESTIMATOR, "with kl_mode=loss")
+    kl_coef: float | None = recipe("kl_coef", None, "of the KL to the reference; default: the "
+                                   "preset's")
+    kl_target: float | None = recipe("kl_target", None, "an adaptive beta on the sequence KL; "
+                                     "none: a fixed beta")
+    normalize_advantage: bool | None = recipe("normalize_advantage", None, "default: the "
+                                              "preset's")
+    normalize_std: bool | None = setting(None, "grpo: divide by the group std")
+    score_norm: str = setting("none", "none | batch: whiten scores over the batch first",
+                              choices=("none", "batch"))
+    score_clip: float | None = setting(None, "clip scores to [-c, c] after normalisation",
+                                       bounds=(0.0, COEF_MAX, True))
+    truncation: str | None = setting(None, "a response cut at max_new_tokens: none (scored as "
+                                     "it is) | penalty | mask (left out of the loss: DAPO's "
+                                     "overlong filtering) | bootstrap "
+                                     "(docs/theory.md#truncated-responses; default: mask with "
+                                     "algo dapo, else none)", choices=TRUNCATION)
+    truncation_penalty: float = setting(0.5, "truncation=penalty: subtracted from a truncated "
+                                        "response's score", bounds=(0.0, COEF_MAX, False))
+    overlong_buffer: int | None = setting(None, "soft overlong punishment (DAPO): a completion "
+                                          "longer than max_new_tokens - overlong_buffer tokens "
+                                          "loses up to overlong_penalty, linearly in its "
+                                          "length, reaching it at max_new_tokens (0: off; "
+                                          "default: max_new_tokens / 5 with algo dapo, else 0)",
+                                          bounds=(0, 65_536, False))
+    overlong_penalty: float = setting(1.0, "soft overlong punishment: the penalty at "
+                                      "max_new_tokens", bounds=(0.0, COEF_MAX, False))
+    dynamic_sampling: bool | None = setting(None, "DAPO's dynamic sampling: groups whose "
+                                            "scores are all equal (no advantage) are dropped "
+                                            "and more prompts sampled until the batch is full "
+                                            "(default: on with algo dapo)")
+    dynamic_sampling_rounds: int = setting(4, "dynamic sampling: most generation rounds per "
+                                           "iteration; a batch still short after them is "
+                                           "filled with dropped groups", bounds=(1, 1000, False))
+    rollout_is: str = setting("none", "rollout-training mismatch correction: none | truncate "
+                              "(token weight min(pi_old/pi_sampler, threshold)) | mask (tokens "
+                              "or sequences whose ratio leaves [threshold_lower, threshold] "
+                              "leave the loss); docs/llm_algorithms.md",
+                              choices=("none", "truncate", "mask"))
+    rollout_is_level: str = setting("token", "rollout_is: per token | sequence (the geometric "
+                                    "mean of its tokens' ratios)", choices=("token", "sequence"))
+    rollout_is_threshold: float = setting(2.0, "rollout_is: the ratio's cap (truncate) or "
+                                          "upper bound (mask); also the bound of the logged "
+                                          "mismatch_frac_outside", bounds=(1.0, COEF_MAX, False))
+    rollout_is_threshold_lower: float | None = setting(None, "rollout_is=mask: the lower bound "
+                                                       "(default: 1 / threshold)",
+                                                       bounds=(0.0, 1.0, False))
+    critic: str = setting("separate", "separate backbone copy | shared policy backbone",
+                          choices=("separate", "shared"))
+    lora_r: int | None = setting(None, "LoRA rank for the policy (0: full fine-tuning; "
+                                 "default: 16 for a pretrained --model, 0 for the built-in "
+                                 "model)", bounds=(0, 65_536, False))
+    fsdp: bool = setting(False, "with several ranks (torchrun / --nproc): shard the policy, "
+                         "reference and critic across them with FSDP2 (docs/llm_distributed.md)")
+    lora_alpha: float | None = setting(None, "LoRA scaling alpha (default: 2 x lora_r)",
+                                       bounds=(0.0, COEF_MAX, True))
+    guard_kl: float | None = setting(None, "divergence guard: an update that moves the policy "
+                                     "more than this many nats per token (k3 of old vs new on "
+                                     "its samples) is undone and retried at half the learning "
+                                     "rate (0: off; default 0.5 for a pretrained --model, off "
+                                     "for the built-in model)", bounds=(0.0, COEF_MAX, False))
+    guard_grad_norm: float | None = setting(None, "divergence guard: likewise for a gradient "
+                                            "norm above this (before clipping; 0: off; default "
+                                            "off)", bounds=(0.0, COEF_MAX, False))
+    guard_retries: int = setting(3, "divergence guard: halvings of the learning rate within "
+                                 "one iteration before training stops", bounds=(0, 20, False))
+    sft_steps: int | None = setting(None, "warm-start SFT steps for the built-in model (None: "
+                                    "the task's, 150 for reverse, 600 for arithmetic)",
+                                    bounds=(1, 10**7, False))
+    sft_lr: float = setting(3e-3, "warm-start SFT learning rate", bounds=(0.0, 10.0, True))
+    seed: int = setting(0, "seed for everything", bounds=(0, SEED_MAX, False))
+    n_eval_prompts: int = setting(128, "held-out prompts for `ppokit llm eval` (and eval_every)",
+                                  bounds=(1, 10**6, False))
+    eval_every: int = setting(0, "score the policy on n_eval_prompts held-out prompts every N "
+                              "iterations while training, logged as eval/score_mean, "
+                              "eval/reward/NAME, ... (0: never)", bounds=(0, 10**9, False))
+    checkpoint_every: int = setting(25, "iterations between checkpoints (and at the end)",
+                                    bounds=(1, 10**9, False))
+    samples_logged: int = setting(4, "completions written to samples.jsonl per iteration",
+                                  bounds=(0, 10**6, False))
+
+    @property
+    def minibatch_size(self) -> int | None:
+        """Sequences per minibatch (the update recipe's name for ``batch_size``)."""
+        return self.batch_size
 
     def resolved(self, pretrained: bool | None = None) -> LLMConfig:
         """Fill preset defaults and validate every field; errors name the field (the flag
@@ -231,7 +261,7 @@ class LLMConfig:
             cfg = replace(cfg, algo="ppo" if cfg.model is None and cfg.prompts is None
                           and not pretrained else "grpo")
         if not isinstance(cfg.algo, str) or cfg.algo not in ALGOS:
-            _fail("algo", f"unknown algorithm {_brief(cfg.algo)}; known: {', '.join(ALGOS)}")
+            _fail("algo", f"unknown algorithm {brief(cfg.algo)}; known: {', '.join(ALGOS)}")
         kind = "pretrained" if cfg.model is not None or pretrained else "builtin"
         preset = {**MODEL_DEFAULTS[kind], **PRESETS[cfg.algo]}
         upd = {k: v for k, v in preset.items() if getattr(cfg, k) is None}
@@ -342,132 +372,47 @@ class LLMConfig:
         return cfg
 
 
-# Bounds of the numeric fields: (integer, low, high, low_is_open). A field whose default
-# is None may also be None. Coefficients stay within COEF_MAX so that their products with
-# the losses stay finite in float32.
-COEF_MAX = 1e6
-MAX_SEQUENCES = 2**20  # prompts_per_iter * samples_per_prompt
+# The bounds of the numeric fields as (integer, low, high, low_is_open) and the allowed
+# values of the fields with a closed set, from the fields' metadata (a field whose default
+# is None may also be None)
 LIMITS: dict[str, tuple[bool, float, float, bool]] = {
-    "iterations": (True, 1, 10**9, False),
-    "time_limit": (False, -1e12, 1e12, False),  # seconds; <= 0: no limit
-    "prompts_per_iter": (True, 1, 65_536, False),
-    "samples_per_prompt": (True, 1, 4096, False),
-    "max_new_tokens": (True, 1, 65_536, False),
-    "temperature": (False, 0.01, 100.0, False),
-    "learning_rate": (False, 0.0, 10.0, True),
-    "critic_lr": (False, 0.0, 10.0, True),
-    "n_epochs": (True, 1, 10_000, False),
-    "batch_size": (True, 1, MAX_SEQUENCES, False),
-    "grad_accum": (True, 1, MAX_SEQUENCES, False),
-    "clip_range": (False, 0.0, COEF_MAX, True),
-    "clip_range_high": (False, 0.0, COEF_MAX, True),
-    "clip_range_vf": (False, 0.0, COEF_MAX, True),
-    "vf_coef": (False, 0.0, COEF_MAX, False),
-    "ent_coef": (False, 0.0, COEF_MAX, False),
-    "max_grad_norm": (False, 0.0, COEF_MAX, True),
-    "target_kl": (False, 0.0, COEF_MAX, True),
-    "gamma": (False, 0.0, 1.0, False),
-    "gae_lambda": (False, 0.0, 1.0, False),
-    "kl_coef": (False, 0.0, COEF_MAX, False),
-    "kl_target": (False, 0.0, COEF_MAX, True),
-    "score_clip": (False, 0.0, COEF_MAX, True),
-    "truncation_penalty": (False, 0.0, COEF_MAX, False),
-    "overlong_buffer": (True, 0, 65_536, False),
-    "overlong_penalty": (False, 0.0, COEF_MAX, False),
-    "dynamic_sampling_rounds": (True, 1, 1000, False),
-    "rollout_is_threshold": (False, 1.0, COEF_MAX, False),
-    "rollout_is_threshold_lower": (False, 0.0, 1.0, False),
-    "lora_r": (True, 0, 65_536, False),
-    "lora_alpha": (False, 0.0, COEF_MAX, True),
-    "guard_kl": (False, 0.0, COEF_MAX, False),
-    "guard_grad_norm": (False, 0.0, COEF_MAX, False),
-    "guard_retries": (True, 0, 20, False),
-    "sft_steps": (True, 1, 10**7, False),
-    "sft_lr": (False, 0.0, 10.0, True),
-    "seed": (True, 0, SEED_MAX, False),
-    "n_eval_prompts": (True, 1, 10**6, False),
-    "eval_every": (True, 0, 10**9, False),
-    "eval_fraction": (False, 0.0, 0.99, False),
-    "checkpoint_every": (True, 1, 10**9, False),
-    "samples_logged": (True, 0, 10**6, False),
-}
-CHOICES = {"agg": AGGREGATION_MODES, "old_logprobs": ("sampler", "recompute"),
-           "precision": ("fp32", "bf16"), "sampler_precision": ("fp32", "bf16"),
-           "rollout_is": ("none", "truncate", "mask"),
-           "rollout_is_level": ("token", "sequence"),
-           "kl_mode": ("reward", "loss", "none"), "truncation": TRUNCATION,
-           "kl_estimator": tuple(KL_LOSS_ESTIMATORS),
-           "critic": ("separate", "shared"),
-           "score_norm": ("none", "batch"),
-           # the registries: their names when the configuration is checked
-           "advantage_estimator": ADVANTAGE_ESTIMATORS, "policy_loss": POLICY_LOSSES}
+    name: (isinstance(lo, int) and isinstance(hi, int), lo, hi, lo_open)
+    for name, (lo, hi, lo_open) in bounds_of(LLMConfig).items()}
+CHOICES = choices_of(LLMConfig)
 PATHS = ("model", "prompts", "eval_prompts", "reward_model")
 # checked by their own rules: reward entries (module:function, a directory or a callable)
 # in _check_fields, reward_weights (finite numbers, one per reward) in resolved()
 # task (a built-in name or reasoning-gym:NAME) and task_options in _check_task
 SPECIAL = ("reward", "reward_weights", "task", "task_options")
-FLAGS_BOOL = ("normalize_advantage", "normalize_std", "use_critic", "fsdp",
-              "dynamic_sampling")
-
-_repr = reprlib.Repr()
-_repr.maxstring = _repr.maxother = 60
-_repr.maxlong = 40
-
-
-def _brief(v) -> str:
-    return _repr.repr(v)
+FLAGS_BOOL = tuple(f.name for f in fields(LLMConfig) if f.type in ("bool", "bool | None"))
 
 
 def _fail(name: str, what: str, value=None, *, show: bool = False):
-    err = UsageError(f"{name}: {what}, got {_brief(value)}" if show else f"{name}: {what}")
-    err.field = name
-    raise err
+    fail(name, what, value, show=show)
 
-
-
-
-def range_text(name: str) -> str:
-    integer, lo, hi, lo_open = LIMITS[name]
-    if name == "time_limit":
-        return "a finite number of seconds (0 or less: no limit)"
-    if integer:
-        return f"an integer in [{lo}, {hi}]"
-    return f"a finite number in {'(' if lo_open else '['}{lo:g}, {hi:g}]"
 
 
 def _check_fields(cfg: LLMConfig) -> None:
-    optional = {f.name for f in fields(LLMConfig) if "None" in str(f.type)}
-    for name, (integer, lo, hi, lo_open) in LIMITS.items():
-        v = getattr(cfg, name)
-        if v is None and name in optional:
-            continue
-        if not in_range(v, integer, lo, hi, lo_open):
-            _fail(name, "expected " + range_text(name), v, show=True)
-    for name, options in CHOICES.items():
-        v = getattr(cfg, name)
-        if isinstance(options, Registry) and isinstance(v, str) and v and not names_checked():
-            continue  # reading a run: a part of the user's needs no import to be read
-        if not isinstance(v, str) or v not in options:
-            hint = f" ({IMPORT_HINT})" if isinstance(options, Registry) else ""
-            _fail(name, f"expected one of {', '.join(options)}{hint}", v, show=True)
+    check_fields(cfg, skip=("algo", *PATHS, *SPECIAL), texts={
+        "time_limit": "a finite number of seconds (0 or less: no limit)"})
+    for name in (*CHOICES, *FLAGS_BOOL):  # every one has its value once resolved
+        if getattr(cfg, name) is None:
+            fail(name, "expected a value once the preset is applied", None)
     for name in PATHS:
         v = getattr(cfg, name)
         if v is not None and not (isinstance(v, str) and v.strip() and "\0" not in v):
-            _fail(name, "expected a non-empty path or name", v, show=True)
+            fail(name, "expected a non-empty path or name", v)
     if isinstance(cfg.model, str):  # a known model's name: fetched? (before any work)
         from ..modeling.fetch import resolve_model
 
         resolve_model(cfg.model)
-    for name in FLAGS_BOOL:
-        if not isinstance(getattr(cfg, name), bool):
-            _fail(name, "expected true or false", getattr(cfg, name), show=True)
     from ..inputs.rewards import reward_entries
 
     for e in reward_entries(cfg.reward):
         if not callable(e) and not (isinstance(e, str) and "\0" not in e and (
                 ":" in e.strip(":") or os.path.isdir(e))):
-            _fail("reward", "expected 'module:function', a reward-model directory or a "
-                  "callable", e, show=True)
+            fail("reward", "expected 'module:function', a reward-model directory or a "
+                 "callable", e)
 
 
 def _check_task(cfg: LLMConfig, kind: str) -> None:
@@ -512,10 +457,10 @@ def _check_memory(cfg: LLMConfig) -> None:
     """Refuse a rollout whose per-token buffers alone (token ids, old, reference and new
     log-probs, values, advantages, returns, masks: at least 64 bytes a token) exceed the
     available memory, naming the largest of its three factors."""
-    from ppokit.algos.config import available_memory
+    from ppokit.algos import memory
 
     tokens = cfg.prompts_per_iter * cfg.samples_per_prompt * (cfg.max_new_tokens or 1)
-    need, avail = 64 * tokens, available_memory()
+    need, avail = 64 * tokens, memory.available_memory()
     if avail is None or need <= avail:
         return
     factors = {"prompts_per_iter": cfg.prompts_per_iter,
@@ -566,54 +511,23 @@ def config_dict(cfg: LLMConfig) -> dict:
 # ------------------------------------------------------------------ resolution and help
 
 def _parse_value(name: str, text: str):
-    """A ``--set`` value for field ``name``, typed by the field's annotation."""
-    ann = str(next(f.type for f in fields(LLMConfig) if f.name == name))
-    t = text.strip()
-    if "None" in ann and t.lower() in ("none", "null", ""):
-        return None
-    base = ann.split("|")[0].strip()
-    try:
-        if base == "bool":
-            low = t.lower()
-            if low in ("true", "1", "yes", "on"):
-                return True
-            if low in ("false", "0", "no", "off"):
-                return False
-            raise ValueError
-        if base == "int":
-            v = float(t)
-            if not v.is_integer():
-                raise ValueError
-            return int(v)
-        if base == "float":
-            return float(t)
-    except (ValueError, OverflowError):
-        _fail(name, f"expected {base}", text, show=True)
-    return t
+    """A ``--set`` value for field ``name``, typed by the field's annotation (the fields
+    with their own rules take the text as it is)."""
+    if name in SPECIAL:
+        return None if text.strip().lower() in ("none", "null", "") else text.strip()
+    return parse_text(LLMConfig, name, text)
+
+
+_MINIBATCHES = {"minibatches": " (a minibatch size in sequences, where minibatches was a "
+                               "count)"}
 
 
 def _known(name: str, where: str, log) -> str:
-    """``name`` itself, or its current name for a deprecated one (said through ``log``)."""
-    known = {f.name for f in fields(LLMConfig)}
-    if name in known:
-        return name
-    if name in TRL_NAMES:
-        return TRL_NAMES[name]
-    if name in TRL_REFUSED:
-        _fail(name, f"TRL's name, with no one-to-one ppokit key: {TRL_REFUSED[name]}")
-    if name in DEPRECATED:
-        new = DEPRECATED[name]
-        if log is not None:
-            extra = (" (a minibatch size in sequences, where minibatches was a count)"
-                     if name == "minibatches" else "")
-            log(f"{where}: '{name}' is deprecated; use '{new}'{extra}")
-        return name  # resolved by config_from_values (minibatches needs the batch size)
-    import difflib
-
-    close = difflib.get_close_matches(name, sorted(known | set(DEPRECATED)), n=1)
-    hint = f"; did you mean '{close[0]}'?" if close else ""
-    _fail(name, f"unknown key in {where}{hint}")
-    return name
+    """``name`` itself, the key TRL's name means, or a deprecated name as it is (said
+    through ``log``; config_from_values renames it: minibatches needs the batch size)."""
+    return resolve_key(name, [f.name for f in fields(LLMConfig)], where, renamed=TRL_NAMES,
+                       refused=TRL_REFUSED, refused_by="TRL", deprecated=DEPRECATED,
+                       log=log, deprecation_note=_MINIBATCHES)
 
 
 def config_from_values(*layers: tuple[str, dict], log=None) -> LLMConfig:
@@ -650,15 +564,12 @@ def config_from_values(*layers: tuple[str, dict], log=None) -> LLMConfig:
 def parse_sets(items: list[str], log=None) -> dict:
     """``["KEY=VALUE", ...]`` → typed values (deprecated keys kept for
     :func:`config_from_values` to rename)."""
-    out = {}
-    for item in items:
-        if "=" not in item:
-            raise UsageError(f"--set: expected KEY=VALUE, got {item!r}")
-        k, v = item.split("=", 1)
-        k = _known(k.strip(), "--set", log)
-        out[k] = _parse_value(DEPRECATED.get(k, k), v) if k != "minibatches" else \
-            _parse_value("batch_size", v)
-    return out
+    def parse(key: str, text: str):
+        k = _known(key, "--set", log)
+        return k, _parse_value("batch_size" if k == "minibatches" else DEPRECATED.get(k, k),
+                               text)
+
+    return parse_set_items(items, parse)
 
 
 def read_toml(path: str) -> dict:
@@ -671,10 +582,9 @@ def read_toml(path: str) -> dict:
 def config_help() -> str:
     """The keys of ``--set`` / ``--config`` with their defaults and documentation, from
     the fields' metadata."""
-    lines = ["configuration keys (--set KEY=VALUE, --config FILE.toml, or --key VALUE):"]
-    for f in fields(LLMConfig):
-        default = "preset" if f.default is None and f.name in _PRESET_KEYS else f.default
-        lines.append(f"  {f.name + ' = ' + str(default):<34} {f.metadata.get('help', '')}")
+    lines = help_table(LLMConfig, "configuration keys (--set KEY=VALUE, --config FILE.toml, "
+                       "or --key VALUE):", lambda f: "preset" if f.default is None
+                       and f.name in _PRESET_KEYS else None)
     lines.append("deprecated names (still accepted, with a message):")
     lines.append("  " + ", ".join(f"{o} -> {n}" for o, n in DEPRECATED.items()))
     return "\n".join(lines)

@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ppokit.algos.config import SEED_MAX, available_memory
+from ppokit.algos import memory
+from ppokit.algos.config import SEED_MAX
 from ppokit.errors import UsageError
 
 from .presets import ALGOS
@@ -111,7 +112,7 @@ def check_bench_args(*, batch, length, iterations, algo) -> None:
         raise UsageError(f"--algo: expected one of {', '.join(ALGOS)}, got {algo!r}")
     # token_gae's inputs and outputs: rewards, values, mask, advantages, returns and the
     # position loop's copies, float32 (the mask as bool)
-    need, avail = 4 * 8 * batch * length, available_memory()
+    need, avail = 4 * 8 * batch * length, memory.available_memory()
     if avail is not None and need > avail:
         raise UsageError(f"--length: --batch * --length = {batch} * {length} = "
                          f"{batch * length:,} positions need at least {need / 2**30:.1f} GiB, "

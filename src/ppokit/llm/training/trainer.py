@@ -54,6 +54,7 @@ from ppokit.core import AdaptiveKLController, FixedKLController
 from ppokit.core.registry import clip_unit
 from ppokit.engine import Forward, LabelledBatch, UpdateSpec, eager_minibatch_step, run_update
 from ppokit.engine.allocator import keep_freed_memory
+from ppokit.engine.recipe import spec_of
 from ppokit.errors import UsageError
 from ppokit.io import (
     GracefulStop,
@@ -484,20 +485,14 @@ class TokenTrainer(RunLifecycle):
         return self.critic is not None and not self.critic.separate
 
     def update_spec(self, beta: float) -> UpdateSpec:
-        """The engine's spec of this trainer's update (shared with environment training)."""
+        """The engine's spec of this trainer's update (:func:`ppokit.engine.recipe.spec_of`,
+        as for environment training): the configuration's recipe with what this trainer
+        decides — the critic in use, the KL term (to the reference, when it enters the
+        loss) and its current beta, and the length constant of seq-mean-token-sum-norm."""
         cfg = self.cfg
-        return UpdateSpec(
-            policy_loss=cfg.policy_loss, clip_range=cfg.clip_range,
-            clip_range_high=cfg.clip_range_high, agg=cfg.agg,
-            norm_length=float(self.max_new_tokens), use_critic=self.critic is not None,
-            vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef,
-            kl_anchor="ref" if cfg.kl_mode == "loss" and beta > 0 else "none",
-            kl_coef=beta, kl_estimator=cfg.kl_estimator, clip_range_vf=cfg.clip_range_vf,
-            value_clip_mode="max",
-            max_grad_norm=cfg.max_grad_norm, target_kl=cfg.target_kl,
-            target_kl_check="minibatch", n_epochs=cfg.n_epochs,
-            minibatch_size=cfg.batch_size, grad_accum=cfg.grad_accum,
-            normalize_advantage=bool(cfg.normalize_advantage), advantage_norm_scope="batch")
+        return spec_of(cfg, norm_length=float(self.max_new_tokens),
+                       use_critic=self.critic is not None, kl_coef=beta,
+                       kl_anchor="ref" if cfg.kl_mode == "loss" and beta > 0 else "none")
 
     def labelled_batch(self, roll: TokenRollout, lab: Labels) -> LabelledBatch:
         """The rollout's frozen labels as the engine's batch: one row per sequence, the
