@@ -241,7 +241,7 @@ def run_config_checks(cfg, model, tokenizer, *, reward_fn=None, prompts: int = 8
     preset cannot accept is a finding, not an error), starting from ``model``."""
     from ppokit.llm.inputs.reward_setup import reward_set
     from ppokit.llm.inputs.task import make_task
-    from ppokit.llm.training.config import prompt_sets
+    from ppokit.llm.training.runfiles import prompt_sets
 
     log = log or (lambda *a: None)
     group = check_group_size(cfg)

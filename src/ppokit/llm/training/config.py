@@ -24,50 +24,28 @@ from ppokit.settings import (
 from ppokit.settings import parse_sets as parse_set_items
 
 from ..inputs.task import TASKS, make_task
+from .guards import check_rollout_memory, reward_weights
 from .presets import (  # noqa: F401 (re-exported)
     ALGOS,
     DEFAULT_MAX_NEW_TOKENS,
+    DEPRECATED,
     LEARNING_RATES,
     MODEL_DEFAULTS,
     OVERLONG_BUFFER,
     PRESETS,
+    TRL_NAMES,
+    TRL_REFUSED,
     TRUNCATION,
 )
 
 __all__ = ["ALGOS", "TRUNCATION", "PRESETS", "DEPRECATED", "ADVANTAGE_ESTIMATORS",
-           "LLMConfig", "prompt_sets", "load_prompts", "config_help", "config_from_values",
+           "LLMConfig", "config_help", "config_from_values",
            "parse_sets", "read_toml", "config_dict"]
 
 # how the advantage is estimated: any estimator of the registry (token-level GAE with a
 # critic, REINFORCE++'s whitened token returns, the group estimators, the user's own);
 # the names are the config values, checked when the configuration is
 ADVANTAGE_ESTIMATORS = ADVANTAGES
-
-# Names of earlier versions, accepted on the command line, in --set and in TOML with a
-# deprecation message (minibatches was a count; batch_size is sequences per minibatch).
-DEPRECATED = {"lr": "learning_rate", "epochs": "n_epochs", "clip_eps": "clip_range",
-              "lam": "gae_lambda", "whiten_advantages": "normalize_advantage",
-              "minibatches": "batch_size"}
-
-
-# TRL's names (GRPOConfig) with one ppokit key of the same meaning, accepted as they are
-# (--set, TOML, ppokit.llm.train keywords); and TRL's names that have no one-to-one
-# ppokit key, refused with what to use instead (docs/from_trl.md)
-TRL_NAMES = {"num_generations": "samples_per_prompt", "max_completion_length": "max_new_tokens",
-             "beta": "kl_coef", "num_iterations": "n_epochs", "epsilon": "clip_range",
-             "epsilon_high": "clip_range_high", "gradient_accumulation_steps": "grad_accum"}
-TRL_REFUSED = {
-    "per_device_train_batch_size": "batch_size is the sequences of one optimiser step (TRL's "
-                                   "per_device_train_batch_size x gradient_accumulation_steps "
-                                   "x processes)",
-    "loss_type": "agg sets the aggregation (TRL's grpo: seq-mean-token-mean, dr_grpo: "
-                 "seq-mean-token-sum-norm, dapo: token-mean), or --algo dr-grpo / dapo",
-    "scale_rewards": "normalize_std (true: divide by the group's standard deviation)",
-    "importance_sampling_level": "policy_loss=gspo (sequence) or the default clip (token)",
-    "max_prompt_length": "prompts are never cut; a prompt that leaves no room for the "
-                         "completion in the model's context is refused before training",
-}
-
 
 MAX_SEQUENCES = 2**20  # prompts_per_iter * samples_per_prompt
 
@@ -348,7 +326,7 @@ class LLMConfig:
         if cfg.fsdp and cfg.lora_r > 0:
             raise UsageError("fsdp: not with LoRA (lora_r > 0): the adapters are small, "
                              "plain data parallelism replicates them")
-        cfg = replace(cfg, reward_weights=_weights(cfg.reward_weights))
+        cfg = replace(cfg, reward_weights=reward_weights(cfg.reward_weights))
         if cfg.reward_weights is not None:
             from ..inputs.rewards import reward_entries
 
@@ -368,7 +346,7 @@ class LLMConfig:
                              "micro-batches")
         if cfg.kl_target is not None and cfg.kl_coef == 0:
             raise UsageError("kl_target: an adaptive beta needs kl_coef > 0 to start from")
-        _check_memory(cfg)
+        check_rollout_memory(cfg)
         return cfg
 
 
@@ -431,68 +409,6 @@ def _check_task(cfg: LLMConfig, kind: str) -> None:
                                              and cfg.task.startswith("reasoning-gym:")):
         _fail("task_options", "only a reasoning-gym task takes options", cfg.task_options,
               show=True)
-
-
-def _weights(w):
-    """``reward_weights`` as a tuple of finite floats (from a list or '1,0.5')."""
-    import math
-
-    if w is None:
-        return None
-    if isinstance(w, str):
-        try:
-            w = [float(x) for x in w.split(",") if x.strip()]
-        except ValueError:
-            _fail("reward_weights", "expected comma-separated numbers", w, show=True)
-    if isinstance(w, (int, float)) and not isinstance(w, bool):
-        w = [w]
-    if not isinstance(w, (list, tuple)) or not w or not all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-            and abs(x) <= COEF_MAX for x in w):
-        _fail("reward_weights", "expected a non-empty list of finite numbers", w, show=True)
-    return tuple(float(x) for x in w)
-
-
-def _check_memory(cfg: LLMConfig) -> None:
-    """Refuse a rollout whose per-token buffers alone (token ids, old, reference and new
-    log-probs, values, advantages, returns, masks: at least 64 bytes a token) exceed the
-    available memory, naming the largest of its three factors."""
-    from ppokit.algos import memory
-
-    tokens = cfg.prompts_per_iter * cfg.samples_per_prompt * (cfg.max_new_tokens or 1)
-    need, avail = 64 * tokens, memory.available_memory()
-    if avail is None or need <= avail:
-        return
-    factors = {"prompts_per_iter": cfg.prompts_per_iter,
-               "samples_per_prompt": cfg.samples_per_prompt,
-               "max_new_tokens": cfg.max_new_tokens or 1}
-    name = max(factors, key=factors.__getitem__)
-    _fail(name, f"prompts_per_iter * samples_per_prompt * max_new_tokens = "
-          f"{' * '.join(map(str, factors.values()))} = {tokens:,} tokens per iteration need "
-          f"at least {need / 2**30:.1f} GiB, more than the {avail / 2**30:.1f} GiB of memory "
-          "available")
-
-
-def prompt_sets(cfg: LLMConfig) -> tuple[list[dict] | None, list[dict]]:
-    """``(train_rows, held_out_rows)``. Built-in task: train rows are drawn on the fly
-    (``None``) and the held-out set is fixed. A prompts dataset without ``eval_prompts``
-    holds out its last ``eval_fraction`` of rows (:func:`ppokit.llm.inputs.data.split_rows`)."""
-    from ..inputs.data import load_rows, split_rows
-
-    if cfg.prompts is None:
-        task = make_task(cfg.task, cfg.task_options)
-        return None, [task.row(p) for p in task.heldout_prompts(cfg.n_eval_prompts)]
-    rows = load_rows(cfg.prompts, "prompts")
-    if cfg.eval_prompts:
-        return rows, load_rows(cfg.eval_prompts, "eval_prompts")
-    return split_rows(rows, cfg.eval_fraction, "prompts")
-
-
-def load_prompts(path: str) -> list:
-    """The prompts of a dataset file (strings, or message lists for conversations)."""
-    from ..inputs.data import load_rows
-
-    return [r["prompt"] for r in load_rows(path, "prompts")]
 
 
 def config_dict(cfg: LLMConfig) -> dict:

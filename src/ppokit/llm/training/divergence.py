@@ -167,3 +167,27 @@ def guarded_update(tr, roll, lab) -> dict:
     upd["guard_rollbacks"] = rollbacks
     upd["learning_rate"] = tr.opt.param_groups[0]["lr"]
     return upd
+
+
+def check_scales(cfg, rec: dict, warned: set, log) -> None:
+    """Warn (once each) when a fixed term of the objective dwarfs the rewards: the
+    truncation penalty, or the KL term, more than 10 times the scores' spread (``warned``:
+    the warnings given so far)."""
+    spread = rec.get("score_std", 0.0)
+    if not spread or spread <= 0:
+        return
+    if (cfg.truncation == "penalty" and rec.get("truncated_frac", 0) > 0
+            and cfg.truncation_penalty > 10 * spread and "penalty" not in warned):
+        warned.add("penalty")
+        log(f"warning: truncation_penalty {cfg.truncation_penalty:g} is "
+                 f"{cfg.truncation_penalty / spread:.0f}x the spread of the rewards "
+                 f"(std {spread:.3g}): the penalty, not the reward, decides what is "
+                 "learned (shorter responses); consider truncation=none or mask, or a "
+                 "smaller penalty")
+    kl_term = abs(rec.get("beta", 0.0)) * abs(rec.get("kl_ref", 0.0))
+    if cfg.kl_mode != "none" and kl_term > 10 * spread and "kl" not in warned:
+        warned.add("kl")
+        log(f"warning: the KL term (beta {rec['beta']:.3g} x kl_ref "
+                 f"{rec['kl_ref']:.3g} nats = {kl_term:.3g}) is {kl_term / spread:.0f}x "
+                 f"the spread of the rewards (std {spread:.3g}): staying near the "
+                 "reference dominates the objective; consider a smaller kl_coef")

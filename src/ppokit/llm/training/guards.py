@@ -19,7 +19,9 @@ from typing import Any
 
 from ppokit.algos import memory
 from ppokit.algos.config import SEED_MAX
+from ppokit.engine.recipe import COEF_MAX
 from ppokit.errors import UsageError
+from ppokit.settings import fail
 
 from .presets import ALGOS
 
@@ -192,3 +194,41 @@ def check_finite_model(model, what: str) -> None:
         raise UsageError(f"{what}: training produced non-finite weights ({bad:,} of "
                          f"{total:,} values are NaN or infinite, first in {first}); nothing "
                          "was saved. Lower the learning rate (or beta) and check the data")
+
+
+def reward_weights(w):
+    """``reward_weights`` as a tuple of finite floats (from a list or '1,0.5')."""
+    import math
+
+    if w is None:
+        return None
+    if isinstance(w, str):
+        try:
+            w = [float(x) for x in w.split(",") if x.strip()]
+        except ValueError:
+            fail("reward_weights", "expected comma-separated numbers", w)
+    if isinstance(w, (int, float)) and not isinstance(w, bool):
+        w = [w]
+    if not isinstance(w, (list, tuple)) or not w or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+            and abs(x) <= COEF_MAX for x in w):
+        fail("reward_weights", "expected a non-empty list of finite numbers", w)
+    return tuple(float(x) for x in w)
+
+
+def check_rollout_memory(cfg) -> None:
+    """Refuse a rollout whose per-token buffers alone (token ids, old, reference and new
+    log-probs, values, advantages, returns, masks: at least 64 bytes a token) exceed the
+    available memory, naming the largest of its three factors."""
+    tokens = cfg.prompts_per_iter * cfg.samples_per_prompt * (cfg.max_new_tokens or 1)
+    need, avail = 64 * tokens, memory.available_memory()
+    if avail is None or need <= avail:
+        return
+    factors = {"prompts_per_iter": cfg.prompts_per_iter,
+               "samples_per_prompt": cfg.samples_per_prompt,
+               "max_new_tokens": cfg.max_new_tokens or 1}
+    name = max(factors, key=factors.__getitem__)
+    fail(name, f"prompts_per_iter * samples_per_prompt * max_new_tokens = "
+          f"{' * '.join(map(str, factors.values()))} = {tokens:,} tokens per iteration need "
+          f"at least {need / 2**30:.1f} GiB, more than the {avail / 2**30:.1f} GiB of memory "
+          "available", show=False)

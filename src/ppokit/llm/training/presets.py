@@ -4,7 +4,8 @@ pretrained one; docs/real_models.md gives the measurements behind them)."""
 
 from __future__ import annotations
 
-__all__ = ["ALGOS", "TRUNCATION", "PRESETS", "MODEL_DEFAULTS", "LEARNING_RATES",
+__all__ = ["ALGOS", "TRUNCATION", "PRESETS", "MODEL_DEFAULTS", "LEARNING_RATES", "DEPRECATED",
+           "TRL_NAMES", "TRL_REFUSED",
            "DEFAULT_MAX_NEW_TOKENS", "OVERLONG_BUFFER"]
 
 ALGOS = ("ppo", "grpo", "dr-grpo", "rloo", "reinforce++", "gspo", "cispo", "dapo")
@@ -73,3 +74,29 @@ MODEL_DEFAULTS = {
 }
 LEARNING_RATES = {"builtin": 2e-4, "lora": 1e-4, "full": 1e-6}
 DEFAULT_MAX_NEW_TOKENS = 64  # the generation cap with the user's own prompts
+
+
+# Names of earlier versions, accepted on the command line, in --set and in TOML with a
+# deprecation message (minibatches was a count; batch_size is sequences per minibatch).
+DEPRECATED = {"lr": "learning_rate", "epochs": "n_epochs", "clip_eps": "clip_range",
+              "lam": "gae_lambda", "whiten_advantages": "normalize_advantage",
+              "minibatches": "batch_size"}
+
+
+# TRL's names (GRPOConfig) with one ppokit key of the same meaning, accepted as they are
+# (--set, TOML, ppokit.llm.train keywords); and TRL's names that have no one-to-one
+# ppokit key, refused with what to use instead (docs/from_trl.md)
+TRL_NAMES = {"num_generations": "samples_per_prompt", "max_completion_length": "max_new_tokens",
+             "beta": "kl_coef", "num_iterations": "n_epochs", "epsilon": "clip_range",
+             "epsilon_high": "clip_range_high", "gradient_accumulation_steps": "grad_accum"}
+TRL_REFUSED = {
+    "per_device_train_batch_size": "batch_size is the sequences of one optimiser step (TRL's "
+                                   "per_device_train_batch_size x gradient_accumulation_steps "
+                                   "x processes)",
+    "loss_type": "agg sets the aggregation (TRL's grpo: seq-mean-token-mean, dr_grpo: "
+                 "seq-mean-token-sum-norm, dapo: token-mean), or --algo dr-grpo / dapo",
+    "scale_rewards": "normalize_std (true: divide by the group's standard deviation)",
+    "importance_sampling_level": "policy_loss=gspo (sequence) or the default clip (token)",
+    "max_prompt_length": "prompts are never cut; a prompt that leaves no room for the "
+                         "completion in the model's context is refused before training",
+}

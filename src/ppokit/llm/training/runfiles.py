@@ -17,9 +17,12 @@ from ppokit.errors import UsageError
 from ppokit.io.atomic import atomic_write_text, read_regular
 from ppokit.io.checkpoint import find_checkpoint, load_checkpoint, no_checkpoint_message
 
-from .config import DEPRECATED, LLMConfig, prompt_sets
+from ..inputs.task import make_task
+from .config import LLMConfig
+from .presets import DEPRECATED
 
-__all__ = ["TRAIN_PROMPTS", "EVAL_PROMPTS", "config_from_run", "run_prompt_sets",
+__all__ = ["TRAIN_PROMPTS", "EVAL_PROMPTS", "config_from_run", "run_prompt_sets", "prompt_sets",
+           "load_prompts",
            "write_prompts", "resume_command", "RESUMABLE"]
 
 TRAIN_PROMPTS = "train_prompts.jsonl"
@@ -121,3 +124,25 @@ def config_from_run(run_dir: str, **overrides) -> LLMConfig:
     except TypeError as exc:
         raise UsageError(f"run dir: checkpoint {ckpt} holds an unusable configuration "
                          f"({exc})") from None
+
+
+def prompt_sets(cfg: LLMConfig) -> tuple[list[dict] | None, list[dict]]:
+    """``(train_rows, held_out_rows)``. Built-in task: train rows are drawn on the fly
+    (``None``) and the held-out set is fixed. A prompts dataset without ``eval_prompts``
+    holds out its last ``eval_fraction`` of rows (:func:`ppokit.llm.inputs.data.split_rows`)."""
+    from ..inputs.data import load_rows, split_rows
+
+    if cfg.prompts is None:
+        task = make_task(cfg.task, cfg.task_options)
+        return None, [task.row(p) for p in task.heldout_prompts(cfg.n_eval_prompts)]
+    rows = load_rows(cfg.prompts, "prompts")
+    if cfg.eval_prompts:
+        return rows, load_rows(cfg.eval_prompts, "eval_prompts")
+    return split_rows(rows, cfg.eval_fraction, "prompts")
+
+
+def load_prompts(path: str) -> list:
+    """The prompts of a dataset file (strings, or message lists for conversations)."""
+    from ..inputs.data import load_rows
+
+    return [r["prompt"] for r in load_rows(path, "prompts")]

@@ -42,7 +42,6 @@ that a wrong signature or return value stops the run before any update.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import time
@@ -50,7 +49,7 @@ from pathlib import Path
 
 import torch
 
-from ppokit.core import AdaptiveKLController, FixedKLController
+from ppokit.core import AdaptiveKLController
 from ppokit.core.registry import clip_unit
 from ppokit.engine import Forward, LabelledBatch, UpdateSpec, eager_minibatch_step, run_update
 from ppokit.engine.allocator import keep_freed_memory
@@ -58,16 +57,7 @@ from ppokit.engine.recipe import spec_of
 from ppokit.errors import UsageError
 from ppokit.io import (
     GracefulStop,
-    MetricsWriter,
     RunDir,
-    atomic_write_text,
-    check_tree,
-    find_checkpoint,
-    load_checkpoint,
-    truncate_metrics,
-)
-from ppokit.io.checkpoint import (
-    no_checkpoint_message,
 )
 from ppokit.io.lifecycle import RunLifecycle
 from ppokit.io.rundir import fail_start
@@ -78,20 +68,8 @@ from ..inputs.reward_setup import (  # noqa: F401 (re-exported)
     reward_set,
 )
 from ..inputs.rewards import per_function_stats
-from ..inputs.task import make_task
 from ..labelling.batching import collect_batch, summed_stats
 from ..labelling.labels import Labels, compute_labels, overlong_penalty  # noqa: F401 (re-exported)
-from ..labelling.mismatch import mismatch_stats
-from ..modeling.models import (
-    AdaptersOff,
-    ValueModel,
-    build_char_tokenizer,
-    build_tiny_model,
-    frozen_copy,
-    load_lm,
-    save_policy,
-    wrap_lora,
-)
 from ..modeling.positions import distinct_prompts
 from ..modeling.rollout import (
     TokenRollout,
@@ -100,33 +78,31 @@ from ..modeling.rollout import (
     sequence_logprobs,
     shift_to_tokens,
 )
-from . import checkpoints
+from . import checkpoints, frozen
 from .config import (  # noqa: F401 (re-exported)
     ALGOS,
     PRESETS,
     TRUNCATION,
     LLMConfig,
     config_dict,
-    load_prompts,
-    prompt_sets,
 )
 from .divergence import (
-    PROBE_ROWS,
-    DivergenceGuard,
+    check_scales,
     guarded_update,
-    learning_rate_warning,
     update_kl,
 )
 from .parallel import NoRunDir, gather_rollout, shard
-from .progress import Progress, recipe_line
+from .progress import Progress
 from .runfiles import (  # noqa: F401 (config_from_run re-exported)
     EVAL_PROMPTS,
     TRAIN_PROMPTS,
     config_from_run,
+    load_prompts,
     resume_command,
     run_prompt_sets,
     write_prompts,
 )
+from .setup import setup
 
 __all__ = ["LLMConfig", "ALGOS", "TokenTrainer", "Labels", "compute_labels", "load_prompts"]
 
@@ -175,198 +151,12 @@ class TokenTrainer(RunLifecycle):
 
     def _setup(self, cfg, policy, tokenizer, reference, reward_fn, resume: bool,
                train_rows=None, eval_rows=None) -> None:
-        run_dir = self.run_dir
-        ckpt = None
-        if resume:  # verify before anything is loaded or changed
-            ckpt, damaged, problem = None, [], None
-            if self.is_main:
-                ckpt, damaged = find_checkpoint(os.path.join(run_dir, "checkpoints"),
-                                                log=self.log)
-                if ckpt is None:
-                    problem = no_checkpoint_message(run_dir, damaged)
-            if self.dp is not None:  # every rank loads the checkpoint rank 0 verified
-                ckpt, problem = self.dp.gather_objects((ckpt, problem))[0]
-            if problem is not None:
-                raise UsageError(problem)
-            self._ckpt = load_checkpoint(ckpt)
-            self._damaged = damaged
-            check_reward_named_again(cfg, self._ckpt[2].get("config"), reward_fn)
-        torch.manual_seed(cfg.seed)
-        self.py_rng = random.Random(cfg.seed)  # the prompts: the same on every rank
-        # sampling: one stream per rank; shuffling minibatches: the same on every rank
-        self.gen = torch.Generator().manual_seed(cfg.seed + 1_000_003 * self.rank)
-        self.shuffle_gen = torch.Generator().manual_seed(cfg.seed + 17)
-        self.task = make_task(cfg.task, cfg.task_options) if cfg.prompts is None else None
-        # reward and prompts before any model work: a bad one fails fast
-        self.rewards = self._reward_set(reward_fn)
-        if resume:
-            self.train_rows, self.eval_rows = run_prompt_sets(run_dir, cfg)
-        elif train_rows is not None:
-            from ..inputs.data import split_rows
-
-            self.train_rows, self.eval_rows = ((list(train_rows), list(eval_rows))
-                                               if eval_rows is not None else
-                                               split_rows(list(train_rows), cfg.eval_fraction))
-        else:
-            self.train_rows, self.eval_rows = prompt_sets(cfg)
-        columns = sorted({k for r in (self.train_rows or [self.task.row(
-            self.task.heldout_prompts(1)[0])]) for k in r})
-        self.rewards.check_signatures(columns)
-        ref_dir = os.path.join(run_dir, "reference")
-        if policy is None:
-            if resume or (self.is_main and os.path.isdir(ref_dir)):
-                check_tree(ref_dir, "run dir")
-                policy, tokenizer = load_lm(ref_dir)
-            elif cfg.model is not None:
-                policy, tokenizer = load_lm(cfg.model)
-            else:
-                policy, tokenizer = self._warm_start()
-        if self.is_main and (not os.path.isdir(ref_dir) or os.path.islink(ref_dir)):
-            save_policy(policy, tokenizer, ref_dir)
-        self.policy, self.tok = policy, tokenizer
-        if getattr(self.task, "chat", False) and not getattr(tokenizer, "chat_template", None):
-            raise UsageError(f"task: {cfg.task!r} asks its questions through the model's "
-                             "chat template, and this tokenizer has none; give --task "
-                             "reverse or arithmetic (plain-text prompts) or your own --prompts")
-        self.policy.eval()  # no dropout anywhere: old and new log-probs must agree
-        self._check_prompts(policy, tokenizer)  # (done already before a warm start)
-        own_reference = reference is None
-        self.critic = None
-        if cfg.use_critic and cfg.critic == "separate":
-            self.critic = ValueModel(self.policy, separate=True)  # full copy, no adapters
-        if cfg.lora_r > 0:
-            self.policy = wrap_lora(self.policy, cfg.lora_r, cfg.lora_alpha)
-            self.policy.eval()
-        # the reference: with LoRA, the policy with its adapters off (the frozen base is
-        # the starting policy: no second copy of the weights); else a frozen copy
-        if reference is not None:
-            self.reference = reference
-        elif cfg.lora_r > 0:
-            self.reference = AdaptersOff(self.policy)
-        else:
-            self.reference = frozen_copy(policy)
-        if cfg.use_critic and cfg.critic == "shared":
-            self.critic = ValueModel(self.policy, separate=False)
-        if self.critic is not None:
-            self.critic.eval()
-        if cfg.precision == "bf16":  # attention in float32 on the CPU (llm/modeling/precision.py)
-            from ..modeling.precision import use_float32_attention
-
-            for m in (self.policy, self.reference, self.critic):
-                if m is not None:
-                    use_float32_attention(m)
-        if self.dp is not None:  # every rank starts from rank 0's weights
-            # the reference too: ranks may have built their starting models differently
-            # (a warm start's arithmetic on another machine, an unseeded model)
-            self.dp.broadcast_([p.data for p in self.trained_parameters()]
-                               + [p.data for p in self.reference.parameters()])
-        if cfg.precision == "bf16" and own_reference:  # llm/modeling/precision.py
-            from ..modeling.precision import frozen_linears_to_bf16
-
-            frozen_linears_to_bf16(self.reference)
-        self.fsdp = bool(cfg.fsdp)
-        if self.fsdp:
-            self._shard_models(resume)
-        groups = [{"params": [p for p in self.policy.parameters() if p.requires_grad],
-                   "lr": cfg.learning_rate}]
-        if self.critic is not None:
-            groups.append({"params": list(self.critic.parameters()), "lr": cfg.critic_lr})
-        # the fused kernel (one pass over each tensor per step) when every parameter is a
-        # plain float32 CPU tensor; FSDP's sharded parameters keep the per-tensor loop
-        fused = not self.fsdp and all(p.dtype == torch.float32 and p.device.type == "cpu"
-                                      for g in groups for p in g["params"])
-        self.opt = torch.optim.AdamW(groups, weight_decay=0.0, eps=1e-6, fused=fused or None)
-        self.minibatch_observer = None  # called with each minibatch (ppokit check)
-        self.kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.kl_target) if cfg.kl_target
-                       else FixedKLController(cfg.kl_coef))
-        self.guard = DivergenceGuard(cfg.guard_kl or None, cfg.guard_grad_norm or None,
-                                     cfg.guard_retries, log=self.log)
-        warning = learning_rate_warning(cfg.learning_rate, sum(
-            p.numel() for p in self.policy.parameters()), cfg.lora_r > 0)
-        if warning and self.is_main and not resume:
-            self.log(warning)
-        self.max_new_tokens = cfg.max_new_tokens or (self.task.max_new_tokens if self.task
-                                                     else 64)
-        self.probe_rewards()
-        if self.train_rows is not None and not resume:  # (said once the start has succeeded)
-            how = ("eval_prompts" if cfg.eval_prompts or eval_rows is not None
-                   else f"eval_fraction={cfg.eval_fraction:g}, the last rows")
-            self.log(f"prompts: {len(self.train_rows)} rows for training, "
-                     f"{len(self.eval_rows)} held out for evaluation ({how})")
-        if not resume and self.is_main:
-            self.log(recipe_line(cfg, self.max_new_tokens))
-        self.iteration = 0
-        self.elapsed = 0.0
-        self._saved_iteration = None
-        if resume:
-            self._load_checkpoint(ckpt)
-        elif self.is_main:
-            atomic_write_text(os.path.join(run_dir, "config.json"),
-                              json.dumps(config_dict(cfg), indent=2) + "\n")
-            if self.train_rows is not None:  # the run's own copy: resume and eval read it
-                write_prompts(os.path.join(run_dir, TRAIN_PROMPTS), self.train_rows)
-                write_prompts(os.path.join(run_dir, EVAL_PROMPTS), self.eval_rows)
-            truncate_metrics(os.path.join(run_dir, "metrics.jsonl"), 0)
-            truncate_metrics(os.path.join(run_dir, "samples.jsonl"), 0)
-        if not self.is_main:
-            self.samples = None
-            return
-        self.metrics = MetricsWriter(run_dir, tensorboard=True, step_key="iteration")
-        self.samples = MetricsWriter(run_dir, tensorboard=False, name="samples.jsonl",
-                                     step_key="iteration")
-
-    # ------------------------------------------------------------------ setup
-    def _shard_models(self, resume: bool) -> None:
-        """``fsdp``: the policy, the reference and a separate critic's body sharded across
-        the ranks (ppokit/llm/training/fsdp.py); a resumed run's full weights go in first."""
-        from .fsdp import shard_model
-
-        if self.dp is None:
-            raise UsageError("fsdp: needs several ranks (torchrun --nproc_per_node N, or "
-                             "ppokit llm train --nproc N)")
-        if resume:
-            tensors = self._ckpt[0]
-            self.policy.load_state_dict(tensors["policy"])
-            if self.critic is not None:
-                self.critic.load_state_dict(tensors["critic"])
-        shard_model(self.policy)
-        shard_model(self.reference)
-        if self.critic is not None and self.critic.separate:
-            shard_model(self.critic.body)
-        self.dp.lockstep = True
+        setup(self, cfg, policy, tokenizer, reference, reward_fn, resume, train_rows,
+              eval_rows)
 
     def _all_done(self, flag: bool) -> bool:
         """Every rank's generation finished (sharded models generate in step)."""
         return bool(self.dp.min_(torch.tensor(float(flag))) > 0)
-
-    def _check_prompts(self, policy, tokenizer) -> None:
-        """Every prompt row renders (a chat template that raises is named) and fits the
-        model's context with the completion; before any training."""
-        if self.train_rows is None or getattr(self, "_prompts_checked", False):
-            return
-        from ..inputs.data import check_prompts, model_context
-
-        check_prompts(tokenizer, self.train_rows, self.eval_rows, model_context(policy),
-                      self.cfg.max_new_tokens or 64, self.log)
-        self._prompts_checked = True
-
-    def _warm_start(self):
-        from .sft import builtin_sft
-
-        tok = build_char_tokenizer()
-        model = build_tiny_model(tok, seed=self.cfg.seed)
-        self._check_prompts(model, tok)  # before the warm start's work
-        # the built-in task's demonstrations (also when the prompts are the user's)
-        task = self.task or make_task(self.cfg.task)
-        steps = self.cfg.sft_steps or task.sft_steps
-        self.log(f"warm start: SFT of the built-in tiny model ({steps} steps on "
-                 "noisy demonstrations)")
-        info = builtin_sft(task, model, tok, steps=steps, lr=self.cfg.sft_lr,
-                           seed=self.cfg.seed)
-        if self.is_main:
-            atomic_write_text(os.path.join(self.run_dir, "warm_start.json"),
-                          json.dumps(info, indent=2) + "\n")
-        return model, tok
 
     def _reward_set(self, reward_fn):
         return reward_set(self.cfg, reward_fn, self.task, log=self.log)
@@ -442,46 +232,18 @@ class TokenTrainer(RunLifecycle):
                         generator=self.gen if generator is None else generator,
                         all_done=self._all_done if self.fsdp else None)
 
-    @torch.no_grad()
     def frozen_forward(self, roll: TokenRollout):
-        """Old log-probs (policy), reference log-probs, critic values — no gradient.
-        The old log-probs are the sampler's own (``roll.logp``) unless ``old_logprobs =
-        "recompute"``, the rollout came without them, or a shared critic needs the
-        policy's hidden states anyway."""
-        with self.autocast():
-            return self._frozen_forward(roll)
+        """Old log-probs, reference log-probs, critic values (:mod:`.frozen`)."""
+        return frozen.frozen_forward(self, roll)
 
-    def _frozen_forward(self, roll: TokenRollout):
-        t = self.cfg.temperature
-        if self._old_from_sampler(roll):
-            old = {"logp": roll.logp}
-        else:
-            old = sequence_logprobs(self.policy, roll.input_ids, roll.attention_mask,
-                                    temperature=t, with_hidden=self._shared_critic,
-                                    prompt_len=self._shared_prompt_len(roll),
-                                    actions_from=roll.prompt_len)
-        ref = sequence_logprobs(self.reference, roll.input_ids, roll.attention_mask,
-                                temperature=t, prompt_len=self._shared_prompt_len(roll),
-                                actions_from=roll.prompt_len)["logp"]
-        values_after = None
-        if self.critic is not None:
-            values_after = self.critic(roll.input_ids, roll.attention_mask, roll.position_ids,
-                                       hidden_states=old.get("hidden"))
-        return old["logp"], ref, values_after
-
-    def _old_from_sampler(self, roll: TokenRollout) -> bool:
-        """The old log-probs are the sampler's (no forward pass of the trainer)."""
-        return (self.cfg.old_logprobs == "sampler" and roll.logp is not None
-                and not self._shared_critic)
-
-    def _shared_prompt_len(self, roll: TokenRollout) -> int | None:
+    def shared_prompt_len(self, roll: TokenRollout) -> int | None:
         """Prompt width for :func:`sequence_logprobs` to compute each group's prompt once;
         None under FSDP, where every rank must make the same forward calls whatever its
         rows (sharing takes two calls, or one when no prompt repeats)."""
         return None if self.fsdp else roll.prompt_len
 
     @property
-    def _shared_critic(self) -> bool:
+    def shared_critic(self) -> bool:
         return self.critic is not None and not self.critic.separate
 
     def update_spec(self, beta: float) -> UpdateSpec:
@@ -517,7 +279,7 @@ class TokenTrainer(RunLifecycle):
         # the rollout's number of distinct prompts: each minibatch's shared-prompt pass
         # computes that many prompt rows (or its own row count, if fewer), so that every
         # minibatch has one shape (ppokit/llm/modeling/fused.py, fused_logits: min_prompts)
-        p = self._shared_prompt_len(roll)
+        p = self.shared_prompt_len(roll)
         groups = distinct_prompts(roll.input_ids[:, :p], roll.attention_mask[:, :p]) if p else None
         n_prompts = 0 if groups is None else int(groups[0].shape[0])
 
@@ -529,8 +291,8 @@ class TokenTrainer(RunLifecycle):
             sub = roll.select(rows["row"])
             out = sequence_logprobs(self.policy, sub.input_ids, sub.attention_mask,
                                     temperature=t, with_entropy=True,
-                                    with_hidden=self._shared_critic,
-                                    prompt_len=self._shared_prompt_len(sub),
+                                    with_hidden=self.shared_critic,
+                                    prompt_len=self.shared_prompt_len(sub),
                                     min_prompts=min(n_prompts, len(rows["row"])),
                                     actions_from=sub.prompt_len,
                                     entropy_grad=self.cfg.ent_coef > 0)
@@ -583,52 +345,8 @@ class TokenTrainer(RunLifecycle):
         """How far the last update moved the policy: :func:`update_kl` of the rollout's
         old log-probs and the updated policy's, on up to ``PROBE_ROWS`` of its sequences
         spread over the batch (every group represented)."""
-        rows, _, new = self._probe_logprobs(roll)
+        rows, _, new = frozen.probe_logprobs(self, roll)
         return update_kl(new, lab.old_logp[rows], lab.loss_mask[rows])
-
-    def _probe_logprobs(self, roll: TokenRollout):
-        """``(rows, sub-rollout, log-probs)``: the policy's log-probs of up to
-        ``PROBE_ROWS`` of the rollout's sequences, spread over the batch (every group
-        represented)."""
-        n = roll.input_ids.shape[0]
-        rows = torch.linspace(0, n - 1, min(n, PROBE_ROWS)).round().long().unique()
-        sub = roll.select(rows)
-        with self.autocast():
-            logp = sequence_logprobs(self.policy, sub.input_ids, sub.attention_mask,
-                                     temperature=self.cfg.temperature,
-                                     prompt_len=self._shared_prompt_len(sub),
-                                     actions_from=sub.prompt_len)["logp"]
-        return rows, sub, logp
-
-    def _score_with_length(self, rows: list[dict], roll: TokenRollout):
-        """:meth:`score_rows`, with the soft overlong punishment (``overlong_buffer``)
-        added to the scores and reported as the reward ``overlong``."""
-        comps, total, per = self.score_rows(rows, roll)
-        if self.cfg.overlong_buffer > 0:
-            pen = overlong_penalty(roll.lengths, self.max_new_tokens,
-                                   self.cfg.overlong_buffer, self.cfg.overlong_penalty)
-            total = total + pen.to(total.dtype)
-            per = {**per, "overlong": pen}
-        return comps, total, per
-
-    @torch.no_grad()
-    def mismatch(self, roll: TokenRollout, old: torch.Tensor | None) -> dict:
-        """``mismatch_...``: the trainer's old log-probs against the sampler's on the
-        rollout's action tokens (:func:`ppokit.llm.labelling.mismatch.mismatch_stats`): over
-        the whole
-        batch when the trainer recomputed them (``old``), else on up to ``PROBE_ROWS``
-        sequences (one forward pass of the trainer over them). Nothing without sampler
-        log-probs."""
-        if roll.logp is None:
-            return {}
-        cfg = self.cfg
-        if old is not None:
-            trainer, sampler, mask = old, roll.logp, roll.action_mask
-        else:
-            _, sub, trainer = self._probe_logprobs(roll)
-            sampler, mask = sub.logp, sub.action_mask
-        return mismatch_stats(trainer, sampler, mask, cfg.rollout_is_threshold_lower,
-                              cfg.rollout_is_threshold)
 
     # ------------------------------------------------------------------ loop
     def train_iteration(self, roll: TokenRollout | None = None) -> dict:
@@ -645,7 +363,7 @@ class TokenTrainer(RunLifecycle):
 
         self.rewards.when = f"iteration {self.iteration + 1}"
         t0 = time.perf_counter()
-        got = collect_batch(draw, self.rollout, self._score_with_length,
+        got = collect_batch(draw, self.rollout, self.score_with_length,
                             group_size=cfg.samples_per_prompt, dynamic=cfg.dynamic_sampling,
                             max_rounds=cfg.dynamic_sampling_rounds, any_rank=self.agree,
                             pad_token_id=self.tok.pad_token_id, render=self.prompt_text,
@@ -653,7 +371,7 @@ class TokenTrainer(RunLifecycle):
         roll, scores, per_func, prompts = got.roll, got.scores, got.per_func, got.prompts
         comps = [c if isinstance(c, str) else c[0]["content"] for c in got.completions]
         t1 = time.perf_counter() - got.time_scoring
-        recomputed = not self._old_from_sampler(roll)
+        recomputed = not frozen.old_from_sampler(self, roll)
         old, ref, values_after = self.frozen_forward(roll)
         sampler_logp = roll.logp
         if self.dp is not None:  # the iteration's batch on every rank (training/parallel.py)
@@ -669,7 +387,7 @@ class TokenTrainer(RunLifecycle):
         beta = self.kl_ctl.value
         lab = compute_labels(cfg, roll, scores, old, ref, beta, values_after,
                              sampler_logp=sampler_logp if cfg.rollout_is != "none" else None)
-        mismatch = self.mismatch(roll, old if recomputed else None)
+        mismatch = frozen.mismatch(self, roll, old if recomputed else None)
         t2 = time.perf_counter()
         upd = self.guarded_update(roll, lab)
         t3 = time.perf_counter()
@@ -779,27 +497,12 @@ class TokenTrainer(RunLifecycle):
             return bool(flag)
         return bool(self.dp.max_(torch.tensor(float(flag))) > 0)
 
+    def score_with_length(self, rows: list[dict], roll: TokenRollout):
+        """:meth:`score_rows` with the soft overlong punishment (:mod:`.frozen`)."""
+        return frozen.score_with_length(self, rows, roll)
+
     def _check_scales(self, rec: dict) -> None:
-        """Warn (once each) when a fixed term of the objective dwarfs the rewards: the
-        truncation penalty, or the KL term, more than 10 times the scores' spread."""
-        cfg, spread = self.cfg, rec.get("score_std", 0.0)
-        if not spread or spread <= 0:
-            return
-        if (cfg.truncation == "penalty" and rec.get("truncated_frac", 0) > 0
-                and cfg.truncation_penalty > 10 * spread and "penalty" not in self._warned):
-            self._warned.add("penalty")
-            self.log(f"warning: truncation_penalty {cfg.truncation_penalty:g} is "
-                     f"{cfg.truncation_penalty / spread:.0f}x the spread of the rewards "
-                     f"(std {spread:.3g}): the penalty, not the reward, decides what is "
-                     "learned (shorter responses); consider truncation=none or mask, or a "
-                     "smaller penalty")
-        kl_term = abs(rec.get("beta", 0.0)) * abs(rec.get("kl_ref", 0.0))
-        if cfg.kl_mode != "none" and kl_term > 10 * spread and "kl" not in self._warned:
-            self._warned.add("kl")
-            self.log(f"warning: the KL term (beta {rec['beta']:.3g} x kl_ref "
-                     f"{rec['kl_ref']:.3g} nats = {kl_term:.3g}) is {kl_term / spread:.0f}x "
-                     f"the spread of the rewards (std {spread:.3g}): staying near the "
-                     "reference dominates the objective; consider a smaller kl_coef")
+        check_scales(self.cfg, rec, self._warned, self.log)
 
     def close(self) -> None:
         """Close the metrics files and release the run directory's lock."""

@@ -1,0 +1,95 @@
+"""The frozen labels of an iteration's rollout, computed without gradient: the policy's
+old log-probs (the sampler's own unless recomputed), the reference's log-probs, the
+critic's values; the scores with the soft overlong punishment; and the rollout-training
+mismatch measured on them. Functions of the trainer ``tr``
+(:class:`~ppokit.llm.training.trainer.TokenTrainer`)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..labelling.labels import overlong_penalty
+from ..labelling.mismatch import mismatch_stats
+from ..modeling.rollout import TokenRollout, sequence_logprobs
+from .divergence import PROBE_ROWS
+
+__all__ = ["frozen_forward", "old_from_sampler", "probe_logprobs", "score_with_length",
+           "mismatch"]
+
+
+@torch.no_grad()
+def frozen_forward(tr, roll: TokenRollout):
+    """Old log-probs (policy), reference log-probs, critic values — no gradient.
+    The old log-probs are the sampler's own (``roll.logp``) unless ``old_logprobs =
+    "recompute"``, the rollout came without them, or a shared critic needs the
+    policy's hidden states anyway."""
+    with tr.autocast():
+        return _frozen_pass(tr, roll)
+
+def _frozen_pass(tr, roll: TokenRollout):
+    t = tr.cfg.temperature
+    if old_from_sampler(tr, roll):
+        old = {"logp": roll.logp}
+    else:
+        old = sequence_logprobs(tr.policy, roll.input_ids, roll.attention_mask,
+                                temperature=t, with_hidden=tr.shared_critic,
+                                prompt_len=tr.shared_prompt_len(roll),
+                                actions_from=roll.prompt_len)
+    ref = sequence_logprobs(tr.reference, roll.input_ids, roll.attention_mask,
+                            temperature=t, prompt_len=tr.shared_prompt_len(roll),
+                            actions_from=roll.prompt_len)["logp"]
+    values_after = None
+    if tr.critic is not None:
+        values_after = tr.critic(roll.input_ids, roll.attention_mask, roll.position_ids,
+                                   hidden_states=old.get("hidden"))
+    return old["logp"], ref, values_after
+
+def old_from_sampler(tr, roll: TokenRollout) -> bool:
+    """The old log-probs are the sampler's (no forward pass of the trainer)."""
+    return (tr.cfg.old_logprobs == "sampler" and roll.logp is not None
+            and not tr.shared_critic)
+
+
+def probe_logprobs(tr, roll: TokenRollout):
+    """``(rows, sub-rollout, log-probs)``: the policy's log-probs of up to
+    ``PROBE_ROWS`` of the rollout's sequences, spread over the batch (every group
+    represented)."""
+    n = roll.input_ids.shape[0]
+    rows = torch.linspace(0, n - 1, min(n, PROBE_ROWS)).round().long().unique()
+    sub = roll.select(rows)
+    with tr.autocast():
+        logp = sequence_logprobs(tr.policy, sub.input_ids, sub.attention_mask,
+                                 temperature=tr.cfg.temperature,
+                                 prompt_len=tr.shared_prompt_len(sub),
+                                 actions_from=sub.prompt_len)["logp"]
+    return rows, sub, logp
+
+def score_with_length(tr, rows: list[dict], roll: TokenRollout):
+    """:meth:`score_rows`, with the soft overlong punishment (``overlong_buffer``)
+    added to the scores and reported as the reward ``overlong``."""
+    comps, total, per = tr.score_rows(rows, roll)
+    if tr.cfg.overlong_buffer > 0:
+        pen = overlong_penalty(roll.lengths, tr.max_new_tokens,
+                               tr.cfg.overlong_buffer, tr.cfg.overlong_penalty)
+        total = total + pen.to(total.dtype)
+        per = {**per, "overlong": pen}
+    return comps, total, per
+
+@torch.no_grad()
+def mismatch(tr, roll: TokenRollout, old: torch.Tensor | None) -> dict:
+    """``mismatch_...``: the trainer's old log-probs against the sampler's on the
+    rollout's action tokens (:func:`ppokit.llm.labelling.mismatch.mismatch_stats`): over
+    the whole
+    batch when the trainer recomputed them (``old``), else on up to ``PROBE_ROWS``
+    sequences (one forward pass of the trainer over them). Nothing without sampler
+    log-probs."""
+    if roll.logp is None:
+        return {}
+    cfg = tr.cfg
+    if old is not None:
+        trainer, sampler, mask = old, roll.logp, roll.action_mask
+    else:
+        _, sub, trainer = probe_logprobs(tr, roll)
+        sampler, mask = sub.logp, sub.action_mask
+    return mismatch_stats(trainer, sampler, mask, cfg.rollout_is_threshold_lower,
+                          cfg.rollout_is_threshold)
