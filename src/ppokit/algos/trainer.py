@@ -67,32 +67,21 @@ from ppokit.engine.recipe import spec_of
 from ppokit.envs import (
     ObsNormalizer,
     RewardScaler,
-    env_state,
-    load_env_state,
 )
 from ppokit.envs.vec import training_vec
 from ppokit.errors import UsageError
 from ppokit.io.atomic import atomic_write_text
-from ppokit.io.checkpoint import (
-    capture_rng,
-    find_checkpoint,
-    load_checkpoint,
-    no_checkpoint_message,
-    optimizer_from_flat,
-    optimizer_to_flat,
-    restore_rng,
-    save_checkpoint,
-)
 from ppokit.io.lifecycle import RunLifecycle
 from ppokit.io.metrics import MetricsWriter, truncate_metrics
 from ppokit.io.rundir import RunDir, fail_start
 from ppokit.io.signals import GracefulStop
-from ppokit.io.spaces import recorded_spaces
 from ppokit.io.tracking import check_tracker, make_tracker
 from ppokit.plugins import require
 from ppokit.policies import is_recurrent, policy_for_config
+from ppokit.policies.encoders import precision_note
 from ppokit.rollout import Collector, RecurrentCollector, Rollout, recurrent_forward
 
+from . import checkpoints
 from .config import TrainConfig, check_memory
 from .optim import Adam
 from .runs import BEST_DIR, load_run_checkpoint, load_run_config  # noqa: F401 (re-exported)
@@ -188,7 +177,9 @@ class Trainer(RunLifecycle):
         check_memory(c, int(np.prod(obs_space.shape or (1,))),
                      int(np.prod(self.env.single_action_space.shape or (1,))))
         self.policy = policy_for_config(c, obs_space, self.env.single_action_space)
-        self._log_precision(c.precision)
+        note = precision_note(self.policy, c.precision)
+        if note:
+            self.log(note)
         self.spec = update_spec(c)
         self.flat = None
         self.fused_reason = "fast=false" if not c.fast else supports(self.spec, self.policy)
@@ -437,21 +428,6 @@ class Trainer(RunLifecycle):
             self.checkpoint()
         return rec
 
-    def _best_of_best_dir(self) -> None:
-        """After a resume: ``best/`` may hold a policy evaluated after the checkpoint resumed
-        from (the run was stopped between the two); its recorded evaluation counts, so that
-        only a better policy replaces it."""
-        root = self.run_dir / BEST_DIR
-        if not root.is_dir():
-            return
-        ckpt, _ = find_checkpoint(root)
-        if ckpt is None:
-            return
-        best = load_checkpoint(ckpt)[2].get("best_eval_return")
-        if isinstance(best, (int, float)) and not isinstance(best, bool) and np.isfinite(best) \
-                and (self.best_eval_return is None or best > self.best_eval_return):
-            self.best_eval_return = float(best)
-
     def _evaluate_during_training(self) -> dict[str, Any]:
         """Every ``eval_every`` iterations: ``eval_episodes`` deterministic episodes on
         separate environments (the same seeds each time, so evaluations compare), and the
@@ -472,21 +448,6 @@ class Trainer(RunLifecycle):
             self.save(self.run_dir / BEST_DIR, keep=1)
         out["eval_best"] = self.best_eval_return
         return out
-
-    def _log_precision(self, asked: str) -> None:
-        """Say the number format of the convolutional trunk when it is not float32."""
-        from ppokit.policies.encoders import ImageCNN
-
-        cnn = next((m for m in self.policy.modules() if isinstance(m, ImageCNN)), None)
-        if cnn is None or asked == "fp32":
-            return
-        if cnn.precision == "fp32":  # auto, on a CPU without native bfloat16
-            self.log("convolutional trunk in float32 (precision=auto: this CPU has no "
-                     "native bfloat16)")
-            return
-        why = " (precision=auto: this CPU computes it natively)" if asked == "auto" else ""
-        self.log(f"convolutional trunk in bfloat16{why}; heads, losses and optimiser in "
-                 "float32 (--set precision=fp32 for float32 throughout)")
 
     def train(self, on_iteration: Callable[[dict], Any] | None = None, *,
               stop: GracefulStop | None = None) -> None:
@@ -561,85 +522,7 @@ class Trainer(RunLifecycle):
         return self._write(None, None)
 
     def _write(self, root: str | Path | None, keep: int | None) -> Path:
-        opt_t, opt_meta = optimizer_to_flat(self.opt.state_dict())
-        rng_t, rng_meta = capture_rng({"sample": self.sample_gen,
-                                       "shuffle": self.shuffle_gen})
-        tensors = {"model": dict(self.policy.state_dict()), "optimizer": opt_t, "rng": rng_t}
-        arrays = {"collector": self.collector.state_dict()}
-        if self.obs_norm is not None:
-            arrays["obs_norm"] = self.obs_norm.state_dict()
-        if self.reward_scaler is not None:
-            arrays["reward_scaler"] = self.reward_scaler.state_dict()
-        state = {
-            "global_step": self.global_step,
-            "elapsed": self.elapsed,
-            "last_return": self.last_return,
-            "recent_returns": list(self.recent_returns),
-            "best_eval_return": self.best_eval_return,
-            "optimizer": opt_meta,
-            "rng": rng_meta,
-            "kl_controller": self.kl_ctl.state_dict() if self.kl_ctl is not None else None,
-            "env_state": env_state(self.env),
-            # the spaces the policy was built for: loading needs no environment
-            "spaces": recorded_spaces(self.env.single_observation_space,
-                                      self.env.single_action_space),
-            "config": self.cfg.to_dict(),
-        }
-        root = self.run_dir / "checkpoints" if root is None else Path(root)
-        return save_checkpoint(root, self.iteration, tensors=tensors, arrays=arrays,
-                               state=state, keep=keep or self.cfg.keep_checkpoints)
+        return checkpoints.write(self, root, keep)
 
     def _resume(self) -> None:
-        root = self.run_dir / "checkpoints"
-        ckpt, damaged = find_checkpoint(root, log=self.log)
-        if ckpt is None:
-            raise UsageError(no_checkpoint_message(self.run_dir, damaged))
-        tensors, arrays, st = load_checkpoint(ckpt)
-        try:
-            iteration, step = int(st["iteration"]), int(st["global_step"])
-            if iteration < 1 or step != iteration * self.cfg.rollout_size:
-                raise ValueError("iteration and global_step disagree with the config")
-            self.policy.load_state_dict(tensors["model"])
-            self.opt.load_state_dict(optimizer_from_flat(tensors["optimizer"],
-                                                         st["optimizer"]))
-            restore_rng(tensors["rng"], st["rng"], {"sample": self.sample_gen,
-                                                    "shuffle": self.shuffle_gen})
-            if self.obs_norm is not None:
-                self.obs_norm.load_state_dict(arrays["obs_norm"])
-            if self.reward_scaler is not None:
-                self.reward_scaler.load_state_dict(arrays["reward_scaler"])
-            if self.kl_ctl is not None and st["kl_controller"] is not None:
-                self.kl_ctl.load_state_dict(st["kl_controller"])
-            self.iteration, self.global_step = iteration, step
-            self.elapsed = float(st["elapsed"])
-            self.last_return = st["last_return"]
-            recent = st.get("recent_returns", [])  # absent in older checkpoints
-            if not isinstance(recent, list) or not all(
-                    isinstance(x, (int, float)) and not isinstance(x, bool) for x in recent):
-                raise ValueError("recent_returns is not a list of numbers")
-            self.recent_returns.extend(float(x) for x in recent)
-            best = st.get("best_eval_return")
-            if best is not None and (isinstance(best, bool)
-                                     or not isinstance(best, (int, float))):
-                raise ValueError("best_eval_return is not a number")
-            self.best_eval_return = None if best is None else float(best)
-            self._best_of_best_dir()
-        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-            raise UsageError(f"--resume: checkpoint {ckpt} does not fit this run "
-                             f"({type(exc).__name__}: {exc}); nothing was changed") from None
-        self.tidy_resumed(ckpt, damaged)
-        if st["env_state"] is not None:
-            self.env.reset(seed=self.cfg.seed)  # then overwritten by the saved state
-            load_env_state(self.env, st["env_state"])
-            self.collector.load_state_dict(arrays["collector"])
-            self.log(f"resumed from {ckpt.name} (iteration {self.iteration}, "
-                     f"step {self.global_step}); environment state restored")
-        else:  # fresh episodes: a reset, as at the start of a run
-            self.collector.reset(seed=self.cfg.seed + 7919 * self.iteration)
-            if self.reward_scaler is not None:
-                self.reward_scaler.ret[:] = 0.0
-            why = (f"{self.cfg.env_id}'s state cannot be saved" if self.cfg.vectorization
-                   != "ray" else "the environments live in Ray actors (not checkpointed)")
-            self.log(f"resumed from {ckpt.name} (iteration {self.iteration}, "
-                     f"step {self.global_step}); {why}, so the environments were reset and "
-                     "the episodes in progress are lost")
+        checkpoints.resume(self)

@@ -45,6 +45,7 @@ from ppokit.core.registry import Registry
 from ppokit.errors import UserCodeError
 
 __all__ = ["is_image_space", "image_layout", "ImageCNN", "NatureCNN", "SmallImageCNN",
+           "precision_note",
            "image_cnn", "MultiInputEncoder", "flat_dict_space", "POLICIES", "native_bf16",
            "FEATURES_EXTRACTORS", "register_features_extractor", "BUILT_IN",
            "resolve_precision", "MIN_CNN_SIZE"]
@@ -303,3 +304,17 @@ def build_extractor(name: str, space, *, features_dim: int,
                             f"an integer features_dim >= 1, got {type(module).__name__} "
                             f"(features_dim={dim!r})")
     return module
+
+
+def precision_note(policy: nn.Module, asked: str) -> str | None:
+    """What to say of the number format of ``policy``'s convolutional trunk when it is not
+    float32 as asked (``precision``: fp32, bf16 or auto), else None."""
+    cnn = next((m for m in policy.modules() if isinstance(m, ImageCNN)), None)
+    if cnn is None or asked == "fp32":
+        return None
+    if cnn.precision == "fp32":  # auto, on a CPU without native bfloat16
+        return ("convolutional trunk in float32 (precision=auto: this CPU has no native "
+                "bfloat16)")
+    why = " (precision=auto: this CPU computes it natively)" if asked == "auto" else ""
+    return (f"convolutional trunk in bfloat16{why}; heads, losses and optimiser in float32 "
+            "(--set precision=fp32 for float32 throughout)")
