@@ -40,10 +40,10 @@ import numpy as np
 from gymnasium import spaces
 
 from .env_probe import Trace
-from .result import CheckResult
+from .result import CheckResult, failed, passed, skipped, warned
 
-__all__ = ["EnvInfo", "check_api", "ENV_CHECKS", "trace_checks", "check_determinism",
-           "check_reset_options", "OBS_SCALE_MAX", "REWARD_RMS_MAX", "RETURN_STD_MAX",
+__all__ = ["EnvInfo", "check_api", "ENV_CHECKS", "trace_checks",
+           "OBS_SCALE_MAX", "REWARD_RMS_MAX", "RETURN_STD_MAX",
            "SLOW_STEP_S", "ASYNC_STEP_S", "RESERVED_INFO_KEYS"]
 
 OBS_SCALE_MAX = 10.0        # |mean| or std of a feature above this: normalise
@@ -57,7 +57,6 @@ ACTION_HALF_WIDTH_FAIL = 1e3      # ... < 0.2 %
 ACTION_HALF_WIDTH_NARROW = 0.05   # nearly every N(0, 1) draw is clipped to a bound
 MIN_FIXED_LENGTH = 5        # a "time limit" shorter than this is not judged
 ORDINARY_RATIO = 0.5        # terminal observations at least this typical look ordinary
-DETERMINISM_STEPS = 200
 RESERVED_INFO_KEYS = {
     "episode": "gymnasium's RecordEpisodeStatistics (ppokit reads episode returns from it)",
     "_episode": "gymnasium's vector envs (the mask of 'episode')",
@@ -87,22 +86,6 @@ class EnvInfo:
     normalize_reward: bool = False
 
 
-def _ok(name, measured, criterion, fix="", **values) -> CheckResult:
-    return CheckResult(name, True, measured, criterion, "", values, fix=fix)
-
-
-def _warn(name, measured, criterion, detail, fix, **values) -> CheckResult:
-    return CheckResult(name, True, measured, criterion, detail, values, warn=True, fix=fix)
-
-
-def _fail(name, measured, criterion, detail, fix, **values) -> CheckResult:
-    return CheckResult(name, False, measured, criterion, detail, values, fix=fix)
-
-
-def _skip(name, criterion, why) -> CheckResult:
-    return CheckResult(name, None, "-", criterion, why)
-
-
 def _plain(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", text).removeprefix("WARN: ").strip()
 
@@ -121,7 +104,7 @@ def check_api(env) -> CheckResult:
             check_env(env.unwrapped, skip_render_check=True, skip_close_check=True)
         except Exception as exc:  # noqa: BLE001 - the checker's verdict
             msg = " ".join(str(exc).split())[:300] or type(exc).__name__
-            return _fail(name, f"raised {type(exc).__name__}", crit,
+            return failed(name, f"raised {type(exc).__name__}", crit,
                          f"Gymnasium's API checker: {msg}",
                          "make reset/step follow the Gymnasium API "
                          "(gymnasium.farama.org/introduction/create_custom_env)",
@@ -132,10 +115,10 @@ def check_api(env) -> CheckResult:
         if not any(c in text for c in _COVERED) and text not in notes:
             notes.append(text)
     if notes:
-        return _warn(name, f"{len(notes)} warning(s)", crit, "Gymnasium's API checker: "
+        return warned(name, f"{len(notes)} warning(s)", crit, "Gymnasium's API checker: "
                      + " | ".join(n[:200] for n in notes),
                      "follow each warning of Gymnasium's checker", warnings=notes)
-    return _ok(name, "passed", crit)
+    return passed(name, "passed", crit)
 
 
 # ----------------------------------------------------------------------- from the run
@@ -143,10 +126,10 @@ def check_api(env) -> CheckResult:
 def check_exception(tr: Trace, info: EnvInfo) -> CheckResult:
     name, crit = "env-exception", "reset and step never raise"
     if tr.exception is None:
-        return _ok(name, f"{tr.steps} steps, {len(tr.episodes)} episodes, no exception", crit)
+        return passed(name, f"{tr.steps} steps, {len(tr.episodes)} episodes, no exception", crit)
     call, step, err = tr.exception
     verb = err.split(" ", 1)[0]
-    return _fail(name, f"{call}() {verb} after {step} steps", crit,
+    return failed(name, f"{call}() {verb} after {step} steps", crit,
                  f"{call}() {err}", "fix the environment's code path that raised "
                  "(a rare state, an action at the bounds, a reset after the end)",
                  call=call, step=step, error=err)
@@ -209,7 +192,7 @@ def check_time_limit(tr: Trace, info: EnvInfo) -> CheckResult:
     crit = "no cluster of terminated episodes at one fixed, longest length"
     eps = tr.episodes
     if len(eps) < 3:
-        return _skip(name, crit, f"only {len(eps)} episode(s) ended within the budget "
+        return skipped(name, crit, f"only {len(eps)} episode(s) ended within the budget "
                      f"({tr.steps} steps); give more with --env-steps / --env-seconds")
     term = [e.length for e in eps if e.terminated]
     n_trunc = sum(e.truncated and not e.terminated for e in eps)
@@ -228,7 +211,7 @@ def check_time_limit(tr: Trace, info: EnvInfo) -> CheckResult:
             values = {"length": L, "at_length": c, "terminated": len(term),
                       "truncated": n_trunc, "clock_feature": clock}
             if clock is not None:
-                return _ok(name, f"{c} of {len(term)} terminated episodes end at step {L}; "
+                return passed(name, f"{c} of {len(term)} terminated episodes end at step {L}; "
                            f"the observation counts steps ({clock}): a fixed horizon",
                            crit, **values)
             measured = (f"{c} of {len(term)} terminated episodes end at exactly step {L}, "
@@ -239,11 +222,11 @@ def check_time_limit(tr: Trace, info: EnvInfo) -> CheckResult:
                     "same state has two values")
             if not any(leaf.keep_rows for leaf in tr.leaves):
                 # no vector part to look for a clock in: an image may show what ends it
-                return _warn(name, measured, crit, what.replace(
+                return warned(name, measured, crit, what.replace(
                     "nothing in the observation counts steps",
                     "the observation is an image (if it shows the time or the state "
                     "that ends the episode, this is a fixed horizon)"), fix, **values)
-            return _fail(name, measured, crit, what, fix, **values)
+            return failed(name, measured, crit, what, fix, **values)
     x = _lowdim_float_rows(tr)
     if len(term) >= 10 and x is not None:
         terminal = np.asarray(tr.terminal)
@@ -256,16 +239,16 @@ def check_time_limit(tr: Trace, info: EnvInfo) -> CheckResult:
         values = {"terminated": len(term), "typicality_terminal": t_med,
                   "typicality_ordinary": o_med, "ratio": ratio}
         if ratio >= ORDINARY_RATIO:
-            return _warn(name, f"{seen}; terminal observations as typical as ordinary ones "
+            return warned(name, f"{seen}; terminal observations as typical as ordinary ones "
                          f"(median tail share {t_med:.3g} vs {o_med:.3g})", crit,
                          "the observations on which episodes terminate look like ordinary "
                          "states (no feature is beyond what other states reach): if a time "
                          "limit or an outside stop ends them, report truncated=True; a "
                          "state of the task that ends the episode usually shows in the "
                          "observation", fix, **values)
-        return _ok(name, f"{seen}; terminal observations beyond ordinary ones (median "
+        return passed(name, f"{seen}; terminal observations beyond ordinary ones (median "
                    f"tail share {t_med:.3g} vs {o_med:.3g})", crit, **values)
-    return _ok(name, seen, crit, terminated=len(term), truncated=n_trunc)
+    return passed(name, seen, crit, terminated=len(term), truncated=n_trunc)
 
 
 def check_obs_space(tr: Trace, info: EnvInfo) -> CheckResult:
@@ -273,30 +256,30 @@ def check_obs_space(tr: Trace, info: EnvInfo) -> CheckResult:
     n = len(tr.t_index)
     if tr.n_outside:
         ex = "; ".join(f"step {s}, {p}: {d}" for s, p, d in tr.outside[:3])
-        return _fail(name, f"{tr.n_outside} of {n} observations outside the space", crit,
+        return failed(name, f"{tr.n_outside} of {n} observations outside the space", crit,
                      f"observations leave the declared space: {ex}",
                      "declare bounds (and shapes) that hold for every state, or clip the "
                      "observation inside the env", count=tr.n_outside,
                      examples=[list(x) for x in tr.outside])
     if tr.dtype_only:
         s, p, d = tr.dtype_only[0]
-        return _warn(name, f"{p}: {d}", crit, f"observations have another dtype than the "
+        return warned(name, f"{p}: {d}", crit, f"observations have another dtype than the "
                      f"declared space ({p}: {d}, first at step {s}): Box.contains() is "
                      "False for them", "cast the observation to the space's dtype",
                      examples=[list(x) for x in tr.dtype_only])
-    return _ok(name, f"{n} observations, all inside", crit)
+    return passed(name, f"{n} observations, all inside", crit)
 
 
 def check_nonfinite(tr: Trace, info: EnvInfo) -> CheckResult:
     name, crit = "env-nonfinite", "no NaN or infinity in observations or rewards"
     if tr.n_nonfinite:
         ex = "; ".join(f"step {s}: {w}" for s, w in tr.nonfinite[:3])
-        return _fail(name, f"{tr.n_nonfinite} non-finite value(s)", crit,
+        return failed(name, f"{tr.n_nonfinite} non-finite value(s)", crit,
                      f"NaN or infinity came out of the env: {ex}. One NaN in a batch turns "
                      "every gradient into NaN", "guard the computation that produced it "
                      "(a division, a log, a state the physics cannot handle)",
                      count=tr.n_nonfinite, examples=[list(x) for x in tr.nonfinite])
-    return _ok(name, f"{len(tr.t_index)} observations and {len(tr.rewards)} rewards "
+    return passed(name, f"{len(tr.t_index)} observations and {len(tr.rewards)} rewards "
                "finite", crit)
 
 
@@ -318,17 +301,17 @@ def check_obs_scale(tr: Trace, info: EnvInfo) -> CheckResult:
             feat = f"{leaf.path}[{i}]" if x.shape[1] > 1 else leaf.path
             worst = (float(scale[i]), feat, float(mean[i]), float(std[i]))
     if worst is None:
-        return _skip(name, crit, "no vector observation to measure (images are scaled by "
+        return skipped(name, crit, "no vector observation to measure (images are scaled by "
                      "the CNN)")
     s, feat, m, sd = worst
     measured = f"largest: {feat} mean {m:.4g}, std {sd:.4g}"
     values = {"feature": feat, "mean": m, "std": sd}
     if s <= OBS_SCALE_MAX:
-        return _ok(name, measured, crit, **values)
+        return passed(name, measured, crit, **values)
     if info.normalize_obs:
-        return _ok(name, measured + " (the preset normalises: normalize_obs = true)", crit,
+        return passed(name, measured + " (the preset normalises: normalize_obs = true)", crit,
                    **values)
-    return _warn(name, measured, crit, f"observation features on a scale of {s:.3g}: the "
+    return warned(name, measured, crit, f"observation features on a scale of {s:.3g}: the "
                  "network's first layer saturates or learns slowly on them",
                  "--set normalize_obs=true (running mean/std), or rescale in the env",
                  **values)
@@ -340,7 +323,7 @@ def check_reward_scale(tr: Trace, info: EnvInfo) -> CheckResult:
             "not all 0")
     r = np.asarray([x for x in tr.rewards if np.isfinite(x)])
     if len(r) == 0:
-        return _skip(name, crit, "no finite reward was recorded")
+        return skipped(name, crit, "no finite reward was recorded")
     rms = float(np.sqrt(np.mean(r ** 2)))
     rets = np.asarray([e.disc_ret for e in tr.episodes if np.isfinite(e.disc_ret)])
     rstd = float(np.std(rets)) if len(rets) >= 2 else 0.0
@@ -349,24 +332,24 @@ def check_reward_scale(tr: Trace, info: EnvInfo) -> CheckResult:
     values = {"mean": float(r.mean()), "rms": rms, "max_abs": float(np.abs(r).max()),
               "return_std": rstd}
     if not np.any(r != 0):
-        return _warn(name, f"all {len(r)} rewards are 0", crit, "no reward differed from 0 "
+        return warned(name, f"all {len(r)} rewards are 0", crit, "no reward differed from 0 "
                      f"in {len(r)} steps of random actions: PPO gets no signal until "
                      "exploration finds one", "shape the reward (a denser signal), or "
                      "check that the reward is computed and returned", **values)
     if rms > REWARD_RMS_MAX or rstd > RETURN_STD_MAX:
         if info.normalize_reward:
-            return _ok(name, measured + " (the preset normalises: normalize_reward = true)",
+            return passed(name, measured + " (the preset normalises: normalize_reward = true)",
                        crit, **values)
-        return _warn(name, measured, crit, "rewards on this scale give value targets in "
+        return warned(name, measured, crit, "rewards on this scale give value targets in "
                      "the thousands: the critic's loss dominates the update and its "
                      "gradient clipping hides the policy's", "--set normalize_reward=true "
                      "(scales by the running std of the discounted return), or rescale "
                      "the reward in the env", **values)
     if np.abs(r).max() < REWARD_TINY:
-        return _warn(name, measured, crit, "every reward is below 1e-4: value targets "
+        return warned(name, measured, crit, "every reward is below 1e-4: value targets "
                      "drown in the critic's rounding and initial error",
                      "--set normalize_reward=true, or rescale the reward", **values)
-    return _ok(name, measured, crit, **values)
+    return passed(name, measured, crit, **values)
 
 
 def check_info_keys(tr: Trace, info: EnvInfo) -> CheckResult:
@@ -375,18 +358,18 @@ def check_info_keys(tr: Trace, info: EnvInfo) -> CheckResult:
     clash = [k for k in keys if k in RESERVED_INFO_KEYS]
     if clash:
         k = clash[0]
-        return _warn(name, f"info key {k!r} (from {tr.info_keys[k]})", crit,
+        return warned(name, f"info key {k!r} (from {tr.info_keys[k]})", crit,
                      f"the env's info uses {k!r}, which {RESERVED_INFO_KEYS[k]} writes: "
                      "one of the two is overwritten or misread", "rename the key",
                      keys=keys, reserved=clash)
     if tr.unpicklable:
         k, why = tr.unpicklable[0]
-        return _warn(name, f"info[{k!r}] cannot be pickled", crit,
+        return warned(name, f"info[{k!r}] cannot be pickled", crit,
                      f"info[{k!r}] cannot be pickled ({why}): vectorization=async sends "
                      "every info between processes and fails on it",
                      "keep plain data (numbers, arrays, strings) in info",
                      keys=keys, unpicklable=[k for k, _ in tr.unpicklable])
-    return _ok(name, f"keys: {', '.join(keys[:8]) or 'none'}"
+    return passed(name, f"keys: {', '.join(keys[:8]) or 'none'}"
                + (" ..." if len(keys) > 8 else ""), crit, keys=keys)
 
 
@@ -395,15 +378,15 @@ def check_after_end(tr: Trace, info: EnvInfo) -> CheckResult:
     crit = "after an episode ends, step() refuses or keeps reporting the end"
     ae = tr.after_end
     if ae is None:
-        return _skip(name, crit, f"no episode ended within the budget ({tr.steps} steps)")
+        return skipped(name, crit, f"no episode ended within the budget ({tr.steps} steps)")
     if "raised" in ae and not ae["steps"]:
-        return _ok(name, f"raises {ae['raised']}", crit, **ae)
+        return passed(name, f"raises {ae['raised']}", crit, **ae)
     cont = [s for s in ae["steps"] if not s[0] and not s[1]]
     if not cont:
-        return _ok(name, f"{len(ae['steps'])} more steps all report the end again"
+        return passed(name, f"{len(ae['steps'])} more steps all report the end again"
                    + (f", then raises {ae['raised']}" if "raised" in ae else ""), crit, **ae)
     rewards = [s[2] for s in ae["steps"]]
-    return _warn(name, f"{len(cont)} of {len(ae['steps'])} steps after the end go on "
+    return warned(name, f"{len(cont)} of {len(ae['steps'])} steps after the end go on "
                  f"(terminated=False, truncated=False; rewards {rewards})", crit,
                  f"after an episode ended ({ae['ended_by']}), step() without reset() "
                  "carries on as if it had not: ppokit's vector envs reset at once, but a loop "
@@ -416,7 +399,7 @@ def check_speed(tr: Trace, info: EnvInfo) -> CheckResult:
     name = "env-speed"
     crit = f"mean step ≤ {SLOW_STEP_S * 1e3:g} ms"
     if not tr.step_times:
-        return _skip(name, crit, "no step completed")
+        return skipped(name, crit, "no step completed")
     st = np.asarray(tr.step_times)
     total = float(st.sum() + sum(tr.reset_times[1:]))
     per_step = total / len(st)
@@ -438,16 +421,16 @@ def check_speed(tr: Trace, info: EnvInfo) -> CheckResult:
               "p99_step_s": float(np.quantile(st, 0.99)), "per_step_with_resets_s": per_step,
               "cores": cores, "suggestion": hint}
     if per_step > SLOW_STEP_S:
-        return _warn(name, measured, crit, f"a step costs {per_step * 1e3:.3g} ms: the "
+        return warned(name, measured, crit, f"a step costs {per_step * 1e3:.3g} ms: the "
                      "environment, not the update, sets the training speed", hint, **values)
-    return _ok(name, measured, crit, fix=hint, **values)
+    return passed(name, measured, crit, fix=hint, **values)
 
 
 def check_action_bounds(space: spaces.Space) -> CheckResult:
     name = "action-bounds"
     crit = "Box bounds finite, half-width in [0.05, 20], containing 0 ± 3"
     if not isinstance(space, spaces.Box):
-        return _skip(name, crit, f"{type(space).__name__} actions: no bounds to cover")
+        return skipped(name, crit, f"{type(space).__name__} actions: no bounds to cover")
     low = np.asarray(space.low, dtype=np.float64).ravel()
     high = np.asarray(space.high, dtype=np.float64).ravel()
     fix = ("wrap the env in gymnasium.wrappers.RescaleAction(env, -1.0, 1.0) (and map back "
@@ -455,36 +438,36 @@ def check_action_bounds(space: spaces.Space) -> CheckResult:
     rng = f"[{low.min():.4g}, {high.max():.4g}]"
     values = {"low": low.tolist()[:16], "high": high.tolist()[:16]}
     if not (np.isfinite(low).all() and np.isfinite(high).all()):
-        return _fail(name, f"bounds {rng}", crit, "the action space is unbounded: the "
+        return failed(name, f"bounds {rng}", crit, "the action space is unbounded: the "
                      "Gaussian policy cannot be clipped to it and nothing tells it the "
                      "scale the env expects", fix, **values)
     half = (high - low) / 2
     centre = (high + low) / 2
     i = int(np.argmax(half))
     if half[i] > ACTION_HALF_WIDTH_FAIL:
-        return _fail(name, f"dimension {i}: [{low[i]:.4g}, {high[i]:.4g}]", crit,
+        return failed(name, f"dimension {i}: [{low[i]:.4g}, {high[i]:.4g}]", crit,
                      f"an initial policy N(0, 1) explores {2 / half[i]:.2%} of this range: "
                      "it needs thousands of updates to move its mean and std there", fix,
                      **values)
     far = np.flatnonzero((low > 3) | (high < -3))
     if len(far):
         j = int(far[0])
-        return _fail(name, f"dimension {j}: [{low[j]:.4g}, {high[j]:.4g}]", crit,
+        return failed(name, f"dimension {j}: [{low[j]:.4g}, {high[j]:.4g}]", crit,
                      "0 lies far outside the bounds: nearly every action the initial policy "
                      "draws is clipped to the same bound, so the env sees one action", fix,
                      **values)
     if half[i] > ACTION_HALF_WIDTH_WARN:
-        return _warn(name, f"dimension {i}: [{low[i]:.4g}, {high[i]:.4g}]", crit,
+        return warned(name, f"dimension {i}: [{low[i]:.4g}, {high[i]:.4g}]", crit,
                      f"an initial policy N(0, 1) explores {2 / half[i]:.1%} of this range",
                      fix, **values)
     k = int(np.argmin(half))
     if half[k] < ACTION_HALF_WIDTH_NARROW:
-        return _warn(name, f"dimension {k}: [{low[k]:.4g}, {high[k]:.4g}]", crit,
+        return warned(name, f"dimension {k}: [{low[k]:.4g}, {high[k]:.4g}]", crit,
                      f"a range of half-width {half[k]:.3g}: nearly every N(0, 1) draw is "
                      "clipped to a bound, so the policy acts bang-bang and its log-probs "
                      "describe actions the env never sees", fix + " (or --set "
                      "log_std_init=-3)", **values)
-    return _ok(name, f"bounds {rng}, centre {np.abs(centre).max():.3g} from 0", crit,
+    return passed(name, f"bounds {rng}, centre {np.abs(centre).max():.3g} from 0", crit,
                **values)
 
 
@@ -495,103 +478,3 @@ ENV_CHECKS = (check_exception, check_time_limit, check_obs_space, check_nonfinit
 
 def trace_checks(tr: Trace, info: EnvInfo) -> list[CheckResult]:
     return [fn(tr, info) for fn in ENV_CHECKS]
-
-
-# ----------------------------------------------------------------------- seeds and options
-
-def _rollout(env, seed, actions, options=None) -> list:
-    out = []
-    obs, _ = env.reset(seed=seed, options=options)
-    out.append(("reset", obs))
-    for a in actions:
-        obs, r, term, trunc, _ = env.step(a)
-        out.append((obs, float(r), bool(term), bool(trunc)))
-        if term or trunc:
-            break
-    return out
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if isinstance(a, str) or isinstance(b, str):
-        return a == b
-    x, y = np.asarray(a), np.asarray(b)
-    if x.shape != y.shape:
-        return False
-    if x.dtype.kind in "fc" and y.dtype.kind in "fc":
-        return bool(np.array_equal(x, y, equal_nan=True))
-    return bool(np.array_equal(x, y))
-
-
-def _first_difference(a: list, b: list) -> str | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if not _same(x, y):
-            what = "the reset observation" if i == 0 else (
-                "observation" if not _same(x[0], y[0]) else
-                "reward" if x[1] != y[1] else "terminated/truncated")
-            return f"step {i}: {what}" if i else what
-    if len(a) != len(b):
-        return f"episode length {len(a) - 1} vs {len(b) - 1}"
-    return None
-
-
-def check_determinism(env, seed: int = 0, steps: int = DETERMINISM_STEPS) -> CheckResult:
-    """Two runs of at most ``steps`` steps from ``reset(seed=seed)`` with the same actions;
-    one from ``seed + 1``."""
-    import copy
-
-    name = "seed-determinism"
-    crit = "same seed + actions: same trajectory; another seed: a different one"
-    space = copy.deepcopy(env.action_space)
-    space.seed(seed + 1)
-    actions = [space.sample() for _ in range(steps)]
-    try:
-        a = _rollout(env, seed, actions)
-        b = _rollout(env, seed, actions)
-        c = _rollout(env, seed + 1, actions)
-    except Exception as exc:  # noqa: BLE001 - reported by env-exception / env-api too
-        return _skip(name, crit, f"the env raised ({type(exc).__name__}) while replaying")
-    diff = _first_difference(a, b)
-    if diff is not None:
-        return _fail(name, f"seed {seed} twice: differs at {diff}", crit,
-                     f"reset(seed={seed}) and the same {len(actions)} actions gave two "
-                     f"different trajectories (first difference: {diff}): results cannot "
-                     "be reproduced and a resumed run is not the run", "draw every random "
-                     "number from self.np_random (seeded by super().reset(seed=seed)), not "
-                     "from random / np.random / time", first_difference=diff)
-    if _first_difference(a, c) is None:
-        return _warn(name, f"seeds {seed} and {seed + 1}: identical {len(a) - 1} steps",
-                     crit, "a different seed gave the same trajectory: the env ignores its "
-                     "seed, so every environment copy and every run sees the same episodes "
-                     "(fine only if the env is meant to be deterministic)",
-                     "call super().reset(seed=seed) and draw the start state (and any "
-                     "noise) from self.np_random", steps=len(a) - 1)
-    return _ok(name, f"{len(a) - 1} steps replayed exactly; seed {seed + 1} differs", crit,
-               steps=len(a) - 1)
-
-
-def check_reset_options(env, seed: int = 0, replays: bool = True) -> CheckResult:
-    """``replays``: whether the env replays a seed (seed-determinism); without that, two
-    starts cannot be compared."""
-    name = "reset-options"
-    crit = "reset(seed=s, options={}) starts where reset(seed=s) does"
-    if not replays:
-        return _skip(name, crit, "the env does not replay a seed (seed-determinism), so "
-                     "two starts cannot be compared")
-    try:
-        o1, _ = env.reset(seed=seed)
-        o2, _ = env.reset(seed=seed, options={})
-    except Exception as exc:  # noqa: BLE001
-        return _fail(name, f"reset(options={{}}) raised {type(exc).__name__}", crit,
-                     f"reset(seed={seed}, options={{}}) raised {type(exc).__name__}: vector "
-                     "envs and wrappers pass options through", "treat options=None and an "
-                     "empty dict alike (options = options or {})")
-    if not _same(o1, o2):
-        return _fail(name, "different first observations", crit,
-                     f"reset(seed={seed}, options={{}}) and reset(seed={seed}) start from "
-                     "different observations: an empty options dict changes the episode",
-                     "treat options=None and an empty dict alike (options = options or {})")
-    return _ok(name, "same first observation", crit)

@@ -93,7 +93,7 @@ def _env_info(env, label: str):
 def _replay_steps(trace, seconds: float) -> int:
     """Steps of each of the three seed replays: 200, or fewer when a quarter of the time
     budget would not cover them at the measured step cost (at least 10)."""
-    from .env_checks import DETERMINISM_STEPS
+    from .env_replay import DETERMINISM_STEPS
 
     if not trace.step_times:
         return DETERMINISM_STEPS
@@ -106,14 +106,9 @@ def check_env(env: str | Callable[[], Any] | Any, *, env_kwargs: dict | None = N
               where: str = "env") -> CheckReport:
     """Run the environment checks (see the module documentation) and return the report:
     ``report.ok`` is False when a check FAILs; ``report.warned`` names the WARNs."""
-    from .env_checks import (
-        check_action_bounds,
-        check_api,
-        check_determinism,
-        check_reset_options,
-        trace_checks,
-    )
+    from .env_checks import check_action_bounds, check_api, trace_checks
     from .env_probe import probe
+    from .env_replay import check_determinism, check_reset_options
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise UsageError(f"steps: expected an integer >= 1, got {steps!r}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-__all__ = ["CheckResult", "CheckReport"]
+__all__ = ["CheckResult", "CheckReport", "passed", "warned", "failed", "skipped"]
 
 
 @dataclass
@@ -125,3 +125,19 @@ class CheckReport:
         warned = f", {n_warn} warning(s)" if n_warn else ""
         console.print(f"all checks passed{warned}" if self.ok else
                       f"{n_fail} check(s) failed{warned}")
+
+
+def passed(name, measured, criterion, fix="", **values) -> CheckResult:
+    return CheckResult(name, True, measured, criterion, "", values, fix=fix)
+
+
+def warned(name, measured, criterion, detail, fix, **values) -> CheckResult:
+    return CheckResult(name, True, measured, criterion, detail, values, warn=True, fix=fix)
+
+
+def failed(name, measured, criterion, detail, fix, **values) -> CheckResult:
+    return CheckResult(name, False, measured, criterion, detail, values, fix=fix)
+
+
+def skipped(name, criterion, why) -> CheckResult:
+    return CheckResult(name, None, "-", criterion, why)

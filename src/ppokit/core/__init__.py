@@ -6,7 +6,7 @@ the parts for each. Shape conventions: ``[T]`` / ``[T, N]`` time-major for envir
 ``[B, L]`` for tokens (with an action mask). See docs/architecture.md.
 """
 
-from .advantage import discounted_reverse_cumsum, gae, td_residuals, token_gae, token_gae_reference
+from .advantage import gae, td_residuals, token_gae, token_gae_reference
 from .group import (
     broadcast_to_tokens,
     dr_grpo_advantages,
@@ -56,6 +56,7 @@ from .registry import (
     token_advantages,
 )
 from .returns import discount_weights, discounted_return, reward_to_go
+from .scan import discounted_reverse_cumsum
 from .stats import explained_variance, masked_mean, masked_sum, masked_var, masked_whiten
 
 __all__ = [

@@ -27,6 +27,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .scan import (
+    CHUNK,
+    ROWS,
+    discounted_reverse_cumsum,
+    from_chunks,
+    scan_chunks,
+    to_chunks,
+)
 from .validation import (
     Tensor,
     as_tensor,
@@ -184,41 +192,6 @@ def _reverse_scan_time(x: Tensor, a: Tensor, chunk: int = 16) -> Tensor:
 # --------------------------------------------------------------------------- token layout
 
 
-def _power_matrix(c: float, n: int, dtype: torch.dtype, device) -> Tensor:
-    """``M[i, j] = c^(j − i)`` for ``j ≥ i`` else 0, shape ``[n, n]`` (computed in float64)."""
-    idx = torch.arange(n, device=device, dtype=torch.float64)
-    expo = idx[None, :] - idx[:, None]
-    m = torch.pow(torch.tensor(c, dtype=torch.float64, device=device), expo.clamp(min=0))
-    return torch.where(expo >= 0, m, torch.zeros_like(m)).to(dtype)
-
-
-def discounted_reverse_cumsum(x: Tensor, coef: float, chunk_size: int = 32) -> Tensor:
-    """``y_t = Σ_{k ≥ t} coef^(k−t) x_k`` along the last axis of ``x`` (``[..., L]``).
-
-    A two-level chunked scan: a ``[C, C]`` matrix of powers inside each chunk of C
-    positions, then the same over the chunk heads. No Python loop over L and no division
-    by ``coef^t`` (which would overflow for long sequences). ``coef`` in [0, 1].
-    """
-    coef = check_unit_interval(coef, "coef")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size: expected an integer >= 1, got {chunk_size}")
-    *lead, length = x.shape
-    if length == 0:
-        return x.clone()
-    c = min(chunk_size, length)
-    n_chunks = -(-length // c)
-    pad = n_chunks * c - length
-    xs = torch.nn.functional.pad(x.reshape(-1, length), (0, pad)).reshape(-1, n_chunks, c)
-    local = xs @ _power_matrix(coef, c, x.dtype, x.device).T  # [M, n, C]
-    if n_chunks > 1:
-        heads = local[..., 0] @ _power_matrix(coef**c, n_chunks, x.dtype, x.device).T  # [M, n]
-        nxt = torch.nn.functional.pad(heads[:, 1:], (0, 1))  # carry from the chunk after
-        i = torch.arange(c, device=x.device, dtype=torch.float64)
-        tail = torch.pow(torch.tensor(coef, dtype=torch.float64), c - i).to(x.dtype)  # c^(C−i)
-        local = local + nxt[..., None] * tail
-    return local.reshape(-1, n_chunks * c)[:, :length].reshape(*lead, length)
-
-
 def _token_inputs(rewards, values, mask, bootstrap_values):
     """Validate token-layout shapes and flags (finiteness is checked on action positions
     by the caller: padding may hold anything, NaN included)."""
@@ -266,85 +239,8 @@ def _check_action_values(t: Tensor, name: str) -> None:
 # Every operation is a NumPy elementwise ufunc: single-threaded, whatever the torch or BLAS
 # thread settings, so the speed does not depend on the thread count and no setting is
 # touched. (The torch path below, for other devices, runs its large ops on the intra-op
-# thread pool; on a busy CPU every such op waits for its slowest thread.)
-
-_CHUNK = 8  # positions per chunk (the layout changes cost more for longer chunks)
-_BLOCK = 1 << 17  # elements per row block of the layout changes (they stay in cache)
-_ROWS = 1 << 16  # elements per block of rows computed at once (the working set stays in
-# a core's cache)
-
-
-def _rows_per_block(row: int) -> int:
-    return max(1, _BLOCK // max(1, row))
-
-
-def _to_chunks(x: np.ndarray, c: int) -> np.ndarray:
-    """``[K, R, n·C]`` → ``[C, K, R, n]`` (position in chunk first), copied by row blocks."""
-    k, r, total = x.shape
-    n = total // c
-    out = np.empty((c, k, r, n), x.dtype)
-    dst, src = out.transpose(1, 2, 3, 0), x.reshape(k, r, n, c)
-    step = _rows_per_block(total)
-    for i in range(0, r, step):
-        dst[:, i:i + step] = src[:, i:i + step]
-    return out
-
-
-def _from_chunks(xt: np.ndarray) -> np.ndarray:
-    """``[C, K, R, n]`` → ``[K, R, n·C]``."""
-    c, k, r, n = xt.shape
-    out = np.empty((k, r, n, c), xt.dtype)
-    src = xt.transpose(1, 2, 3, 0)
-    step = _rows_per_block(n * c)
-    for i in range(0, r, step):
-        out[:, i:i + step] = src[:, i:i + step]
-    return out.reshape(k, r, n * c)
-
-
-def _scan_chunks(yt: np.ndarray, at: np.ndarray, carry: np.ndarray) -> np.ndarray:
-    """In place: ``yt`` ``[C, K, R, n]`` (inputs, chunk layout) becomes the scan
-    ``y_t = x_t + a_t y_{t+1}`` with ``at`` ``[C, R, n]`` and ``carry`` ``[K, R]`` after the
-    last chunk. Returns ``[K, R, n]``: the value just after each chunk (its carry-in)."""
-    c = yt.shape[0]
-    q = np.empty_like(at)  # q[i] = a[i] · … · a[C−1]: how a carry-in reaches position i
-    q[c - 1] = at[c - 1]
-    tmp = np.empty_like(yt[0])
-    for i in range(c - 2, -1, -1):  # each chunk's own scan, zero carry-in
-        np.multiply(yt[i + 1], at[i], out=tmp)
-        yt[i] += tmp
-        np.multiply(q[i + 1], at[i], out=q[i])
-    # the value at each chunk's first position: one level up, chunks as positions
-    first = _scan_np(yt[0], q[0], carry)
-    after = np.empty_like(first)
-    after[..., :-1] = first[..., 1:]
-    after[..., -1] = carry
-    if tmp.size <= _BLOCK:  # small: one broadcast operation
-        yt += q[:, None] * after
-    else:  # large: slice by slice, no temporary of the whole size
-        for i in range(c):
-            np.multiply(q[i], after, out=tmp)
-            yt[i] += tmp
-    return after
-
-
-def _scan_np(x: np.ndarray, a: np.ndarray, carry: np.ndarray) -> np.ndarray:
-    """``y_t = x_t + a_t y_{t+1}`` along the last axis, ``y_N = carry``. ``x``: ``[K, R, N]``
-    (K inputs sharing the coefficients), ``a``: ``[R, N]``, ``carry``: ``[K, R]``.
-
-    For the rows one level up (one value per chunk): recursive doubling, ⌈log₂ N⌉ rounds of
-    ``y_t += A_t y_{t+s}``, ``A_t *= A_{t+s}`` over contiguous slices (``A_t``: the product
-    of the coefficients the span from t covers), then the carry-in times the full products.
-    """
-    y = x.copy()
-    prod = a.copy()
-    s = 1
-    total = x.shape[-1]
-    while s < total:
-        y[..., :-s] += prod[:, :-s] * y[..., s:]
-        prod[:, :-s] *= prod[:, s:].copy()
-        s *= 2
-    y += prod * carry[..., None]
-    return y
+# thread pool; on a busy CPU every such op waits for its slowest thread.) The layout and
+# the scan are in scan.py.
 
 
 def _gae_rows(rn: np.ndarray, vn: np.ndarray, mn: np.ndarray, boot: np.ndarray | None,
@@ -355,7 +251,7 @@ def _gae_rows(rn: np.ndarray, vn: np.ndarray, mn: np.ndarray, boot: np.ndarray |
     dt = rn.dtype.type
     mf = mn.astype(rn.dtype)
     bsz, length = rn.shape
-    c = _CHUNK
+    c = CHUNK
     n = -(-(length + 1) // c)  # at least one padded position: it holds the carry-in b
     buf = np.empty((3, bsz, n * c), rn.dtype)  # masked rewards, masked values, coefficients
     xr, xv, xa = buf[0, :, :length], buf[1, :, :length], buf[2, :, :length]
@@ -375,10 +271,10 @@ def _gae_rows(rn: np.ndarray, vn: np.ndarray, mn: np.ndarray, boot: np.ndarray |
     carry = np.zeros((2, bsz), rn.dtype)
     if boot is not None:
         carry[:] = boot
-    t = _to_chunks(buf, c)
+    t = to_chunks(buf, c)
     yt = t[:, :2]
-    _scan_chunks(yt, t[:, 2], carry)
-    y = _from_chunks(yt)  # [2, b, n·C]: scans of the rewards and of the values
+    scan_chunks(yt, t[:, 2], carry)
+    y = from_chunks(yt)  # [2, b, n·C]: scans of the rewards and of the values
     # A = R − v + γ(1 − λ)·T at the next position (the carry-in after the row's end)
     np.multiply(y[1, :, 1:length + 1], dt(gamma * (1.0 - lam)), out=ret)
     ret += y[0, :, :length]
@@ -392,7 +288,7 @@ def _gae_rows(rn: np.ndarray, vn: np.ndarray, mn: np.ndarray, boot: np.ndarray |
 
 def _token_gae_numpy(r: Tensor, v: Tensor, m: Tensor, gamma: float, lam: float,
                      boot: Tensor | None) -> tuple[Tensor, Tensor]:
-    """:func:`token_gae` for CPU tensors (see the comment above ``_CHUNK``), by blocks of
+    """:func:`token_gae` for CPU tensors (see the comment above ``_gae_rows``), by blocks of
     rows small enough for the working set to stay in cache."""
     dtype = r.dtype
     work = torch.float64 if dtype == torch.float64 else torch.float32
@@ -402,7 +298,7 @@ def _token_gae_numpy(r: Tensor, v: Tensor, m: Tensor, gamma: float, lam: float,
     bsz, length = rn.shape
     adv = np.empty((bsz, length), rn.dtype)
     ret = np.empty_like(adv)
-    rows = max(1, _ROWS // (length + _CHUNK))
+    rows = max(1, ROWS // (length + CHUNK))
     finite = bool(np.isfinite(rn).all() and np.isfinite(vn).all())
     with np.errstate(all="ignore"):  # an overflow gives inf, as in torch, without a warning
         for i in range(0, bsz, rows):
@@ -435,7 +331,7 @@ def token_gae(rewards, values, mask, gamma: float, lam: float, *,
         ``(advantages, returns)``, ``[B, L]``, ``returns = advantages + values`` on action
         positions; both are exactly 0 at masked positions.
 
-    On the CPU a chunked scan in NumPy (see the comment above ``_CHUNK`` in the source):
+    On the CPU a chunked scan in NumPy (see the comment above ``_gae_rows`` in the source):
     single-threaded by construction, so it is as fast at one torch thread as at many, and it
     leaves every thread setting alone. float16/bfloat16 inputs are computed in float32. On
     other devices the actions of each row are packed to the left (a stable sort of the
