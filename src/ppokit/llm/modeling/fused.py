@@ -53,6 +53,8 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from .fused_weights import adapter_parts, apply_product, cast, layer_weights, product, unwrap
+
 __all__ = ["ENV_VAR", "FusedSampler", "fused_logits", "unsupported_reason"]
 
 ENV_VAR = "PPOKIT_FUSED_FORWARD"
@@ -65,7 +67,7 @@ def unsupported_reason(model) -> str | None:
     """Why :func:`fused_logits` would not run ``model`` (None: it would)."""
     if os.environ.get(ENV_VAR, "1").strip() == "0":
         return f"{ENV_VAR}=0"
-    model = _unwrap(model)
+    model = unwrap(model)
     name = type(model).__name__
     if name not in _ARCHS:
         return f"architecture {name}"
@@ -98,7 +100,7 @@ def unsupported_reason(model) -> str | None:
         # forward, which reading ``.weight`` here would bypass
         for m in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, mlp.gate_proj, mlp.up_proj,
                   mlp.down_proj):
-            if _parts(m) is None:
+            if adapter_parts(m) is None:
                 return f"projection of type {type(m).__name__}"
         for norm in (layer.input_layernorm, layer.post_attention_layernorm):
             if not hasattr(norm, "variance_epsilon"):
@@ -129,7 +131,7 @@ def fused_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         return None
     dev = input_ids.device.type
     low = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
-    if low is None and _unwrap(model).model.embed_tokens.weight.dtype != torch.float32:
+    if low is None and unwrap(model).model.embed_tokens.weight.dtype != torch.float32:
         return None  # a model held in a low-precision format: transformers' forward
     with torch.autocast(dev, enabled=False):
         return _forward(model, input_ids, attention_mask.long(), prompt_len, low, min_prompts,
@@ -155,132 +157,6 @@ def _rms(h: torch.Tensor, norm) -> torch.Tensor:
     return norm.weight * (h * torch.rsqrt(var + norm.variance_epsilon))
 
 
-def _cast(t, dtype):
-    return t if t is None or t.dtype == dtype else t.to(dtype)
-
-
-def _unwrap(model):
-    """The transformers model inside a PEFT wrapper (the model itself otherwise)."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
-def _parts(m):
-    """``(linear, adapters)`` of a projection: a plain ``nn.Linear`` with no adapters, or
-    PEFT's LoRA layer as its frozen base ``nn.Linear`` and the ``(A, B, scale)`` of each
-    active adapter (none while adapters are disabled). None for anything else (a
-    quantised layer, DoRA and other variants, LoRA dropout, merged weights): those keep
-    their own forward."""
-    if type(m) is torch.nn.Linear:
-        return m, ()
-    base, lora_a = getattr(m, "base_layer", None), getattr(m, "lora_A", None)
-    if type(base) is not torch.nn.Linear or lora_a is None or getattr(m, "merged", True):
-        return None
-    if getattr(m, "disable_adapters", False):
-        return base, ()
-    active = [name for name in m.active_adapters if name in lora_a]
-    if len(active) > 1:
-        return None
-    out = []
-    for name in active:
-        if name in getattr(m, "lora_variant", {}) or type(m.lora_dropout[name]) is not \
-                torch.nn.Identity:
-            return None
-        out.append((lora_a[name].weight, m.lora_B[name].weight, float(m.scaling[name])))
-    return base, tuple(out)
-
-
-# concatenations of frozen weights (LoRA's base, a reference model), kept between calls
-_frozen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _cat(key, weights, biases, dtype):
-    """``(weight, bias)``: ``weights`` concatenated (and their biases, zeros standing for a
-    missing one) in ``dtype``; differentiable. Frozen weights (no gradient) are concatenated
-    once and kept, keyed by ``key`` (a module), until one of them changes in place."""
-    frozen = not any(t.requires_grad for t in (*weights, *[b for b in biases
-                                                           if b is not None]))
-    if frozen:
-        stamp = (dtype, tuple(t._version for t in weights),
-                 tuple(-1 if b is None else b._version for b in biases))
-        have = _frozen.get(key)
-        if have is not None and have[0] == stamp:
-            return have[1]
-    w = torch.cat([_cast(v, dtype) for v in weights]) if len(weights) > 1 else _cast(
-        weights[0], dtype)
-    b = None
-    if any(x is not None for x in biases):
-        b = torch.cat([_cast(x, dtype) if x is not None else
-                       torch.zeros(v.shape[0], dtype=dtype, device=v.device)
-                       for x, v in zip(biases, weights)])
-    if frozen and (len(weights) > 1 or w is not weights[0]):
-        _frozen[key] = (stamp, (w, b))
-    return w, b
-
-
-def _prep(modules, dtype, merge: bool = False):
-    """One product over ``modules`` (their outputs concatenated): ``(weight, bias,
-    adapters)``, ``adapters`` None without LoRA, else ``(A, [(B, scale, rank, width)])``
-    with the modules' A matrices concatenated (one product for every adapter's input
-    projection) and a ``B`` of None for a module without one.
-
-    ``merge`` (no gradient: the sampler): each adapter's ``scale · B A`` is added to a
-    copy of its module's weight rows instead, so that a decoding step makes one product
-    per projection (the same function; float rounding differs)."""
-    parts = [_parts(m) for m in modules]
-    lin = [p[0] for p in parts]
-    w, b = _cat(modules[0], [x.weight for x in lin], [x.bias for x in lin], dtype)
-    if not any(p[1] for p in parts):
-        return w, b, None
-    if merge:
-        w, row = w.clone(), 0
-        for x, (_, ads) in zip(lin, parts):
-            for a_w, b_w, scale in ads:
-                w[row:row + x.out_features] += (b_w.float() @ a_w.float() * scale).to(dtype)
-            row += x.out_features
-        return w, b, None
-    a_all, outs = [], []
-    for x, (_, ads) in zip(lin, parts):
-        if not ads:
-            outs.append((None, 0.0, 0, x.out_features))
-        for a_w, b_w, scale in ads:
-            a_all.append(_cast(a_w, dtype))
-            outs.append((_cast(b_w, dtype), scale, a_w.shape[0], x.out_features))
-    return w, b, (torch.cat(a_all) if len(a_all) > 1 else a_all[0], outs)
-
-
-def _lin(x, prod):
-    """``x`` through one :func:`_prep` product: the base product plus, for each module
-    with an adapter, ``scale · (x Aᵀ) Bᵀ`` in that module's output columns."""
-    w, b, lora = prod
-    y = F.linear(x, w, b)
-    if lora is None:
-        return y
-    a, outs = lora
-    xa = F.linear(x, a)
-    cols, i = [], 0
-    for B, scale, r, width in outs:
-        if B is None:
-            cols.append(y.new_zeros(*y.shape[:-1], width))
-        else:
-            cols.append(F.linear(xa[..., i:i + r], B) * scale)
-            i += r
-    return y + (torch.cat(cols, -1) if len(cols) > 1 else cols[0])
-
-
-def _layer_weights(model, dtype, merge: bool = False):
-    """Per decoder layer, lazily (each layer's concatenations made when it is reached):
-    ``(input norm, attention scale, qkv, o, post-attention norm, gate/up, down)``, the
-    products as :func:`_prep` triples."""
-    for layer in _unwrap(model).model.layers:
-        a, mlp = layer.self_attn, layer.mlp
-        yield (layer.input_layernorm, a.scaling,
-               _prep([a.q_proj, a.k_proj, a.v_proj], dtype, merge),
-               _prep([a.o_proj], dtype, merge),
-               layer.post_attention_layernorm,
-               _prep([mlp.gate_proj, mlp.up_proj], dtype, merge),
-               _prep([mlp.down_proj], dtype, merge))
-
-
 def _formats(device_type: str, low):
     """``(projection dtype, attention dtype)`` under autocast format ``low`` (None: off):
     attention in float32 on the CPU (as ppokit/llm/modeling/precision.py gives transformers'
@@ -292,26 +168,27 @@ def _formats(device_type: str, low):
 
 def _decoder(h, layers, cos, sin, heads: tuple[int, int, int], act, att, attend):
     """The decoder layers on hidden states ``h`` ``[..., D]`` (float32): ``layers`` from
-    :func:`_layer_weights`, rotary ``cos``/``sin`` broadcastable to ``[..., heads, hd]``,
+    :func:`layer_weights`, rotary ``cos``/``sin`` broadcastable to ``[..., heads, hd]``,
     ``attend(i, q, k, v, scale)`` the attention of layer ``i`` (q ``[..., H, hd]``, k and v
     ``[..., KV, hd]``, in ``att``) returning ``[..., H·hd]``."""
     H, KV, hd = heads
     for i, (n1, scale, qkv_w, o_w, n2, gu_w, d_w) in enumerate(layers):
-        qkv = _lin(_cast(_rms(h, n1), act), qkv_w)
+        qkv = apply_product(cast(_rms(h, n1), act), qkv_w)
         q, k, v = qkv.view(*qkv.shape[:-1], H + 2 * KV, hd).split([H, KV, KV], -2)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         o = attend(i, q.to(att), k.to(att), v.to(att), scale)
-        h = h + _lin(_cast(o, act), o_w)
-        gate, up = _lin(_cast(_rms(h, n2), act), gu_w).chunk(2, -1)
-        h = h + _lin(_cast(F.silu(gate) * up, act), d_w)
+        h = h + apply_product(cast(o, act), o_w)
+        gate, up = apply_product(cast(_rms(h, n2), act), gu_w).chunk(2, -1)
+        h = h + apply_product(cast(F.silu(gate) * up, act), d_w)
     return h
 
 
 def _head(model, h, act, weights=None):
-    """The final norm and the output head (``weights``: its :func:`_prep` pair, made here
+    """The final norm and the output head (``weights``: its :func:`product` pair, made here
     when not given)."""
-    model = _unwrap(model)
-    return _lin(_cast(_rms(h, model.model.norm), act), weights or _prep([model.lm_head], act))
+    model = unwrap(model)
+    return apply_product(cast(_rms(h, model.model.norm), act),
+                         weights or product([model.lm_head], act))
 
 
 def _rotate(t, cos, sin):
@@ -459,7 +336,7 @@ def _expand_kv(t: torch.Tensor, rep: int) -> torch.Tensor:
 def _forward(model, ids, mask, prompt_len, low, min_prompts=0, logits_from=0):
     from .positions import distinct_prompts, position_ids_from_mask
 
-    model = _unwrap(model)
+    model = unwrap(model)
     body = model.model
     cfg = model.config
     B, L = ids.shape
@@ -484,7 +361,7 @@ def _forward(model, ids, mask, prompt_len, low, min_prompts=0, logits_from=0):
     def attend(_, q, k, v, scale):
         return lay.attend(q, k, v, scale, H, KV)[0]
 
-    h = _decoder(body.embed_tokens(lay.tok), _layer_weights(model, act), cos, sin,
+    h = _decoder(body.embed_tokens(lay.tok), layer_weights(model, act), cos, sin,
                  (H, KV, hd), act, att, attend)
     # the output head only where logits are wanted (positions logits_from .. L-1)
     k, D = logits_from, h.shape[-1]
@@ -507,15 +384,15 @@ class FusedSampler:
         dev = torch.device(device).type
         low = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
         self.act, self.att = _formats(dev, low)
-        model = _unwrap(model)
+        model = unwrap(model)
         body, cfg = model.model, model.config
         self.model, self.body, self.cap = model, body, capacity
         self.H = cfg.num_attention_heads
         self.KV = getattr(cfg, "num_key_value_heads", None) or self.H
         self.hd = body.layers[0].self_attn.head_dim
         # cast (and LoRA adapters merged) once per sampling call, not at every step
-        self.layers = list(_layer_weights(model, self.act, merge=True))
-        self.head_w = _prep([_unwrap(model).lm_head], self.act)
+        self.layers = list(layer_weights(model, self.act, merge=True))
+        self.head_w = product([unwrap(model).lm_head], self.act)
         self.cos, self.sin = _rope_tables(body.rotary_emb, capacity + 1, torch.device(device))
         self.k = self.v = self.keymask = None
         self.n = 0
