@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ppokit.errors import UsageError
-from ppokit.io.lifecycle import RunLifecycle
+from ppokit.io.lifecycle import Plan, RunLifecycle
 from ppokit.io.rundir import RunDir
 from ppokit.io.signals import Interrupted
 
@@ -15,10 +15,13 @@ from ppokit.io.signals import Interrupted
 class _Toy(RunLifecycle):
     def __init__(self, run_dir: Path, total=5, every=2, limit=None, stop_at=None, fail_at=None):
         self.run_dir, self.rundir = run_dir, RunDir(run_dir, new=True)
-        self.total_iterations, self.checkpoint_every, self.time_limit = total, every, limit
+        self.run_plan = Plan(total, every, limit)
         self.iteration, self.elapsed, self.messages, self.written = 0, 0.0, [], []
         self.stop_at, self.fail_at, self.finished = stop_at, fail_at, False
         self.log = self.messages.append
+
+    def plan(self):
+        return self.run_plan
 
     def run_iteration(self):
         if self.iteration + 1 == self.fail_at:

@@ -71,7 +71,7 @@ from ppokit.envs import (
 from ppokit.envs.vec import training_vec
 from ppokit.errors import UsageError
 from ppokit.io.atomic import atomic_write_text
-from ppokit.io.lifecycle import RunLifecycle
+from ppokit.io.lifecycle import Plan, RunLifecycle
 from ppokit.io.metrics import MetricsWriter, truncate_metrics
 from ppokit.io.rundir import RunDir, fail_start
 from ppokit.io.signals import GracefulStop
@@ -467,13 +467,8 @@ class Trainer(RunLifecycle):
             self.metrics.close()
 
     # ------------------------------------------------------------------ the run's life
-    @property
-    def total_iterations(self) -> int:
-        return self.cfg.num_iterations
-
-    @property
-    def checkpoint_every(self) -> int:
-        return self.cfg.checkpoint_every
+    def plan(self) -> Plan:
+        return Plan(self.cfg.num_iterations, self.cfg.checkpoint_every)
 
     def run_iteration(self) -> dict[str, Any]:
         return self.iterate(self._on_iteration)

@@ -7,7 +7,8 @@ generating, labelling, updating, and what its checkpoint holds. It provides:
 
 * ``run_dir``, ``rundir`` (:class:`~ppokit.io.rundir.RunDir`), ``log``, ``iteration``,
   ``elapsed`` (seconds of training so far);
-* ``total_iterations``, ``checkpoint_every`` and ``time_limit`` (seconds or ``None``);
+* ``plan()`` — the run's :class:`Plan`: its last iteration, the checkpoint interval and the
+  time limit (seconds or ``None``), read afresh each iteration (a run may be extended);
 * ``run_iteration()`` — one iteration, returning its metrics record;
 * ``write_checkpoint()`` — the trainer's state under :meth:`checkpoint_path`;
 * ``resume_command()`` — the command that continues the run;
@@ -22,13 +23,20 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 from .checkpoint import remove_leftovers, set_aside_newer
 from .metrics import missing_iterations, truncate_metrics
 from .rundir import fail_run
 from .signals import GracefulStop, Interrupted
 
-__all__ = ["RunLifecycle"]
+__all__ = ["RunLifecycle", "Plan"]
+
+
+class Plan(NamedTuple):
+    total_iterations: int
+    checkpoint_every: int
+    time_limit: float | None = None
 
 
 class RunLifecycle:
@@ -37,9 +45,11 @@ class RunLifecycle:
     _saved_iteration: int | None = None
     stopped_early: bool = False
     stop_reason: str | None = None
-    time_limit: float | None = None
 
     # ------------------------------------------------------------------ the trainer's part
+    def plan(self) -> Plan:  # pragma: no cover - every trainer defines it
+        raise NotImplementedError
+
     def run_iteration(self) -> dict:  # pragma: no cover - every trainer defines it
         raise NotImplementedError
 
@@ -84,8 +94,9 @@ class RunLifecycle:
         return path
 
     def checkpoint_due(self) -> bool:
-        return (self.iteration % self.checkpoint_every == 0
-                or self.iteration >= self.total_iterations)
+        plan = self.plan()
+        return (self.iteration % plan.checkpoint_every == 0
+                or self.iteration >= plan.total_iterations)
 
     # ------------------------------------------------------------------ the loop
     def run_to_end(self, stop: GracefulStop | None = None) -> None:
@@ -105,8 +116,8 @@ class RunLifecycle:
             self.rundir.close()
 
     def _loop(self, stop: GracefulStop | None) -> None:
-        while self.iteration < self.total_iterations:
-            limit = self.time_limit
+        while self.iteration < self.plan().total_iterations:
+            limit = self.plan().time_limit
             if self.agree(limit is not None and self.elapsed >= limit):
                 self.stop_reason = f"time limit of {limit:.0f} s reached"
                 self.log(f"{self.stop_reason} at iteration {self.iteration}")

@@ -113,27 +113,13 @@ def bench_token_gae(batch: int = 64, length: int = 4096, repeats: int = 3) -> di
 def bench_trainer(algo: str = "grpo", iterations: int = 5, model_size: str = "tiny",
                   **overrides) -> dict:
     from ..modeling.models import build_char_tokenizer
-    from ..training.trainer import LLMConfig, TokenTrainer
+    from ..training.trainer import LLMConfig
 
     tok = build_char_tokenizer()
     model = build_bench_model(model_size, tok)
     cfg = replace(LLMConfig(algo=algo, iterations=iterations, checkpoint_every=10**9),
                   **overrides)
-    tmp = tempfile.mkdtemp(prefix="ppokit-bench-")
-    tr = None
-    try:
-        tr = TokenTrainer(cfg, tmp, policy=model, tokenizer=tok, log=lambda *a: None)
-        rss_start = rss_mb()  # libraries imported, models built: before any iteration
-        tr.train_iteration()  # warm-up
-        recs, cpu = [], []
-        for _ in range(iterations):
-            c0 = time.process_time()
-            recs.append(tr.train_iteration())
-            cpu.append(time.process_time() - c0)
-    finally:
-        if tr is not None:
-            tr.close()  # its metrics writers, before their directory goes
-        shutil.rmtree(tmp, ignore_errors=True)
+    tr, recs, cpu, rss_start = timed_iterations(cfg, iterations, policy=model, tokenizer=tok)
     out = {"algo": algo, "sequences_per_iter": tr.cfg.prompts_per_iter * tr.cfg.samples_per_prompt}
     for phase in ("generation", "scoring", "training"):
         out[f"tokens_per_s_{phase}"] = statistics.median(r[f"tokens_per_s_{phase}"]
@@ -317,14 +303,45 @@ def run_bench(batch: int = 64, length: int = 4096, iterations: int = 5,
     if algo != "grpo":
         print("the TRL comparison runs with --algo grpo only")
         return res
+    trl_res = with_trl(res, t, ours, theirs, rounds)
+    res["ratio"] = t["tokens_per_s_total"] / trl_res["tokens_per_s_total"]
+    res["cpu_ratio"] = trl_res["cpu_seconds_per_iteration"] / t["cpu_seconds_per_iteration"]
+    return res
+
+
+def with_trl(res: dict, t: dict, ours: list[dict], theirs: list[dict], rounds: int) -> dict:
+    """TRL's median record into ``res`` (``trl``) with each round's ratio of seconds per
+    iteration (``round_ratios``), and the side-by-side table printed; returns the record."""
     trl_res = median_record(theirs)
     res["trl"] = trl_res
     res["round_ratios"] = [b["seconds_per_iteration"] / a["seconds_per_iteration"]
                            for a, b in zip(ours, theirs)]
-    res["ratio"] = t["tokens_per_s_total"] / trl_res["tokens_per_s_total"]
-    res["cpu_ratio"] = trl_res["cpu_seconds_per_iteration"] / t["cpu_seconds_per_iteration"]
     print(comparison_table(t, trl_res, rounds))
-    return res
+    return trl_res
+
+
+def timed_iterations(cfg, iterations: int, **trainer_kw):
+    """``(trainer, records, cpu seconds, rss at start)`` of ``iterations`` timed training
+    iterations of ``cfg`` after one warm-up, in a temporary run directory removed after;
+    the resident memory is read once the libraries are imported and the models built."""
+    from ..training.trainer import TokenTrainer
+
+    tmp = tempfile.mkdtemp(prefix="ppokit-bench-")
+    tr = None
+    try:
+        tr = TokenTrainer(cfg, tmp, log=lambda *a: None, **trainer_kw)
+        rss_start = rss_mb()
+        tr.train_iteration()  # warm-up
+        recs, cpu = [], []
+        for _ in range(iterations):
+            c0 = time.process_time()
+            recs.append(tr.train_iteration())
+            cpu.append(time.process_time() - c0)
+    finally:
+        if tr is not None:
+            tr.close()  # its metrics writers, before their directory goes
+        shutil.rmtree(tmp, ignore_errors=True)
+    return tr, recs, cpu, rss_start
 
 
 def median_record(recs: list[dict]) -> dict:

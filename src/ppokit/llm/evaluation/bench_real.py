@@ -28,7 +28,7 @@ import torch
 
 from ppokit.errors import UsageError
 
-from .bench import comparison_table, peak_rss_mb, rss_mb, timing_wrapper
+from .bench import peak_rss_mb, rss_mb, timed_iterations, timing_wrapper, with_trl
 
 __all__ = ["GEOMETRY", "bench_ppokit_real", "bench_trl_real", "run_real_bench",
            "matmul_peak_gflops", "token_flops"]
@@ -93,29 +93,14 @@ def bench_ppokit_real(model_dir: str, task: str = "numbers", iterations: int = 3
     """ppokit's GRPO on ``model_dir`` with :data:`GEOMETRY`: seconds and completion
     tokens per iteration by phase (medians after one warm-up iteration)."""
     from ..training.config import LLMConfig
-    from ..training.trainer import TokenTrainer
 
     g = GEOMETRY
     cfg = LLMConfig(algo="grpo", model=model_dir, task=task, iterations=iterations + 1,
                     checkpoint_every=10**9, agg="seq-mean-token-mean",
                     batch_size=g["prompts_per_iter"] * g["samples_per_prompt"] // 2,
                     **{k: v for k, v in g.items()})
-    tmp = tempfile.mkdtemp(prefix="ppokit-bench-")
-    tr = None
-    try:
-        tr = TokenTrainer(cfg, tmp, log=lambda *a: None)
-        flops = token_flops(tr.policy)
-        rss_start = rss_mb()
-        tr.train_iteration()  # warm-up
-        recs, cpu = [], []
-        for _ in range(iterations):
-            c0 = time.process_time()
-            recs.append(tr.train_iteration())
-            cpu.append(time.process_time() - c0)
-    finally:
-        if tr is not None:
-            tr.close()
-        shutil.rmtree(tmp, ignore_errors=True)
+    tr, recs, cpu, rss_start = timed_iterations(cfg, iterations)
+    flops = token_flops(tr.policy)
     out = {"sequences_per_iter": g["prompts_per_iter"] * g["samples_per_prompt"]}
     for phase in ("generation", "scoring", "training"):
         out[f"time_{phase}"] = statistics.median(r[f"time_{phase}"] for r in recs)
@@ -273,11 +258,7 @@ def run_real_bench(model: str, task: str = "numbers", iterations: int = 3,
         print("trl (and peft) are not installed: the TRL comparison is skipped "
               "(pip install 'ppokit[bench]')")
         return res
-    trl_res = median_record(theirs)
-    res["trl"] = trl_res
-    res["round_ratios"] = [b["seconds_per_iteration"] / a["seconds_per_iteration"]
-                           for a, b in zip(ours, theirs)]
+    trl_res = with_trl(res, t, ours, theirs, rounds)
     res["ratio"] = trl_res["seconds_per_iteration"] / t["seconds_per_iteration"]
     res["token_ratio"] = t["tokens_per_s_total"] / trl_res["tokens_per_s_total"]
-    print(comparison_table(t, trl_res, rounds))
     return res

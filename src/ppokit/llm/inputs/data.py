@@ -102,23 +102,24 @@ def _read_path(path: str, what: str) -> list[dict]:
     if ext == ".csv":
         return [dict(r) for r in csv.DictReader(text.splitlines())]
     if ext == ".json" and text.lstrip().startswith("["):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"{what}: {path}: bad JSON: {exc}") from None
-        except RecursionError:
-            raise UsageError(f"{what}: {path}: lists and objects nested too deeply") from None
-        _check_nesting(data, f"{what}: {path}")
-        return list(data)
+        return list(_json(text, f"{what}: {path}"))
     if ext in (".json", ".jsonl"):
         return _read_lines(path, text, what)
     return [{"prompt": line} for line in text.splitlines() if line.strip()]
 
 
-def _check_nesting(value, where: str) -> None:
+def _json(text: str, where: str):
+    """``text`` parsed as JSON, each problem an error naming ``where``."""
     from ppokit.io.atomic import check_nesting
 
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{where}: bad JSON: {exc}") from None
+    except RecursionError:
+        raise UsageError(f"{where}: lists and objects nested too deeply") from None
     check_nesting(value, where)
+    return value
 
 
 def _read_lines(path: str, text: str, what: str) -> list[dict]:
@@ -127,14 +128,7 @@ def _read_lines(path: str, text: str, what: str) -> list[dict]:
         if not line.strip():
             continue
         if line.lstrip().startswith("{"):
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UsageError(f"{what}: {path}:{i}: bad JSON: {exc}") from None
-            except RecursionError:
-                raise UsageError(f"{what}: {path}:{i}: nested too deeply") from None
-            _check_nesting(row, f"{what}: {path}:{i}")
-            rows.append(row)
+            rows.append(_json(line, f"{what}: {path}:{i}"))
         else:
             rows.append({"prompt": line.rstrip("\n")})
     return rows

@@ -5,16 +5,14 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, fields, replace
 
+from ppokit import settings
 from ppokit.algos.config import SEED_MAX
 from ppokit.core.kl import DEFAULT_KL_LOSS_ESTIMATOR
 from ppokit.core.registry import ADVANTAGES, GROUP_ADVANTAGES, POLICY_LOSSES
 from ppokit.engine.recipe import COEF_MAX, recipe
 from ppokit.errors import UsageError
 from ppokit.settings import (
-    bounds_of,
-    brief,
     check_fields,
-    choices_of,
     fail,
     help_table,
     parse_text,
@@ -239,7 +237,8 @@ class LLMConfig:
             cfg = replace(cfg, algo="ppo" if cfg.model is None and cfg.prompts is None
                           and not pretrained else "grpo")
         if not isinstance(cfg.algo, str) or cfg.algo not in ALGOS:
-            _fail("algo", f"unknown algorithm {brief(cfg.algo)}; known: {', '.join(ALGOS)}")
+            _fail("algo", f"unknown algorithm {settings.brief(cfg.algo)}; known: "
+                  f"{', '.join(ALGOS)}")
         kind = "pretrained" if cfg.model is not None or pretrained else "builtin"
         preset = {**MODEL_DEFAULTS[kind], **PRESETS[cfg.algo]}
         upd = {k: v for k, v in preset.items() if getattr(cfg, k) is None}
@@ -355,8 +354,8 @@ class LLMConfig:
 # is None may also be None)
 LIMITS: dict[str, tuple[bool, float, float, bool]] = {
     name: (isinstance(lo, int) and isinstance(hi, int), lo, hi, lo_open)
-    for name, (lo, hi, lo_open) in bounds_of(LLMConfig).items()}
-CHOICES = choices_of(LLMConfig)
+    for name, (lo, hi, lo_open) in settings.bounds_of(LLMConfig).items()}
+CHOICES = settings.choices_of(LLMConfig)
 PATHS = ("model", "prompts", "eval_prompts", "reward_model")
 # checked by their own rules: reward entries (module:function, a directory or a callable)
 # in _check_fields, reward_weights (finite numbers, one per reward) in resolved()

@@ -59,7 +59,7 @@ from ppokit.io import (
     GracefulStop,
     RunDir,
 )
-from ppokit.io.lifecycle import RunLifecycle
+from ppokit.io.lifecycle import Plan, RunLifecycle
 from ppokit.io.rundir import fail_start
 
 from ..inputs.reward_setup import (  # noqa: F401 (re-exported)
@@ -456,17 +456,8 @@ class TokenTrainer(RunLifecycle):
         return self._recs
 
     # ------------------------------------------------------------------ the run's life
-    @property
-    def total_iterations(self) -> int:
-        return self.cfg.iterations
-
-    @property
-    def checkpoint_every(self) -> int:
-        return self.cfg.checkpoint_every
-
-    @property
-    def time_limit(self) -> float | None:
-        return self.cfg.time_limit
+    def plan(self) -> Plan:
+        return Plan(self.cfg.iterations, self.cfg.checkpoint_every, self.cfg.time_limit)
 
     def run_iteration(self) -> dict:
         rec = self.train_iteration()
