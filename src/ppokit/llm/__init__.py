@@ -19,7 +19,7 @@ dynamic sampling), ``training/`` (the configuration, the trainers, ranks), ``eva
 Command line: ``ppokit llm train|compare|eval|sft|rm|dpo|bench|fetch``.
 """
 
-from .api import LLMRun, train
+from .api import LLMRun, train, train_agent
 from .evaluation.demo import run_reward_hacking_demo
 from .evaluation.evaluate import evaluate_lm_run, score_policy
 from .inputs.task import ArithmeticTask, ReverseTask, answer_format, correct_answer, reverse_score
@@ -29,7 +29,8 @@ from .training.trainer import ALGOS, LLMConfig, TokenTrainer, compute_labels
 
 __all__ = [
     "ALGOS", "ArithmeticTask", "LLMConfig", "LLMRun", "ReverseTask", "answer_format",
-    "correct_answer", "train", "TokenRollout", "TokenTrainer", "build_char_tokenizer",
+    "correct_answer", "train", "train_agent",
+    "TokenRollout", "TokenTrainer", "build_char_tokenizer",
     "build_tiny_model", "compute_labels", "encode_prompts", "evaluate_lm_run", "generate",
     "load_lm", "reverse_score", "run_reward_hacking_demo", "save_policy", "score_policy",
     "sequence_logprobs",

@@ -9,14 +9,16 @@ trained policy. The run directory is an ordinary ``ppokit llm`` run directory.
 
 from __future__ import annotations
 
+import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from ppokit.errors import UsageError
 
-__all__ = ["train", "LLMRun"]
+__all__ = ["train", "train_agent", "LLMRun"]
 
 # keys train() takes as its own arguments, not through **config
 _ARGUMENT_KEYS = {"model": "model", "prompts": "train_dataset", "eval_prompts": "eval_dataset",
@@ -100,6 +102,76 @@ def train(model, reward_funcs, train_dataset, algo: str = "grpo", eval_dataset=N
     run_dir = str(unique_run_dir("runs", f"llm-{cfg.algo}")) if fresh else str(run_dir)
     tr = TokenTrainer(cfg, run_dir, policy=policy, tokenizer=tok, log=log, fresh=fresh,
                       train_rows=train_rows, eval_rows=eval_rows, callbacks=callbacks)
+    log(f"run dir: {run_dir}")
+    try:
+        history = tr.train(progress=progress)
+    finally:
+        tr.close()
+    return LLMRun(tr, history)
+
+
+def train_agent(env, model=None, algo: str = "grpo", tokenizer=None, tools=(), run_dir=None,
+                callbacks=(), *, env_kwargs: dict | None = None, resume: bool = False,
+                progress: bool = False, log=print, **config) -> LLMRun:
+    """Train a language model to act in the text environment ``env`` over several turns
+    (docs/agents.md); returns an :class:`LLMRun`.
+
+    * ``env``: a text environment's id (``ppokit/GuessNumber-v0``, a registered Gymnasium id
+      or ``module:Id``), a factory returning one, or an instance (module
+      :mod:`ppokit.llm.agents.env`); ``env_kwargs`` its keyword arguments.
+    * ``model``: None (the built-in tiny model, warm-started on the environment's
+      demonstrations when it has them), a local model directory or a loaded
+      ``transformers`` causal LM (with ``tokenizer``).
+    * ``tools``: functions the model may call (their schemas from their signatures and
+      docstrings: :mod:`ppokit.llm.agents.tools`).
+    * ``resume``: continue the run in ``run_dir`` (pass the same ``env`` and ``tools``).
+    * ``**config``: any :class:`LLMConfig` key (``iterations``, ``max_turns``,
+      ``samples_per_prompt`` — episodes per seed —, ``max_new_tokens`` — one turn's cap —,
+      ...).
+    """
+    from ppokit.errors import require_extra
+    from ppokit.io import unique_run_dir
+
+    require_extra(("transformers", "tokenizers"), "llm", "ppokit.llm.train_agent")
+    from ppokit.cliutil import check_callbacks
+
+    from .modeling.models import load_lm, quiet_transformers
+    from .training.config import config_from_values
+    from .training.runfiles import config_from_run
+    from .training.trainer import TokenTrainer
+
+    quiet_transformers()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    callbacks = check_callbacks(callbacks, "(record) -> bool | None")
+    tools = list(tools) if isinstance(tools, (list, tuple)) else [tools]
+    named = env if isinstance(env, str) else None
+    label = named or f"python:{getattr(env, '__name__', type(env).__name__)}"
+    values = {"algo": algo, "env": label, "tools": tuple(tools) or None,
+              "model": os.fspath(model) if isinstance(model, (str, os.PathLike)) else None,
+              "env_kwargs": None if env_kwargs is None else json.dumps(env_kwargs)}
+    if resume:
+        if run_dir is None:
+            raise UsageError("resume: needs run_dir")
+        saved = config_from_run(str(run_dir))  # keys given again with their saved value
+        cfg = config_from_run(str(run_dir), **{k: v for k, v in config.items()
+                                               if getattr(saved, k, None) != v})
+        cfg = replace(cfg, tools=values["tools"] or cfg.tools).resolved()
+    else:
+        cfg = config_from_values(("train_agent()", values), ("train_agent()", config))
+        cfg = cfg.resolved(pretrained=model is not None)
+    policy = tok = None
+    if isinstance(model, torch.nn.Module):
+        if tokenizer is None:
+            raise UsageError("tokenizer: a loaded model needs its tokenizer "
+                             "(train_agent(env, model, tokenizer=tok))")
+        policy, tok = model, _prepare_tokenizer(tokenizer)
+    elif model is not None and not resume:
+        policy, tok = load_lm(os.fspath(model))
+    fresh = run_dir is None
+    run_dir = str(unique_run_dir("runs", f"agent-{cfg.algo}")) if fresh else str(run_dir)
+    tr = TokenTrainer(cfg, run_dir, policy=policy, tokenizer=tok, log=log, fresh=fresh,
+                      resume=resume, callbacks=callbacks,
+                      env=None if named is not None else env)
     log(f"run dir: {run_dir}")
     try:
         history = tr.train(progress=progress)

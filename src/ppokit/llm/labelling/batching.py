@@ -39,6 +39,7 @@ class IterationBatch:
     per_func: dict  # name -> [B]
     time_scoring: float  # seconds spent scoring, within the collection
     stats: dict = field(default_factory=dict)
+    turn_rewards: torch.Tensor | None = None  # [B, L] an agent run's rewards per turn
 
 
 def spread_groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:

@@ -63,7 +63,8 @@ class Labels:
 
 def compute_labels(cfg: LLMConfig, roll: TokenRollout, scores: torch.Tensor, old_logp, ref_logp,
                    beta: float, values_after: torch.Tensor | None = None,
-                   sampler_logp: torch.Tensor | None = None) -> Labels:
+                   sampler_logp: torch.Tensor | None = None,
+                   turn_rewards: torch.Tensor | None = None) -> Labels:
     """Rewards, advantages and value targets for one rollout (pure tensor code).
 
     ``values_after``: ``[B, L]`` critic output at each position (value of the state after
@@ -73,6 +74,13 @@ def compute_labels(cfg: LLMConfig, roll: TokenRollout, scores: torch.Tensor, old
     trainer's own): ``truncate`` gives the labels token weights, ``mask`` takes tokens out
     of the loss mask after the advantages are computed (a token-level estimator's returns
     still run over every action token).
+
+    ``turn_rewards``: an agent run's ``[B, L]`` rewards, each turn's on its last token
+    (``scores`` are then the episodes' returns, and ``roll.truncated`` the episodes that
+    were cut): the token estimators see them as they are; with a critic, a truncated
+    episode's return continues with the critic's value where it stopped, a terminated
+    one's ends there — the double mask of environment training
+    (docs/agents.md#credit-across-turns); ``truncation`` does not apply.
     """
     am = roll.action_mask
     trunc = roll.truncated
@@ -85,11 +93,12 @@ def compute_labels(cfg: LLMConfig, roll: TokenRollout, scores: torch.Tensor, old
         s = s.clamp(-cfg.score_clip, cfg.score_clip)
     loss_mask = am.clone()
     place_score = torch.ones(bsz, dtype=torch.bool)
-    if cfg.truncation == "penalty":
+    agent = turn_rewards is not None  # (truncation is the episode's: see the docstring)
+    if not agent and cfg.truncation == "penalty":
         s = s - cfg.truncation_penalty * trunc.float()
-    elif cfg.truncation == "mask":
+    elif not agent and cfg.truncation == "mask":
         loss_mask &= ~trunc[:, None]
-    elif cfg.truncation == "bootstrap":
+    elif not agent and cfg.truncation == "bootstrap":
         place_score = ~trunc
     zero = torch.zeros((), dtype=old_logp.dtype)
     kl_tok = torch.where(am, kl_k1(old_logp, ref_logp), zero)
@@ -97,7 +106,10 @@ def compute_labels(cfg: LLMConfig, roll: TokenRollout, scores: torch.Tensor, old
     last = roll.last_action_index().clamp(min=0)
     has_action = am.any(1)
     score_tok = torch.zeros(bsz, length)
-    score_tok[torch.arange(bsz), last] = torch.where(place_score & has_action, s, 0.0)
+    if agent:
+        score_tok = torch.where(am, turn_rewards.float(), 0.0)
+    else:
+        score_tok[torch.arange(bsz), last] = torch.where(place_score & has_action, s, 0.0)
     use_kl_reward = cfg.kl_mode == "reward" and beta > 0
     kl_reward = -beta * kl_tok if use_kl_reward else torch.zeros_like(kl_tok)
     values = returns = None
@@ -115,7 +127,7 @@ def compute_labels(cfg: LLMConfig, roll: TokenRollout, scores: torch.Tensor, old
         boot = None
         if values_after is not None:
             values = shift_to_tokens(values_after[:, :-1]).detach()
-            if cfg.truncation == "bootstrap":
+            if cfg.truncation == "bootstrap" or agent:
                 v_last = values_after.detach()[torch.arange(bsz), last]
                 boot = torch.where(trunc & has_action, v_last, torch.zeros_like(v_last))
         vals = values if values is not None else torch.zeros_like(token_rewards)

@@ -46,6 +46,7 @@ __all__ = ["ALGOS", "TRUNCATION", "PRESETS", "DEPRECATED", "ADVANTAGE_ESTIMATORS
 ADVANTAGE_ESTIMATORS = ADVANTAGES
 
 MAX_SEQUENCES = 2**20  # prompts_per_iter * samples_per_prompt
+AGENT_TURN_TOKENS = {"builtin": 8, "pretrained": 128}  # an agent run's max_new_tokens
 
 
 @dataclass(frozen=True)
@@ -218,6 +219,24 @@ class LLMConfig:
                                     bounds=(1, 10**9, False))
     samples_logged: int = setting(4, "completions written to samples.jsonl per iteration",
                                   bounds=(0, 10**6, False))
+    # agents: multi-turn episodes in a text environment (docs/agents.md)
+    env: str | None = setting(None, "a text environment to act in over several turns: "
+                              "ppokit/GuessNumber-v0, a registered Gymnasium id or module:Id "
+                              "(in Python also a factory or an instance); each prompt is then "
+                              "an episode's seed, samples_per_prompt episodes per seed, "
+                              "max_new_tokens the cap of one turn")
+    env_kwargs: str | None = setting(None, "keyword arguments of the environment, a JSON "
+                                     "object (e.g. '{\"n\": 16}')")
+    max_turns: int = setting(8, "most model turns in an episode (tool calls included); an "
+                             "episode still going then is truncated",
+                             bounds=(1, 1000, False))
+    tools: str | None = setting(None, "tool functions the model may call, module:function, "
+                                "comma-separated (in Python also callables; docs/agents.md)")
+    tool_format: str = setting("json", "how a tool call is written: json (<tool_call>{...}"
+                               "</tool_call>) or compact (NAME:ARGS, for the built-in model)",
+                               choices=("json", "compact"))
+    tool_time_limit: float = setting(5.0, "seconds one tool call may take",
+                                     bounds=(0.0, 3600.0, True))
 
     @property
     def minibatch_size(self) -> int | None:
@@ -251,6 +270,8 @@ class LLMConfig:
         if cfg.task is None:
             cfg = replace(cfg, task="reverse" if kind == "builtin" else "numbers")
         _check_task(cfg, kind)
+        if cfg.max_new_tokens is None and cfg.env is not None:  # one turn's cap
+            cfg = replace(cfg, max_new_tokens=AGENT_TURN_TOKENS[kind])
         if cfg.max_new_tokens is None:
             cfg = replace(cfg, max_new_tokens=make_task(cfg.task, cfg.task_options)
                           .max_new_tokens if cfg.prompts is None else DEFAULT_MAX_NEW_TOKENS)
@@ -359,8 +380,9 @@ CHOICES = settings.choices_of(LLMConfig)
 PATHS = ("model", "prompts", "eval_prompts", "reward_model")
 # checked by their own rules: reward entries (module:function, a directory or a callable)
 # in _check_fields, reward_weights (finite numbers, one per reward) in resolved()
-# task (a built-in name or reasoning-gym:NAME) and task_options in _check_task
-SPECIAL = ("reward", "reward_weights", "task", "task_options")
+# task (a built-in name or reasoning-gym:NAME) and task_options in _check_task; env,
+# env_kwargs and tools (names or, in Python, objects) in _check_agent
+SPECIAL = ("reward", "reward_weights", "task", "task_options", "env", "env_kwargs", "tools")
 FLAGS_BOOL = tuple(f.name for f in fields(LLMConfig) if f.type in ("bool", "bool | None"))
 
 
@@ -390,6 +412,43 @@ def _check_fields(cfg: LLMConfig) -> None:
                 ":" in e.strip(":") or os.path.isdir(e))):
             fail("reward", "expected 'module:function', a reward-model directory or a "
                  "callable", e)
+    _check_agent(cfg)
+
+
+def _check_agent(cfg: LLMConfig) -> None:
+    if cfg.env is not None and not (isinstance(cfg.env, str) and cfg.env.strip()
+                                    and "\0" not in cfg.env):
+        fail("env", "expected a text environment id or module:Id", cfg.env)
+    if cfg.env_kwargs is not None:
+        env_kwargs_of(cfg)
+        if cfg.env is None:
+            fail("env_kwargs", "applies only with env (a text environment)", show=False)
+    if cfg.tools is not None:
+        entries = cfg.tools.split(",") if isinstance(cfg.tools, str) else cfg.tools
+        if not isinstance(entries, (list, tuple)) or not entries or not all(
+                callable(e) or (isinstance(e, str) and ":" in e.strip(":"))
+                for e in entries):
+            fail("tools", "expected 'module:function' entries (or, in Python, functions)",
+                 cfg.tools)
+        if cfg.env is None:
+            fail("tools", "apply only with env (a text environment)", show=False)
+
+
+def env_kwargs_of(cfg: LLMConfig) -> dict:
+    """``env_kwargs`` as a dict (from its JSON text)."""
+    import json
+
+    if cfg.env_kwargs is None:
+        return {}
+    if isinstance(cfg.env_kwargs, dict):
+        return dict(cfg.env_kwargs)
+    try:
+        value = json.loads(cfg.env_kwargs) if isinstance(cfg.env_kwargs, str) else None
+    except (ValueError, RecursionError):
+        value = None
+    if not isinstance(value, dict):
+        fail("env_kwargs", 'expected a JSON object such as {"n": 16}', cfg.env_kwargs)
+    return value
 
 
 def _check_task(cfg: LLMConfig, kind: str) -> None:
@@ -418,6 +477,8 @@ def config_dict(cfg: LLMConfig) -> dict:
     d = asdict(cfg)
     if cfg.reward is not None and not isinstance(cfg.reward, str):
         d["reward"] = ",".join(reward_label(e) for e in reward_entries(cfg.reward))
+    if cfg.tools is not None and not isinstance(cfg.tools, str):
+        d["tools"] = ",".join(reward_label(e) for e in cfg.tools)
     if d.get("reward_weights") is not None:
         d["reward_weights"] = list(d["reward_weights"])
     return d

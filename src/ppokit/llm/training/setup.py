@@ -37,16 +37,18 @@ from ..modeling.models import (
     save_policy,
     wrap_lora,
 )
-from .config import config_dict
+from .config import config_dict, env_kwargs_of
 from .divergence import DivergenceGuard, learning_rate_warning
 from .progress import recipe_line
 from .runfiles import EVAL_PROMPTS, TRAIN_PROMPTS, prompt_sets, run_prompt_sets, write_prompts
 
-__all__ = ["setup", "shard_models", "check_prompts", "warm_start"]
+__all__ = ["setup", "shard_models", "check_prompts", "warm_start", "make_agent"]
+
+AGENT_POSITIONS = 512  # the built-in model's positions in an agent run
 
 
 def setup(tr, cfg, policy, tokenizer, reference, reward_fn, resume: bool,
-           train_rows=None, eval_rows=None) -> None:
+          train_rows=None, eval_rows=None, env=None) -> None:
     run_dir = tr.run_dir
     ckpt = None
     if resume:  # verify before anything is loaded or changed
@@ -68,10 +70,15 @@ def setup(tr, cfg, policy, tokenizer, reference, reward_fn, resume: bool,
     # sampling: one stream per rank; shuffling minibatches: the same on every rank
     tr.gen = torch.Generator().manual_seed(cfg.seed + 1_000_003 * tr.rank)
     tr.shuffle_gen = torch.Generator().manual_seed(cfg.seed + 17)
-    tr.task = make_task(cfg.task, cfg.task_options) if cfg.prompts is None else None
+    tr.agent = make_agent(tr, cfg, env)
+    tr.task = (make_task(cfg.task, cfg.task_options) if cfg.prompts is None
+               and tr.agent is None else None)
     # reward and prompts before any model work: a bad one fails fast
-    tr.rewards = reward_set(cfg, reward_fn, tr.task, log=tr.log)
-    if resume:
+    tr.rewards = None if tr.agent is not None else reward_set(cfg, reward_fn, tr.task,
+                                                              log=tr.log)
+    if tr.agent is not None:
+        tr.train_rows, tr.eval_rows = None, []
+    elif resume:
         tr.train_rows, tr.eval_rows = run_prompt_sets(run_dir, cfg)
     elif train_rows is not None:
         from ..inputs.data import split_rows
@@ -81,9 +88,10 @@ def setup(tr, cfg, policy, tokenizer, reference, reward_fn, resume: bool,
                                            split_rows(list(train_rows), cfg.eval_fraction))
     else:
         tr.train_rows, tr.eval_rows = prompt_sets(cfg)
-    columns = sorted({k for r in (tr.train_rows or [tr.task.row(
-        tr.task.heldout_prompts(1)[0])]) for k in r})
-    tr.rewards.check_signatures(columns)
+    if tr.rewards is not None:
+        columns = sorted({k for r in (tr.train_rows or [tr.task.row(
+            tr.task.heldout_prompts(1)[0])]) for k in r})
+        tr.rewards.check_signatures(columns)
     ref_dir = os.path.join(run_dir, "reference")
     if policy is None:
         if resume or (tr.is_main and os.path.isdir(ref_dir)):
@@ -159,7 +167,8 @@ def setup(tr, cfg, policy, tokenizer, reference, reward_fn, resume: bool,
         tr.log(warning)
     tr.max_new_tokens = cfg.max_new_tokens or (tr.task.max_new_tokens if tr.task
                                                  else 64)
-    tr.probe_rewards()
+    if tr.rewards is not None:
+        tr.probe_rewards()
     if tr.train_rows is not None and not resume:  # (said once the start has succeeded)
         how = ("eval_prompts" if cfg.eval_prompts or eval_rows is not None
                else f"eval_fraction={cfg.eval_fraction:g}, the last rows")
@@ -219,10 +228,28 @@ def check_prompts(tr, policy, tokenizer) -> None:
                   tr.cfg.max_new_tokens or 64, tr.log)
     tr._prompts_checked = True
 
+def make_agent(tr, cfg, env):
+    """The agent run's environment and tools (``env``: the Python API's factory or
+    instance, else ``cfg.env`` names it); None without one."""
+    if env is None and cfg.env is None:
+        return None
+    if env is None and cfg.env.startswith("python:"):
+        raise UsageError(f"env: this run acts in {cfg.env[7:]!r}, an environment given in "
+                         "Python, which a run directory cannot record; pass it again "
+                         "(ppokit.llm.train_agent(env, ..., run_dir=RUN_DIR, resume=True))")
+    from ..agents.runner import AgentRunner
+    from ..agents.tools import resolve_tools
+
+    return AgentRunner(env if env is not None else cfg.env, env_kwargs_of(cfg),
+                       resolve_tools(cfg.tools), cfg.tool_format, cfg.tool_time_limit)
+
+
 def warm_start(tr):
     from .sft import builtin_sft
 
     tok = build_char_tokenizer()
+    if tr.agent is not None:
+        return _agent_warm_start(tr, tok)
     model = build_tiny_model(tok, seed=tr.cfg.seed)
     check_prompts(tr, model, tok)  # before the warm start's work
     # the built-in task's demonstrations (also when the prompts are the user's)
@@ -235,4 +262,26 @@ def warm_start(tr):
     if tr.is_main:
         atomic_write_text(os.path.join(tr.run_dir, "warm_start.json"),
                       json.dumps(info, indent=2) + "\n")
+    return model, tok
+
+
+def _agent_warm_start(tr, tok):
+    """The built-in model for an agent run: more positions (an episode is several turns),
+    and SFT on the environment's demonstrations where it has them."""
+    from ..agents.runner import warm_start_episodes
+
+    model = build_tiny_model(tok, seed=tr.cfg.seed, max_positions=AGENT_POSITIONS)
+    steps = tr.cfg.sft_steps or 300
+    try:
+        info = warm_start_episodes(tr.agent, model, tok, steps=steps, lr=tr.cfg.sft_lr,
+                                   seed=tr.cfg.seed)
+    except AttributeError:
+        tr.log(f"warm start: none ({tr.agent.label} has no demonstration(rng)); the built-in "
+               "model starts from random weights")
+        return model, tok
+    tr.log(f"warm start: SFT of the built-in tiny model on {tr.agent.label}'s demonstrations "
+           f"({steps} steps)")
+    if tr.is_main:
+        atomic_write_text(os.path.join(tr.run_dir, "warm_start.json"),
+                          json.dumps(info, indent=2) + "\n")
     return model, tok

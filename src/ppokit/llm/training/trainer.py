@@ -115,7 +115,7 @@ class TokenTrainer(RunLifecycle):
     def __init__(self, cfg: LLMConfig, run_dir: str, *, policy=None, tokenizer=None,
                  reference=None, log=print, resume: bool = False, monitors=None,
                  reward_fn=None, fresh: bool = False, train_rows=None, eval_rows=None,
-                 callbacks=(), dp=None):
+                 callbacks=(), dp=None, env=None):
         self.cfg = cfg = cfg.resolved()
         keep_freed_memory()  # engine/allocator.py: no kernel round trip per activation
         # data parallelism (ppokit.engine.dist.DataParallel; None: one process). Only rank
@@ -142,17 +142,12 @@ class TokenTrainer(RunLifecycle):
         self.rundir = (RunDir(self.run_dir, new=not resume, kind="llm", fresh=fresh)
                        if self.is_main else NoRunDir())
         try:
-            self._setup(cfg, policy, tokenizer, reference, reward_fn, resume, train_rows,
-                        eval_rows)
+            setup(self, cfg, policy, tokenizer, reference, reward_fn, resume, train_rows,
+                  eval_rows, env)
         except BaseException as exc:
             fail_start(exc, self.rundir, resume)
         if resume:  # (a new run is under way once its first checkpoint is written)
             self.rundir.started()
-
-    def _setup(self, cfg, policy, tokenizer, reference, reward_fn, resume: bool,
-               train_rows=None, eval_rows=None) -> None:
-        setup(self, cfg, policy, tokenizer, reference, reward_fn, resume, train_rows,
-              eval_rows)
 
     def _all_done(self, flag: bool) -> bool:
         """Every rank's generation finished (sharded models generate in step)."""
@@ -224,6 +219,12 @@ class TokenTrainer(RunLifecycle):
         ids, mask = encode_prompts(self.tok, prompts)
         with self.autocast(self.cfg.sampler_precision):
             return self._generate(ids, mask, temperature, model, generator)
+
+    def sample_ids(self, ids, mask, generator: torch.Generator | None = None,
+                   temperature: float | None = None) -> TokenRollout:
+        """Sample completions of encoded, left-padded prompts ``ids`` / ``mask`` (in the
+        caller's precision context; an agent run's turns)."""
+        return self._generate(ids, mask, temperature, None, generator)
 
     def _generate(self, ids, mask, temperature, model, generator) -> TokenRollout:
         return generate(model or self.policy, ids, mask, max_new_tokens=self.max_new_tokens,
@@ -361,23 +362,28 @@ class TokenTrainer(RunLifecycle):
                 rows = shard(rows, self.rank, self.world)
             return [r for r in rows for _ in range(cfg.samples_per_prompt)]
 
-        self.rewards.when = f"iteration {self.iteration + 1}"
+        if self.rewards is not None:
+            self.rewards.when = f"iteration {self.iteration + 1}"
         t0 = time.perf_counter()
-        got = collect_batch(draw, self.rollout, self.score_with_length,
-                            group_size=cfg.samples_per_prompt, dynamic=cfg.dynamic_sampling,
-                            max_rounds=cfg.dynamic_sampling_rounds, any_rank=self.agree,
-                            pad_token_id=self.tok.pad_token_id, render=self.prompt_text,
-                            first=roll)
+        if self.agent is not None:  # episodes in a text environment (llm/agents/)
+            got = self.agent.collect(self)
+        else:
+            got = collect_batch(draw, self.rollout, self.score_with_length,
+                                group_size=cfg.samples_per_prompt,
+                                dynamic=cfg.dynamic_sampling,
+                                max_rounds=cfg.dynamic_sampling_rounds, any_rank=self.agree,
+                                pad_token_id=self.tok.pad_token_id, render=self.prompt_text,
+                                first=roll)
         roll, scores, per_func, prompts = got.roll, got.scores, got.per_func, got.prompts
         comps = [c if isinstance(c, str) else c[0]["content"] for c in got.completions]
         t1 = time.perf_counter() - got.time_scoring
         recomputed = not frozen.old_from_sampler(self, roll)
         old, ref, values_after = self.frozen_forward(roll)
-        sampler_logp = roll.logp
+        sampler_logp, turn_rewards = roll.logp, got.turn_rewards
         if self.dp is not None:  # the iteration's batch on every rank (training/parallel.py)
-            roll, (old, ref, values_after, sampler_logp), (scores,) = gather_rollout(
-                self.dp, roll, [old, ref, values_after, sampler_logp], [scores],
-                self.tok.pad_token_id)
+            roll, (old, ref, values_after, sampler_logp, turn_rewards), (scores,) = \
+                gather_rollout(self.dp, roll, [old, ref, values_after, sampler_logp,
+                                               turn_rewards], [scores], self.tok.pad_token_id)
             roll.logp = sampler_logp
             prompts = [p for part in self.dp.gather_objects(prompts) for p in part]
             comps = [c for part in self.dp.gather_objects(comps) for c in part]
@@ -386,7 +392,8 @@ class TokenTrainer(RunLifecycle):
             got.stats = summed_stats(self.dp.gather_objects(got.stats))
         beta = self.kl_ctl.value
         lab = compute_labels(cfg, roll, scores, old, ref, beta, values_after,
-                             sampler_logp=sampler_logp if cfg.rollout_is != "none" else None)
+                             sampler_logp=sampler_logp if cfg.rollout_is != "none" else None,
+                             turn_rewards=turn_rewards)
         mismatch = frozen.mismatch(self, roll, old if recomputed else None)
         t2 = time.perf_counter()
         upd = self.guarded_update(roll, lab)
@@ -429,6 +436,8 @@ class TokenTrainer(RunLifecycle):
         truncated share) on ``n_eval_prompts`` held-out rows, sampled at the training
         temperature with a generator of its own (the same seed each time, so the series
         compares policies, and the run's own random streams are untouched)."""
+        if self.agent is not None:
+            return self.agent.evaluate(self)
         from ..evaluation.evaluate import score_policy
 
         rows = (self.eval_rows or [])[: self.cfg.n_eval_prompts]

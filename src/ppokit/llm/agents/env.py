@@ -1,0 +1,207 @@
+"""Text environments: where a language model acts over several turns.
+
+A text environment has Gymnasium's shape with text in place of arrays:
+
+* ``reset(seed=None, options=None) -> (observation, info)``
+* ``step(assistant_text) -> (observation, reward, terminated, truncated, info)``
+
+An observation is a string (one user message) or a list of chat messages (``{"role":
+..., "content": ...}`` with role ``user``, ``system`` or ``tool``); ``reward`` a finite
+number; ``terminated`` that the episode reached an end of the task (nothing follows: no
+bootstrap), ``truncated`` that it was cut (a turn limit: the critic's value of where it
+stopped stands in for the rest). Any ``gymnasium.Env`` whose spaces are
+``gymnasium.spaces.Text`` works as it is, a registered id or ``module:Id`` included (the
+module is imported only because the user names it); in Python also a factory (a callable
+returning an environment) or an instance.
+
+Every value an environment returns is checked where it enters (:class:`CheckedTextEnv`),
+and an error names the environment and what was expected.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from typing import Any
+
+from ppokit.errors import UsageError, UserCodeError
+
+__all__ = ["CheckedTextEnv", "make_text_env", "text_env_factory", "messages_of",
+           "GuessNumberEnv", "TEXT_ENVS"]
+
+ROLES = ("user", "system", "tool")
+
+
+def messages_of(obs: Any, where: str) -> list[dict]:
+    """An observation as a list of chat messages (a string is one user message)."""
+    if isinstance(obs, str):
+        return [{"role": "user", "content": obs}]
+    if isinstance(obs, (list, tuple)) and obs and all(
+            isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str)
+            for m in obs):
+        return [{"role": m["role"], "content": m["content"]} for m in obs]
+    raise UserCodeError(f"{where}: expected an observation that is a string or a non-empty "
+                        f"list of messages {{'role': one of {', '.join(ROLES)}, 'content': "
+                        f"str}}, got {type(obs).__name__} {str(obs)[:80]!r}")
+
+
+class CheckedTextEnv:
+    """A text environment whose every return is checked (module doc); ``label`` names it
+    in errors."""
+
+    def __init__(self, env: Any, label: str):
+        for name in ("reset", "step"):
+            if not callable(getattr(env, name, None)):
+                raise UsageError(f"env: {label} has no {name}() method; a text environment "
+                                 "has Gymnasium's reset(seed=...) and step(text)")
+        self.env, self.label = env, label
+
+    def reset(self, seed: int | None = None) -> tuple[list[dict], dict]:
+        where = f"env {self.label}: reset(seed={seed})"
+        try:
+            out = self.env.reset(seed=seed)
+        except Exception as exc:
+            raise UserCodeError(f"{where} raised {type(exc).__name__}: {exc}") from exc
+        if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)):
+            raise UserCodeError(f"{where}: expected (observation, info), got "
+                                f"{type(out).__name__}")
+        return messages_of(out[0], where), out[1]
+
+    def step(self, text: str) -> tuple[list[dict] | None, float, bool, bool, dict]:
+        where = f"env {self.label}: step()"
+        try:
+            out = self.env.step(text)
+        except Exception as exc:
+            raise UserCodeError(f"{where} raised {type(exc).__name__}: {exc}") from exc
+        if not (isinstance(out, tuple) and len(out) == 5):
+            raise UserCodeError(f"{where}: expected (observation, reward, terminated, "
+                                f"truncated, info), got {type(out).__name__}")
+        obs, reward, term, trunc, info = out
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)) \
+                or not math.isfinite(float(reward)):
+            raise UserCodeError(f"{where}: expected a finite number as the reward, got "
+                                f"{reward!r}")
+        for name, flag in (("terminated", term), ("truncated", trunc)):
+            if not isinstance(flag, bool):
+                raise UserCodeError(f"{where}: expected {name} to be True or False, got "
+                                    f"{flag!r}")
+        if not isinstance(info, dict):
+            raise UserCodeError(f"{where}: expected info to be a dict, got "
+                                f"{type(info).__name__}")
+        end = term or trunc
+        messages = None if end and obs in (None, "") else messages_of(obs, where)
+        return messages, float(reward), term, trunc, info
+
+    def close(self) -> None:
+        close = getattr(self.env, "close", None)
+        if callable(close):
+            close()
+
+
+def text_env_factory(env: Any, env_kwargs: dict | None = None) -> tuple[Callable, str]:
+    """``(factory, label)`` of what the user named: a registered id or ``module:Id``
+    (Gymnasium's ``make``; the module imported only because it is named here), ppokit's
+    own text environments (:data:`TEXT_ENVS`), a factory, or an instance (then every call
+    returns that one instance: one environment at a time)."""
+    kw = dict(env_kwargs or {})
+    if isinstance(env, str):
+        name = env.strip()
+        if name in TEXT_ENVS:
+            return (lambda: TEXT_ENVS[name](**kw)), name
+        if ":" in name:
+            import importlib
+
+            module = name.split(":", 1)[0]
+            try:
+                importlib.import_module(module)
+            except ImportError as exc:
+                raise UsageError(f"env: cannot import {module!r} for {name!r}: {exc}") from None
+            name = name.split(":", 1)[1]
+        import gymnasium
+
+        if name not in gymnasium.registry:
+            raise UsageError(f"env: {env!r} is not a registered environment; known text "
+                             f"environments: {', '.join(TEXT_ENVS)} (or module:Id)")
+        return (lambda: gymnasium.make(name, **kw)), env
+    if not isinstance(env, type) and callable(getattr(env, "reset", None)) \
+            and callable(getattr(env, "step", None)):
+        return (lambda: env), type(env).__name__
+    if callable(env):
+        return (lambda: env(**kw)), getattr(env, "__name__", type(env).__name__)
+    raise UsageError(f"env: expected a text environment id, module:Id, a factory or an "
+                     f"instance, got {type(env).__name__}")
+
+
+def make_text_env(env: Any, env_kwargs: dict | None = None) -> CheckedTextEnv:
+    factory, label = text_env_factory(env, env_kwargs)
+    return CheckedTextEnv(factory(), label)
+
+
+# ----------------------------------------------------------------------------- built-in
+
+class GuessNumberEnv:
+    """Guess a number in ``1..n``: each guess is answered ``higher``, ``lower`` or
+    ``correct``; reward 1 for the correct guess (the episode terminates), ``-guess_cost``
+    for each other guess; the episode is truncated after ``max_turns`` guesses. Optimal
+    play (bisection) needs ``floor(log2(n)) + 1`` guesses at most (5 for n = 16; about
+    ``log2(n) - 1`` on average). The texts use only the
+    built-in model's characters, so the built-in tiny model can play (``demonstration``
+    plays noisy bisection for its warm start)."""
+
+    def __init__(self, n: int = 16, max_turns: int = 8, guess_cost: float = 0.1):
+        if isinstance(n, bool) or not isinstance(n, int) or not 2 <= n <= 10**6:
+            raise UsageError(f"env_kwargs: n: expected an integer in [2, 1000000], got {n!r}")
+        if isinstance(max_turns, bool) or not isinstance(max_turns, int) \
+                or not 1 <= max_turns <= 1000:
+            raise UsageError(f"env_kwargs: max_turns: expected an integer in [1, 1000], got "
+                             f"{max_turns!r}")
+        if isinstance(guess_cost, bool) or not isinstance(guess_cost, (int, float)) \
+                or not 0 <= guess_cost <= 1:
+            raise UsageError(f"env_kwargs: guess_cost: expected a number in [0, 1], got "
+                             f"{guess_cost!r}")
+        self.n, self.max_turns, self.guess_cost = n, max_turns, float(guess_cost)
+        self.rng = random.Random(0)
+        self.target, self.turns = 1, 0
+
+    def reset(self, seed: int | None = None, options: dict | None = None):
+        if seed is not None:
+            self.rng = random.Random(seed)
+        self.target, self.turns = self.rng.randint(1, self.n), 0
+        return f"guess 1-{self.n}:", {"target": self.target}
+
+    def step(self, text: str):
+        self.turns += 1
+        guess = _first_int(text)
+        if guess == self.target:
+            return "correct", 1.0, True, False, {"guesses": self.turns}
+        if guess is None:
+            feedback = "a number"
+        else:
+            feedback = "higher" if guess < self.target else "lower"
+        return (feedback + ":", -self.guess_cost, False, self.turns >= self.max_turns, {})
+
+    def demonstration(self, rng: random.Random, noise: float = 0.3) -> list[str]:
+        """The assistant turns of one game from the current reset, by bisection with a
+        random guess now and then (the warm start's imperfect demonstrations)."""
+        lo, hi, turns = 1, self.n, []
+        for _ in range(self.max_turns):
+            guess = rng.randint(lo, hi) if rng.random() < noise else (lo + hi) // 2
+            turns.append(str(guess))
+            if guess == self.target:
+                break
+            lo, hi = (guess + 1, hi) if guess < self.target else (lo, guess - 1)
+        return turns
+
+
+def _first_int(text: str) -> int | None:
+    digits = ""
+    for ch in text.strip():
+        if ch.isdigit():
+            digits += ch
+        elif digits:
+            break
+    return int(digits) if digits and len(digits) <= 9 else None
+
+
+TEXT_ENVS: dict[str, Callable[..., Any]] = {"ppokit/GuessNumber-v0": GuessNumberEnv}

@@ -1,0 +1,140 @@
+"""Multi-turn episodes, played in a batch and laid out as one token rollout.
+
+Every active episode's context (its segments so far: :mod:`.conversation`) is sampled
+from in one batch per turn; the model's turn goes to the tools when it calls one (their
+replies come back as ``tool`` messages, reward 0) and to the environment otherwise. An
+episode ends when the environment says terminated or truncated, after ``max_turns``
+model turns, or when the next turn would not fit the model's context (both truncated).
+
+The episodes of a batch are then one :class:`~ppokit.llm.modeling.rollout.TokenRollout`:
+first prompts left-padded to a common width ``P``, everything after them right-padded;
+``action_mask`` marks the model's own tokens (trained), the environment's and tools'
+tokens are context only; ``logp`` holds the sampler's log-probs of the model's tokens;
+``truncated`` the episodes that were cut (their returns bootstrap from the critic);
+and ``turn_rewards`` ``[B, L]`` each turn's reward on the turn's last token.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..modeling.rollout import TokenRollout
+from .conversation import Episode, Renderer, pad_left
+from .env import CheckedTextEnv
+from .tools import ToolSet
+
+__all__ = ["play", "to_rollout", "EpisodeBatch", "episode_stats"]
+
+
+def play(envs: list[CheckedTextEnv], seeds: list[int], renderer: Renderer,
+         sample: Callable[[torch.Tensor, torch.Tensor], TokenRollout], *, max_turns: int,
+         max_new_tokens: int, context: int, tools: ToolSet | None = None) -> list[Episode]:
+    """Play one episode in each of ``envs`` (reset with the matching seed), sampling each
+    turn of every active episode in one batch: ``sample(ids, mask)`` samples a turn for
+    left-padded contexts (its rollout's ``logp`` holds the sampler's log-probs)."""
+    tok = renderer.tok
+    eps = []
+    for env, seed in zip(envs, seeds):
+        msgs, _ = env.reset(seed=seed)
+        ep = Episode(seed=seed, messages=list(msgs))
+        ep.add(renderer.prompt(msgs), action=False)
+        ep.prompt_len = len(ep.ids)
+        eps.append(ep)
+    for turn in range(max_turns):
+        active = [i for i, ep in enumerate(eps) if not ep.done]
+        for i in list(active):
+            if len(eps[i].ids) + max_new_tokens > context:
+                eps[i].done = eps[i].truncated = True
+                active.remove(i)
+        if not active:
+            break
+        ids, mask = pad_left([eps[i].ids for i in active], tok.pad_token_id)
+        roll = sample(ids, mask)
+        width = ids.shape[1]
+        for j, i in enumerate(active):
+            ep, env = eps[i], envs[i]
+            am = roll.action_mask[j, width:]
+            toks = roll.input_ids[j, width:][am].tolist()
+            logp = roll.logp[j, width:][am].tolist()
+            text = tok.decode(toks, skip_special_tokens=True)
+            ep.add(toks, action=True, logp=logp)
+            ep.turn_ends.append(len(ep.ids) - 1)
+            calls = tools.calls(text) if tools is not None else []
+            if calls:
+                reply = []
+                for name, args in calls:
+                    out, ok = tools.run(name, args)
+                    ep.tool_calls += 1
+                    ep.tool_failures += not ok
+                    reply.append({"role": "tool", "content": out})
+                ep.rewards.append(0.0)
+            else:
+                reply, reward, term, trunc, _ = env.step(text)
+                ep.rewards.append(reward)
+                if term or trunc:
+                    ep.done, ep.terminated, ep.truncated = True, term, trunc and not term
+                    continue
+            if turn == max_turns - 1:
+                ep.done = ep.truncated = True
+                continue
+            seg = renderer.reply(ep.messages, text, reply, ended=not bool(roll.truncated[j]))
+            ep.messages += [{"role": "assistant", "content": text}, *reply]
+            ep.add(seg, action=False)
+    return eps
+
+
+@dataclass
+class EpisodeBatch:
+    """A batch of episodes as the token trainer's labels read them."""
+
+    roll: TokenRollout
+    turn_rewards: torch.Tensor  # [B, L]
+    scores: torch.Tensor        # [B] each episode's return (undiscounted)
+    episodes: list[Episode]
+
+
+def to_rollout(eps: list[Episode], pad: int) -> EpisodeBatch:
+    """The episodes as one rollout (module doc)."""
+    P = max(ep.prompt_len for ep in eps)
+    T = max(len(ep.ids) - ep.prompt_len for ep in eps)
+    B, L = len(eps), P + T
+    ids = torch.full((B, L), pad, dtype=torch.long)
+    attn = torch.zeros((B, L), dtype=torch.long)
+    act = torch.zeros((B, L), dtype=torch.bool)
+    logp = torch.zeros((B, L))
+    rew = torch.zeros((B, L))
+    for b, ep in enumerate(eps):
+        start = P - ep.prompt_len  # where the episode's first token goes
+        n = len(ep.ids)
+        ids[b, start:start + n] = torch.tensor(ep.ids)
+        attn[b, start:start + n] = 1
+        act[b, start:start + n] = torch.tensor(ep.action)
+        logp[b, start:start + n] = torch.tensor(ep.logp)
+        for k, r in zip(ep.turn_ends, ep.rewards):
+            rew[b, start + k] = r
+    truncated = torch.tensor([ep.truncated for ep in eps])
+    response = [ep.ids[ep.prompt_len:] for ep in eps]
+    roll = TokenRollout(ids, attn, act, P, truncated, response, logp)
+    scores = torch.tensor([ep.score for ep in eps], dtype=torch.float32)
+    return EpisodeBatch(roll, rew, scores, eps)
+
+
+def episode_stats(eps: list[Episode]) -> dict:
+    """``episode/...`` and ``tool/...`` metrics of a batch of episodes."""
+    n = len(eps)
+    solved = [ep for ep in eps if ep.terminated and ep.score > 0]
+    out = {"episode/turns_mean": statistics.fmean(ep.turns for ep in eps),
+           "episode/tokens_mean": statistics.fmean(len(ep.ids) - ep.prompt_len for ep in eps),
+           "episode/return_mean": statistics.fmean(ep.score for ep in eps),
+           "episode/terminated_frac": sum(ep.terminated for ep in eps) / n,
+           "episode/truncated_frac": sum(ep.truncated for ep in eps) / n,
+           "episode/solved_frac": len(solved) / n,
+           "tool/calls_per_episode": sum(ep.tool_calls for ep in eps) / n,
+           "tool/failed_per_episode": sum(ep.tool_failures for ep in eps) / n}
+    if solved:
+        out["episode/turns_solved_mean"] = statistics.fmean(ep.turns for ep in solved)
+    return out

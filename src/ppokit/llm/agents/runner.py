@@ -1,0 +1,142 @@
+"""What the token trainer does differently in an agent run (``env`` set): each
+iteration's batch is ``prompts_per_iter`` episode seeds × ``samples_per_prompt`` episodes
+(a critic-free preset's groups are the episodes of one seed), played in the environment
+instead of completions scored by reward functions; held-out evaluation plays episodes
+from seeds training never draws; the built-in model's warm start imitates the
+environment's own demonstrations (an environment with a ``demonstration(rng)`` method
+returning the assistant turns of a game from its current reset).
+
+Seeds come from the trainer's prompt stream (the same on every rank, each rank playing its
+block), so an agent run resumes exactly like any other: every episode starts from a reset
+with its seed. Functions of the trainer ``tr``
+(:class:`~ppokit.llm.training.trainer.TokenTrainer`) and of :class:`AgentRunner`.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import torch
+
+from ..labelling.batching import IterationBatch
+from ..modeling.rollout import sequence_logprobs
+from .conversation import Episode, Renderer
+from .env import CheckedTextEnv, text_env_factory
+from .rollout import episode_stats, play, to_rollout
+from .tools import ToolSet
+
+__all__ = ["AgentRunner", "EVAL_SEED_OFFSET", "warm_start_episodes"]
+
+EVAL_SEED_OFFSET = 1 << 31  # held-out episodes: seeds at and above this, never drawn
+
+
+class AgentRunner:
+    """The environment, its tools and the episodes of an agent run."""
+
+    def __init__(self, env: Any, env_kwargs: dict, tools: list, tool_format: str,
+                 tool_time_limit: float):
+        self.factory, self.label = text_env_factory(env, env_kwargs)
+        self.tools = ToolSet(tools, tool_format, tool_time_limit) if tools else None
+        self.pool: list[CheckedTextEnv] = []
+
+    def envs(self, n: int) -> list[CheckedTextEnv]:
+        """``n`` environments, made once and reused (each reset with its seed)."""
+        while len(self.pool) < n:
+            self.pool.append(CheckedTextEnv(self.factory(), self.label))
+        return self.pool[:n]
+
+    def renderer(self, tok) -> Renderer:
+        json_tools = self.tools is not None and self.tools.fmt == "json"
+        return Renderer(tok, self.tools.schemas if json_tools else None)
+
+    def play(self, tr, seeds: list[int], generator: torch.Generator | None = None,
+             temperature: float | None = None) -> list[Episode]:
+        from ..inputs.data import model_context
+
+        context = model_context(tr.policy)[0] or 4096
+        with torch.no_grad(), tr.autocast(tr.cfg.sampler_precision):
+            return play(self.envs(len(seeds)), seeds, self.renderer(tr.tok),
+                        lambda ids, mask: tr.sample_ids(ids, mask, generator, temperature),
+                        max_turns=tr.cfg.max_turns, max_new_tokens=tr.max_new_tokens,
+                        context=context, tools=self.tools)
+
+    def collect(self, tr) -> IterationBatch:
+        """This rank's episodes of one iteration, as the trainer's batch."""
+        cfg = tr.cfg
+        seeds = [tr.py_rng.randrange(EVAL_SEED_OFFSET) for _ in range(cfg.prompts_per_iter)]
+        k = len(seeds) // tr.world
+        seeds = seeds[tr.rank * k:(tr.rank + 1) * k]
+        rows = [s for s in seeds for _ in range(cfg.samples_per_prompt)]
+        eps = self.play(tr, rows)
+        batch = to_rollout(eps, tr.tok.pad_token_id)
+        prompts = [ep.messages[0]["content"] for ep in eps]
+        comps = [tr.tok.decode(ep.ids[ep.prompt_len:]) for ep in eps]
+        out = IterationBatch(rows, prompts, batch.roll, comps, batch.scores, {}, 0.0,
+                             episode_stats(eps))
+        out.turn_rewards = batch.turn_rewards
+        return out
+
+    def evaluate(self, tr) -> dict:
+        """``eval/episode/...``: episodes from held-out seeds, sampled at the training
+        temperature with a generator of its own (the same seeds each time)."""
+        n = tr.cfg.n_eval_prompts
+        seeds = [EVAL_SEED_OFFSET + k for k in range(n)]
+        gen = torch.Generator().manual_seed(tr.cfg.seed + 7919)
+        eps = self.play(tr, seeds, generator=gen)
+        return {f"eval/{k}": v for k, v in episode_stats(eps).items()}
+
+
+def warm_start_episodes(runner: AgentRunner, model, tok, *, steps: int, lr: float,
+                        seed: int, batch_size: int = 32) -> dict:
+    """SFT of ``model`` on the environment's demonstrations: each sample is one game from
+    a reset with a fresh seed, its assistant turns (``env.demonstration(rng)``) played
+    through the environment and laid out as an episode; the loss is the negative
+    log-likelihood of the assistant tokens (their end-of-sequence tokens included)."""
+    env = runner.factory()
+    if not callable(getattr(env, "demonstration", None)):
+        raise AttributeError("demonstration")
+    checked = CheckedTextEnv(env, runner.label)
+    renderer = Renderer(tok)
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20)
+                                              * max(0.0, 1 - s / max(steps, 1)))
+    model.train()
+    t0, loss_val = time.perf_counter(), float("nan")
+    for _ in range(steps):
+        eps = [_demonstrated(checked, env, renderer, rng) for _ in range(batch_size)]
+        roll = to_rollout(eps, tok.pad_token_id).roll
+        lp = sequence_logprobs(model, roll.input_ids, roll.attention_mask)["logp"]
+        m = roll.action_mask
+        loss = -(lp * m).sum() / m.sum().clamp(min=1)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        loss_val = loss.item()
+    model.eval()
+    return {"sft_loss": loss_val, "sft_seconds": time.perf_counter() - t0, "sft_steps": steps}
+
+
+def _demonstrated(checked: CheckedTextEnv, env, renderer: Renderer, rng: random.Random
+                  ) -> Episode:
+    tok = renderer.tok
+    msgs, _ = checked.reset(seed=rng.randrange(EVAL_SEED_OFFSET))
+    ep = Episode(seed=0, messages=list(msgs))
+    ep.add(renderer.prompt(msgs), action=False)
+    ep.prompt_len = len(ep.ids)
+    for text in env.demonstration(rng):
+        ep.add(tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id],
+               action=True)
+        ep.turn_ends.append(len(ep.ids) - 1)
+        reply, reward, term, trunc, _ = checked.step(text)
+        ep.rewards.append(reward)
+        if term or trunc:
+            break
+        ep.add(renderer.reply(ep.messages, text, reply, ended=True), action=False)
+        ep.messages += [{"role": "assistant", "content": text}, *reply]
+    return ep
