@@ -349,3 +349,41 @@ def test_the_cli_trains_the_built_in_game(tmp_path, capsys):
     recs = read_metrics(tmp_path / "run")
     assert len(recs) == 2 and "episode/solved_frac" in recs[-1]
     assert (tmp_path / "run" / "policy").is_dir()
+
+
+# ------------------------------------------------------------------ learning (slow)
+
+
+def _learned(tmp_path, env, iterations, **kw):
+    from ppokit.llm.training.trainer import TokenTrainer
+
+    cfg = LLMConfig(env=env, algo="grpo", iterations=iterations, prompts_per_iter=16,
+                    samples_per_prompt=4, time_limit=0, n_eval_prompts=256,
+                    **kw).resolved()
+    tr = TokenTrainer(cfg, str(tmp_path / "run"), log=lambda *a: None)
+    before = tr.agent.evaluate(tr)
+    tr.train(progress=False)
+    after = tr.agent.evaluate(tr)
+    tr.close()
+    return before, after
+
+
+@pytest.mark.slow
+def test_the_built_in_model_learns_the_guessing_game(tmp_path):
+    before, after = _learned(tmp_path, "ppokit/GuessNumber-v0", 200, max_turns=8,
+                             env_kwargs='{"n": 16, "max_turns": 8}', learning_rate=5e-4,
+                             sft_steps=300)
+    gain = after["eval/episode/return_mean"] - before["eval/episode/return_mean"]
+    assert gain > 0.1, (before, after)
+    assert after["eval/episode/turns_mean"] < before["eval/episode/turns_mean"]
+
+
+@pytest.mark.slow
+def test_the_built_in_model_learns_to_use_the_calculator(tmp_path):
+    _, with_tool = _learned(tmp_path / "a", "ppokit/ToolArithmetic-v0", 200, max_turns=3,
+                            tools="ppokit.llm.agents.env:calc", tool_format="compact",
+                            max_new_tokens=12, sft_steps=150)
+    _, without = _learned(tmp_path / "b", "ppokit/ToolArithmetic-v0", 200, max_turns=3,
+                          env_kwargs='{"tools": false}', max_new_tokens=12, sft_steps=150)
+    assert with_tool["eval/episode/solved_frac"] > 0.5, with_tool
+    assert without["eval/episode/solved_frac"] < 0.2, without

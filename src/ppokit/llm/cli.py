@@ -311,7 +311,12 @@ def _train_ranks(args, dp) -> int:
               f"{last['kl_ref']:.4f}  non_score_reward {last['non_score_reward']:.4f}  "
               f"length {last['response_length_mean']:.2f}  "
               f"({time.perf_counter() - t0:.1f} s)")
-    if not args.no_eval:
+    if not args.no_eval and getattr(tr, "agent", None) is not None:
+        ev = tr.agent.evaluate(tr)  # the trained policy on held-out seeds
+        print(f"held-out episodes: {cfg.n_eval_prompts}  solved "
+              f"{ev['eval/episode/solved_frac']:.3f}  return "
+              f"{ev['eval/episode/return_mean']:.3f}  turns {ev['eval/episode/turns_mean']:.2f}")
+    elif not args.no_eval:
         if cfg.prompts is not None and not getattr(tr, "eval_rows", True):
             print("no held-out evaluation: no prompts were held out (eval_fraction=0 and no "
                   "eval prompts)", file=sys.stderr)

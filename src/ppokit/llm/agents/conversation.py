@@ -13,7 +13,8 @@ generation prompt, less the conversation as far as the assistant's message (and 
 marker, which the sampled tokens already hold, or which this segment supplies when the
 turn was cut at ``max_new_tokens``). Without a template (the built-in model) the plain
 format: message contents one after the other as they are (the environment's text carries
-its own cues), the model's turns closed by its end-of-sequence token.
+its own cues), a tool's reply as ``=REPLY:``, the model's turns closed by its
+end-of-sequence token.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ class Renderer:
         if self.chat:
             text = self._template(messages, generation=True)
         else:
-            text = "".join(m["content"] for m in messages)
+            text = "".join(_plain(m) for m in messages)
         ids = self._encode(text)
         bos = self.tok.bos_token_id
         if bos is not None and (not ids or ids[0] != bos) and not self.chat:
@@ -95,7 +96,7 @@ class Renderer:
         and the cue for the next turn."""
         close = [] if ended else [self.tok.eos_token_id]
         if not self.chat:
-            return close + self._encode("".join(m["content"] for m in reply))
+            return close + self._encode("".join(_plain(m) for m in reply))
         turn = before + [{"role": "assistant", "content": assistant}]
         upto = self._template(turn, generation=False)
         full = self._template(turn + reply, generation=True)
@@ -110,6 +111,10 @@ class Renderer:
         if tail.startswith(self.eos_text):
             cut += len(self.eos_text)
         return close + self._encode(full[cut:])
+
+
+def _plain(message: dict) -> str:
+    return f"={message['content']}:" if message["role"] == "tool" else message["content"]
 
 
 def pad_left(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:

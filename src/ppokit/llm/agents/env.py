@@ -28,7 +28,7 @@ from typing import Any
 from ppokit.errors import UsageError, UserCodeError
 
 __all__ = ["CheckedTextEnv", "make_text_env", "text_env_factory", "messages_of",
-           "GuessNumberEnv", "TEXT_ENVS"]
+           "GuessNumberEnv", "ToolArithmeticEnv", "calc", "TEXT_ENVS"]
 
 ROLES = ("user", "system", "tool")
 
@@ -204,4 +204,53 @@ def _first_int(text: str) -> int | None:
     return int(digits) if digits and len(digits) <= 9 else None
 
 
-TEXT_ENVS: dict[str, Callable[..., Any]] = {"ppokit/GuessNumber-v0": GuessNumberEnv}
+def calc(expression: str) -> int:
+    """Compute a sum, difference or product of whole numbers.
+
+    Args:
+        expression: two whole numbers joined by +, - or x (times), e.g. 37x48
+    """
+    for op, fn in (("x", lambda a, b: a * b), ("+", lambda a, b: a + b),
+                   ("-", lambda a, b: a - b)):
+        a, sep, b = expression.strip().partition(op)
+        if sep and a.strip().isdigit() and b.strip().isdigit():
+            return fn(int(a), int(b))
+    raise ValueError(f"expected two whole numbers joined by +, - or x, got {expression!r}")
+
+
+class ToolArithmeticEnv:
+    """Multiply two ``digits``-digit numbers: ``37x48=``. The answer is the first whole
+    number of the model's turn that is not a tool call; reward 1 if it is the product,
+    else 0, and the episode terminates. A model with the ``calc`` tool (:func:`calc`,
+    compact format ``calc:37x48``) reads the product in the tool's reply and copies it; a
+    model without it has to multiply in its head, which the built-in tiny model cannot.
+    ``demonstration`` gives the two turns of the tool's use for the warm start (with
+    ``tools=False``, the product as the only turn: the baseline without the tool)."""
+
+    def __init__(self, digits: int = 2, max_turns: int = 3, tools: bool = True):
+        if isinstance(digits, bool) or not isinstance(digits, int) or not 1 <= digits <= 6:
+            raise UsageError(f"env_kwargs: digits: expected an integer in [1, 6], got "
+                             f"{digits!r}")
+        self.digits, self.max_turns, self.tools = digits, max_turns, bool(tools)
+        self.rng = random.Random(0)
+        self.a = self.b = self.turns = 0
+
+    def reset(self, seed: int | None = None, options: dict | None = None):
+        if seed is not None:
+            self.rng = random.Random(seed)
+        lo, hi = 10 ** (self.digits - 1), 10 ** self.digits - 1
+        self.a, self.b, self.turns = self.rng.randint(lo, hi), self.rng.randint(lo, hi), 0
+        return f"{self.a}x{self.b}=", {}
+
+    def step(self, text: str):
+        self.turns += 1
+        ok = _first_int(text) == self.a * self.b
+        return "", float(ok), True, False, {"correct": ok}
+
+    def demonstration(self, rng: random.Random) -> list[str]:
+        answer = str(self.a * self.b)
+        return [f"calc:{self.a}x{self.b}", answer] if self.tools else [answer]
+
+
+TEXT_ENVS: dict[str, Callable[..., Any]] = {"ppokit/GuessNumber-v0": GuessNumberEnv,
+                                            "ppokit/ToolArithmetic-v0": ToolArithmeticEnv}

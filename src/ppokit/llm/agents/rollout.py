@@ -27,7 +27,7 @@ from .conversation import Episode, Renderer, pad_left
 from .env import CheckedTextEnv
 from .tools import ToolSet
 
-__all__ = ["play", "to_rollout", "EpisodeBatch", "episode_stats"]
+__all__ = ["play", "to_rollout", "EpisodeBatch", "episode_stats", "mean_stats"]
 
 
 def play(envs: list[CheckedTextEnv], seeds: list[int], renderer: Renderer,
@@ -138,3 +138,10 @@ def episode_stats(eps: list[Episode]) -> dict:
     if solved:
         out["episode/turns_solved_mean"] = statistics.fmean(ep.turns for ep in solved)
     return out
+
+
+def mean_stats(parts: list[dict]) -> dict:
+    """Every rank's :func:`episode_stats` as one (ranks play equally many episodes; a
+    mean that one rank lacks, such as the turns of solved episodes, is over the others)."""
+    keys = sorted({k for p in parts for k in p})
+    return {k: statistics.fmean(p[k] for p in parts if k in p) for k in keys}

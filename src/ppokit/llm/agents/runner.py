@@ -107,7 +107,8 @@ def warm_start_episodes(runner: AgentRunner, model, tok, *, steps: int, lr: floa
     model.train()
     t0, loss_val = time.perf_counter(), float("nan")
     for _ in range(steps):
-        eps = [_demonstrated(checked, env, renderer, rng) for _ in range(batch_size)]
+        eps = [_demonstrated(checked, env, renderer, rng, runner.tools)
+               for _ in range(batch_size)]
         roll = to_rollout(eps, tok.pad_token_id).roll
         lp = sequence_logprobs(model, roll.input_ids, roll.attention_mask)["logp"]
         m = roll.action_mask
@@ -122,8 +123,8 @@ def warm_start_episodes(runner: AgentRunner, model, tok, *, steps: int, lr: floa
     return {"sft_loss": loss_val, "sft_seconds": time.perf_counter() - t0, "sft_steps": steps}
 
 
-def _demonstrated(checked: CheckedTextEnv, env, renderer: Renderer, rng: random.Random
-                  ) -> Episode:
+def _demonstrated(checked: CheckedTextEnv, env, renderer: Renderer, rng: random.Random,
+                  tools: ToolSet | None) -> Episode:
     tok = renderer.tok
     msgs, _ = checked.reset(seed=rng.randrange(EVAL_SEED_OFFSET))
     ep = Episode(seed=0, messages=list(msgs))
@@ -133,10 +134,15 @@ def _demonstrated(checked: CheckedTextEnv, env, renderer: Renderer, rng: random.
         ep.add(tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id],
                action=True)
         ep.turn_ends.append(len(ep.ids) - 1)
-        reply, reward, term, trunc, _ = checked.step(text)
-        ep.rewards.append(reward)
-        if term or trunc:
-            break
+        calls = tools.calls(text) if tools is not None else []
+        if calls:
+            reply = [{"role": "tool", "content": tools.run(n, a)[0]} for n, a in calls]
+            ep.rewards.append(0.0)
+        else:
+            reply, reward, term, trunc, _ = checked.step(text)
+            ep.rewards.append(reward)
+            if term or trunc:
+                break
         ep.add(renderer.reply(ep.messages, text, reply, ended=True), action=False)
         ep.messages += [{"role": "assistant", "content": text}, *reply]
     return ep

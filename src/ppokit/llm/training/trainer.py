@@ -62,6 +62,7 @@ from ppokit.io import (
 from ppokit.io.lifecycle import Plan, RunLifecycle
 from ppokit.io.rundir import fail_start
 
+from ..agents.rollout import mean_stats
 from ..inputs.reward_setup import (  # noqa: F401 (re-exported)
     check_reward_named_again,
     reward_arguments,
@@ -389,7 +390,8 @@ class TokenTrainer(RunLifecycle):
             comps = [c for part in self.dp.gather_objects(comps) for c in part]
             per_func = {k: self.dp.all_gather_rows(v.contiguous())
                         for k, v in sorted(per_func.items())}
-            got.stats = summed_stats(self.dp.gather_objects(got.stats))
+            parts = self.dp.gather_objects(got.stats)
+            got.stats = mean_stats(parts) if self.agent is not None else summed_stats(parts)
         beta = self.kl_ctl.value
         lab = compute_labels(cfg, roll, scores, old, ref, beta, values_after,
                              sampler_logp=sampler_logp if cfg.rollout_is != "none" else None,
