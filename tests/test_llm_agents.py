@@ -387,3 +387,18 @@ def test_the_built_in_model_learns_to_use_the_calculator(tmp_path):
                           env_kwargs='{"tools": false}', max_new_tokens=12, sft_steps=150)
     assert with_tool["eval/episode/solved_frac"] > 0.5, with_tool
     assert without["eval/episode/solved_frac"] < 0.2, without
+
+
+def test_the_report_reads_an_agent_runs_turns_and_tools():
+    from ppokit.diagnose import MetricsTable, diagnose
+
+    def run(truncated, calls, failed):
+        recs = [{"iteration": i + 1, "kl_ref": 0.01, "score_mean": 0.5,
+                 "response_length_mean": 6.0, "episode/truncated_frac": truncated,
+                 "tool/calls_per_episode": calls, "tool/failed_per_episode": failed}
+                for i in range(12)]
+        return {f.code for f in diagnose(MetricsTable(recs, source="x"))}
+
+    assert {"episodes-truncated", "tool-failures"} <= run(0.8, 1.0, 0.5)
+    assert not {"episodes-truncated", "tool-failures"} & run(0.1, 1.0, 0.05)
+    assert "truncation-high" not in run(0.8, 1.0, 0.5)  # episodes are not responses

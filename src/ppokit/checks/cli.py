@@ -67,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "ppokit llm train, --config FILE.toml and --set KEY=VALUE)")
     from ppokit.llm.cli import add_config_arguments
 
-    add_config_arguments(group, skip=("model", "seed"), epilog=False)
+    add_config_arguments(group, skip=("model", "seed", "env", "env_kwargs"), epilog=False)
 
 
 def _env_report(args):

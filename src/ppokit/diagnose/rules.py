@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .agent_rules import AGENT_RULES
 from .finding import MAX_POINTS, Finding, evidence, round_figure
 from .finding import iteration_numbers as _its
 from .lm_rules import LM_RULES, is_lm_run
@@ -369,6 +370,7 @@ RULES: dict[str, tuple[Rule, str]] = {
                                "together"),
     "truncation-high": (rule_truncation_high, "LM: many responses truncated"),
     **LM_RULES,
+    **AGENT_RULES,
 }
 CODES = tuple(RULES)
 

@@ -46,13 +46,11 @@ def train(model, reward_funcs, train_dataset, algo: str = "grpo", eval_dataset=N
       ``samples_per_prompt``, ``max_new_tokens``, ...).
     """
     from ppokit.errors import require_extra
-    from ppokit.io import unique_run_dir
 
     require_extra(("transformers", "tokenizers"), "llm", "ppokit.llm.train")
     from .inputs.data import load_rows
     from .modeling.models import load_lm, load_tokenizer, quiet_transformers
     from .training.config import config_from_values
-    from .training.trainer import TokenTrainer
 
     quiet_transformers()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -98,10 +96,19 @@ def train(model, reward_funcs, train_dataset, algo: str = "grpo", eval_dataset=N
     else:
         raise UsageError(f"model: expected a local model directory or a transformers model, "
                          f"got {type(model).__name__}")
+    return _run(cfg, run_dir, "llm", progress, log, policy=policy, tokenizer=tok,
+                train_rows=train_rows, eval_rows=eval_rows, callbacks=callbacks)
+
+
+def _run(cfg, run_dir, kind: str, progress: bool, log, **trainer_kw) -> LLMRun:
+    """Train ``cfg`` into ``run_dir`` (a new ``runs/KIND-ALGO-...`` when None)."""
+    from ppokit.io import unique_run_dir
+
+    from .training.trainer import TokenTrainer
+
     fresh = run_dir is None
-    run_dir = str(unique_run_dir("runs", f"llm-{cfg.algo}")) if fresh else str(run_dir)
-    tr = TokenTrainer(cfg, run_dir, policy=policy, tokenizer=tok, log=log, fresh=fresh,
-                      train_rows=train_rows, eval_rows=eval_rows, callbacks=callbacks)
+    run_dir = str(unique_run_dir("runs", f"{kind}-{cfg.algo}")) if fresh else str(run_dir)
+    tr = TokenTrainer(cfg, run_dir, log=log, fresh=fresh, **trainer_kw)
     log(f"run dir: {run_dir}")
     try:
         history = tr.train(progress=progress)
@@ -130,7 +137,6 @@ def train_agent(env, model=None, algo: str = "grpo", tokenizer=None, tools=(), r
       ...).
     """
     from ppokit.errors import require_extra
-    from ppokit.io import unique_run_dir
 
     require_extra(("transformers", "tokenizers"), "llm", "ppokit.llm.train_agent")
     from ppokit.cliutil import check_callbacks
@@ -138,7 +144,6 @@ def train_agent(env, model=None, algo: str = "grpo", tokenizer=None, tools=(), r
     from .modeling.models import load_lm, quiet_transformers
     from .training.config import config_from_values
     from .training.runfiles import config_from_run
-    from .training.trainer import TokenTrainer
 
     quiet_transformers()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -167,17 +172,8 @@ def train_agent(env, model=None, algo: str = "grpo", tokenizer=None, tools=(), r
         policy, tok = model, _prepare_tokenizer(tokenizer)
     elif model is not None and not resume:
         policy, tok = load_lm(os.fspath(model))
-    fresh = run_dir is None
-    run_dir = str(unique_run_dir("runs", f"agent-{cfg.algo}")) if fresh else str(run_dir)
-    tr = TokenTrainer(cfg, run_dir, policy=policy, tokenizer=tok, log=log, fresh=fresh,
-                      resume=resume, callbacks=callbacks,
-                      env=None if named is not None else env)
-    log(f"run dir: {run_dir}")
-    try:
-        history = tr.train(progress=progress)
-    finally:
-        tr.close()
-    return LLMRun(tr, history)
+    return _run(cfg, run_dir, "agent", progress, log, policy=policy, tokenizer=tok,
+                resume=resume, callbacks=callbacks, env=None if named is not None else env)
 
 
 def _prepare_tokenizer(tok):

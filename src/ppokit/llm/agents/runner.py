@@ -15,13 +15,12 @@ with its seed. Functions of the trainer ``tr``
 from __future__ import annotations
 
 import random
-import time
 from typing import Any
 
 import torch
 
 from ..labelling.batching import IterationBatch
-from ..modeling.rollout import sequence_logprobs
+from ..training.sft import nll_steps
 from .conversation import Episode, Renderer
 from .env import CheckedTextEnv, text_env_factory
 from .rollout import episode_stats, play, to_rollout
@@ -101,26 +100,14 @@ def warm_start_episodes(runner: AgentRunner, model, tok, *, steps: int, lr: floa
     renderer = Renderer(tok)
     rng = random.Random(seed)
     torch.manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20)
-                                              * max(0.0, 1 - s / max(steps, 1)))
-    model.train()
-    t0, loss_val = time.perf_counter(), float("nan")
-    for _ in range(steps):
+
+    def batch(step: int):
         eps = [_demonstrated(checked, env, renderer, rng, runner.tools)
                for _ in range(batch_size)]
         roll = to_rollout(eps, tok.pad_token_id).roll
-        lp = sequence_logprobs(model, roll.input_ids, roll.attention_mask)["logp"]
-        m = roll.action_mask
-        loss = -(lp * m).sum() / m.sum().clamp(min=1)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        loss_val = loss.item()
-    model.eval()
-    return {"sft_loss": loss_val, "sft_seconds": time.perf_counter() - t0, "sft_steps": steps}
+        return roll.input_ids, roll.attention_mask, roll.action_mask
+
+    return nll_steps(model, batch, steps=steps, lr=lr)
 
 
 def _demonstrated(checked: CheckedTextEnv, env, renderer: Renderer, rng: random.Random,

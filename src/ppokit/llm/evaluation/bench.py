@@ -214,21 +214,29 @@ def _trl_run(tmp, task, tok, iterations, prompts_per_iter, samples_per_prompt, m
         t_start, c_start = time.perf_counter(), time.process_time()
         trainer.train()
 
-        def per_cycle(ends):
-            return [ends[i + steps_per_cycle] - ends[i]
-                    for i in range(0, len(ends) - steps_per_cycle, steps_per_cycle)][1:]
-
-        cycles = per_cycle([t_start] + clock.t)
-        cpu_cycles = per_cycle([c_start] + clock.cpu)
-        lengths = [h["completions/mean_length"] for h in trainer.state.log_history
-                   if "completions/mean_length" in h][1:]
+        ends, cpus = [t_start] + clock.t, [c_start] + clock.cpu
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    sec = statistics.median(cycles)
+    return trl_record(trainer, ends, cpus, calls, steps_per_cycle, n, rss_start)
+
+
+def trl_record(trainer, ends: list, cpus: list, calls: dict, steps: int, n: int,
+               rss_start: float) -> dict:
+    """TRL's timing of one run: a cycle every ``steps`` optimiser steps (``ends``: the wall
+    clock at the start and after each step; ``cpus``: the process time likewise), the first
+    one the warm-up; completion tokens from its log; the phases from ``calls`` (the times
+    at which its generation and its scoring returned)."""
+    def per_cycle(marks):
+        return [marks[i + steps] - marks[i] for i in range(0, len(marks) - steps, steps)][1:]
+
+    lengths = [h["completions/mean_length"] for h in trainer.state.log_history
+               if "completions/mean_length" in h][1:]
+    sec = statistics.median(per_cycle(ends))
     toks = statistics.mean(lengths) * n
     out = {"seconds_per_iteration": sec, "completion_tokens_per_iteration": toks,
            "tokens_per_s_total": toks / sec, "sequences_per_iter": n,
-           "cpu_seconds_per_iteration": statistics.median(cpu_cycles), "rss_start_mb": rss_start}
+           "cpu_seconds_per_iteration": statistics.median(per_cycle(cpus)),
+           "rss_start_mb": rss_start}
     gen, gen_score = calls["_generate"][1:], calls["_generate_and_score_completions"][1:]
     if gen and len(gen) == len(gen_score):  # the first cycle is the warm-up
         out["time_generation"] = statistics.median(gen)

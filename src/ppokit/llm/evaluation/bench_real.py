@@ -28,7 +28,14 @@ import torch
 
 from ppokit.errors import UsageError
 
-from .bench import peak_rss_mb, rss_mb, timed_iterations, timing_wrapper, with_trl
+from .bench import (
+    peak_rss_mb,
+    rss_mb,
+    timed_iterations,
+    timing_wrapper,
+    trl_record,
+    with_trl,
+)
 
 __all__ = ["GEOMETRY", "bench_ppokit_real", "bench_trl_real", "run_real_bench",
            "matmul_peak_gflops", "token_flops"]
@@ -178,25 +185,9 @@ def bench_trl_real(model_dir: str, task: str = "numbers", iterations: int = 3) -
             t0, c0 = time.perf_counter(), time.process_time()
             trainer.train()
         ends, cpus = [t0] + clock.t, [c0] + clock.cpu
-        cycles = [ends[i + steps] - ends[i] for i in range(0, len(ends) - steps, steps)][1:]
-        cpu_cycles = [cpus[i + steps] - cpus[i]
-                      for i in range(0, len(cpus) - steps, steps)][1:]
-        lengths = [h["completions/mean_length"] for h in trainer.state.log_history
-                   if "completions/mean_length" in h][1:]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    sec = statistics.median(cycles)
-    toks = statistics.mean(lengths) * n
-    out = {"seconds_per_iteration": sec, "completion_tokens_per_iteration": toks,
-           "tokens_per_s_total": toks / sec, "sequences_per_iter": n,
-           "cpu_seconds_per_iteration": statistics.median(cpu_cycles),
-           "rss_start_mb": rss_start}
-    gen, gen_score = calls["_generate"][1:], calls["_generate_and_score_completions"][1:]
-    if gen and len(gen) == len(gen_score):
-        out["time_generation"] = statistics.median(gen)
-        out["time_scoring"] = statistics.median(b - a for a, b in zip(gen, gen_score))
-        out["time_training"] = max(sec - statistics.median(gen_score), 0.0)
-    return out
+    return trl_record(trainer, ends, cpus, calls, steps, n, rss_start)
 
 
 def _child(fn_name: str, threads: int, kwargs: dict) -> dict:

@@ -93,6 +93,11 @@ def evaluate_lm_run(run_dir: str, *, n_prompts: int | None = None, temperature: 
     with RunLock(run_dir, "eval"):
         cfg = config_from_run(run_dir, n_eval_prompts=n_prompts, reward=reward,
                               reward_model=reward_model)
+        if cfg.env is not None:
+            raise UsageError(f"RUN_DIR: {run_dir} is an agent run (env {cfg.env}); its "
+                             "held-out episodes are logged as eval/episode/... with "
+                             "eval_every and printed after `ppokit llm train` "
+                             "(docs/agents.md); `ppokit llm eval` scores prompt runs")
         ckpt, damaged = find_checkpoint(os.path.join(run_dir, "checkpoints"), log=log)
         if ckpt is None:
             raise UsageError(no_checkpoint_message(run_dir, damaged))

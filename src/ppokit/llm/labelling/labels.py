@@ -167,6 +167,8 @@ def compute_labels(cfg: LLMConfig, roll: TokenRollout, scores: torch.Tensor, old
         "advantage_mean": float(masked_mean(adv, loss_mask)),
         **is_stats,
     }
+    if agent:  # an episode's truncation is logged as episode/truncated_frac
+        del stats["truncated_frac"]
     if cfg.samples_per_prompt > 1 and bsz % cfg.samples_per_prompt == 0:
         # groups whose raw scores are all equal: a group estimator gives them advantage 0
         groups = raw.view(-1, cfg.samples_per_prompt)

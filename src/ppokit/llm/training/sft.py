@@ -12,7 +12,7 @@ import torch
 from ..modeling.rollout import left_pad, sequence_logprobs
 from .guards import check_finite_model, check_sft_args
 
-__all__ = ["encode_pairs", "sft_train", "builtin_sft"]
+__all__ = ["encode_pairs", "sft_train", "builtin_sft", "nll_steps"]
 
 
 def encode_pairs(tokenizer, prompts: list[str], completions: list[str], *,
@@ -53,6 +53,20 @@ def sft_train(model, tokenizer, sample_batch: Callable[[int, random.Random], tup
                    weight_decay=weight_decay)
     rng = random.Random(seed)
     torch.manual_seed(seed)
+
+    def batch(step: int):
+        prompts, comps = sample_batch(batch_size, rng)
+        return encode_pairs(tokenizer, prompts, comps)
+
+    return nll_steps(model, batch, steps=steps, lr=lr, weight_decay=weight_decay, log=log)
+
+
+def nll_steps(model, batch: Callable[[int], tuple], *, steps: int, lr: float,
+              weight_decay: float = 0.0, log: Callable | None = None) -> dict:
+    """``steps`` AdamW steps on the mean negative log-likelihood of the tokens marked in
+    ``batch(step) -> (input_ids, attention_mask, loss_mask)`` (token convention): a linear
+    warm-up over 20 steps then a linear decay to 0, gradients clipped to norm 1. Returns a
+    summary (final loss, seconds, steps); weights that end up NaN or infinite raise."""
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20)
@@ -60,10 +74,9 @@ def sft_train(model, tokenizer, sample_batch: Callable[[int, random.Random], tup
     t0 = time.perf_counter()
     loss_val = float("nan")
     for step in range(steps):
-        prompts, comps = sample_batch(batch_size, rng)
-        ids, attn, cmask = encode_pairs(tokenizer, prompts, comps)
+        ids, attn, mask = batch(step)
         lp = sequence_logprobs(model, ids, attn)["logp"]
-        loss = -(lp * cmask).sum() / cmask.sum().clamp(min=1)
+        loss = -(lp * mask).sum() / mask.sum().clamp(min=1)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
