@@ -357,8 +357,8 @@ def test_the_cli_trains_the_built_in_game(tmp_path, capsys):
 def _learned(tmp_path, env, iterations, **kw):
     from ppokit.llm.training.trainer import TokenTrainer
 
-    cfg = LLMConfig(env=env, algo="grpo", iterations=iterations, prompts_per_iter=16,
-                    samples_per_prompt=4, time_limit=0, n_eval_prompts=256,
+    kw = {"algo": "grpo", "prompts_per_iter": 16, "samples_per_prompt": 4, **kw}
+    cfg = LLMConfig(env=env, iterations=iterations, time_limit=0, n_eval_prompts=256,
                     **kw).resolved()
     tr = TokenTrainer(cfg, str(tmp_path / "run"), log=lambda *a: None)
     before = tr.agent.evaluate(tr)
@@ -370,11 +370,14 @@ def _learned(tmp_path, env, iterations, **kw):
 
 @pytest.mark.slow
 def test_the_built_in_model_learns_the_guessing_game(tmp_path):
-    before, after = _learned(tmp_path, "ppokit/GuessNumber-v0", 200, max_turns=8,
-                             env_kwargs='{"n": 16, "max_turns": 8}', learning_rate=5e-4,
-                             sft_steps=300)
+    # PPO with a critic (the built-in model's default preset): measured 0.438 -> 0.602
+    # held-out return, solved 0.773 -> 0.875, turns 4.13 -> 3.61 (docs/agents.md)
+    before, after = _learned(tmp_path, "ppokit/GuessNumber-v0", 200, algo="ppo",
+                             max_turns=6, env_kwargs='{"n": 16, "max_turns": 6}',
+                             learning_rate=5e-4, sft_steps=300, prompts_per_iter=8,
+                             samples_per_prompt=8)
     gain = after["eval/episode/return_mean"] - before["eval/episode/return_mean"]
-    assert gain > 0.1, (before, after)
+    assert gain > 0.08, (before, after)
     assert after["eval/episode/turns_mean"] < before["eval/episode/turns_mean"]
 
 
@@ -402,3 +405,59 @@ def test_the_report_reads_an_agent_runs_turns_and_tools():
     assert {"episodes-truncated", "tool-failures"} <= run(0.8, 1.0, 0.5)
     assert not {"episodes-truncated", "tool-failures"} & run(0.1, 1.0, 0.05)
     assert "truncation-high" not in run(0.8, 1.0, 0.5)  # episodes are not responses
+
+
+def test_the_cli_trains_a_users_module_env_and_a_tool(tmp_path, capsys, monkeypatch):
+    import pathlib
+
+    from ppokit.cli import main
+    from ppokit.io import read_metrics
+
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).parent))
+    rc = main(["llm", "train", "--env", "_text_envs:ppokit-tests/Countdown-v0",
+               "--iterations", "2", "--set", "prompts_per_iter=2",
+               "--set", "samples_per_prompt=2", "--set", "max_turns=3",
+               "--set", "time_limit=0", "--run-dir", str(tmp_path / "mine"),
+               "--no-progress", "--no-eval"])
+    assert rc == 0, capsys.readouterr().err
+    assert len(read_metrics(tmp_path / "mine")) == 2
+    rc = main(["llm", "train", "--env", "ppokit/ToolArithmetic-v0", "--iterations", "2",
+               "--set", "tools=ppokit.llm.agents.env:calc", "--set", "tool_format=compact",
+               "--set", "prompts_per_iter=2", "--set", "samples_per_prompt=2",
+               "--set", "sft_steps=100", "--set", "time_limit=0", "--max-new-tokens", "12",
+               "--run-dir", str(tmp_path / "tool"), "--no-progress"])
+    assert rc == 0, capsys.readouterr().err
+    recs = read_metrics(tmp_path / "tool")
+    assert recs[-1]["tool/calls_per_episode"] > 0  # the warm start's habit: it calls calc
+    assert "held-out episodes: 128" in capsys.readouterr().out
+
+
+def test_a_textworld_game_runs_end_to_end(tmp_path):
+    pytest.importorskip("textworld")
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from ppokit.io import read_metrics
+    from ppokit.llm import train_agent
+
+    game = tmp_path / "g.z8"
+    tw_make = Path(sys.executable).parent / "tw-make"
+    subprocess.run([str(tw_make), "custom", "--world-size", "2", "--nb-objects", "2",
+                    "--quest-length", "1", "--seed", "1", "--output", str(game), "-f",
+                    "--silent"], check=True, capture_output=True, timeout=300)
+    env = CheckedTextEnv(__import__("ppokit.llm.agents.env", fromlist=["x"]).TEXT_ENVS[
+        "textworld"](game=str(game), max_steps=5), "textworld")
+    msgs, _ = env.reset(seed=0)
+    assert msgs[0]["role"] == "user" and len(msgs[0]["content"]) > 20
+    walkthrough = env.env.demonstration(None)
+    for k, command in enumerate(walkthrough):
+        _, reward, term, trunc, info = env.step(command)
+    assert term and not trunc and info["won"] and reward == 1.0  # the walkthrough wins
+    run = train_agent("textworld", env_kwargs={"game": str(game), "max_steps": 4},
+                      run_dir=tmp_path / "run", iterations=2, prompts_per_iter=2,
+                      samples_per_prompt=2, max_turns=4, sft_steps=2, time_limit=0,
+                      log=lambda *a: None)
+    recs = read_metrics(tmp_path / "run")
+    assert len(recs) == 2 and 1 <= recs[-1]["episode/turns_mean"] <= 4
+    assert run.config.env == "textworld"

@@ -252,5 +252,12 @@ class ToolArithmeticEnv:
         return [f"calc:{self.a}x{self.b}", answer] if self.tools else [answer]
 
 
+def _textworld(**kw):
+    from .textworld_env import TextWorldEnv
+
+    return TextWorldEnv(**kw)
+
+
 TEXT_ENVS: dict[str, Callable[..., Any]] = {"ppokit/GuessNumber-v0": GuessNumberEnv,
-                                            "ppokit/ToolArithmetic-v0": ToolArithmeticEnv}
+                                            "ppokit/ToolArithmetic-v0": ToolArithmeticEnv,
+                                            "textworld": _textworld}
