@@ -446,12 +446,13 @@ def test_a_textworld_game_runs_end_to_end(tmp_path):
     subprocess.run([str(tw_make), "custom", "--world-size", "2", "--nb-objects", "2",
                     "--quest-length", "1", "--seed", "1", "--output", str(game), "-f",
                     "--silent"], check=True, capture_output=True, timeout=300)
-    env = CheckedTextEnv(__import__("ppokit.llm.agents.env", fromlist=["x"]).TEXT_ENVS[
-        "textworld"](game=str(game), max_steps=5), "textworld")
+    from ppokit.llm.agents.env import TEXT_ENVS
+
+    env = CheckedTextEnv(TEXT_ENVS["textworld"](game=str(game), max_steps=5), "textworld")
     msgs, _ = env.reset(seed=0)
     assert msgs[0]["role"] == "user" and len(msgs[0]["content"]) > 20
     walkthrough = env.env.demonstration(None)
-    for k, command in enumerate(walkthrough):
+    for command in walkthrough:
         _, reward, term, trunc, info = env.step(command)
     assert term and not trunc and info["won"] and reward == 1.0  # the walkthrough wins
     run = train_agent("textworld", env_kwargs={"game": str(game), "max_steps": 4},
