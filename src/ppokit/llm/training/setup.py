@@ -157,6 +157,7 @@ def setup(tr, cfg, policy, tokenizer, reference, reward_fn, resume: bool,
                                   for g in groups for p in g["params"])
     tr.opt = torch.optim.AdamW(groups, weight_decay=0.0, eps=1e-6, fused=fused or None)
     tr.minibatch_observer = None  # called with each minibatch (ppokit check)
+    tr.labels_observer = None  # called with each iteration's rollout and labels
     tr.kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.kl_target) if cfg.kl_target
                    else FixedKLController(cfg.kl_coef))
     tr.guard = DivergenceGuard(cfg.guard_kl or None, cfg.guard_grad_norm or None,

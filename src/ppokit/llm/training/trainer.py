@@ -396,6 +396,8 @@ class TokenTrainer(RunLifecycle):
         lab = compute_labels(cfg, roll, scores, old, ref, beta, values_after,
                              sampler_logp=sampler_logp if cfg.rollout_is != "none" else None,
                              turn_rewards=turn_rewards)
+        if self.labels_observer is not None:  # (the horizon bench reads the gradient)
+            self.labels_observer(roll, lab)
         mismatch = frozen.mismatch(self, roll, old if recomputed else None)
         t2 = time.perf_counter()
         upd = self.guarded_update(roll, lab)
