@@ -68,6 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ppokit.llm.cli import add_config_arguments
 
     add_config_arguments(group, skip=("model", "seed", "env", "env_kwargs"), epilog=False)
+    # check's own --env / --env-kwargs name a Gymnasium environment, not an agent run's
+    parser.set_defaults(llm_not_config=("env", "env_kwargs"))
 
 
 def _env_report(args):

@@ -76,8 +76,9 @@ def flag_values(args) -> dict:
     """The values given as flags, deprecated names included (with a message)."""
     from .training.config import DEPRECATED, LLMConfig
 
+    own = getattr(args, "llm_not_config", ())  # the command's own flags of those names
     out = {f.name: getattr(args, f.name) for f in fields(LLMConfig)
-           if getattr(args, f.name, None) is not None}
+           if getattr(args, f.name, None) is not None and f.name not in own}
     if isinstance(out.get("reward"), list):
         out["reward"] = ",".join(out["reward"])
     for old, new in DEPRECATED.items():

@@ -161,7 +161,6 @@ def _trl_run(tmp, task, tok, iterations, prompts_per_iter, samples_per_prompt, m
     import random
 
     from datasets import Dataset
-    from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from ..inputs.task import reverse_score
@@ -180,15 +179,7 @@ def _trl_run(tmp, task, tok, iterations, prompts_per_iter, samples_per_prompt, m
         def reward(prompts, completions, **_):
             return reverse_score([q.removeprefix(bos) for q in prompts], completions)
 
-        class Clock(TrainerCallback):
-            def __init__(self):
-                self.t, self.cpu = [], []
-
-            def on_step_end(self, args, state, control, **kw):  # noqa: ARG002
-                self.t.append(time.perf_counter())
-                self.cpu.append(time.process_time())
-
-        clock = Clock()
+        clock = step_clock()
         n = prompts_per_iter * samples_per_prompt
         steps_per_cycle = 4
         cfg = GRPOConfig(output_dir=f"{tmp}/out", per_device_train_batch_size=n // 2,
@@ -201,23 +192,44 @@ def _trl_run(tmp, task, tok, iterations, prompts_per_iter, samples_per_prompt, m
                          bf16=precision == "bf16")
         trainer = GRPOTrainer(model=model_dir, reward_funcs=reward, args=cfg, train_dataset=ds,
                               processing_class=tok, callbacks=[clock])
-        from transformers.trainer_callback import PrinterCallback
-
-        trainer.remove_callback(PrinterCallback)  # keep the log dicts off stdout
-        # where TRL's time goes: its sampling call, and sampling + the reward, old and
-        # reference log-prob passes (once per generation cycle); the rest is training
-        calls = {"_generate": [], "_generate_and_score_completions": []}
-        for name, times in calls.items():
-            if hasattr(trainer, name):
-                setattr(trainer, name, timing_wrapper(getattr(trainer, name), times))
-        rss_start = rss_mb()
-        t_start, c_start = time.perf_counter(), time.process_time()
-        trainer.train()
-
-        ends, cpus = [t_start] + clock.t, [c_start] + clock.cpu
+        ends, cpus, calls, rss_start = train_trl_timed(trainer, clock)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return trl_record(trainer, ends, cpus, calls, steps_per_cycle, n, rss_start)
+
+
+def step_clock():
+    """A TRL callback that records the wall clock and the process time after each
+    optimiser step (``.t``, ``.cpu``)."""
+    from transformers import TrainerCallback
+
+    class Clock(TrainerCallback):
+        def __init__(self):
+            self.t, self.cpu = [], []
+
+        def on_step_end(self, args, state, control, **kw):  # noqa: ARG002
+            self.t.append(time.perf_counter())
+            self.cpu.append(time.process_time())
+
+    return Clock()
+
+
+def train_trl_timed(trainer, clock) -> tuple[list, list, dict, float]:
+    """Run TRL's ``trainer`` (with ``clock``, a :func:`step_clock`, among its callbacks),
+    timing where its time goes: its sampling call, and sampling + the reward, old and
+    reference log-prob passes (once per generation cycle); the rest is training. Returns
+    ``(wall clock marks, process time marks, the calls' end times, rss at start)``."""
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)  # keep the log dicts off stdout
+    calls = {"_generate": [], "_generate_and_score_completions": []}
+    for name, times in calls.items():
+        if hasattr(trainer, name):
+            setattr(trainer, name, timing_wrapper(getattr(trainer, name), times))
+    rss_start = rss_mb()
+    t0, c0 = time.perf_counter(), time.process_time()
+    trainer.train()
+    return [t0] + clock.t, [c0] + clock.cpu, calls, rss_start
 
 
 def trl_record(trainer, ends: list, cpus: list, calls: dict, steps: int, n: int,

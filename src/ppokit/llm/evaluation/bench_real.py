@@ -30,9 +30,9 @@ from ppokit.errors import UsageError
 
 from .bench import (
     peak_rss_mb,
-    rss_mb,
+    step_clock,
     timed_iterations,
-    timing_wrapper,
+    train_trl_timed,
     trl_record,
     with_trl,
 )
@@ -131,8 +131,7 @@ def bench_trl_real(model_dir: str, task: str = "numbers", iterations: int = 3) -
     steps, one ppokit iteration) and the share of its sampling and scoring."""
     from datasets import Dataset
     from peft import LoraConfig
-    from transformers import AutoTokenizer, TrainerCallback
-    from transformers.trainer_callback import PrinterCallback
+    from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     from ..inputs.chat_tasks import exact_answer
@@ -146,16 +145,8 @@ def bench_trl_real(model_dir: str, task: str = "numbers", iterations: int = 3) -
     def correct(completions, answer, **_):
         return exact_answer(completions, answer)
 
-    class Clock(TrainerCallback):
-        def __init__(self):
-            self.t, self.cpu = [], []
-
-        def on_step_end(self, args, state, control, **kw):  # noqa: ARG002
-            self.t.append(time.perf_counter())
-            self.cpu.append(time.process_time())
-
     tmp = tempfile.mkdtemp(prefix="ppokit-trl-")
-    clock, steps = Clock(), 4
+    clock, steps = step_clock(), 4
     n = g["prompts_per_iter"] * g["samples_per_prompt"]
     try:
         with warnings.catch_warnings():
@@ -176,15 +167,7 @@ def bench_trl_real(model_dir: str, task: str = "numbers", iterations: int = 3) -
             trainer = GRPOTrainer(model=model_dir, reward_funcs=correct, args=args,
                                   train_dataset=ds, processing_class=tok, callbacks=[clock],
                                   peft_config=lora)
-            trainer.remove_callback(PrinterCallback)
-            calls = {"_generate": [], "_generate_and_score_completions": []}
-            for name, times in calls.items():
-                if hasattr(trainer, name):
-                    setattr(trainer, name, timing_wrapper(getattr(trainer, name), times))
-            rss_start = rss_mb()
-            t0, c0 = time.perf_counter(), time.process_time()
-            trainer.train()
-        ends, cpus = [t0] + clock.t, [c0] + clock.cpu
+            ends, cpus, calls, rss_start = train_trl_timed(trainer, clock)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return trl_record(trainer, ends, cpus, calls, steps, n, rss_start)
