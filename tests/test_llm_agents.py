@@ -462,3 +462,32 @@ def test_a_textworld_game_runs_end_to_end(tmp_path):
     recs = read_metrics(tmp_path / "run")
     assert len(recs) == 2 and 1 <= recs[-1]["episode/turns_mean"] <= 4
     assert run.config.env == "textworld"
+
+
+def test_resuming_names_the_module_env_and_the_tools_again(tmp_path, capsys, monkeypatch):
+    """A run directory is data: the module of an env given as module:Id and the tools'
+    modules are imported only when the user names them again."""
+    import pathlib
+
+    from ppokit.cli import main
+    from ppokit.io import read_metrics
+
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).parent))
+    run = str(tmp_path / "run")
+    base = ["--set", "prompts_per_iter=2", "--set", "samples_per_prompt=2",
+            "--set", "max_turns=2", "--set", "time_limit=0", "--no-progress", "--no-eval"]
+    assert main(["llm", "train", "--env", "_text_envs:ppokit-tests/Countdown-v0",
+                 "--set", "tools=ppokit.llm.agents.env:calc", "--iterations", "1",
+                 "--run-dir", run, *base[:-2], "--no-progress", "--no-eval"]) == 0
+    capsys.readouterr()
+    assert main(["llm", "train", "--resume", run, "--iterations", "2", "--no-progress",
+                 "--no-eval"]) == 2
+    err = capsys.readouterr().err
+    assert "--env _text_envs:ppokit-tests/Countdown-v0" in err
+    assert main(["llm", "train", "--resume", run, "--iterations", "2", "--env",
+                 "_text_envs:ppokit-tests/Countdown-v0", "--no-progress", "--no-eval"]) == 2
+    assert "tools: this run calls ppokit.llm.agents.env:calc" in capsys.readouterr().err
+    assert main(["llm", "train", "--resume", run, "--iterations", "2", "--env",
+                 "_text_envs:ppokit-tests/Countdown-v0", "--set",
+                 "tools=ppokit.llm.agents.env:calc", "--no-progress", "--no-eval"]) == 0
+    assert len(read_metrics(run)) == 2

@@ -157,9 +157,10 @@ def train_agent(env, model=None, algo: str = "grpo", tokenizer=None, tools=(), r
     if resume:
         if run_dir is None:
             raise UsageError("resume: needs run_dir")
-        saved = config_from_run(str(run_dir))  # keys given again with their saved value
-        cfg = config_from_run(str(run_dir), **{k: v for k, v in config.items()
-                                               if getattr(saved, k, None) != v})
+        saved = config_from_run(str(run_dir), env=named)  # keys given again, as saved
+        cfg = config_from_run(str(run_dir), env=named,
+                              **{k: v for k, v in config.items()
+                                 if getattr(saved, k, None) != v})
         cfg = replace(cfg, tools=values["tools"] or cfg.tools).resolved()
     else:
         cfg = config_from_values(("train_agent()", values), ("train_agent()", config))

@@ -22,10 +22,10 @@ the tool's reply for the model to read, never a crash; it counts as a failed cal
 
 from __future__ import annotations
 
-import concurrent.futures
 import inspect
 import json
 import re
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -90,7 +90,6 @@ class ToolSet:
             schema = tool_schema(fn)
             self.tools[schema["function"]["name"]] = (fn, schema)
         self.fmt, self.time_limit = fmt, float(time_limit)
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
 
     @property
     def schemas(self) -> list[dict]:
@@ -131,15 +130,25 @@ class ToolSet:
             return f"error: {name}: {exc}", False
         if bound is None:
             return f"error: {name}: arguments must be an object", False
-        future = self._pool.submit(fn, *bound.args, **bound.kwargs)
-        try:
-            value = future.result(timeout=self.time_limit)
-        except concurrent.futures.TimeoutError:
-            self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)  # (it runs on)
+        out: dict[str, Any] = {}
+
+        def call() -> None:
+            try:
+                out["value"] = fn(*bound.args, **bound.kwargs)
+            except BaseException as exc:  # noqa: BLE001 - the model reads what went wrong
+                out["error"] = exc
+
+        # a daemon thread: a call that never returns is left behind, and never keeps the
+        # process from ending
+        worker = threading.Thread(target=call, name=f"tool-{name}", daemon=True)
+        worker.start()
+        worker.join(self.time_limit)
+        if worker.is_alive():
             return f"error: {name} took longer than {self.time_limit:g} s", False
-        except Exception as exc:  # noqa: BLE001 - the model reads what went wrong
+        if "error" in out:
+            exc = out["error"]
             return f"error: {name} raised {type(exc).__name__}: {exc}", False
-        return str(value), True
+        return str(out.get("value")), True
 
 
 def resolve_tools(tools) -> list[Callable]:

@@ -23,14 +23,18 @@ from .presets import DEPRECATED
 
 __all__ = ["TRAIN_PROMPTS", "EVAL_PROMPTS", "config_from_run", "run_prompt_sets", "prompt_sets",
            "load_prompts",
-           "write_prompts", "resume_command", "RESUMABLE"]
+           "write_prompts", "resume_command", "RESUMABLE", "UNNAMED"]
 
 TRAIN_PROMPTS = "train_prompts.jsonl"
 EVAL_PROMPTS = "eval_prompts.jsonl"
 MAX_PROMPTS_FILE = 2**31
 # what may differ from the saved configuration when a run is resumed or evaluated
 RESUMABLE = ("iterations", "time_limit", "checkpoint_every", "samples_logged", "reward",
-             "reward_model", "n_eval_prompts", "temperature", "learning_rate")
+             "reward_model", "n_eval_prompts", "temperature", "learning_rate", "env",
+             "tools")
+# an agent run's environment module or tools, recorded but not named again: nothing a run
+# directory names is imported (the trainer asks for them: ppokit/llm/training/setup.py)
+UNNAMED = "unnamed:"
 # fields added after runs were first saved, with the value those runs trained with (a
 # resumed run goes on as it started, whatever today's default)
 ADDED_FIELDS = {"kl_estimator": "k3", "guard_kl": 0.0, "guard_grad_norm": 0.0,
@@ -42,6 +46,12 @@ def resume_command(run_dir: str, cfg: LLMConfig, world: int = 1) -> str:
     """The command that continues a run: its reward named again (a run directory never
     names code that ppokit imports), on as many ranks."""
     cmd = f"ppokit llm train --resume {run_dir}"
+    env = cfg.env.removeprefix(UNNAMED) if isinstance(cfg.env, str) else None
+    if env and ":" in env and not env.startswith("python:"):
+        cmd += f" --env {env}"
+    tools = cfg.tools.removeprefix(UNNAMED) if isinstance(cfg.tools, str) else None
+    if tools and "python:" not in tools:
+        cmd += f" --set tools={tools}"
     if isinstance(cfg.reward, str) and cfg.reward:
         cmd += "".join(f" --reward {e.strip()}" for e in cfg.reward.split(",") if e.strip())
     elif cfg.reward is not None:
@@ -111,8 +121,16 @@ def config_from_run(run_dir: str, **overrides) -> LLMConfig:
     data = {k: v for k, v in data.items() if k in known}
     data = {**ADDED_FIELDS, **data}
     data["reward"] = data["reward_model"] = None
+    env, tools = data.get("env"), data.get("tools")
+    if isinstance(env, str) and ":" in env and not env.startswith("python:"):
+        given = overrides.get("env")
+        if given is not None and given != env:
+            raise UsageError(f"--env: this run acts in {env!r}, not {given!r}")
+        data["env"] = env if given == env else UNNAMED + env  # a module to import
+    if tools is not None:
+        data["tools"] = UNNAMED + str(tools)
     for k, v in overrides.items():
-        if v is None:
+        if v is None or k == "env":
             continue
         if k not in RESUMABLE:
             raise UsageError(f"--{k.replace('_', '-')}: cannot be changed for an existing "

@@ -40,7 +40,14 @@ from ..modeling.models import (
 from .config import config_dict, env_kwargs_of
 from .divergence import DivergenceGuard, learning_rate_warning
 from .progress import recipe_line
-from .runfiles import EVAL_PROMPTS, TRAIN_PROMPTS, prompt_sets, run_prompt_sets, write_prompts
+from .runfiles import (
+    EVAL_PROMPTS,
+    TRAIN_PROMPTS,
+    UNNAMED,
+    prompt_sets,
+    run_prompt_sets,
+    write_prompts,
+)
 
 __all__ = ["setup", "shard_models", "check_prompts", "warm_start", "make_agent"]
 
@@ -234,6 +241,14 @@ def make_agent(tr, cfg, env):
     instance, else ``cfg.env`` names it); None without one."""
     if env is None and cfg.env is None:
         return None
+    if env is None and cfg.env.startswith(UNNAMED):
+        raise UsageError(f"env: this run acts in {cfg.env[len(UNNAMED):]!r}, whose module is "
+                         "imported only when you name it: resume with --env "
+                         f"{cfg.env[len(UNNAMED):]}")
+    if isinstance(cfg.tools, str) and cfg.tools.startswith(UNNAMED):
+        raise UsageError(f"tools: this run calls {cfg.tools[len(UNNAMED):]}, imported only "
+                         "when you name them: resume with --set tools=... (Python: "
+                         "tools=[...])")
     if env is None and cfg.env.startswith("python:"):
         raise UsageError(f"env: this run acts in {cfg.env[7:]!r}, an environment given in "
                          "Python, which a run directory cannot record; pass it again "
