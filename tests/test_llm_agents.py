@@ -290,29 +290,13 @@ def test_every_bad_call_is_an_observation_never_a_crash():
 # ------------------------------------------------------------------ training
 
 
-class Countdown:
-    """A user's own text environment: say the number one below the one shown."""
-
-    def __init__(self):
-        self.n = 0
-
-    def reset(self, seed=None, options=None):
-        self.n = 3 + (seed or 0) % 5
-        return f"{self.n}:", {}
-
-    def step(self, text):
-        ok = text.strip() == str(self.n - 1)
-        self.n -= 1
-        done = self.n <= 1
-        return ("" if done else f"{self.n}:"), float(ok), done, False, {}
-
-
 def add(a: int, b: int) -> int:
     """Add two numbers."""
     return a + b
 
 
 def test_a_users_env_and_tool_train_from_python_and_resume_exactly(tmp_path):
+    from _text_envs import Countdown  # a user's own gymnasium.Env with Text spaces
     from ppokit.io import read_metrics
     from ppokit.llm import train_agent
 
