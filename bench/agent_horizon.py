@@ -17,6 +17,7 @@ from the same warm start with the same sample budget (``--iterations`` ×
   ``--out`` (JSON).
 
     python -m bench.agent_horizon --horizons 2,4,8 --iterations 150
+    python -m bench.agent_horizon --from a.json b.json --figure curves.png   # re-plot
 """
 
 from __future__ import annotations
@@ -101,6 +102,30 @@ def run(horizon: int, algo: str, a) -> dict:
             "grad_rel_variance": statistics.median(variances), "curve": curve}
 
 
+def figure(rows: list[dict], path: str) -> None:
+    """Training success per iteration, one panel per horizon, one line per preset."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    horizons = sorted({r["horizon"] for r in rows})
+    fig, axes = plt.subplots(1, len(horizons), figsize=(3.2 * len(horizons), 2.8),
+                             squeeze=False)
+    for ax, h in zip(axes[0], horizons):
+        for r in (r for r in rows if r["horizon"] == h):
+            its, solved = zip(*r["curve"]) if r["curve"] else ((), ())
+            ax.plot(its, solved, label=r["algo"].upper())
+        ax.set_title(f"T = {h} (n = {2 ** (h - 1)})")
+        ax.set_xlabel("iteration")
+        ax.set_ylim(-0.02, 1.02)
+    axes[0][0].set_ylabel("episodes solved (training)")
+    axes[0][0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--horizons", default="2,4,8")
@@ -114,7 +139,14 @@ def main() -> None:
     p.add_argument("--every", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="horizon.json")
+    p.add_argument("--figure", default=None, help="also plot the learning curves here")
+    p.add_argument("--from", dest="inputs", nargs="+", default=None,
+                   help="plot the rows of earlier runs' JSON files instead of training")
     a = p.parse_args()
+    if a.inputs:
+        rows = [r for path in a.inputs for r in json.load(open(path))]
+        figure(rows, a.figure or "horizon.png")
+        return
     torch.set_num_threads(1)
     rows = []
     print("| horizon T (n) | preset | held-out solved before → after | return before → after "
@@ -131,6 +163,8 @@ def main() -> None:
                   f"{r['seconds']:.0f} |", flush=True)
     with open(a.out, "w") as fh:
         json.dump(rows, fh, indent=1)
+    if a.figure:
+        figure(rows, a.figure)
 
 
 if __name__ == "__main__":
