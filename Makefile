@@ -5,7 +5,7 @@ TORCH_VERSION ?= 2.13.0
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-EXTRAS ?= dev,box2d,mujoco,atari,minatar,envpool,tb,llm,lora,gguf,reasoning,textworld,video,wandb,ray,tune
+EXTRAS ?= dev,box2d,mujoco,atari,minatar,envpool,tb,llm,lora,gguf,reasoning,textworld,verifiers,video,wandb,ray,tune
 
 .PHONY: setup train test test-slow lint bench smollm2 clean
 

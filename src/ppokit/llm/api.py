@@ -125,7 +125,9 @@ def train_agent(env, model=None, algo: str = "grpo", tokenizer=None, tools=(), r
 
     * ``env``: a text environment's id (``ppokit/GuessNumber-v0``, a registered Gymnasium id
       or ``module:Id``), a factory returning one, or an instance (module
-      :mod:`ppokit.llm.agents.env`); ``env_kwargs`` its keyword arguments.
+      :mod:`ppokit.llm.agents.env`); ``env_kwargs`` its keyword arguments. A
+      ``verifiers`` environment (an instance, or ``verifiers:NAME`` for an installed
+      one) plays through its own rollout loop (:mod:`ppokit.llm.agents.verifiers_env`).
     * ``model``: None (the built-in tiny model, warm-started on the environment's
       demonstrations when it has them), a local model directory or a loaded
       ``transformers`` causal LM (with ``tokenizer``).

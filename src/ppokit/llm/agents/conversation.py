@@ -43,6 +43,7 @@ class Episode:
     done: bool = False
     tool_calls: int = 0
     tool_failures: int = 0
+    info: dict = field(default_factory=dict)  # what else the environment reported
 
     def add(self, ids: list[int], action: bool, logp: list[float] | None = None) -> None:
         self.ids += ids

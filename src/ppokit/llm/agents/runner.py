@@ -73,7 +73,7 @@ class AgentRunner:
         prompts = [ep.messages[0]["content"] for ep in eps]
         comps = [tr.tok.decode(ep.ids[ep.prompt_len:]) for ep in eps]
         out = IterationBatch(rows, prompts, batch.roll, comps, batch.scores, {}, 0.0,
-                             episode_stats(eps))
+                             self.stats(eps))
         out.turn_rewards = batch.turn_rewards
         return out
 
@@ -84,7 +84,11 @@ class AgentRunner:
         seeds = [EVAL_SEED_OFFSET + k for k in range(n)]
         gen = torch.Generator().manual_seed(tr.cfg.seed + 7919)
         eps = self.play(tr, seeds, generator=gen)
-        return {f"eval/{k}": v for k, v in episode_stats(eps).items()}
+        return {f"eval/{k}": v for k, v in self.stats(eps).items()}
+
+    def stats(self, eps: list[Episode]) -> dict:
+        """The metrics of a batch of episodes."""
+        return episode_stats(eps)
 
 
 def warm_start_episodes(runner: AgentRunner, model, tok, *, steps: int, lr: float,
@@ -93,7 +97,7 @@ def warm_start_episodes(runner: AgentRunner, model, tok, *, steps: int, lr: floa
     a reset with a fresh seed, its assistant turns (``env.demonstration(rng)``) played
     through the environment and laid out as an episode; the loss is the negative
     log-likelihood of the assistant tokens (their end-of-sequence tokens included)."""
-    env = runner.factory()
+    env = runner.factory() if runner.factory is not None else None
     if not callable(getattr(env, "demonstration", None)):
         raise AttributeError("demonstration")
     checked = CheckedTextEnv(env, runner.label)

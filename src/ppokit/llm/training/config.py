@@ -221,8 +221,9 @@ class LLMConfig:
                                   bounds=(0, 10**6, False))
     # agents: multi-turn episodes in a text environment (docs/agents.md)
     env: str | None = setting(None, "a text environment to act in over several turns: "
-                              "ppokit/GuessNumber-v0, a registered Gymnasium id or module:Id "
-                              "(in Python also a factory or an instance); each prompt is then "
+                              "ppokit/GuessNumber-v0, a registered Gymnasium id, module:Id or "
+                              "verifiers:NAME (in Python also a factory or an instance); "
+                              "each prompt is then "
                               "an episode's seed, samples_per_prompt episodes per seed, "
                               "max_new_tokens the cap of one turn")
     env_kwargs: str | None = setting(None, "keyword arguments of the environment, a JSON "

@@ -255,7 +255,14 @@ def make_agent(tr, cfg, env):
                          "(ppokit.llm.train_agent(env, ..., run_dir=RUN_DIR, resume=True))")
     from ..agents.runner import AgentRunner
     from ..agents.tools import resolve_tools
+    from ..agents.verifiers_env import VerifiersRunner, is_verifiers_env
 
+    if is_verifiers_env(env if env is not None else cfg.env):
+        if cfg.tools is not None:
+            raise UsageError("tools: a verifiers environment brings its own tools (a "
+                             "ToolEnv's); give them to the environment")
+        return VerifiersRunner(env if env is not None else cfg.env, env_kwargs_of(cfg),
+                               cfg.tool_format)
     return AgentRunner(env if env is not None else cfg.env, env_kwargs_of(cfg),
                        resolve_tools(cfg.tools), cfg.tool_format, cfg.tool_time_limit)
 
