@@ -29,6 +29,18 @@ from ppokit.llm.modeling.models import build_char_tokenizer, build_tiny_model  #
 from ppokit.llm.modeling.rollout import TokenRollout, generate, sequence_logprobs  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _signals_kept():
+    """A verifiers environment installs SIGINT/SIGTERM handlers when it is built; the
+    environments these tests build must not leave them to later tests."""
+    import signal
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for s, h in saved.items():
+        signal.signal(s, h)
+
+
 @pytest.fixture(scope="module")
 def tiny():
     tok = build_char_tokenizer()
@@ -76,6 +88,17 @@ def test_verifiers_envs_are_recognised_by_instance_and_by_name():
     assert not is_verifiers_env("ppokit/GuessNumber-v0") and not is_verifiers_env(object())
     with pytest.raises(UsageError, match="env: cannot load the verifiers environment"):
         VerifiersRunner("verifiers:no_such_env_module", {}, "json")
+
+
+def test_loading_a_verifiers_env_by_name_keeps_the_process_signal_handlers(monkeypatch):
+    import signal
+
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).parent))
+    mine = signal.getsignal(signal.SIGTERM)
+    VerifiersRunner("verifiers:_vf_envs", {"kind": "sum"}, "json")
+    assert signal.getsignal(signal.SIGTERM) is mine  # a run's SIGTERM still checkpoints
+    _vf_envs.sum_env()  # what building one directly does (the fixture puts it back)
+    assert signal.getsignal(signal.SIGTERM) is not mine
 
 
 def test_the_training_forward_reproduces_the_sampler_over_verifiers_turns(tiny):

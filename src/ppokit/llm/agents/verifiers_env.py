@@ -43,10 +43,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import json
 import math
 import re
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -102,7 +104,8 @@ def load_verifiers_env(env: Any, env_kwargs: dict) -> tuple[Any, str]:
                              f"module {module!r} is installed (install the environment's "
                              "package first, e.g. with pip)")
         try:
-            loaded = vf.load_environment(name, **env_kwargs)
+            with _own_signals():
+                loaded = vf.load_environment(name, **env_kwargs)
         except Exception as exc:
             raise UserCodeError(f"env {env}: load_environment raised {type(exc).__name__}: "
                                 f"{exc}") from exc
@@ -116,6 +119,24 @@ def load_verifiers_env(env: Any, env_kwargs: dict) -> tuple[Any, str]:
         raise UsageError(f"env: {label} is not a verifiers Environment "
                          f"(got {type(env).__name__})")
     return env, label
+
+
+@contextlib.contextmanager
+def _own_signals():
+    """Keep this process's SIGINT and SIGTERM handlers: a verifiers environment installs
+    its own when it is built (a SIGTERM handler that exits at once), which would take a
+    run's checkpoint on SIGTERM away from it; the environment's teardown still runs at
+    exit."""
+    import signal
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            for s, h in saved.items():
+                if h is not None:
+                    signal.signal(s, h)
 
 
 class VerifiersRunner(AgentRunner):
