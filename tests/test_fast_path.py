@@ -103,6 +103,41 @@ def test_fused_step_equals_eager_step(kind, activation, n, seed, policy_loss, cl
                 p.copy_(p_ref)
 
 
+@pytest.mark.parametrize("kind", ["categorical", "gaussian"])
+def test_the_serial_kernel_is_the_parallel_one_bit_for_bit(kind):
+    """``parallel=False`` (the critic's branch before the actor's, for a busy machine) runs
+    the same arithmetic: the same statistics and parameters, exactly."""
+    cfg = TrainConfig(tensorboard=False, clip_range_vf=0.1, ent_coef=0.01)
+    spec = update_spec(cfg)
+    runs = []
+    for parallel in (True, False, None):  # None: whichever is faster now
+        pol, flat, opt, _, _ = _setup(kind, "tanh", 3, cfg)
+        fused = FusedStep(spec, pol, flat, opt, parallel=parallel)
+        gen = torch.Generator().manual_seed(3)
+        stats = [fused.step(_minibatch(kind, 64, gen, pol), 0.2) for _ in range(4)]
+        runs.append((torch.stack(stats), flat.data.clone()))
+    for stats, data in runs[1:]:
+        assert torch.equal(runs[0][0], stats) and torch.equal(runs[0][1], data)
+
+
+def test_faster_of_two_runs_the_faster_way_and_looks_at_the_other_now_and_then():
+    from ppokit.engine.fused import FasterOfTwo
+
+    cost = {True: 2.0, False: 1.0}
+    pick = FasterOfTwo(warm=10, every=50, trials=3)
+    ways = []
+    for i in range(400):
+        if i == 200:
+            cost = {True: 0.5, False: 1.0}  # the load went away: parallel is faster now
+        way = pick.next()
+        ways.append(way)
+        pick.took(way, cost[way] * (10.0 if i < 2 else 1.0))  # the first calls: slow
+    assert ways[:10] == [True, False] * 5
+    after = ways[10:200]
+    assert after.count(True) == sum(1 for i in range(10, 200) if i % 50 < 3)
+    assert ways[-100:].count(True) >= 90  # switched back within a few refreshes
+
+
 def test_fused_step_early_stop_matches_eager():
     cfg = TrainConfig(tensorboard=False)
     pol, flat, opt, pol_ref, opt_ref = _setup("categorical", "tanh", 0, cfg)

@@ -31,8 +31,10 @@ many random minibatches, compiled and as plain Python.
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Callable
+from typing import Optional
 
 import torch
 from torch import nn
@@ -218,7 +220,7 @@ def _ppo_step(x: torch.Tensor, actions: torch.Tensor, logp_old: torch.Tensor,
               relu_a: bool, relu_c: bool, clip: float, use_clip: bool, norm_adv: bool,
               kl_limit: float, vf_coef: float, clip_vf: float, clip_max: bool,
               ent_coef: float, max_grad_norm: float, one: torch.Tensor,
-              two: torch.Tensor) -> tuple[torch.Tensor, bool]:
+              two: torch.Tensor, parallel: bool = True) -> tuple[torch.Tensor, bool]:
     """Loss and gradients of one minibatch, written into ``flat_grad`` and clipped.
 
     Returns ``(stats, stopped)``: ``stats`` holds policy loss, value loss, entropy, approx
@@ -226,9 +228,17 @@ def _ppo_step(x: torch.Tensor, actions: torch.Tensor, logp_old: torch.Tensor,
     gradient norm before clipping (:data:`STAT_KEYS`); ``stopped`` is True when
     ``kl_limit >= 0`` and the approx KL exceeds it: then nothing was stepped and ``stats``
     is empty. Negative ``clip_vf`` / ``kl_limit`` / ``max_grad_norm`` mean "off".
+    ``parallel`` False waits for the critic's branch before the actor's starts (the same
+    arithmetic; for a machine whose other cores are busy).
     """
-    fut = torch.jit.fork(_critic_branch, x, ret, v_old, cws, cbs, cgws, cgbs, relu_c,
-                         vf_coef, clip_vf, clip_max, one, two)
+    fut: Optional[torch.jit.Future[torch.Tensor]] = None  # noqa: UP045 - TorchScript
+    if parallel:
+        fut = torch.jit.fork(_critic_branch, x, ret, v_old, cws, cbs, cgws, cgbs, relu_c,
+                             vf_coef, clip_vf, clip_max, one, two)
+        vl = one
+    else:  # the critic's branch first, then the actor's: one core at a time
+        vl = _critic_branch(x, ret, v_old, cws, cbs, cgws, cgbs, relu_c, vf_coef, clip_vf,
+                            clip_max, one, two)
     n = x.shape[0]
     inv_n = 1.0 / n
     hs = _mlp_forward(x, aws, abs_, relu_a, one, two)
@@ -267,7 +277,8 @@ def _ppo_step(x: torch.Tensor, actions: torch.Tensor, logp_old: torch.Tensor,
     kl_sum = (torch.expm1(log_ratio) - log_ratio).sum()
     if kl_limit >= 0.0:
         if float(kl_sum) * inv_n > kl_limit:
-            torch.jit.wait(fut)
+            if fut is not None:
+                torch.jit.wait(fut)
             return torch.empty(0), True
     if use_clip:
         s1 = ratio * adv
@@ -298,7 +309,8 @@ def _ppo_step(x: torch.Tensor, actions: torch.Tensor, logp_old: torch.Tensor,
         if ent_coef != 0.0:
             log_std_grad.sub_(ent_coef)
     _mlp_backward(g_out, hs, aws, agws, agbs, relu_a)
-    vl = torch.jit.wait(fut)
+    if fut is not None:
+        vl = torch.jit.wait(fut)
     grad_norm = torch.linalg.vector_norm(flat_grad)
     if max_grad_norm >= 0.0:
         # torch.nn.utils.clip_grad_norm_'s rule, scale by min(1, max / (norm + 1e-6)),
@@ -348,6 +360,34 @@ def kernel(script: bool = True):
     return _KERNEL[0] or _python_kernel
 
 
+class FasterOfTwo:
+    """Choose between two ways of doing the same work (True / False) by how long each
+    takes now: the first ``warm`` calls alternate (the first of each way not counted: its
+    warm-up), then the one with the lower running
+    mean runs, and every ``every`` calls the other runs ``trials`` times to refresh its
+    mean (a machine's load changes). The running means weigh a new time by ``alpha``."""
+
+    def __init__(self, warm: int = 10, every: int = 1000, trials: int = 2,
+                 alpha: float = 0.2):
+        self.warm, self.every, self.trials, self.alpha = warm, every, trials, alpha
+        self.mean: dict[bool, float] = {}
+        self.calls = 0
+
+    def next(self) -> bool:
+        n = self.calls
+        if n < self.warm or len(self.mean) < 2:
+            return n % 2 == 0
+        best = self.mean[True] <= self.mean[False]
+        return (not best) if n % self.every < self.trials else best
+
+    def took(self, way: bool, seconds: float) -> None:
+        self.calls += 1
+        if self.calls <= 2:  # each way's first call: its warm-up (compiling, cold caches)
+            return
+        m = self.mean.get(way)
+        self.mean[way] = seconds if m is None else m + self.alpha * (seconds - m)
+
+
 def _layers(seq: nn.Sequential) -> tuple[list[nn.Linear], str]:
     lins = [m for m in seq if isinstance(m, nn.Linear)]
     act = "tanh" if any(isinstance(m, nn.Tanh) for m in seq) else "relu"
@@ -362,11 +402,15 @@ class FusedStep:
     (ppokit's Adam over the same flat buffers: one kernel call). :meth:`step` returns the
     statistics as one vector ordered as :data:`KERNEL_STAT_KEYS`, or ``None`` when
     ``kl_limit`` stopped it before the step; calling the object returns them as a dict.
-    ``script=False`` runs the kernel as plain Python.
+    ``script=False`` runs the kernel as plain Python. ``parallel``: True runs the critic's
+    branch beside the actor's (on torch's inter-op thread), False before it (one core at a
+    time); None (the default) picks whichever is faster now (:class:`FasterOfTwo`: both
+    compute the same numbers bit for bit, and when another process keeps the second core
+    busy the serial way wins).
     """
 
     def __init__(self, spec: UpdateSpec, policy: MLPActorCritic, flat: FlatParameters,
-                 optimizer, *, script: bool = True):
+                 optimizer, *, script: bool = True, parallel: bool | None = None):
         reason = supports(spec, policy)
         if reason is not None:
             raise ValueError(f"the fused step does not support {reason}")
@@ -397,7 +441,8 @@ class FusedStep:
             clip_vf=float(s.clip_range_vf) if s.clip_range_vf is not None else -1.0,
             clip_max=s.value_clip_mode == "max", ent_coef=float(s.ent_coef),
             max_grad_norm=float(s.max_grad_norm) if s.max_grad_norm is not None else -1.0,
-            one=torch.tensor(1.0), two=torch.tensor(2.0))
+            one=torch.tensor(1.0), two=torch.tensor(2.0), parallel=bool(parallel))
+        self.pick = FasterOfTwo() if parallel is None else None
 
     def __call__(self, mb: dict[str, torch.Tensor], clip_range: float,
                  kl_limit: float | None = None) -> dict[str, torch.Tensor] | None:
@@ -415,10 +460,16 @@ class FusedStep:
             actions = actions.long()
         else:  # a Box of any shape, read flattened (ppokit.policies.actions)
             actions = actions.reshape(actions.shape[0], -1)
+        pick = self.pick
+        if pick is not None:
+            self._opts["parallel"] = way = pick.next()
+            t0 = time.perf_counter()
         stats, stopped = self.kernel(
             x, actions, mb["logp"], mb["advantages"], mb["returns"], mb["values"],
             *self._nets, *self._log_std, self.flat.grad, clip=float(clip_range),
             kl_limit=float(kl_limit) if kl_limit is not None else -1.0, **self._opts)
+        if pick is not None:
+            pick.took(way, time.perf_counter() - t0)
         if stopped:
             return None
         self.opt.step()

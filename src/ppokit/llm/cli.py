@@ -169,15 +169,29 @@ def run(args) -> int:
     return {"train": _train, "eval": _eval, "compare": _compare, **TOOLS}[cmd](args)
 
 
+THREADS_NOTE: list[str] = []  # why a user model got fewer threads than the cores (said once)
+
+
 def set_threads(model: str | None) -> None:
     """The built-in tiny model (``model`` None) runs fastest on one thread (and shares a
-    busy CPU better); PPOKIT_THREADS overrides, and a user model keeps torch's default."""
+    busy CPU better); PPOKIT_THREADS overrides; a user model gets one thread per core that
+    no other process keeps busy now (:mod:`ppokit.threads`; several ranks keep torch's
+    setting)."""
     import torch
+
+    from ppokit.engine.dist import world_from_env
+    from ppokit.threads import choose_threads
 
     if os.environ.get("PPOKIT_THREADS"):
         torch.set_num_threads(int(os.environ["PPOKIT_THREADS"]))
     elif model is None:
         torch.set_num_threads(1)
+    elif world_from_env()[1] <= 1:
+        want = torch.get_num_threads()
+        n, why = choose_threads(want)
+        if n < want:
+            torch.set_num_threads(n)
+            THREADS_NOTE[:] = [f"torch threads: {why} (PPOKIT_THREADS=N sets the number)"]
 
 
 def _ci(ev: dict, key: str) -> str:
@@ -286,6 +300,8 @@ def _train_ranks(args, dp) -> int:
         if main_rank:
             print(m, file=sys.stderr, flush=True)
 
+    for note in THREADS_NOTE:
+        log(note)
     tr = TokenTrainer(cfg, run_dir, resume=bool(args.resume), fresh=fresh, log=log, dp=dp)
     if main_rank:
         print(f"run dir: {run_dir}" + (f" ({dp.world} ranks)" if dp is not None else ""))
