@@ -78,7 +78,7 @@ def _env_update(config: str) -> dict:
     ways = []
     if config == "one":
         fused.pick = None
-        fused._opts["parallel"] = False
+        fused.parallel = False
     else:
         pick = fused.pick.next
         fused.pick.next = lambda: ways.append(pick()) or ways[-1]

@@ -277,3 +277,43 @@ def test_the_kernel_is_compiled_on_this_torch():
     flat = FlatParameters(pol.parameters())
     step = FusedStep(UpdateSpec(), pol, flat, Adam(pol.parameters(), flat=flat))
     assert isinstance(step.kernel, torch.jit.ScriptFunction)
+
+
+_EXIT_RIGHT_AFTER = """
+import torch
+torch._C._jit_set_profiling_executor(False)  # makes the race at exit near certain
+from ppokit.engine.fused import kernel
+
+kernel()  # compiles the step (and arranges for the exit)
+
+
+def slow_branch(x: torch.Tensor) -> torch.Tensor:
+    return (x @ x).sum()
+
+
+@torch.jit.script
+def step(x: torch.Tensor) -> torch.Tensor:  # the fused step's shape: a forked branch
+    fut = torch.jit.fork(slow_branch, x)    # that the caller ends up waiting for
+    return (x * 2).sum() + torch.jit.wait(fut)
+
+
+x = torch.randn(64, 64)
+for _ in range(9):
+    step(x)
+"""
+
+
+def test_a_process_that_exits_right_after_a_parallel_step_exits_cleanly(tmp_path):
+    """The critic's thread takes the GIL once more after delivering its result; a process
+    ending right then aborted ("terminate called without an active exception", exit 134)
+    before ppokit gave the GIL up at exit. Six tries of a forked branch the caller waits
+    for, as the fused step's critic: without the pause at exit, about three in four
+    aborted."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "exit_now.py"
+    script.write_text(_EXIT_RIGHT_AFTER)
+    codes = [subprocess.run([sys.executable, str(script)], capture_output=True,
+                            timeout=120).returncode for _ in range(6)]
+    assert codes == [0] * 6

@@ -31,6 +31,8 @@ many random minibatches, compiled and as plain Python.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import time
 import warnings
 from collections.abc import Callable
@@ -324,23 +326,44 @@ def _ppo_step(x: torch.Tensor, actions: torch.Tensor, logp_old: torch.Tensor,
     return stats.mul_(scale), False
 
 
+def _ppo_step_serial(x: torch.Tensor, actions: torch.Tensor, logp_old: torch.Tensor,
+                     adv: torch.Tensor, ret: torch.Tensor, v_old: torch.Tensor,
+                     aws: list[torch.Tensor], abs_: list[torch.Tensor],
+                     agws: list[torch.Tensor], agbs: list[torch.Tensor],
+                     cws: list[torch.Tensor], cbs: list[torch.Tensor],
+                     cgws: list[torch.Tensor], cgbs: list[torch.Tensor], log_std: torch.Tensor,
+                     log_std_grad: torch.Tensor, flat_grad: torch.Tensor, categorical: bool,
+                     relu_a: bool, relu_c: bool, clip: float, use_clip: bool, norm_adv: bool,
+                     kl_limit: float, vf_coef: float, clip_vf: float, clip_max: bool,
+                     ent_coef: float, max_grad_norm: float, one: torch.Tensor,
+                     two: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """``_ppo_step`` with ``parallel`` False, compiled as a graph of its own: one compiled
+    function called with both values of ``parallel`` left a thread behind at exit now and
+    then (an abort after the last output) when the value changed after many calls."""
+    return _ppo_step(x, actions, logp_old, adv, ret, v_old, aws, abs_, agws, agbs, cws, cbs,
+                     cgws, cgbs, log_std, log_std_grad, flat_grad, categorical, relu_a, relu_c,
+                     clip, use_clip, norm_adv, kl_limit, vf_coef, clip_vf, clip_max, ent_coef,
+                     max_grad_norm, one, two, False)
+
+
 # the kernel's statistics vector: the engine's STAT_KEYS but the last (no KL term here)
 KERNEL_STAT_KEYS = STAT_KEYS[:10]
 
 
-def _compile_kernel():
-    """The TorchScript-compiled ``_ppo_step``, or ``None`` when this torch cannot compile it
-    (the plain-Python kernel is used then). TorchScript is deprecated upstream but is the one
-    way to run the step GIL-free without a compiler toolchain or a compile-time cost."""
+def _compile_kernel(fn):
+    """The TorchScript-compiled ``fn`` (``_ppo_step`` or ``_ppo_step_serial``), or ``None``
+    when this torch cannot compile it (the plain-Python kernel is used then). TorchScript is
+    deprecated upstream but is the one way to run the step GIL-free without a compiler
+    toolchain or a compile-time cost."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return torch.jit.script(_ppo_step)
+            return torch.jit.script(fn)
     except Exception:  # noqa: BLE001 - any failure means: use the Python kernel
         return None
 
 
-_KERNEL: list = []  # [compiled kernel or None], filled on first use
+_KERNEL: dict = {}  # serial -> compiled kernel or None, filled on first use
 
 
 def _python_kernel(*args, **kwargs):
@@ -351,13 +374,27 @@ def _python_kernel(*args, **kwargs):
         return _ppo_step(*args, **kwargs)
 
 
-def kernel(script: bool = True):
-    """The step kernel: compiled when ``script`` and possible, else plain Python."""
+def kernel(script: bool = True, serial: bool = False):
+    """The step kernel: compiled when ``script`` and possible, else plain Python;
+    ``serial``: the critic's branch before the actor's (:func:`_ppo_step_serial`)."""
     if not script:
         return _python_kernel
-    if not _KERNEL:
-        _KERNEL.append(_compile_kernel())
-    return _KERNEL[0] or _python_kernel
+    if serial not in _KERNEL:
+        if not _KERNEL:
+            atexit.register(_let_the_critic_thread_finish)
+        _KERNEL[serial] = _compile_kernel(_ppo_step_serial if serial else _ppo_step)
+    return _KERNEL[serial] or _python_kernel
+
+
+def _let_the_critic_thread_finish() -> None:
+    """At exit, give up the GIL for a moment. The inter-op thread that ran the critic's
+    branch takes the GIL once more after its result is delivered (to let go of the tensors
+    it was given); if the interpreter is already shutting down then, Python ends that
+    thread from under C++ frames that may not be unwound, and the process aborts
+    ("terminate called without an active exception", exit 134) after all its work is
+    done. A process that exits right after a parallel step hit that now and then; a
+    moment without the GIL lets the thread finish first."""
+    time.sleep(0.005)
 
 
 class FasterOfTwo:
@@ -420,6 +457,7 @@ class FusedStep:
                              "parameters, created before the optimiser")
         self.policy, self.flat, self.opt, self.spec = policy, flat, optimizer, spec
         self.kernel = kernel(script)
+        self.serial_kernel = kernel(script, serial=True)
         # called with each minibatch exactly as the kernel receives it (ppokit check)
         self.input_observer: Callable[[dict], None] | None = None
         a_lins, a_act = _layers(policy.actor)
@@ -441,7 +479,8 @@ class FusedStep:
             clip_vf=float(s.clip_range_vf) if s.clip_range_vf is not None else -1.0,
             clip_max=s.value_clip_mode == "max", ent_coef=float(s.ent_coef),
             max_grad_norm=float(s.max_grad_norm) if s.max_grad_norm is not None else -1.0,
-            one=torch.tensor(1.0), two=torch.tensor(2.0), parallel=bool(parallel))
+            one=torch.tensor(1.0), two=torch.tensor(2.0))
+        self.parallel = True if parallel is None else bool(parallel)
         self.pick = FasterOfTwo() if parallel is None else None
 
     def __call__(self, mb: dict[str, torch.Tensor], clip_range: float,
@@ -462,9 +501,12 @@ class FusedStep:
             actions = actions.reshape(actions.shape[0], -1)
         pick = self.pick
         if pick is not None:
-            self._opts["parallel"] = way = pick.next()
+            self.parallel = way = pick.next()
             t0 = time.perf_counter()
-        stats, stopped = self.kernel(
+        run = self.kernel if self.parallel else self.serial_kernel
+        if run is _python_kernel and not self.parallel:
+            run = functools.partial(_python_kernel, parallel=False)
+        stats, stopped = run(
             x, actions, mb["logp"], mb["advantages"], mb["returns"], mb["values"],
             *self._nets, *self._log_std, self.flat.grad, clip=float(clip_range),
             kl_limit=float(kl_limit) if kl_limit is not None else -1.0, **self._opts)
