@@ -15,8 +15,9 @@ alternate round by round, and the figures are medians over the rounds:
   faster now: ``ppokit.engine.fused.FasterOfTwo``) against the serial kernel alone;
 * ``llm_update``: a language model's training step (forward and backward of 8 sequences
   of 96 tokens, float32) at the thread count ``ppokit llm train --model`` picks
-  (:func:`ppokit.llm.cli.set_threads`: the cores no other process keeps busy) and at one
-  thread; SmolLM2-135M-Instruct where ppokit's cache has it (``ppokit llm fetch
+  (:func:`ppokit.llm.cli.set_threads`: the cores no other process keeps busy), at one
+  thread, and at torch's own default (every core), which the row reports beside them;
+  SmolLM2-135M-Instruct where ppokit's cache has it (``ppokit llm fetch
   smollm2-135m-instruct``), else the built-in architecture at the 10M size.
 
 A row passes when the default's median is at most 5 % above one thread's.
@@ -99,6 +100,10 @@ def _llm_update(config: str) -> dict:
                         "models", "smollm2-135m-instruct")
     if config == "one":
         torch.set_num_threads(1)
+    elif config == "all":
+        from ppokit.threads import usable_cores
+
+        torch.set_num_threads(usable_cores())  # torch's own default: every core
     else:
         set_threads(path)  # as `ppokit llm train --model` does
     if os.path.isdir(path):
@@ -149,13 +154,15 @@ def main() -> int:
         p.error(f"--ops: unknown {', '.join(bad)}; known: {', '.join(OPS)}")
     burner = None if a.quiet else subprocess.Popen(
         [sys.executable, "-c", "while True: pass"])
-    rows = {(o, c): [] for o in ops for c in ("default", "one")}
+    configs = {o: ("default", "one", "all") if o == "llm_update" else ("default", "one")
+               for o in ops}
+    rows = {(o, c): [] for o in ops for c in configs[o]}
     info: dict = {}
     try:
         time.sleep(1.0)
         for r in range(a.rounds):
             for op in ops:
-                order = ("default", "one") if r % 2 == 0 else ("one", "default")
+                order = configs[op] if r % 2 == 0 else configs[op][::-1]
                 for c in order:
                     got = _run(op, c)
                     rows[(op, c)].append(got["seconds"])
@@ -174,7 +181,11 @@ def main() -> int:
         d, o = statistics.median(rows[(op, "default")]), statistics.median(rows[(op, "one")])
         ok = d <= TOLERANCE * o
         failed += not ok
-        extra = f" ({info[(op, 'default')]['model']})" if op == "llm_update" else ""
+        extra = ""
+        if op == "llm_update":
+            a_ = statistics.median(rows[(op, "all")])
+            extra = (f" ({info[(op, 'default')]['model']}; torch's default of every core: "
+                     f"{a_ * 1e3:.0f} ms, {a_ / o:.2f}x one thread)")
         print(f"| {op}{extra} | {info[(op, 'default')]['threads']} | {d * 1e3:.2f} | "
               f"{o * 1e3:.2f} | {d / o:.2f} | {'ok' if ok else 'SLOWER'} |")
     return 1 if failed else 0

@@ -124,18 +124,18 @@ def test_faster_of_two_runs_the_faster_way_and_looks_at_the_other_now_and_then()
     from ppokit.engine.fused import FasterOfTwo
 
     cost = {True: 2.0, False: 1.0}
-    pick = FasterOfTwo(warm=10, every=50, trials=3)
+    pick = FasterOfTwo(skip=3, window=5, every=50, trials=3)
     ways = []
     for i in range(400):
         if i == 200:
             cost = {True: 0.5, False: 1.0}  # the load went away: parallel is faster now
         way = pick.next()
         ways.append(way)
-        pick.took(way, cost[way] * (10.0 if i < 2 else 1.0))  # the first calls: slow
-    assert ways[:10] == [True, False] * 5
-    after = ways[10:200]
-    assert after.count(True) == sum(1 for i in range(10, 200) if i % 50 < 3)
-    assert ways[-100:].count(True) >= 90  # switched back within a few refreshes
+        pick.took(way, cost[way] * (50.0 if i < 6 else 1.0))  # warm-up calls: slow
+    assert ways[:16] == [True, False] * 8  # warm-up, then both timed
+    after = ways[16:200]
+    assert after.count(True) == sum(1 for i in range(16, 200) if i % 50 < 3)
+    assert ways[-150:].count(True) >= 140  # switched back at the first look
 
 
 def test_fused_step_early_stop_matches_eager():

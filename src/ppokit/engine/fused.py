@@ -399,30 +399,35 @@ def _let_the_critic_thread_finish() -> None:
 
 class FasterOfTwo:
     """Choose between two ways of doing the same work (True / False) by how long each
-    takes now: the first ``warm`` calls alternate (the first of each way not counted: its
-    warm-up), then the one with the lower running
-    mean runs, and every ``every`` calls the other runs ``trials`` times to refresh its
-    mean (a machine's load changes). The running means weigh a new time by ``alpha``."""
+    takes now. The first ``skip`` calls of each way are not timed (their warm-up:
+    TorchScript profiles and optimises a graph over its first runs), the next ``2 *
+    window`` alternate; from then on the way with the lower median of its last ``window``
+    times runs, and every ``every`` calls the other runs ``trials`` times, which is enough
+    to replace its median (a machine's load changes)."""
 
-    def __init__(self, warm: int = 10, every: int = 1000, trials: int = 2,
-                 alpha: float = 0.2):
-        self.warm, self.every, self.trials, self.alpha = warm, every, trials, alpha
-        self.mean: dict[bool, float] = {}
+    def __init__(self, skip: int = 3, window: int = 5, every: int = 500, trials: int = 3):
+        self.skip, self.window, self.every, self.trials = skip, window, every, trials
+        self.times: dict[bool, list[float]] = {True: [], False: []}
         self.calls = 0
+
+    def median(self, way: bool) -> float:
+        t = sorted(self.times[way])
+        return t[len(t) // 2] if t else float("inf")
 
     def next(self) -> bool:
         n = self.calls
-        if n < self.warm or len(self.mean) < 2:
+        if n < 2 * (self.skip + self.window):
             return n % 2 == 0
-        best = self.mean[True] <= self.mean[False]
+        best = self.median(True) <= self.median(False)
         return (not best) if n % self.every < self.trials else best
 
     def took(self, way: bool, seconds: float) -> None:
         self.calls += 1
-        if self.calls <= 2:  # each way's first call: its warm-up (compiling, cold caches)
+        if self.calls <= 2 * self.skip:
             return
-        m = self.mean.get(way)
-        self.mean[way] = seconds if m is None else m + self.alpha * (seconds - m)
+        t = self.times[way]
+        t.append(seconds)
+        del t[:-self.window]
 
 
 def _layers(seq: nn.Sequential) -> tuple[list[nn.Linear], str]:
