@@ -1,6 +1,7 @@
 """The environment GAE (``ppokit.core.gae``: a chunked scan in NumPy) against the plain loop
 over time steps (``gae_reference``), side by side in one run, at one torch thread; and
-against rlox's Rust GAE when rlox is installed.
+against rlox's Rust GAE (``rlox.compute_gae_batched_f32``) when rlox is installed, on the
+problem rlox expresses (one done flag a step, bootstrapping from the next step's value).
 
     python -m bench.env_gae [--repeats 15] [--sizes 8x2048,64x4096]
 
@@ -42,15 +43,69 @@ def _time(fn, repeats: int) -> list[float]:
 
 
 def _rlox():
+    """rlox's Rust GAE over a batch of environments, float32 where it has it:
+    ``(name, function, dtype)``, or None without rlox."""
     try:
-        import rlox  # noqa: F401
+        import rlox
     except ImportError:
         return None
-    for name in ("compute_gae_batched", "compute_gae"):
-        fn = getattr(__import__("rlox"), name, None)
+    for name, dtype in (("compute_gae_batched_f32", np.float32),
+                        ("compute_gae_batched", np.float64)):
+        fn = getattr(rlox, name, None)
         if fn is not None:
-            return name, fn
+            return name, fn, dtype
     return None
+
+
+def _measure_rlox(r, v, end, repeats: int, rlox) -> None:
+    """ppokit's ``gae`` against rlox's on the problem rlox can express, and both against
+    ``gae_reference``. rlox takes one done flag a step (it stops the bootstrap and the carry)
+    and bootstraps from the next step's value (``last_values`` after the last step), in an
+    env-major flat layout ``[N * T]``: so ``terminated = episode_end = done`` and
+    ``next_values`` = the values shifted by one step for ppokit."""
+    name, fn, dtype = rlox
+    t, n = r.shape
+    last = torch.randn(n, generator=torch.Generator().manual_seed(1))
+    nv = torch.cat([v[1:], last[None]])
+    done = end
+
+    def flat(x: torch.Tensor) -> np.ndarray:  # [T, N] -> rlox's [N * T], its dtype
+        return np.ascontiguousarray(x.numpy().T, dtype=dtype).ravel()
+
+    rf, vf, df = flat(r), flat(v), flat(done.float())
+    lastf = last.numpy().astype(dtype)
+
+    def with_layout():  # from ppokit's [T, N] float32 tensors to advantages [T, N] and back
+        adv, _ = fn(flat(r), flat(v), flat(done.float()), lastf, t, 0.99, 0.95)
+        return torch.from_numpy(np.ascontiguousarray(adv.reshape(n, t).T, dtype=np.float32))
+
+    runs: dict[str, list[float]] = {"gae": [], "rlox": [], "rlox+layout": []}
+    for _ in range(3):  # alternating rounds
+        runs["gae"] += _time(lambda: gae(r, v, nv, done, done, 0.99, 0.95), repeats)
+        runs["rlox"] += _time(lambda: fn(rf, vf, df, lastf, t, 0.99, 0.95), repeats)
+        runs["rlox+layout"] += _time(with_layout, repeats)
+    ref = gae_reference(r, v, nv, done, done, 0.99, 0.95)[0]
+    d_gae = float((gae(r, v, nv, done, done, 0.99, 0.95)[0] - ref).abs().max())
+    d_rlox = float((with_layout() - ref).abs().max())
+    med = {k: statistics.median(x) for k, x in runs.items()}
+    print(f"  against rlox {_rlox_version()} (rlox.{name}; one done flag a step, the next "
+          "step's value as bootstrap: ppokit's gae given terminated = episode_end and the "
+          "values shifted)")
+    for k, label in (("gae", "ppokit gae"), ("rlox", f"rlox {name}"),
+                     ("rlox+layout", "rlox + layout")):
+        x = runs[k]
+        print(f"    {label:34s} {med[k]:9.3f}  ({min(x):.3f}–{max(x):.3f})")
+    print(f"    time ppokit gae / rlox = {med['gae'] / med['rlox']:.2f} (rlox on its own "
+          f"env-major layout, prepared beforehand; {med['gae'] / med['rlox+layout']:.2f} "
+          "counting rlox's transposes from and to [T, N])")
+    print(f"    max |difference| from ppokit's gae_reference: ppokit gae {d_gae:.2e}, "
+          f"rlox {d_rlox:.2e}")
+
+
+def _rlox_version() -> str:
+    from importlib.metadata import version
+
+    return version("rlox")
 
 
 def _measure(n: int, t: int, repeats: int, rlox) -> None:
@@ -73,16 +128,7 @@ def _measure(n: int, t: int, repeats: int, rlox) -> None:
     print(f"  gae is {med['loop'] / med['gae']:.1f}x the loop (the scan alone: "
           f"{med['loop'] / med['scan alone']:.1f}x; the rest is the input checks)")
     if rlox is not None:
-        name, fn = rlox
-        rn, vn = r.numpy().T.copy(), v.numpy().T.copy()
-        dn = end.numpy().T.astype(np.float32).copy()
-        try:
-            xs = _time(lambda: fn(rn, vn, dn, 0.99, 0.95), repeats)
-            print(f"  rlox.{name:10s} {statistics.median(xs):9.3f}  (its own layout; "
-                  f"gae is {statistics.median(xs) / med['gae']:.2f}x its speed)")
-        except Exception as exc:  # noqa: BLE001 - its signature differs by version
-            print(f"  rlox.{name}: not comparable here ({type(exc).__name__}: {exc})")
-
+        _measure_rlox(r, v, end, repeats, rlox)
 
 
 def main(argv=None) -> None:
@@ -97,6 +143,7 @@ def main(argv=None) -> None:
     for size in args.sizes.split(","):
         n, t = (int(x) for x in size.lower().split("x"))
         _measure(n, t, args.repeats, rlox)
+
 
 if __name__ == "__main__":
     main()

@@ -8,7 +8,9 @@ leaves it out, for the comparison). Every measurement is a fresh process
 alternate round by round, and the figures are medians over the rounds:
 
 * ``token_gae``: :func:`ppokit.core.token_gae` on 64 x 4096 RLHF-like masks, at torch's
-  default thread count (the machine's cores) and at one thread;
+  default thread count (the machine's cores) and at one thread, alternating in each
+  process on the same inputs (where they lie in memory moves the time more than anything
+  else);
 * ``env_update``: the environment trainer's fused minibatch step on CartPole-v1 (the
   zoo preset, one minibatch of 256) as the trainer builds it (one intra-op thread; the
   critic's branch beside the actor's on a second thread or before it, whichever is
@@ -51,14 +53,21 @@ def _median_time(fn, calls: int, repeats: int = 5) -> float:
 def _token_gae(config: str) -> dict:
     import torch
 
-    if config == "one":
-        torch.set_num_threads(1)
     from bench.token_gae import _inputs
     from ppokit.core import token_gae
 
+    # Where the inputs lie in memory alone moves this call between about 2 and 6 ms on
+    # this machine (from one process to the next, at any thread count), so both thread
+    # counts are timed here on the same inputs, alternating, and this run reports its own
+    default = torch.get_num_threads()
     r, v, m = _inputs("rlhf", 64, 4096)
-    s = _median_time(lambda: token_gae(r, v, m, 0.99, 0.95), 10)
-    return {"seconds": s, "threads": torch.get_num_threads()}
+    times: dict[int, list[float]] = {default: [], 1: []}
+    for _ in range(5):
+        for n in (default, 1):
+            torch.set_num_threads(n)
+            times[n].append(_median_time(lambda: token_gae(r, v, m, 0.99, 0.95), 10, 1))
+    return {"seconds": statistics.median(times[default]), "threads": default,
+            "one": statistics.median(times[1])}
 
 
 def _env_update(config: str) -> dict:
@@ -162,6 +171,12 @@ def main() -> int:
         time.sleep(1.0)
         for r in range(a.rounds):
             for op in ops:
+                if op == "token_gae":  # both thread counts from one process
+                    got = _run(op, "both")
+                    rows[(op, "default")].append(got["seconds"])
+                    rows[(op, "one")].append(got["one"])
+                    info[(op, "default")] = got
+                    continue
                 order = configs[op] if r % 2 == 0 else configs[op][::-1]
                 for c in order:
                     got = _run(op, c)
