@@ -1,12 +1,18 @@
 """Shared test setup: one torch thread (deterministic, and fastest for small nets on CI's
-2 cores) and a hypothesis profile sized for the default suite."""
+2 cores), Python's own Ctrl-C handling, and a hypothesis profile sized for the default
+suite."""
 
 import os
+import signal
 
 import torch
 from hypothesis import HealthCheck, settings
 
 torch.set_num_threads(1)
+# a suite started in the background (`make test &`, nohup) inherits SIGINT ignored; the
+# signal tests check what ppokit restores, so they start from Python's default handler
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 settings.register_profile(
