@@ -12,7 +12,7 @@ EXTRAS ?= dev,box2d,mujoco,atari,minatar,envpool,tb,llm,lora,gguf,reasoning,text
 # The main job needs ppokit alone (torch, numpy, gymnasium, safetensors, rich, matplotlib):
 # about 0.9 GB. Byte-code is compiled when a module is first imported, not for every file
 # at install time (--no-compile), which saves about 0.2 GB and half the set-up time.
-$(VENV)/.base: pyproject.toml Makefile
+$(VENV)/.base: pyproject.toml setup.py Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q --no-compile "torch==$(TORCH_VERSION)"
@@ -28,9 +28,15 @@ $(VENV)/.installed: $(VENV)/.base
 	$(PY) -m compileall -q -j 0 $(VENV)/lib > /dev/null || true  # (some packages ship files for other Pythons)
 	touch $@
 
-setup: $(VENV)/.installed
+# ppokit's compiled kernels (setup.py's C extension, built by `pip install -e .` above) are
+# rebuilt when their source changes.
+$(VENV)/.native: $(VENV)/.base src/ppokit/kernels/_c.c setup.py
+	$(PIP) install -q --no-compile --no-deps -e .
+	touch $@
 
-train: $(VENV)/.base  ## Train PPO on CartPole-v1 with the embedded defaults (ppokit alone, no extras).
+setup: $(VENV)/.installed $(VENV)/.native
+
+train: $(VENV)/.native  ## Train PPO on CartPole-v1 with the embedded defaults (ppokit alone, no extras).
 	$(VENV)/bin/ppokit train
 
 test: setup  ## The default test suite (fast; slow learning runs excluded), on 2 workers.

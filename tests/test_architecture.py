@@ -11,7 +11,8 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 # lowest first; a module may import its own layer and the layers below it
 LAYERS = [
-    {"errors", "io", "core", "cliutil", "plugins", "supervise", "settings", "threads"},
+    {"errors", "io", "core", "cliutil", "plugins", "supervise", "settings", "threads",
+     "kernels"},
     {"policies", "envs"},
     {"engine", "rollout"},
     {"distributed"},

@@ -62,18 +62,20 @@ def _minibatch(kind, n, gen, policy):
        ent_coef=st.sampled_from([0.0, 0.01]),
        normalize_advantage=st.booleans(),
        max_grad_norm=st.sampled_from([None, 0.5]),
-       script=st.booleans())
+       backend=st.sampled_from(["script", "python", "auto"]))
 def test_fused_step_equals_eager_step(kind, activation, n, seed, policy_loss, clip,
                                       clip_range_vf, value_clip_mode, ent_coef,
-                                      normalize_advantage, max_grad_norm, script):
-    """Compiled (TorchScript) and as plain Python, the kernel matches the eager step."""
+                                      normalize_advantage, max_grad_norm, backend):
+    """Compiled (TorchScript), as plain Python and by default (the native step where it is
+    built: tests/test_native_step.py tests it on more shapes), the kernel matches the eager
+    step."""
     cfg = TrainConfig(policy_loss=policy_loss, clip_range_vf=clip_range_vf,
                       value_clip_mode=value_clip_mode, ent_coef=ent_coef,
                       normalize_advantage=normalize_advantage, max_grad_norm=max_grad_norm,
                       learning_rate=3e-3, vf_coef=0.7, tensorboard=False)
     pol, flat, opt, pol_ref, opt_ref = _setup(kind, activation, seed, cfg)
     spec = update_spec(cfg)
-    fused = FusedStep(spec, pol, flat, opt, script=script)
+    fused = FusedStep(spec, pol, flat, opt, backend=backend)
     gen = torch.Generator().manual_seed(seed)
     for _ in range(3):
         mb = _minibatch(kind, n, gen, pol_ref)
@@ -112,7 +114,7 @@ def test_the_serial_kernel_is_the_parallel_one_bit_for_bit(kind):
     runs = []
     for parallel in (True, False, None):  # None: whichever is faster now
         pol, flat, opt, _, _ = _setup(kind, "tanh", 3, cfg)
-        fused = FusedStep(spec, pol, flat, opt, parallel=parallel)
+        fused = FusedStep(spec, pol, flat, opt, parallel=parallel, backend="script")
         gen = torch.Generator().manual_seed(3)
         stats = [fused.step(_minibatch(kind, 64, gen, pol), 0.2) for _ in range(4)]
         runs.append((torch.stack(stats), flat.data.clone()))

@@ -27,6 +27,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ppokit import kernels
+
 from .scan import (
     CHUNK,
     ROWS,
@@ -111,7 +113,9 @@ def gae(rewards, values, next_values, terminated, episode_end, gamma: float,
     deltas, carry_coef, v = _gae_terms(rewards, values, next_values, terminated, episode_end,
                                        gamma, lam)
     if deltas.device.type == "cpu" and deltas.dtype in (torch.float32, torch.float64):
-        adv = _reverse_scan_time(deltas, carry_coef)
+        adv = _native_scan(deltas, carry_coef)
+        if adv is None:
+            adv = _reverse_scan_time(deltas, carry_coef)
     else:
         adv = _reverse_scan_loop(deltas, carry_coef)
     return adv, adv + v
@@ -136,6 +140,12 @@ def gae_reference(rewards, values, next_values, terminated, episode_end, gamma: 
                                        gamma, lam)
     adv = _reverse_scan_loop(deltas, carry_coef)
     return adv, adv + v
+
+
+def _native_scan(x: Tensor, a: Tensor) -> Tensor | None:
+    """The loop in C (:func:`ppokit.kernels.reverse_scan`: the loop's own bits), or
+    ``None`` where the compiled kernels are not available."""
+    return kernels.reverse_scan(x, a)
 
 
 def _reverse_scan_loop(x: Tensor, a: Tensor) -> Tensor:

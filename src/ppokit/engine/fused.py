@@ -19,6 +19,12 @@ computes what :func:`ppokit.engine.eager_minibatch_step` computes as one compile
   then the optimiser's own step (ppokit's :class:`~ppokit.algos.optim.Adam` over the same
   flat buffers: one fused-kernel call).
 
+**Two implementations of the same step.** Where the C extension is built, the default is
+the native step (:mod:`ppokit.engine.native`: the arithmetic below written out in C, Adam
+included, one call per minibatch; 2-4x the TorchScript kernel on a 64-wide MLP, on one
+core). The TorchScript kernel below runs otherwise, and for layers wider than
+:data:`~ppokit.engine.native.NATIVE_MAX_WIDTH`, where torch's matrix products win.
+
 **What runs and how it is held to the reference.** The trainer uses this step whenever
 :func:`supports` accepts the update spec and the policy (``fast = true``, the default); it
 says once in its log when it falls back to the eager step and why. :func:`supports` is
@@ -44,6 +50,8 @@ from torch import nn
 from ppokit.policies.mlp import MLPActorCritic
 
 from .flat import FlatParameters
+from .native import NATIVE_MAX_WIDTH, NativeStep
+from .native import available as native_available
 from .update import STAT_KEYS, Forward, UpdateSpec, eager_minibatch_step, spec_fields
 
 __all__ = ["FusedStep", "supports", "reference_step", "policy_forward", "KERNEL_STAT_KEYS"]
@@ -449,18 +457,36 @@ class FusedStep:
     time); None (the default) picks whichever is faster now (:class:`FasterOfTwo`: both
     compute the same numbers bit for bit, and when another process keeps the second core
     busy the serial way wins).
+
+    ``backend``: ``"native"`` — the same step in C, Adam included
+    (:mod:`ppokit.engine.native`; needs the built extension and ppokit's flat Adam);
+    ``"script"`` — the TorchScript kernel; ``"python"`` — that kernel as plain Python;
+    ``"auto"`` (the default) — native when it can run and no layer is wider than
+    :data:`~ppokit.engine.native.NATIVE_MAX_WIDTH`, else script. The choice depends on the
+    network's shape alone, never on timing, so a resumed run computes with the kernel its
+    original did. :attr:`backend` says which one runs (:attr:`native_reason`: why not
+    native).
     """
 
+    BACKENDS = ("auto", "native", "script", "python")
+
     def __init__(self, spec: UpdateSpec, policy: MLPActorCritic, flat: FlatParameters,
-                 optimizer, *, script: bool = True, parallel: bool | None = None):
+                 optimizer, *, script: bool = True, parallel: bool | None = None,
+                 backend: str = "auto"):
         reason = supports(spec, policy)
         if reason is not None:
             raise ValueError(f"the fused step does not support {reason}")
+        if backend not in self.BACKENDS:
+            raise ValueError(f"FusedStep: backend must be one of {self.BACKENDS}, "
+                             f"got {backend!r}")
+        if not script:
+            backend = "python"
         params = [p for p in policy.parameters() if p.requires_grad]
         if not flat.owns(params):
             raise ValueError("the fused step needs FlatParameters over the policy's "
                              "parameters, created before the optimiser")
         self.policy, self.flat, self.opt, self.spec = policy, flat, optimizer, spec
+        script = backend != "python"
         self.kernel = kernel(script)
         self.serial_kernel = kernel(script, serial=True)
         # called with each minibatch exactly as the kernel receives it (ppokit check)
@@ -487,6 +513,25 @@ class FusedStep:
             one=torch.tensor(1.0), two=torch.tensor(2.0))
         self.parallel = True if parallel is None else bool(parallel)
         self.pick = FasterOfTwo() if parallel is None else None
+        self.native: NativeStep | None = None
+        if backend in ("auto", "native"):
+            why = native_available()
+            if why is None and not (getattr(optimizer, "flat", None) is flat
+                                    and hasattr(optimizer, "exp_avg")):
+                why = "the optimiser is not ppokit's Adam over the flat buffers"
+            widest = max(m.out_features for m in a_lins + c_lins)
+            if why is None and backend == "auto" and widest > NATIVE_MAX_WIDTH:
+                # wider layers: torch's matrix products (MKL) beat the native loops
+                why = f"layers wider than {NATIVE_MAX_WIDTH}"
+            if why is None:
+                self.native = NativeStep(policy, a_lins, c_lins, flat, optimizer, self._opts)
+            elif backend == "native":
+                raise ValueError(f"FusedStep: the native backend cannot run: {why}")
+            self.native_reason = why
+        else:
+            self.native_reason = f"backend={backend!r}"
+        self.backend = "native" if self.native is not None else \
+            ("script" if isinstance(self.kernel, torch.jit.ScriptFunction) else "python")
 
     def __call__(self, mb: dict[str, torch.Tensor], clip_range: float,
                  kl_limit: float | None = None) -> dict[str, torch.Tensor] | None:
@@ -504,6 +549,10 @@ class FusedStep:
             actions = actions.long()
         else:  # a Box of any shape, read flattened (ppokit.policies.actions)
             actions = actions.reshape(actions.shape[0], -1)
+        if self.native is not None:
+            return self.native(x, actions, mb["logp"], mb["advantages"], mb["returns"],
+                               mb["values"], float(clip_range),
+                               float(kl_limit) if kl_limit is not None else -1.0)
         pick = self.pick
         if pick is not None:
             self.parallel = way = pick.next()

@@ -1,0 +1,726 @@
+/*
+ * ppokit's compiled kernels (the extension ppokit.kernels._c, built by setup.py).
+ *
+ * The native minibatch step: the fused PPO step of ppokit.engine.fused (_ppo_step) for an
+ * MLP actor-critic, written out in C as one call, Adam included (ppokit.engine.native);
+ * and the environment GAE's reverse scan (ppokit.core.gae), at the end of this file.
+ *
+ * Why: on a 64x64 MLP the TorchScript kernel spends most of its time between operations
+ * (a dispatch per tensor operation, about 80 of them, plus Adam's own call); the arithmetic
+ * itself is a few small matrix products. Here every loop runs in one function on float32
+ * buffers the caller owns: no allocation, no dispatch, no threads, deterministic (the same
+ * inputs give the same bits on the same machine).
+ *
+ * Layout. Parameters, gradients and Adam's moments are torch tensors laid out by
+ * ppokit.engine.flat.FlatParameters; `plan` (built once by ppokit.engine.native) gives the
+ * networks' shapes and each tensor's offset in those buffers. Linear weights are [out, in]
+ * row-major (torch's nn.Linear). The Python side checks every buffer's dtype, size and
+ * contiguity before it hands over a pointer.
+ *
+ * plan (int64): [0] categorical (1) or Gaussian (0) head, [1] actor ReLU (1) or tanh (0),
+ * [2] critic ReLU/tanh, [3] actor layers La, [4] critic layers Lc, [5] log_std offset (-1:
+ * none), [6] flat length, then the actor's La+1 widths, the critic's Lc+1 widths, the actor's
+ * (weight, bias) offsets (2 La), the critic's (2 Lc).
+ *
+ * hp (double): [0] clip range, [1] clipped objective (1) or vanilla (0), [2] whiten the
+ * advantages, [3] KL limit (< 0: none), [4] vf_coef, [5] value clip range (< 0: none),
+ * [6] value clip "max" form (1) or "clipped" (0), [7] ent_coef, [8] max grad norm (< 0:
+ * none), [9] learning rate, [10] beta1, [11] beta2, [12] eps, [13] run Adam (1) or only
+ * write the gradient (0).
+ *
+ * stats (float[10], as ppokit.engine.fused.KERNEL_STAT_KEYS): policy loss, value loss,
+ * entropy, approx KL (k3), approx KL (k1), clip fraction, clip-active fraction, min and
+ * max ratio, gradient norm before clipping.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include <Python.h>
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+/* one build runs the widest vector unit the machine has (chosen once, at load time) */
+#define MULTIVERSION __attribute__((target_clones("avx512f", "avx2,fma", "default")))
+#else
+#define MULTIVERSION
+#endif
+
+typedef float v16 __attribute__((vector_size(64)));
+
+static inline v16 ld(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
+static inline void st(float *p, v16 v) { memcpy(p, &v, sizeof v); }
+
+/* C[p, n] = bias[n] (or 0) + sum_k A(p, k) B[k, n], A(p, k) = A[p*sap + k*sak],
+ * B rows contiguous (stride ldb), C rows of stride ldc. Every C[p, n] sums its k terms in
+ * order k = 0, 1, ... starting from the bias. */
+MULTIVERSION
+static void gemm(int64_t P, int64_t N, int64_t K, const float *A, int64_t sap, int64_t sak,
+                 const float *B, int64_t ldb, const float *bias, float *C, int64_t ldc)
+{
+    const int64_t n32 = N / 32 * 32, n16 = N / 16 * 16, p4 = P / 4 * 4;
+    const v16 zero = {0};
+    /* column panels of B outermost: a panel (K x 32 floats) stays in L1 while every row
+     * block of A runs over it */
+    for (int64_t n = 0; n < n32; n += 32) {
+        const v16 bx = bias ? ld(bias + n) : zero, by = bias ? ld(bias + n + 16) : zero;
+        int64_t p = 0;
+        for (; p < p4; p += 4) {
+            const float *a0 = A + p * sap, *a1 = a0 + sap, *a2 = a1 + sap, *a3 = a2 + sap;
+            v16 x0 = bx, x1 = bx, x2 = bx, x3 = bx, y0 = by, y1 = by, y2 = by, y3 = by;
+            const float *b = B + n;
+            for (int64_t k = 0; k < K; k++, b += ldb) {
+                const v16 u = ld(b), w = ld(b + 16);
+                const float s0 = a0[k * sak], s1 = a1[k * sak], s2 = a2[k * sak],
+                            s3 = a3[k * sak];
+                x0 += s0 * u; y0 += s0 * w;
+                x1 += s1 * u; y1 += s1 * w;
+                x2 += s2 * u; y2 += s2 * w;
+                x3 += s3 * u; y3 += s3 * w;
+            }
+            float *c0 = C + p * ldc + n, *c1 = c0 + ldc, *c2 = c1 + ldc, *c3 = c2 + ldc;
+            st(c0, x0); st(c0 + 16, y0);
+            st(c1, x1); st(c1 + 16, y1);
+            st(c2, x2); st(c2 + 16, y2);
+            st(c3, x3); st(c3 + 16, y3);
+        }
+        for (; p < P; p++) {
+            const float *a0 = A + p * sap;
+            v16 x0 = bx, y0 = by;
+            const float *b = B + n;
+            for (int64_t k = 0; k < K; k++, b += ldb) {
+                const float s0 = a0[k * sak];
+                x0 += s0 * ld(b);
+                y0 += s0 * ld(b + 16);
+            }
+            st(C + p * ldc + n, x0);
+            st(C + p * ldc + n + 16, y0);
+        }
+    }
+    for (int64_t n = n32; n < n16; n += 16) {
+        const v16 bx = bias ? ld(bias + n) : zero;
+        int64_t p = 0;
+        for (; p < p4; p += 4) {
+            const float *a0 = A + p * sap, *a1 = a0 + sap, *a2 = a1 + sap, *a3 = a2 + sap;
+            v16 x0 = bx, x1 = bx, x2 = bx, x3 = bx;
+            const float *b = B + n;
+            for (int64_t k = 0; k < K; k++, b += ldb) {
+                const v16 u = ld(b);
+                x0 += a0[k * sak] * u; x1 += a1[k * sak] * u;
+                x2 += a2[k * sak] * u; x3 += a3[k * sak] * u;
+            }
+            float *c0 = C + p * ldc + n;
+            st(c0, x0); st(c0 + ldc, x1); st(c0 + 2 * ldc, x2); st(c0 + 3 * ldc, x3);
+        }
+        for (; p < P; p++) {
+            const float *a0 = A + p * sap;
+            v16 x0 = bx;
+            const float *b = B + n;
+            for (int64_t k = 0; k < K; k++, b += ldb) x0 += a0[k * sak] * ld(b);
+            st(C + p * ldc + n, x0);
+        }
+    }
+    for (int64_t p = 0; p < P; p++) {  /* the last N % 16 columns */
+        const float *a0 = A + p * sap;
+        for (int64_t n = n16; n < N; n++) {
+            float x0 = bias ? bias[n] : 0.0f;
+            for (int64_t k = 0; k < K; k++) x0 += a0[k * sak] * B[k * ldb + n];
+            C[p * ldc + n] = x0;
+        }
+    }
+}
+
+/* the sum of a vector's lanes as a tree (depth 4: the additions overlap) */
+static inline float hsum(v16 a)
+{
+    float t[8];
+    for (int j = 0; j < 8; j++) t[j] = a[j] + a[j + 8];
+    for (int j = 0; j < 4; j++) t[j] = t[j] + t[j + 4];
+    return (t[0] + t[2]) + (t[1] + t[3]);
+}
+
+/* out[m, o] = b[o] + <in[m, :], W[o, :]> for a narrow output (a policy or value head):
+ * sixteen partial sums over i, then their total. */
+MULTIVERSION
+static void dots(int64_t M, int64_t O, int64_t I, const float *in, const float *W,
+                 const float *b, float *out)
+{
+    const int64_t i16 = I / 16 * 16;
+    for (int64_t m = 0; m < M; m++) {
+        const float *x = in + m * I;
+        for (int64_t o = 0; o < O; o++) {
+            const float *w = W + o * I;
+            v16 acc = {0};
+            for (int64_t i = 0; i < i16; i += 16) acc += ld(x + i) * ld(w + i);
+            float s = hsum(acc);
+            for (int64_t i = i16; i < I; i++) s += x[i] * w[i];
+            out[m * O + o] = b[o] + s;
+        }
+    }
+}
+
+/* e^x for float32, vectorisable (no branches, no library call): Cody-Waite reduction
+ * x = n ln2 + r, a degree-7 polynomial for e^r on |r| <= ln2/2, and 2^n from the exponent
+ * bits. Relative error < 2 ulp on [-87.3, 88.3]; inputs outside are clamped to it (e^x
+ * then over- or underflows to the nearest normal float, which the callers below absorb). */
+static inline float exp_f(float x)
+{
+    x = x < -87.3f ? -87.3f : x;
+    x = x > 88.3f ? 88.3f : x;
+    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = x - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    float y = 1.9875691500e-4f;
+    y = y * r + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = y * r * r + r + 1.0f;
+    union { float f; int32_t i; } s;
+    s.i = ((int32_t)n + 127) << 23;
+    return y * s.f;
+}
+
+/* tanh as 1 - 2 / (1 + e^{2u}) (absolute error about 1e-7, as the compiled kernel's
+ * 2 sigma(2u) - 1), in place */
+MULTIVERSION
+static void tanh_generic(float *h, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) h[i] = 1.0f - 2.0f / (1.0f + exp_f(2.0f * h[i]));
+}
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+/* the same with AVX-512 instructions: exp_f's steps, 2^n by scalef, and the reciprocal
+ * from rcp14 refined by one Newton step (relative error about 2^-23) instead of a division,
+ * whose throughput bounds the loop otherwise */
+__attribute__((target("avx512f")))
+static void tanh_avx512(float *h, int64_t n)
+{
+    const __m512 lo = _mm512_set1_ps(-87.3f), hi = _mm512_set1_ps(88.3f);
+    const __m512 one = _mm512_set1_ps(1.0f), two = _mm512_set1_ps(2.0f);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 x = _mm512_mul_ps(_mm512_loadu_ps(h + i), two);
+        x = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
+        const __m512 k = _mm512_roundscale_ps(
+            _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
+        r = _mm512_fmadd_ps(k, _mm512_set1_ps(2.12194440e-4f), r);
+        __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+        y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+        y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+        y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+        y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+        y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+        y = _mm512_fmadd_ps(_mm512_mul_ps(y, r), r, _mm512_add_ps(r, one));
+        const __m512 d = _mm512_add_ps(one, _mm512_scalef_ps(y, k));
+        __m512 q = _mm512_rcp14_ps(d);
+        q = _mm512_mul_ps(q, _mm512_fnmadd_ps(d, q, two));
+        _mm512_storeu_ps(h + i, _mm512_fnmadd_ps(two, q, one));
+    }
+    tanh_generic(h + i, n - i);
+}
+#endif
+
+static void tanh_inplace(float *h, int64_t n)
+{
+#if defined(__GNUC__) && defined(__x86_64__)
+    if (__builtin_cpu_supports("avx512f")) {
+        tanh_avx512(h, n);
+        return;
+    }
+#endif
+    tanh_generic(h, n);
+}
+
+MULTIVERSION
+static void relu_inplace(float *h, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) h[i] = h[i] > 0.0f ? h[i] : 0.0f;
+}
+
+/* g *= dact(h), from the activation's output h: 1 - h^2 (tanh) or h > 0 (ReLU) */
+MULTIVERSION
+static void act_backward(float *g, const float *h, int64_t n, int relu)
+{
+    if (relu)
+        for (int64_t i = 0; i < n; i++) g[i] = h[i] > 0.0f ? g[i] : 0.0f;
+    else
+        for (int64_t i = 0; i < n; i++) g[i] = g[i] * (1.0f - h[i] * h[i]);
+}
+
+MULTIVERSION
+static void transpose(const float *src, int64_t R, int64_t C, float *dst)
+{
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t c = 0; c < C; c++) dst[c * R + r] = src[r * C + c];
+}
+
+typedef struct {
+    int64_t L;             /* linear layers */
+    const int64_t *dims;   /* L + 1 widths: input, hidden..., output */
+    const int64_t *offs;   /* (weight, bias) offset pairs into the flat buffers */
+    int relu;
+    float **hs;            /* L + 1 activations: hs[0] the input, hs[L] the output */
+} Net;
+
+/* forward; hs[1..L] must point at scratch of M * dims[l] floats */
+static void net_forward(const Net *net, const float *flat, int64_t M, float *wt)
+{
+    for (int64_t l = 0; l < net->L; l++) {
+        const int64_t I = net->dims[l], O = net->dims[l + 1];
+        const float *W = flat + net->offs[2 * l], *b = flat + net->offs[2 * l + 1];
+        float *out = net->hs[l + 1];
+        if (O >= 16) {
+            transpose(W, O, I, wt);  /* WT[i, o] */
+            gemm(M, O, I, net->hs[l], I, 1, wt, O, b, out, O);
+        } else {
+            dots(M, O, I, net->hs[l], W, b, out);
+        }
+        if (l + 1 < net->L) {
+            if (net->relu) relu_inplace(out, M * O);
+            else tanh_inplace(out, M * O);
+        }
+    }
+}
+
+/* backward from g = dloss/doutput ([M, dims[L]]), overwriting each layer's gradients in
+ * `grad`; g and gtmp are scratch of M * max width floats (g is overwritten) */
+MULTIVERSION
+static void net_backward(const Net *net, const float *flat, float *grad, int64_t M,
+                         float *g, float *gtmp, float *wt)
+{
+    for (int64_t l = net->L - 1; l >= 0; l--) {
+        const int64_t I = net->dims[l], O = net->dims[l + 1];
+        const float *W = flat + net->offs[2 * l], *h = net->hs[l];
+        float *gW = grad + net->offs[2 * l], *gb = grad + net->offs[2 * l + 1];
+        if (I >= 16) {
+            gemm(O, I, M, g, 1, O, h, I, NULL, gW, I);
+        } else {  /* a narrow input (the observation): gW^T, vectorised over the outputs */
+            gemm(I, O, M, h, 1, I, g, O, NULL, wt, O);
+            transpose(wt, I, O, gW);
+        }
+        for (int64_t o = 0; o < O; o++) gb[o] = 0.0f;
+        for (int64_t m = 0; m < M; m++) {
+            const float *gm = g + m * O;
+            for (int64_t o = 0; o < O; o++) gb[o] += gm[o];
+        }
+        if (l > 0) {
+            gemm(M, I, O, g, O, 1, W, I, NULL, gtmp, I);
+            act_backward(gtmp, h, M * I, net->relu);
+            float *t = g; g = gtmp; gtmp = t;
+        }
+    }
+}
+
+static int64_t max_width(const Net *a, const Net *c)
+{
+    int64_t w = 1;
+    for (int64_t l = 0; l <= a->L; l++) w = a->dims[l] > w ? a->dims[l] : w;
+    for (int64_t l = 0; l <= c->L; l++) w = c->dims[l] > w ? c->dims[l] : w;
+    return w;
+}
+
+static void read_plan(const int64_t *plan, Net *a, Net *c)
+{
+    a->L = plan[3];
+    c->L = plan[4];
+    a->dims = plan + 7;
+    c->dims = a->dims + a->L + 1;
+    a->offs = c->dims + c->L + 1;
+    c->offs = a->offs + 2 * a->L;
+    a->relu = (int)plan[1];
+    c->relu = (int)plan[2];
+}
+
+/* floats of scratch a minibatch of M rows needs */
+static int64_t scratch_floats(const int64_t *plan, int64_t M)
+{
+    Net a, c;
+    read_plan(plan, &a, &c);
+    const int64_t w = max_width(&a, &c);
+    int64_t n = 0;
+    for (int64_t l = 1; l <= a.L; l++) n += M * a.dims[l];
+    for (int64_t l = 1; l <= c.L; l++) n += M * c.dims[l];
+    n += 2 * M * w;  /* two gradient buffers */
+    n += w * w;      /* a transposed weight */
+    n += 8 * M;      /* per-sample vectors */
+    return n;
+}
+
+/* sum of squares, sixteen float partial sums (as torch's vectorised reductions) */
+MULTIVERSION
+static double sum_sq(const float *g, int64_t n)
+{
+    const int64_t n16 = n / 16 * 16;
+    v16 acc = {0};
+    for (int64_t i = 0; i < n16; i += 16) {
+        const v16 u = ld(g + i);
+        acc += u * u;
+    }
+    double s = 0.0;
+    for (int j = 0; j < 16; j++) s += (double)acc[j];
+    for (int64_t i = n16; i < n; i++) s += (double)g[i] * (double)g[i];
+    return s;
+}
+
+MULTIVERSION
+static void scale(float *restrict g, int64_t n, float a)
+{
+    for (int64_t i = 0; i < n; i++) g[i] *= a;
+}
+
+/* torch.optim.Adam's update (the fused kernel's arithmetic: exp_avg by lerp, the bias
+ * corrections folded into the step size and the denominator) */
+MULTIVERSION
+static void adam(float *restrict p, const float *restrict grad, float *restrict m,
+                 float *restrict v, int64_t n, float step_size, float bc2_sqrt, float b1c,
+                 float b2, float b2c, float eps)
+{
+    for (int64_t i = 0; i < n; i++) {
+        const float g = grad[i];
+        const float m1 = m[i] + b1c * (g - m[i]);
+        const float m2 = b2 * v[i] + b2c * g * g;
+        m[i] = m1;
+        v[i] = m2;
+        p[i] -= step_size * m1 / (sqrtf(m2) / bc2_sqrt + eps);
+    }
+}
+
+/* the step; returns 1 when the KL limit stopped it before any gradient or parameter was
+ * written, else 0 */
+static int ppo_step(const int64_t *plan, float *flat, float *grad, float *exp_avg,
+                    float *exp_avg_sq, float *step_t, const float *x, const void *actions,
+                    const float *logp_old, const float *adv_in, const float *ret,
+                    const float *v_old, int64_t M, const double *hp, float *scratch,
+                    float *stats)
+{
+    Net a, c;
+    read_plan(plan, &a, &c);
+    const int categorical = (int)plan[0];
+    const int64_t ls_off = plan[5], n_flat = plan[6];
+    const int64_t A = a.dims[a.L], w = max_width(&a, &c);
+    const double inv_n = 1.0 / (double)M;
+    const float clip = (float)hp[0];
+    float *hs_a[64], *hs_c[64];
+    if (a.L > 63 || c.L > 63) return -1;
+    float *s = scratch;
+    hs_a[0] = (float *)x;
+    for (int64_t l = 1; l <= a.L; l++) { hs_a[l] = s; s += M * a.dims[l]; }
+    hs_c[0] = (float *)x;
+    for (int64_t l = 1; l <= c.L; l++) { hs_c[l] = s; s += M * c.dims[l]; }
+    a.hs = hs_a;
+    c.hs = hs_c;
+    float *g1 = s; s += M * w;
+    float *g2 = s; s += M * w;
+    float *wt = s; s += w * w;
+    float *logp = s; s += M;
+    float *adv = s; s += M;
+    float *ratio = s; s += M;
+    float *glogp = s; s += M;
+    float *ent_m = s; s += M;
+
+    /* the actor's forward, log-probabilities and entropy */
+    net_forward(&a, flat, M, wt);
+    const float *out = hs_a[a.L];
+    double ent_stat = 0.0;
+    float *gout = g1;  /* [M, A]: the log-probabilities of every action */
+    if (categorical) {
+        const int64_t *act = (const int64_t *)actions;
+        for (int64_t m = 0; m < M; m++) {
+            const float *z = out + m * A;
+            float *lp = gout + m * A;
+            float mx = z[0];
+            for (int64_t j = 1; j < A; j++) mx = z[j] > mx ? z[j] : mx;
+            float sum = 0.0f;
+            for (int64_t j = 0; j < A; j++) sum += expf(z[j] - mx);
+            const float lse = logf(sum);
+            float pl = 0.0f;
+            for (int64_t j = 0; j < A; j++) {
+                lp[j] = (z[j] - mx) - lse;
+                pl += expf(lp[j]) * lp[j];
+            }
+            ent_m[m] = -pl;
+            ent_stat += pl;
+            logp[m] = lp[act[m]];
+        }
+    } else {
+        const float *act = (const float *)actions;
+        const float *log_std = flat + ls_off;
+        const float half_log_2pi = 0.9189385332046727f;
+        for (int64_t m = 0; m < M; m++) {
+            float lp = 0.0f;
+            for (int64_t j = 0; j < A; j++) {
+                const float z = (act[m * A + j] - out[m * A + j]) * expf(-log_std[j]);
+                lp += -0.5f * z * z - log_std[j] - half_log_2pi;
+            }
+            logp[m] = lp;
+        }
+        for (int64_t j = 0; j < A; j++) ent_stat += log_std[j] + (0.5 + half_log_2pi);
+    }
+
+    /* advantages, whitened over the minibatch (shifted by the first sample first: equal
+     * advantages give exact zeros) */
+    if (hp[2] != 0.0) {
+        if (M > 1) {
+            double mean = 0.0, var = 0.0;
+            for (int64_t m = 0; m < M; m++) mean += (double)(adv_in[m] - adv_in[0]);
+            mean /= (double)M;
+            for (int64_t m = 0; m < M; m++) {
+                const double d = (double)(adv_in[m] - adv_in[0]) - mean;
+                var += d * d;
+            }
+            const float std = (float)sqrt(var / (double)(M - 1)), fmean = (float)mean;
+            for (int64_t m = 0; m < M; m++)
+                adv[m] = ((adv_in[m] - adv_in[0]) - fmean) / (std + 1e-8f);
+        } else {
+            adv[0] = 0.0f;
+        }
+    } else {
+        memcpy(adv, adv_in, (size_t)M * sizeof(float));
+    }
+
+    /* ratios, KL and the early stop */
+    double kl_sum = 0.0, k1_sum = 0.0;
+    float rmin = INFINITY, rmax = -INFINITY;
+    for (int64_t m = 0; m < M; m++) {
+        const float lr = logp[m] - logp_old[m];
+        const float r = expf(lr);
+        ratio[m] = r;
+        kl_sum += (double)(expm1f(lr) - lr);
+        k1_sum += (double)lr;
+        rmin = r < rmin ? r : rmin;
+        rmax = r > rmax ? r : rmax;
+    }
+    if (hp[3] >= 0.0 && kl_sum * inv_n > hp[3]) return 1;
+
+    /* the critic: value loss and its whole backward */
+    net_forward(&c, flat, M, wt);
+    const float *v = hs_c[c.L];
+    const double clip_vf = hp[5];
+    double vl = 0.0;
+    float *gv = g2;
+    const float vscale = (float)(2.0 * hp[4] * inv_n);
+    for (int64_t m = 0; m < M; m++) {
+        const float diff = v[m] - ret[m];
+        float g;
+        if (clip_vf >= 0.0) {
+            const float cv = (float)clip_vf, dv = v[m] - v_old[m];
+            const float dvc = dv < -cv ? -cv : (dv > cv ? cv : dv);
+            const float diff_c = (v_old[m] + dvc) - ret[m];
+            const float inside = fabsf(dv) <= cv ? 1.0f : 0.0f;
+            if (hp[6] != 0.0) {
+                const float sq = diff * diff, sq_c = diff_c * diff_c;
+                if (sq_c > sq) { vl += sq_c; g = diff_c * inside; }
+                else { vl += sq; g = diff; }
+            } else {
+                vl += diff_c * diff_c;
+                g = diff_c * inside;
+            }
+        } else {
+            vl += diff * diff;
+            g = diff;
+        }
+        gv[m] = g * vscale;
+    }
+    vl *= inv_n;
+    net_backward(&c, flat, grad, M, gv, g1, wt);
+
+    /* the policy loss's gradient with respect to log pi */
+    double pl_sum = 0.0, clip_count = 0.0, active_count = 0.0;
+    const float ninv = (float)(-inv_n);
+    for (int64_t m = 0; m < M; m++) {
+        if (hp[1] != 0.0) {
+            const float r = ratio[m];
+            const float rc = r < 1.0f - clip ? 1.0f - clip : (r > 1.0f + clip ? 1.0f + clip : r);
+            const float s1 = r * adv[m], s2 = rc * adv[m];
+            const int active = s2 < s1;
+            pl_sum += active ? s2 : s1;
+            glogp[m] = active ? 0.0f : s1 * ninv;
+            clip_count += fabsf(r - 1.0f) > clip;
+            active_count += active;
+        } else {
+            pl_sum += (double)(logp[m] * adv[m]);
+            glogp[m] = adv[m] * ninv;
+        }
+    }
+
+    /* dloss/d(actor output), recomputed from the output (g1 was the critic's scratch) */
+    float *ga = g1;
+    const float ent_coef = (float)hp[7];
+    if (categorical) {
+        const int64_t *act = (const int64_t *)actions;
+        const float ent_scale = (float)(hp[7] * inv_n);
+        for (int64_t m = 0; m < M; m++) {
+            const float *z = out + m * A;
+            float mx = z[0];
+            for (int64_t j = 1; j < A; j++) mx = z[j] > mx ? z[j] : mx;
+            float sum = 0.0f;
+            for (int64_t j = 0; j < A; j++) sum += expf(z[j] - mx);
+            const float lse = logf(sum), gl = glogp[m];
+            for (int64_t j = 0; j < A; j++) {
+                const float lpj = (z[j] - mx) - lse, p = expf(lpj);
+                float g = p * -gl + (j == act[m] ? gl : 0.0f);
+                if (ent_coef != 0.0f) g += ent_scale * (p * (lpj + ent_m[m]));
+                ga[m * A + j] = g;
+            }
+        }
+    } else {
+        const float *act = (const float *)actions;
+        const float *log_std = flat + ls_off;
+        float *ls_grad = grad + ls_off;
+        for (int64_t j = 0; j < A; j++) ls_grad[j] = 0.0f;
+        for (int64_t m = 0; m < M; m++) {
+            const float gl = glogp[m];
+            for (int64_t j = 0; j < A; j++) {
+                const float inv_std = expf(-log_std[j]);
+                const float z = (act[m * A + j] - out[m * A + j]) * inv_std;
+                ga[m * A + j] = z * inv_std * gl;
+                ls_grad[j] += (z * z - 1.0f) * gl;
+            }
+        }
+        if (ent_coef != 0.0f)
+            for (int64_t j = 0; j < A; j++) ls_grad[j] -= ent_coef;
+    }
+    net_backward(&a, flat, grad, M, ga, g2, wt);
+
+    /* the global gradient norm, clipping (torch.nn.utils.clip_grad_norm_'s rule) */
+    const float norm = (float)sqrt(sum_sq(grad, n_flat));
+    if (hp[8] >= 0.0 && (double)norm + 1e-6 > hp[8])
+        scale(grad, n_flat, (float)(hp[8] / ((double)norm + 1e-6)));
+
+    stats[0] = (float)(-pl_sum * inv_n);
+    stats[1] = (float)vl;
+    stats[2] = (float)(categorical ? -ent_stat * inv_n : ent_stat);
+    stats[3] = (float)(kl_sum * inv_n);
+    stats[4] = (float)(-k1_sum * inv_n);
+    stats[5] = (float)(clip_count * inv_n);
+    stats[6] = (float)(active_count * inv_n);
+    stats[7] = rmin;
+    stats[8] = rmax;
+    stats[9] = norm;
+
+    /* Adam over the whole flat buffer (the padding has gradient 0 and stays 0) */
+    if (hp[13] != 0.0) {
+        *step_t += 1.0f;
+        const double t = (double)*step_t, b1 = hp[10], b2 = hp[11];
+        const double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
+        const float step_size = (float)(hp[9] / bc1), bc2_sqrt = (float)sqrt(bc2);
+        const float fb1 = (float)(1.0 - b1), fb2 = (float)b2, fb2c = (float)(1.0 - b2);
+        adam(flat, grad, exp_avg, exp_avg_sq, n_flat, step_size, bc2_sqrt, fb1, fb2, fb2c,
+             (float)hp[12]);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ reverse scan */
+
+/* y[t, :] = x[t, :] + a[t, :] * y[t + 1, :], y[T, :] = 0, for [T, N] row-major buffers:
+ * ppokit.core.gae's recursion, one multiplication and one addition per element in the
+ * loop's order (no fused multiply-add: the result is the plain loop's, bit for bit) */
+#define REVERSE_SCAN(NAME, TYPE)                                                        \
+    __attribute__((optimize("fp-contract=off"))) MULTIVERSION                            \
+    static void NAME(const TYPE *x, const TYPE *a, TYPE *y, int64_t T, int64_t N)        \
+    {                                                                                    \
+        if (T <= 0) return;                                                              \
+        const TYPE *xl = x + (T - 1) * N;                                                \
+        TYPE *yl = y + (T - 1) * N;                                                      \
+        for (int64_t n = 0; n < N; n++) yl[n] = xl[n];                                   \
+        for (int64_t t = T - 2; t >= 0; t--) {                                           \
+            const TYPE *xt = x + t * N, *at = a + t * N, *next = y + (t + 1) * N;        \
+            TYPE *yt = y + t * N;                                                        \
+            for (int64_t n = 0; n < N; n++) {                                            \
+                const TYPE carry = at[n] * next[n];                                      \
+                yt[n] = xt[n] + carry;                                                   \
+            }                                                                            \
+        }                                                                                \
+    }
+REVERSE_SCAN(reverse_scan_f32, float)
+REVERSE_SCAN(reverse_scan_f64, double)
+
+/* ------------------------------------------------------------------ Python binding */
+
+static int as_ptr(PyObject *o, void **p)
+{
+    *p = PyLong_AsVoidPtr(o);
+    return !(*p == NULL && PyErr_Occurred());
+}
+
+/* step(plan, flat, grad, exp_avg, exp_avg_sq, step_t, x, actions, logp_old, adv, ret,
+ *      v_old, M, hp, scratch, stats) -> 0 (stepped) or 1 (stopped by the KL limit);
+ * every buffer argument is an address (torch's data_ptr()), checked by the caller */
+static PyObject *py_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 16) {
+        PyErr_SetString(PyExc_TypeError, "step() takes 16 arguments");
+        return NULL;
+    }
+    void *p[16];
+    for (int i = 0; i < 16; i++) {
+        if (i == 12) continue;
+        if (!as_ptr(args[i], &p[i])) return NULL;
+    }
+    const int64_t M = PyLong_AsLongLong(args[12]);
+    if (M == -1 && PyErr_Occurred()) return NULL;
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    r = ppo_step((const int64_t *)p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8],
+                 p[9], p[10], p[11], M, (const double *)p[13], p[14], p[15]);
+    Py_END_ALLOW_THREADS
+    if (r < 0) {
+        PyErr_SetString(PyExc_ValueError, "native step: more than 63 layers");
+        return NULL;
+    }
+    return PyLong_FromLong(r);
+}
+
+static PyObject *py_scratch_floats(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    void *plan;
+    if (nargs != 2 || !as_ptr(args[0], &plan)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "scratch_floats(plan, M)");
+        return NULL;
+    }
+    const int64_t M = PyLong_AsLongLong(args[1]);
+    if (M == -1 && PyErr_Occurred()) return NULL;
+    return PyLong_FromLongLong(scratch_floats((const int64_t *)plan, M));
+}
+
+/* reverse_scan(x, a, y, T, N, double) -> None; addresses of contiguous [T, N] buffers */
+static PyObject *py_reverse_scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    void *p[3];
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "reverse_scan() takes 6 arguments");
+        return NULL;
+    }
+    for (int i = 0; i < 3; i++)
+        if (!as_ptr(args[i], &p[i])) return NULL;
+    const int64_t T = PyLong_AsLongLong(args[3]), N = PyLong_AsLongLong(args[4]);
+    const int dbl = PyObject_IsTrue(args[5]);
+    if (PyErr_Occurred() || dbl < 0) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    if (dbl) reverse_scan_f64(p[0], p[1], p[2], T, N);
+    else reverse_scan_f32(p[0], p[1], p[2], T, N);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"reverse_scan", (PyCFunction)(void (*)(void))py_reverse_scan, METH_FASTCALL,
+     "y_t = x_t + a_t y_{t+1} along the first axis of [T, N] buffers."},
+    {"step", (PyCFunction)(void (*)(void))py_step, METH_FASTCALL,
+     "One fused PPO minibatch step (see ppokit.engine.native)."},
+    {"scratch_floats", (PyCFunction)(void (*)(void))py_scratch_floats, METH_FASTCALL,
+     "Floats of scratch a minibatch of M rows needs."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_c",
+                                    "ppokit's compiled kernels (see ppokit.kernels).", -1,
+                                    methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__c(void) { return PyModule_Create(&module); }

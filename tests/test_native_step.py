@@ -1,0 +1,224 @@
+"""The native (C) minibatch step against the eager (autograd) reference on many random
+minibatches and network shapes; its early stop, determinism and choice by the fused step;
+and that this install has it built."""
+
+import copy
+import shutil
+import sys
+
+import pytest
+import torch
+from gymnasium import spaces
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ppokit import kernels
+from ppokit.algos.config import TrainConfig
+from ppokit.algos.optim import Adam
+from ppokit.algos.trainer import update_spec
+from ppokit.engine import UpdateSpec, native
+from ppokit.engine.flat import FlatParameters
+from ppokit.engine.fused import FusedStep, reference_step
+from ppokit.policies import make_policy
+
+needs_native = pytest.mark.skipif(native.available() is not None,
+                                  reason=f"native step unavailable: {native.available()}")
+
+
+def test_the_native_step_is_built_where_a_c_compiler_is():
+    """``pip install -e .`` compiles the extension wherever a C compiler is found; an
+    install that silently lost it would run the slower kernel without a word."""
+    if sys.platform == "win32" or not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler on this machine")
+    assert native.available() is None
+
+
+def _setup(kind, activation, hidden, obs_dim, n_act, seed, cfg):
+    torch.manual_seed(seed)
+    obs_space = spaces.Box(-1, 1, (obs_dim,))
+    act_space = spaces.Discrete(n_act) if kind == "categorical" else \
+        spaces.Box(-1, 1, (n_act,))
+    pol = make_policy(obs_space, act_space, hidden=hidden, activation=activation,
+                      log_std_init=-0.5)
+    pol_ref = copy.deepcopy(pol)
+    flat = FlatParameters(pol.parameters())
+    opt = Adam(pol.parameters(), lr=cfg.learning_rate, eps=cfg.optimizer_eps, flat=flat)
+    opt_ref = torch.optim.Adam(pol_ref.parameters(), lr=cfg.learning_rate,
+                               eps=cfg.optimizer_eps, fused=True)
+    return pol, flat, opt, pol_ref, opt_ref
+
+
+def _minibatch(kind, n, obs_dim, n_act, obs_scale, gen, policy):
+    obs = torch.randn(n, obs_dim, generator=gen) * obs_scale
+    with torch.no_grad():
+        if kind == "categorical":
+            actions = torch.randint(0, n_act, (n,), generator=gen)
+        else:
+            actions = torch.randn(n, n_act, generator=gen)
+        logp = policy.log_prob(obs, actions) + 0.3 * torch.randn(n, generator=gen)
+    return {"obs": obs, "actions": actions, "logp": logp,
+            "advantages": torch.randn(n, generator=gen) * 2,
+            "returns": torch.randn(n, generator=gen),
+            "values": torch.randn(n, generator=gen) * 0.1}
+
+
+@needs_native
+@settings(max_examples=80, deadline=None)
+@given(kind=st.sampled_from(["categorical", "gaussian"]),
+       activation=st.sampled_from(["tanh", "relu"]),
+       # widths below 16, between the vector blocks (16, 32) and above, one to three layers
+       hidden=st.lists(st.sampled_from([3, 16, 24, 32, 48, 64, 80]), min_size=1,
+                       max_size=3).map(tuple),
+       obs_dim=st.sampled_from([1, 4, 17, 40]), n_act=st.integers(1, 5),
+       n=st.integers(1, 70), seed=st.integers(0, 10_000),
+       obs_scale=st.sampled_from([1.0, 30.0]),  # 30: saturated tanh units
+       policy_loss=st.sampled_from(["clip", "vanilla"]), clip=st.floats(0.05, 0.3),
+       clip_range_vf=st.sampled_from([None, 0.1]),
+       value_clip_mode=st.sampled_from(["max", "clipped"]),
+       ent_coef=st.sampled_from([0.0, 0.01]), normalize_advantage=st.booleans(),
+       max_grad_norm=st.sampled_from([None, 0.5]))
+def test_native_step_equals_eager_step(kind, activation, hidden, obs_dim, n_act, n, seed,
+                                       obs_scale, policy_loss, clip, clip_range_vf,
+                                       value_clip_mode, ent_coef, normalize_advantage,
+                                       max_grad_norm):
+    """Statistics, clipped gradients and parameters after Adam equal the eager step's (the
+    same tolerances as the TorchScript kernel's test, tests/test_fast_path.py)."""
+    if kind == "categorical" and n_act == 1:
+        n_act = 2
+    cfg = TrainConfig(policy_loss=policy_loss, clip_range_vf=clip_range_vf,
+                      value_clip_mode=value_clip_mode, ent_coef=ent_coef,
+                      normalize_advantage=normalize_advantage, max_grad_norm=max_grad_norm,
+                      learning_rate=3e-3, vf_coef=0.7, tensorboard=False)
+    pol, flat, opt, pol_ref, opt_ref = _setup(kind, activation, hidden, obs_dim, n_act, seed,
+                                              cfg)
+    spec = update_spec(cfg)
+    step = FusedStep(spec, pol, flat, opt, backend="native")
+    assert step.backend == "native"
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(3):
+        mb = _minibatch(kind, n, obs_dim, n_act, obs_scale, gen, pol_ref)
+        want = reference_step(spec, pol_ref, opt_ref, mb, clip_range=clip)
+        got = step(mb, clip)
+        assert set(got) == set(want) - {"kl_loss"}
+        for key in got:
+            torch.testing.assert_close(got[key].float(), want[key].float(), rtol=2e-4,
+                                       atol=2e-5, msg=key)
+        for (name, p), p_ref in zip(pol.named_parameters(), pol_ref.parameters()):
+            torch.testing.assert_close(p.grad, p_ref.grad, rtol=1e-4, atol=1e-5,
+                                       msg=f"{name} gradient")
+        # Adam: near-zero gradient elements move by up to lr * rounding / eps (see
+        # test_fused_step_equals_eager_step); a wrong update moves them by ~lr
+        for (name, p), p_ref in zip(pol.named_parameters(), pol_ref.parameters()):
+            torch.testing.assert_close(p, p_ref, rtol=1e-4, atol=3e-5, msg=name)
+        assert float(opt.step_t) == float(opt_ref.state[pol_ref.actor[0].weight]["step"])
+        with torch.no_grad():
+            for p, p_ref in zip(pol.parameters(), pol_ref.parameters()):
+                p.copy_(p_ref)
+
+
+@needs_native
+@pytest.mark.parametrize("kind", ["categorical", "gaussian"])
+def test_native_early_stop_leaves_everything_untouched(kind):
+    cfg = TrainConfig(tensorboard=False)
+    pol, flat, opt, pol_ref, opt_ref = _setup(kind, "tanh", (64, 64), 4, 2, 0, cfg)
+    step = FusedStep(update_spec(cfg), pol, flat, opt, backend="native")
+    mb = _minibatch(kind, 32, 4, 2, 1.0, torch.Generator().manual_seed(0), pol)
+    mb["logp"] = mb["logp"] - 1.0  # a KL of about 0.5
+    before = (flat.data.clone(), flat.grad.clone(), opt.exp_avg.clone(), float(opt.step_t))
+    assert step.step(mb, 0.2, kl_limit=0.01) is None
+    assert torch.equal(before[0], flat.data) and torch.equal(before[1], flat.grad)
+    assert torch.equal(before[2], opt.exp_avg) and before[3] == float(opt.step_t)
+    # the reference stops too, and with a loose limit both step
+    assert reference_step(update_spec(cfg), pol_ref, opt_ref, mb, clip_range=0.2,
+                          kl_limit=0.01) is None
+    assert step.step(mb, 0.2, kl_limit=10.0) is not None
+
+
+@needs_native
+def test_native_step_is_deterministic():
+    """The same inputs give the same bits (a resumed run computes what the original did)."""
+    cfg = TrainConfig(tensorboard=False, ent_coef=0.01, clip_range_vf=0.2)
+    runs = []
+    for _ in range(2):
+        pol, flat, opt, _, _ = _setup("categorical", "tanh", (64, 64), 4, 2, 5, cfg)
+        step = FusedStep(update_spec(cfg), pol, flat, opt, backend="native")
+        gen = torch.Generator().manual_seed(5)
+        stats = [step.step(_minibatch("categorical", 256, 4, 2, 1.0, gen, pol), 0.2)
+                 for _ in range(5)]
+        runs.append((torch.stack(stats), flat.data.clone(), opt.exp_avg_sq.clone()))
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+@needs_native
+def test_auto_picks_native_for_narrow_networks_and_script_for_wide_ones(monkeypatch):
+    cfg = TrainConfig(tensorboard=False)
+    for hidden, want in (((64, 64), "native"),
+                         ((native.NATIVE_MAX_WIDTH + 1, 8), "script")):
+        pol, flat, opt, _, _ = _setup("gaussian", "tanh", hidden, 4, 2, 0, cfg)
+        step = FusedStep(update_spec(cfg), pol, flat, opt)
+        assert step.backend == want, step.native_reason
+    # switched off from the environment
+    monkeypatch.setenv("PPOKIT_NATIVE", "0")
+    pol, flat, opt, _, _ = _setup("gaussian", "tanh", (64, 64), 4, 2, 0, cfg)
+    step = FusedStep(update_spec(cfg), pol, flat, opt)
+    assert step.backend == "script" and step.native_reason == "PPOKIT_NATIVE=0"
+    with pytest.raises(ValueError, match="PPOKIT_NATIVE=0"):
+        FusedStep(update_spec(cfg), pol, flat, opt, backend="native")
+
+
+@needs_native
+def test_native_refuses_what_it_cannot_run():
+    cfg = TrainConfig(tensorboard=False)
+    pol, flat, opt, _, _ = _setup("categorical", "tanh", (16,), 4, 2, 0, cfg)
+    # an optimiser that is not ppokit's flat Adam
+    other = torch.optim.SGD(pol.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="flat buffers"):
+        FusedStep(UpdateSpec(), pol, flat, other, backend="native")
+    assert FusedStep(UpdateSpec(), pol, flat, other).backend == "script"
+    with pytest.raises(ValueError, match="backend must be one of"):
+        FusedStep(UpdateSpec(), pol, flat, opt, backend="c")
+    step = FusedStep(UpdateSpec(), pol, flat, opt, backend="native")
+    mb = _minibatch("categorical", 8, 4, 2, 1.0, torch.Generator().manual_seed(0), pol)
+    with pytest.raises(ValueError, match=r"observations of shape \(8, 5\)"):
+        step.step(dict(mb, obs=torch.randn(8, 5)), 0.2)
+    with pytest.raises(ValueError, match="float32"):
+        step.step(dict(mb, returns=mb["returns"].double()), 0.2)
+    with pytest.raises(ValueError, match="per-sample input"):
+        step.step(dict(mb, values=mb["values"][:4]), 0.2)
+
+
+@needs_native
+def test_the_trainer_runs_the_native_step_by_default(tmp_path):
+    from ppokit.algos import Trainer, resolve_config
+
+    cfg = resolve_config(overrides=dict(total_timesteps=512, tensorboard=False))
+    tr = Trainer(cfg, tmp_path / "run", log=lambda m: None)
+    tr.iterate()
+    assert tr._fused is not None and tr._fused.backend == "native"
+    tr.close()
+
+
+@needs_native
+@settings(max_examples=60, deadline=None)
+@given(t=st.integers(1, 300), n=st.sampled_from([None, 1, 3, 8, 17, 64]),
+       dtype=st.sampled_from([torch.float32, torch.float64]), seed=st.integers(0, 10_000),
+       p_end=st.sampled_from([0.0, 0.05, 0.5]))
+def test_native_reverse_scan_is_the_loop_bit_for_bit(t, n, dtype, seed, p_end):
+    """The environment GAE's recursion in C gives the plain loop's bits, [T] and [T, N]."""
+    from ppokit.core.advantage import _reverse_scan_loop, gae, gae_reference
+
+    shape = (t,) if n is None else (t, n)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=gen, dtype=dtype) * 3
+    a = 0.99 * 0.95 * (torch.rand(shape, generator=gen) >= p_end).to(dtype)
+    assert torch.equal(kernels.reverse_scan(x, a), _reverse_scan_loop(x, a))
+    end = torch.rand(shape, generator=gen) < p_end
+    term = end & (torch.rand(shape, generator=gen) < 0.5)
+    r, v, nv = (torch.randn(shape, generator=gen, dtype=dtype) for _ in range(3))
+    got, want = gae(r, v, nv, term, end, 0.99, 0.95), gae_reference(r, v, nv, term, end,
+                                                                    0.99, 0.95)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    # what it does not take, it leaves to the NumPy scan
+    assert kernels.reverse_scan(x.to(torch.float16), a.to(torch.float16)) is None
+    assert kernels.reverse_scan(x, a.to(torch.float16 if dtype == torch.float32
+                                        else torch.float32)) is None
