@@ -104,12 +104,24 @@ def test_native_step_equals_eager_step(kind, activation, hidden, obs_dim, n_act,
             torch.testing.assert_close(got[key].float(), want[key].float(), rtol=2e-4,
                                        atol=2e-5, msg=key)
         for (name, p), p_ref in zip(pol.named_parameters(), pol_ref.parameters()):
-            torch.testing.assert_close(p.grad, p_ref.grad, rtol=1e-4, atol=1e-5,
-                                       msg=f"{name} gradient")
+            if obs_scale == 1.0:
+                torch.testing.assert_close(p.grad, p_ref.grad, rtol=1e-4, atol=1e-5,
+                                           msg=f"{name} gradient")
+            else:  # saturated units: see below; the error relative to the tensor's size
+                err = float((p.grad - p_ref.grad).norm())
+                assert err <= 1e-4 * max(float(p_ref.grad.norm()), 1e-2), (name, err)
         # Adam: near-zero gradient elements move by up to lr * rounding / eps (see
-        # test_fused_step_equals_eager_step); a wrong update moves them by ~lr
-        for (name, p), p_ref in zip(pol.named_parameters(), pol_ref.parameters()):
-            torch.testing.assert_close(p, p_ref, rtol=1e-4, atol=3e-5, msg=name)
+        # test_fused_step_equals_eager_step); a wrong update moves them by ~lr (3e-3).
+        # Saturated tanh units (obs_scale 30) are left out of this check: there h lies
+        # within a float's spacing (6e-8) of 1 in either implementation, 1 - h^2 is 0 in
+        # one and 1.2e-7 in the other — times inputs up to 30x larger and value errors as
+        # large — and Adam turns a gradient of 0 against one of 1e-6 into steps of 0 and
+        # ~lr/10. Their gradients are compared above, relative to each tensor's norm;
+        # Adam itself is held to the reference by the unsaturated cases, and the tanh
+        # kernel to torch's over its whole range by test_native_tanh_is_torchs.
+        if obs_scale == 1.0:
+            for (name, p), p_ref in zip(pol.named_parameters(), pol_ref.parameters()):
+                torch.testing.assert_close(p, p_ref, rtol=1e-4, atol=3e-5, msg=name)
         assert float(opt.step_t) == float(opt_ref.state[pol_ref.actor[0].weight]["step"])
         with torch.no_grad():
             for p, p_ref in zip(pol.parameters(), pol_ref.parameters()):
@@ -222,3 +234,50 @@ def test_native_reverse_scan_is_the_loop_bit_for_bit(t, n, dtype, seed, p_end):
     assert kernels.reverse_scan(x.to(torch.float16), a.to(torch.float16)) is None
     assert kernels.reverse_scan(x, a.to(torch.float16 if dtype == torch.float32
                                         else torch.float32)) is None
+
+
+@needs_native
+def test_native_gae_checks_its_inputs_as_the_core_function_does():
+    """The compiled pass refuses what the checked path refuses, and that path raises the
+    error naming the argument; inputs it does not take (float masks, float16) are
+    computed by the checked path."""
+    from ppokit.core.advantage import gae, gae_reference
+
+    gen = torch.Generator().manual_seed(0)
+    r, v, nv = (torch.randn(50, 4, generator=gen) for _ in range(3))
+    end = torch.rand(50, 4, generator=gen) < 0.1
+    term = end & (torch.rand(50, 4, generator=gen) < 0.5)
+    want = gae_reference(r, v, nv, term, end, 0.99, 0.95)
+    got = kernels.gae(r, v, nv, term, end, 0.99, 0.95)
+    # the same bits, not only equal values (-0.0 and 0.0 differ here)
+    assert all(torch.equal(g.view(torch.int32), w.view(torch.int32))
+               for g, w in zip(got, want))
+    for name, bad in (("rewards", r), ("values", v), ("next_values", nv)):
+        spoiled = bad.clone()
+        spoiled[7, 2] = float("inf")
+        args = {"rewards": r, "values": v, "next_values": nv, name: spoiled}
+        assert kernels.gae(*args.values(), term, end, 0.99, 0.95) is None
+        with pytest.raises(ValueError, match=f"{name}: expected finite values"):
+            gae(*args.values(), term, end, 0.99, 0.95)
+    stray = term.clone()
+    stray[3, 1], end2 = True, end.clone()
+    end2[3, 1] = False
+    assert kernels.gae(r, v, nv, stray, end2, 0.99, 0.95) is None
+    with pytest.raises(ValueError, match=r"terminated: set at index \[3, 1\]"):
+        gae(r, v, nv, stray, end2, 0.99, 0.95)
+    assert kernels.gae(r, v, nv, term.float(), end.float(), 0.99, 0.95) is None
+    got = gae(r, v, nv, term.float(), end.float(), 0.99, 0.95)
+    assert torch.allclose(got[0], want[0], atol=1e-5)
+    with pytest.raises(ValueError, match="gamma"):
+        gae(r, v, nv, term, end, 1.5, 0.95)
+
+
+@needs_native
+def test_native_tanh_is_torchs():
+    """The step's tanh (1 - 2 / (1 + e^{2u}) on a polynomial e^x) is torch's within 2e-7
+    absolutely over the whole float range it meets, saturation and clamping included."""
+    x = torch.cat([torch.linspace(-100, 100, 400_001), torch.randn(100_000) * 3,
+                   torch.tensor([0.0, -0.0, 1e-30, -1e-30, 44.0, 44.2, -44.2, 1e4, -1e4])])
+    got = kernels.tanh_(x.clone())
+    assert float((got - torch.tanh(x)).abs().max()) < 2e-7
+    assert float(got.abs().max()) <= 1.0

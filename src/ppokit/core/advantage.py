@@ -109,7 +109,16 @@ def gae(rewards, values, next_values, terminated, episode_end, gamma: float,
         both of the input shape and dtype. No gradient flows into either.
 
     ``A_t = δ_t + γ λ (1 − episode_end_t) A_{t+1}``, ``A_T = 0``.
+
+    Where ppokit's compiled kernels are built, CPU float tensors with bool masks take one
+    compiled pass (:func:`ppokit.kernels.gae`: the same checks, the loop's bits); anything
+    else, and any input that fails a check, takes the path below.
     """
+    gamma = check_unit_interval(gamma, "gamma")
+    lam = check_unit_interval(lam, "lam")
+    fast = kernels.gae(rewards, values, next_values, terminated, episode_end, gamma, lam)
+    if fast is not None:
+        return fast
     deltas, carry_coef, v = _gae_terms(rewards, values, next_values, terminated, episode_end,
                                        gamma, lam)
     if deltas.device.type == "cpu" and deltas.dtype in (torch.float32, torch.float64):

@@ -3,8 +3,8 @@ file), built by ``setup.py`` when ppokit is installed.
 
 Two things are in it. The native minibatch step — the fused PPO step of an MLP
 actor-critic, Adam included, as one call (:mod:`ppokit.engine.native` hands it torch's
-buffers) — and the environment GAE's recursion ``y_t = x_t + a_t y_{t+1}``
-(:func:`reverse_scan`, which :func:`ppokit.core.gae` runs). The extension is optional:
+buffers) — and the environment GAE (:func:`gae`, its checks and recursion in one pass, which
+:func:`ppokit.core.gae` runs; :func:`reverse_scan`, the recursion alone). The extension is optional:
 where it is not built (no C compiler at install time) or is turned off (``PPOKIT_NATIVE=0``
 in the environment), :func:`available` says why, the fused step runs its TorchScript
 kernel and the GAE its NumPy scan.
@@ -16,7 +16,7 @@ import os
 
 import torch
 
-__all__ = ["available", "reverse_scan", "ppo_step", "scratch_floats"]
+__all__ = ["available", "gae", "reverse_scan", "ppo_step", "scratch_floats", "tanh_"]
 
 try:
     from ppokit.kernels import _c
@@ -46,6 +46,17 @@ def scratch_floats(plan: int, rows: int) -> int:
     return _c.scratch_floats(plan, rows)
 
 
+def tanh_(x: torch.Tensor) -> torch.Tensor:
+    """The native step's tanh, in place on a contiguous float32 CPU tensor (``x`` is
+    returned): ``1 - 2 / (1 + e^{2u})``, absolute error about 1e-7."""
+    if available() is not None:
+        raise RuntimeError(available())
+    if x.dtype != torch.float32 or x.device.type != "cpu" or not x.is_contiguous():
+        raise ValueError("tanh_: expected a contiguous float32 CPU tensor")
+    _c.tanh(x.data_ptr(), x.numel())
+    return x
+
+
 def reverse_scan(x: torch.Tensor, a: torch.Tensor) -> torch.Tensor | None:
     """``y_t = x_t + a_t y_{t+1}`` along the first axis (``y_T = 0``) of CPU float32 or
     float64 tensors ``[T]`` or ``[T, N]`` of one shape and dtype, computed in C in the
@@ -63,3 +74,36 @@ def reverse_scan(x: torch.Tensor, a: torch.Tensor) -> torch.Tensor | None:
     _c.reverse_scan(x.data_ptr(), a.data_ptr(), y.data_ptr(), t, n,
                     x.dtype == torch.float64)
     return y
+
+
+def gae(rewards, values, next_values, terminated, episode_end, gamma: float,
+        lam: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """:func:`ppokit.core.gae` in one compiled pass, for the inputs the trainers give it:
+    float32 or float64 CPU tensors ``[T]`` or ``[T, N]`` of one shape and dtype, bool masks
+    of that shape, ``gamma`` and ``lam`` already checked. The checks of the core function
+    run inside the pass (finite rewards and values, no termination outside an episode end);
+    ``None`` when the inputs do not qualify or fail a check — the caller's checked path then
+    computes, or raises the error that names the argument. The results are the same bits
+    as :func:`ppokit.core.gae_reference`'s loop."""
+    if available() is not None:
+        return None
+    r, v, nv, term, end = rewards, values, next_values, terminated, episode_end
+    if not all(isinstance(t, torch.Tensor) for t in (r, v, nv, term, end)):
+        return None
+    if (r.dtype not in (torch.float32, torch.float64) or r.ndim not in (1, 2)
+            or r.numel() == 0 or r.device.type != "cpu"):
+        return None
+    for t in (v, nv):
+        if t.dtype != r.dtype or t.shape != r.shape or t.device.type != "cpu":
+            return None
+    for t in (term, end):
+        if t.dtype != torch.bool or t.shape != r.shape or t.device.type != "cpu":
+            return None
+    r, v, nv = (t.detach().contiguous() for t in (r, v, nv))
+    term, end = term.contiguous(), end.contiguous()
+    adv, ret = torch.empty_like(r), torch.empty_like(r)
+    n = r.shape[1] if r.ndim == 2 else 1
+    rc = _c.gae(r.data_ptr(), v.data_ptr(), nv.data_ptr(), term.data_ptr(), end.data_ptr(),
+                adv.data_ptr(), ret.data_ptr(), r.shape[0], n, float(gamma),
+                float(gamma) * float(lam), r.dtype == torch.float64)
+    return (adv, ret) if rc == 0 else None

@@ -180,12 +180,14 @@ static inline float exp_f(float x)
     return y * s.f;
 }
 
-/* tanh as 1 - 2 / (1 + e^{2u}) (absolute error about 1e-7, as the compiled kernel's
- * 2 sigma(2u) - 1), in place */
+/* tanh as sign(u) (1 - 2 / (1 + e^{2|u|})) (the quotient is at most 1, so its rounding
+ * is at most 6e-8: absolute error about 1e-7, as the compiled kernel's 2 sigma(2u) - 1),
+ * in place */
 MULTIVERSION
 static void tanh_generic(float *h, int64_t n)
 {
-    for (int64_t i = 0; i < n; i++) h[i] = 1.0f - 2.0f / (1.0f + exp_f(2.0f * h[i]));
+    for (int64_t i = 0; i < n; i++)
+        h[i] = copysignf(1.0f - 2.0f / (1.0f + exp_f(2.0f * fabsf(h[i]))), h[i]);
 }
 
 #if defined(__GNUC__) && defined(__x86_64__)
@@ -196,12 +198,13 @@ static void tanh_generic(float *h, int64_t n)
 __attribute__((target("avx512f")))
 static void tanh_avx512(float *h, int64_t n)
 {
-    const __m512 lo = _mm512_set1_ps(-87.3f), hi = _mm512_set1_ps(88.3f);
+    const __m512 hi = _mm512_set1_ps(88.3f);
     const __m512 one = _mm512_set1_ps(1.0f), two = _mm512_set1_ps(2.0f);
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        __m512 x = _mm512_mul_ps(_mm512_loadu_ps(h + i), two);
-        x = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
+        const __m512 u = _mm512_loadu_ps(h + i);
+        __m512 x = _mm512_mul_ps(_mm512_abs_ps(u), two);
+        x = _mm512_min_ps(x, hi);
         const __m512 k = _mm512_roundscale_ps(
             _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -217,7 +220,11 @@ static void tanh_avx512(float *h, int64_t n)
         const __m512 d = _mm512_add_ps(one, _mm512_scalef_ps(y, k));
         __m512 q = _mm512_rcp14_ps(d);
         q = _mm512_mul_ps(q, _mm512_fnmadd_ps(d, q, two));
-        _mm512_storeu_ps(h + i, _mm512_fnmadd_ps(two, q, one));
+        const __m512i sign = _mm512_and_si512(_mm512_castps_si512(u),
+                                              _mm512_set1_epi32((int)0x80000000u));
+        const __m512 t = _mm512_fnmadd_ps(two, q, one);
+        _mm512_storeu_ps(h + i, _mm512_castsi512_ps(
+            _mm512_or_si512(_mm512_castps_si512(t), sign)));
     }
     tanh_generic(h + i, n - i);
 }
@@ -623,21 +630,52 @@ static int ppo_step(const int64_t *plan, float *flat, float *grad, float *exp_av
     __attribute__((optimize("fp-contract=off"))) MULTIVERSION                            \
     static void NAME(const TYPE *x, const TYPE *a, TYPE *y, int64_t T, int64_t N)        \
     {                                                                                    \
-        if (T <= 0) return;                                                              \
-        const TYPE *xl = x + (T - 1) * N;                                                \
-        TYPE *yl = y + (T - 1) * N;                                                      \
-        for (int64_t n = 0; n < N; n++) yl[n] = xl[n];                                   \
-        for (int64_t t = T - 2; t >= 0; t--) {                                           \
+        for (int64_t t = T - 1; t >= 0; t--) {                                           \
             const TYPE *xt = x + t * N, *at = a + t * N, *next = y + (t + 1) * N;        \
             TYPE *yt = y + t * N;                                                        \
             for (int64_t n = 0; n < N; n++) {                                            \
-                const TYPE carry = at[n] * next[n];                                      \
+                /* the loop's first carry is a zero, multiplied and added like any */   \
+                const TYPE carry = at[n] * (t + 1 < T ? next[n] : (TYPE)0);              \
                 yt[n] = xt[n] + carry;                                                   \
             }                                                                            \
         }                                                                                \
     }
 REVERSE_SCAN(reverse_scan_f32, float)
 REVERSE_SCAN(reverse_scan_f64, double)
+
+/* ppokit.core.gae on checked-shape [T, N] buffers (bool masks as bytes), in one pass
+ * backwards: delta = (r + (gamma * not_term) * nv) - v, carry coefficient
+ * (gamma lam) * not_end, A_t = delta_t + c_t A_{t+1}, returns A + v — each operation in
+ * the order torch's expression in ppokit.core.advantage evaluates it, so the results are
+ * gae_reference's bits. Returns 0, or 1 at the first non-finite r, v or nv, or 2 where a
+ * step is terminated but does not end its episode (the caller's checked path then raises
+ * the error that names it); nothing is written then. */
+#define GAE(NAME, TYPE)                                                                   \
+    __attribute__((optimize("fp-contract=off")))                                          \
+    static int NAME(const TYPE *r, const TYPE *v, const TYPE *nv, const uint8_t *term,    \
+                    const uint8_t *end, int64_t T, int64_t N, TYPE gamma, TYPE gl,        \
+                    TYPE *adv, TYPE *ret)                                                 \
+    {                                                                                     \
+        const int64_t n_all = T * N;                                                      \
+        for (int64_t i = 0; i < n_all; i++) {                                             \
+            if (!isfinite(r[i]) || !isfinite(v[i]) || !isfinite(nv[i])) return 1;         \
+            if (term[i] && !end[i]) return 2;                                             \
+        }                                                                                 \
+        for (int64_t t = T - 1; t >= 0; t--) {                                            \
+            for (int64_t n = 0; n < N; n++) {                                             \
+                const int64_t i = t * N + n;                                              \
+                const TYPE boot = (gamma * (TYPE)(term[i] ? 0 : 1)) * nv[i];              \
+                const TYPE delta = (r[i] + boot) - v[i];                                  \
+                const TYPE next = t + 1 < T ? adv[i + N] : (TYPE)0;                       \
+                const TYPE carry = (gl * (TYPE)(end[i] ? 0 : 1)) * next;                  \
+                adv[i] = delta + carry;                                                   \
+            }                                                                             \
+        }                                                                                 \
+        for (int64_t i = 0; i < n_all; i++) ret[i] = adv[i] + v[i];                       \
+        return 0;                                                                         \
+    }
+GAE(gae_f32, float)
+GAE(gae_f64, double)
 
 /* ------------------------------------------------------------------ Python binding */
 
@@ -710,7 +748,51 @@ static PyObject *py_reverse_scan(PyObject *self, PyObject *const *args, Py_ssize
     Py_RETURN_NONE;
 }
 
+/* gae(r, v, nv, term, end, adv, ret, T, N, gamma, gamma_lam, double) -> 0, 1 or 2 */
+static PyObject *py_gae(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    void *p[7];
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "gae() takes 12 arguments");
+        return NULL;
+    }
+    for (int i = 0; i < 7; i++)
+        if (!as_ptr(args[i], &p[i])) return NULL;
+    const int64_t T = PyLong_AsLongLong(args[7]), N = PyLong_AsLongLong(args[8]);
+    const double gamma = PyFloat_AsDouble(args[9]), gl = PyFloat_AsDouble(args[10]);
+    const int dbl = PyObject_IsTrue(args[11]);
+    if (PyErr_Occurred() || dbl < 0) return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    if (dbl)
+        rc = gae_f64(p[0], p[1], p[2], p[3], p[4], T, N, gamma, gl, p[5], p[6]);
+    else
+        rc = gae_f32(p[0], p[1], p[2], p[3], p[4], T, N, (float)gamma, (float)gl, p[5], p[6]);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(rc);
+}
+
+/* tanh(x, n) -> None: the step's tanh in place on n floats */
+static PyObject *py_tanh(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    void *x;
+    if (nargs != 2 || !as_ptr(args[0], &x)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "tanh(x, n)");
+        return NULL;
+    }
+    const int64_t n = PyLong_AsLongLong(args[1]);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    tanh_inplace(x, n);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"tanh", (PyCFunction)(void (*)(void))py_tanh, METH_FASTCALL,
+     "The native step's tanh, in place."},
+    {"gae", (PyCFunction)(void (*)(void))py_gae, METH_FASTCALL,
+     "ppokit.core.gae on checked [T, N] buffers."},
     {"reverse_scan", (PyCFunction)(void (*)(void))py_reverse_scan, METH_FASTCALL,
      "y_t = x_t + a_t y_{t+1} along the first axis of [T, N] buffers."},
     {"step", (PyCFunction)(void (*)(void))py_step, METH_FASTCALL,
