@@ -21,7 +21,7 @@ computes what :func:`ppokit.engine.eager_minibatch_step` computes as one compile
 
 **Two implementations of the same step.** Where the C extension is built, the default is
 the native step (:mod:`ppokit.engine.native`: the arithmetic below written out in C, Adam
-included, one call per minibatch; 2-4x the TorchScript kernel on a 64-wide MLP, on one
+included, one call per minibatch; 2-5x the TorchScript kernel on a 64-wide MLP, on one
 core). The TorchScript kernel below runs otherwise, and for layers wider than
 :data:`~ppokit.engine.native.NATIVE_MAX_WIDTH`, where torch's matrix products win.
 

@@ -30,10 +30,10 @@ from ppokit import kernels
 __all__ = ["available", "NativeStep", "NATIVE_MAX_WIDTH"]
 
 # The fused step's "auto" backend runs the native step on networks no wider than this.
-# Measured one step at a time on one core (bench.native_step): hidden 64 — 2.1-3.7x the
-# TorchScript kernel, 128 — 1.2-1.7x, 256 — 0.9-1.1x (there torch's MKL matrix products
-# are faster than these loops).
-NATIVE_MAX_WIDTH = 128
+# Measured one step at a time on one core (python -m bench.native_step, 2026-12-02), the
+# TorchScript kernel's time over the native step's: hidden 64 — 2.0-5.1x, 128 — 2.1-2.6x,
+# 256 — 1.1-1.4x, 512 — 0.84x (there torch's MKL matrix products beat these loops).
+NATIVE_MAX_WIDTH = 256
 
 def available() -> str | None:
     """``None`` when the native step can run, else why not (:func:`ppokit.kernels.available`:

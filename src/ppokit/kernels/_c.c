@@ -257,11 +257,19 @@ static void act_backward(float *g, const float *h, int64_t n, int relu)
         for (int64_t i = 0; i < n; i++) g[i] = g[i] * (1.0f - h[i] * h[i]);
 }
 
+/* dst[c, r] = src[r, c], in 16 x 16 tiles (a row-by-row transpose of a 256-wide matrix
+ * writes each element to another cache line and costs as much as a matrix product) */
 MULTIVERSION
 static void transpose(const float *src, int64_t R, int64_t C, float *dst)
 {
-    for (int64_t r = 0; r < R; r++)
-        for (int64_t c = 0; c < C; c++) dst[c * R + r] = src[r * C + c];
+    for (int64_t r0 = 0; r0 < R; r0 += 16) {
+        const int64_t r1 = r0 + 16 < R ? r0 + 16 : R;
+        for (int64_t c0 = 0; c0 < C; c0 += 16) {
+            const int64_t c1 = c0 + 16 < C ? c0 + 16 : C;
+            for (int64_t r = r0; r < r1; r++)
+                for (int64_t c = c0; c < c1; c++) dst[c * R + r] = src[r * C + c];
+        }
+    }
 }
 
 typedef struct {
