@@ -659,25 +659,34 @@ REVERSE_SCAN(reverse_scan_f64, double)
  * step is terminated but does not end its episode (the caller's checked path then raises
  * the error that names it); nothing is written then. */
 #define GAE(NAME, TYPE)                                                                   \
-    __attribute__((optimize("fp-contract=off")))                                          \
-    static int NAME(const TYPE *r, const TYPE *v, const TYPE *nv, const uint8_t *term,    \
-                    const uint8_t *end, int64_t T, int64_t N, TYPE gamma, TYPE gl,        \
-                    TYPE *adv, TYPE *ret)                                                 \
+    __attribute__((optimize("fp-contract=off"))) MULTIVERSION                             \
+    static int NAME(const TYPE *restrict r, const TYPE *restrict v,                       \
+                    const TYPE *restrict nv, const uint8_t *restrict term,                \
+                    const uint8_t *restrict end, int64_t T, int64_t N, TYPE gamma,        \
+                    TYPE gl, TYPE *restrict adv, TYPE *restrict ret)                      \
     {                                                                                     \
         const int64_t n_all = T * N;                                                      \
+        int bad = 0, stray = 0; /* no early exit: the checks vectorise */                 \
         for (int64_t i = 0; i < n_all; i++) {                                             \
-            if (!isfinite(r[i]) || !isfinite(v[i]) || !isfinite(nv[i])) return 1;         \
-            if (term[i] && !end[i]) return 2;                                             \
+            bad |= !isfinite(r[i]) | !isfinite(v[i]) | !isfinite(nv[i]);                  \
+            stray |= term[i] & (end[i] ^ 1);                                              \
+        }                                                                                 \
+        if (bad) return 1;                                                                \
+        if (stray) return 2;                                                              \
+        /* flat passes (they vectorise whatever N is): delta into adv, the carry         \
+         * coefficient into ret; then the recursion row by row; then ret = adv + v */    \
+        for (int64_t i = 0; i < n_all; i++) {                                             \
+            const TYPE boot = (gamma * (TYPE)(term[i] ^ 1)) * nv[i];                      \
+            adv[i] = (r[i] + boot) - v[i];                                                \
+            ret[i] = gl * (TYPE)(end[i] ^ 1);                                             \
         }                                                                                 \
         for (int64_t t = T - 1; t >= 0; t--) {                                            \
-            for (int64_t n = 0; n < N; n++) {                                             \
-                const int64_t i = t * N + n;                                              \
-                const TYPE boot = (gamma * (TYPE)(term[i] ? 0 : 1)) * nv[i];              \
-                const TYPE delta = (r[i] + boot) - v[i];                                  \
-                const TYPE next = t + 1 < T ? adv[i + N] : (TYPE)0;                       \
-                const TYPE carry = (gl * (TYPE)(end[i] ? 0 : 1)) * next;                  \
-                adv[i] = delta + carry;                                                   \
-            }                                                                             \
+            TYPE *at = adv + t * N;                                                       \
+            const TYPE *ct = ret + t * N, *next = adv + (t + 1) * N;                      \
+            if (t + 1 == T)                                                               \
+                for (int64_t n = 0; n < N; n++) at[n] = at[n] + ct[n] * (TYPE)0;          \
+            else                                                                          \
+                for (int64_t n = 0; n < N; n++) at[n] = at[n] + ct[n] * next[n];          \
         }                                                                                 \
         for (int64_t i = 0; i < n_all; i++) ret[i] = adv[i] + v[i];                       \
         return 0;                                                                         \
