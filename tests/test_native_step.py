@@ -281,3 +281,45 @@ def test_native_tanh_is_torchs():
     got = kernels.tanh_(x.clone())
     assert float((got - torch.tanh(x)).abs().max()) < 2e-7
     assert float(got.abs().max()) <= 1.0
+
+
+@needs_native
+@settings(max_examples=60, deadline=None)
+@given(b=st.integers(1, 40), length=st.integers(1, 120),
+       dtype=st.sampled_from([torch.float32, torch.float64]), seed=st.integers(0, 10_000),
+       p_act=st.sampled_from([0.0, 0.3, 0.9, 1.0]), boot=st.booleans(),
+       lam=st.sampled_from([0.0, 0.95, 1.0]))
+def test_native_token_gae_is_the_position_loop_bit_for_bit(b, length, dtype, seed, p_act,
+                                                           boot, lam):
+    """Token GAE in C gives token_gae_reference's bits on any mask (multi-turn gaps,
+    empty rows, full rows), with and without bootstrap values; padding may hold NaN."""
+    from ppokit.core.advantage import token_gae, token_gae_reference
+
+    gen = torch.Generator().manual_seed(seed)
+    r = torch.randn(b, length, generator=gen, dtype=dtype)
+    v = torch.randn(b, length, generator=gen, dtype=dtype)
+    m = torch.rand(b, length, generator=gen) < p_act
+    r[~m] = float("nan")  # never read
+    bv = torch.randn(b, generator=gen, dtype=dtype) if boot else None
+    got = kernels.token_gae(r, v, m, bv, 0.99, lam)
+    assert got is not None
+    want = token_gae_reference(r, v, m, 0.99, lam, bootstrap_values=bv)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    via_core = token_gae(r, v, m, 0.99, lam, bootstrap_values=bv)
+    assert torch.equal(via_core[0], want[0]) and torch.equal(via_core[1], want[1])
+
+
+@needs_native
+def test_native_token_gae_refuses_what_the_checked_path_refuses():
+    from ppokit.core.advantage import token_gae
+
+    r, v = torch.randn(3, 6), torch.randn(3, 6)
+    m = torch.ones(3, 6, dtype=torch.bool)
+    r[1, 2] = float("inf")
+    assert kernels.token_gae(r, v, m, None, 0.99, 0.95) is None
+    with pytest.raises(ValueError, match="rewards: expected finite values at action"):
+        token_gae(r, v, m, 0.99, 0.95)
+    # float16 is the NumPy path's (computed in float32)
+    h = torch.randn(3, 6).half()
+    assert kernels.token_gae(h, h, m, None, 0.99, 0.95) is None
+    assert token_gae(h, h, m, 0.99, 0.95)[0].dtype == torch.float16

@@ -350,7 +350,9 @@ def token_gae(rewards, values, mask, gamma: float, lam: float, *,
         ``(advantages, returns)``, ``[B, L]``, ``returns = advantages + values`` on action
         positions; both are exactly 0 at masked positions.
 
-    On the CPU a chunked scan in NumPy (see the comment above ``_gae_rows`` in the source):
+    On the CPU, where ppokit's compiled kernels are built, float32/float64 inputs take the
+    position loop in C (:func:`ppokit.kernels.token_gae`: the reference's bits). Otherwise
+    on the CPU a chunked scan in NumPy (see the comment above ``_gae_rows`` in the source):
     single-threaded by construction, so it is as fast at one torch thread as at many, and it
     leaves every thread setting alone. float16/bfloat16 inputs are computed in float32. On
     other devices the actions of each row are packed to the left (a stable sort of the
@@ -364,6 +366,9 @@ def token_gae(rewards, values, mask, gamma: float, lam: float, *,
         raise ValueError(f"chunk_size: expected an integer >= 1, got {chunk_size}")
     r, v, m, boot = _token_inputs(rewards, values, mask, bootstrap_values)
     if r.device.type == "cpu":
+        fast = kernels.token_gae(r, v, m, boot, gamma, lam)
+        if fast is not None:
+            return fast
         return _token_gae_numpy(r, v, m, gamma, lam, boot)
     return _token_gae_packed(r, v, m, gamma, lam, boot, chunk_size or 32)
 

@@ -3,8 +3,10 @@ file), built by ``setup.py`` when ppokit is installed.
 
 Two things are in it. The native minibatch step — the fused PPO step of an MLP
 actor-critic, Adam included, as one call (:mod:`ppokit.engine.native` hands it torch's
-buffers) — and the environment GAE (:func:`gae`, its checks and recursion in one pass, which
-:func:`ppokit.core.gae` runs; :func:`reverse_scan`, the recursion alone). The extension is optional:
+buffers) — the environment GAE (:func:`gae`, its checks and recursion in one pass, which
+:func:`ppokit.core.gae` runs; :func:`reverse_scan`, the recursion alone) and the token
+GAE of the language-model trainer (:func:`token_gae`, which :func:`ppokit.core.token_gae`
+runs). The extension is optional:
 where it is not built (no C compiler at install time) or is turned off (``PPOKIT_NATIVE=0``
 in the environment), :func:`available` says why, the fused step runs its TorchScript
 kernel and the GAE its NumPy scan.
@@ -16,7 +18,8 @@ import os
 
 import torch
 
-__all__ = ["available", "gae", "reverse_scan", "ppo_step", "scratch_floats", "tanh_"]
+__all__ = ["available", "gae", "token_gae", "reverse_scan", "ppo_step", "scratch_floats",
+           "tanh_"]
 
 try:
     from ppokit.kernels import _c
@@ -106,4 +109,30 @@ def gae(rewards, values, next_values, terminated, episode_end, gamma: float,
     rc = _c.gae(r.data_ptr(), v.data_ptr(), nv.data_ptr(), term.data_ptr(), end.data_ptr(),
                 adv.data_ptr(), ret.data_ptr(), r.shape[0], n, float(gamma),
                 float(gamma) * float(lam), r.dtype == torch.float64)
+    return (adv, ret) if rc == 0 else None
+
+
+def token_gae(r: torch.Tensor, v: torch.Tensor, m: torch.Tensor, boot: torch.Tensor | None,
+              gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """:func:`ppokit.core.token_gae` in C, for inputs its checks have passed: float32 or
+    float64 CPU tensors ``[B, L]``, a bool mask of that shape, ``boot`` ``None`` or ``[B]``
+    of the same dtype. The position loop's operations in its order (the bits of
+    :func:`ppokit.core.token_gae_reference`), sixteen rows side by side. ``None`` when the
+    inputs do not qualify or a reward or value at an action is not finite (the caller's
+    path then raises the error naming it)."""
+    if (available() is not None or r.dtype not in (torch.float32, torch.float64)
+            or r.ndim != 2 or v.dtype != r.dtype or v.shape != r.shape
+            or m.dtype != torch.bool or m.shape != r.shape
+            or any(t.device.type != "cpu" for t in (r, v, m))):
+        return None
+    if boot is not None and (boot.dtype != r.dtype or boot.shape != (r.shape[0],)
+                             or boot.device.type != "cpu"):
+        return None
+    r, v, m = r.detach().contiguous(), v.detach().contiguous(), m.contiguous()
+    boot = None if boot is None else boot.detach().contiguous()
+    adv, ret = torch.empty_like(r), torch.empty_like(r)
+    rc = _c.token_gae(r.data_ptr(), v.data_ptr(), m.data_ptr(),
+                      0 if boot is None else boot.data_ptr(), adv.data_ptr(),
+                      ret.data_ptr(), r.shape[0], r.shape[1], float(gamma),
+                      float(gamma) * float(lam), r.dtype == torch.float64)
     return (adv, ret) if rc == 0 else None

@@ -694,6 +694,51 @@ REVERSE_SCAN(reverse_scan_f64, double)
 GAE(gae_f32, float)
 GAE(gae_f64, double)
 
+/* ppokit.core.token_gae on [B, L] rows with a bool action mask: per row, from the last
+ * position back, at an action delta = (r + gamma * next_v) - v, A = delta + (gamma lam)
+ * carry, carry = A, next_v = v; a masked position hands both on and gets A = 0, R = 0;
+ * R = A + v at an action. The operations of token_gae_reference's loop in its order (its
+ * bits). Sixteen rows at a time, position by position, so that their independent
+ * recursions overlap. boot: the value after each row's last action, or NULL (0). Returns
+ * 0, or 1 when a reward or value at an action is not finite (nothing written then). */
+#define TOKEN_GAE(NAME, TYPE)                                                             \
+    __attribute__((optimize("fp-contract=off")))                                          \
+    static int NAME(const TYPE *r, const TYPE *v, const uint8_t *m, const TYPE *boot,     \
+                    int64_t B, int64_t L, TYPE gamma, TYPE gl, TYPE *adv, TYPE *ret)      \
+    {                                                                                     \
+        int bad = 0;                                                                      \
+        for (int64_t i = 0; i < B * L; i++)                                               \
+            bad |= m[i] & (!isfinite(r[i]) | !isfinite(v[i]));                            \
+        if (bad) return 1;                                                                \
+        for (int64_t b0 = 0; b0 < B; b0 += 16) {                                          \
+            const int64_t nb = B - b0 < 16 ? B - b0 : 16;                                 \
+            TYPE carry[16], next_v[16];                                                   \
+            for (int64_t j = 0; j < nb; j++) {                                            \
+                carry[j] = 0;                                                             \
+                next_v[j] = boot ? boot[b0 + j] : (TYPE)0;                                \
+            }                                                                             \
+            for (int64_t t = L - 1; t >= 0; t--) {                                        \
+                for (int64_t j = 0; j < nb; j++) {                                        \
+                    const int64_t i = (b0 + j) * L + t;                                   \
+                    if (m[i]) {                                                           \
+                        const TYPE delta = (r[i] + gamma * next_v[j]) - v[i];             \
+                        const TYPE a = delta + gl * carry[j];                             \
+                        carry[j] = a;                                                     \
+                        next_v[j] = v[i];                                                 \
+                        adv[i] = a;                                                       \
+                        ret[i] = a + v[i];                                                \
+                    } else {                                                              \
+                        adv[i] = 0;                                                       \
+                        ret[i] = 0;                                                       \
+                    }                                                                     \
+                }                                                                         \
+            }                                                                             \
+        }                                                                                 \
+        return 0;                                                                         \
+    }
+TOKEN_GAE(token_gae_f32, float)
+TOKEN_GAE(token_gae_f64, double)
+
 /* ------------------------------------------------------------------ Python binding */
 
 static int as_ptr(PyObject *o, void **p)
@@ -805,7 +850,35 @@ static PyObject *py_tanh(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     Py_RETURN_NONE;
 }
 
+/* token_gae(r, v, m, boot or 0, adv, ret, B, L, gamma, gamma_lam, double) -> 0 or 1 */
+static PyObject *py_token_gae(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    void *p[6];
+    if (nargs != 11) {
+        PyErr_SetString(PyExc_TypeError, "token_gae() takes 11 arguments");
+        return NULL;
+    }
+    for (int i = 0; i < 6; i++)  /* boot (3) may be 0: no buffer */
+        if (!as_ptr(args[i], &p[i])) return NULL;
+    const int64_t B = PyLong_AsLongLong(args[6]), L = PyLong_AsLongLong(args[7]);
+    const double gamma = PyFloat_AsDouble(args[8]), gl = PyFloat_AsDouble(args[9]);
+    const int dbl = PyObject_IsTrue(args[10]);
+    if (PyErr_Occurred() || dbl < 0) return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    if (dbl)
+        rc = token_gae_f64(p[0], p[1], p[2], p[3], B, L, gamma, gl, p[4], p[5]);
+    else
+        rc = token_gae_f32(p[0], p[1], p[2], p[3], B, L, (float)gamma, (float)gl, p[4],
+                           p[5]);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(rc);
+}
+
 static PyMethodDef methods[] = {
+    {"token_gae", (PyCFunction)(void (*)(void))py_token_gae, METH_FASTCALL,
+     "ppokit.core.token_gae on checked [B, L] buffers."},
     {"tanh", (PyCFunction)(void (*)(void))py_tanh, METH_FASTCALL,
      "The native step's tanh, in place."},
     {"gae", (PyCFunction)(void (*)(void))py_gae, METH_FASTCALL,
