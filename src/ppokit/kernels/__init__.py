@@ -117,7 +117,7 @@ def token_gae(r: torch.Tensor, v: torch.Tensor, m: torch.Tensor, boot: torch.Ten
     """:func:`ppokit.core.token_gae` in C, for inputs its checks have passed: float32 or
     float64 CPU tensors ``[B, L]``, a bool mask of that shape, ``boot`` ``None`` or ``[B]``
     of the same dtype. The position loop's operations in its order (the bits of
-    :func:`ppokit.core.token_gae_reference`), sixteen rows side by side. ``None`` when the
+    :func:`ppokit.core.token_gae_reference`), row by row. ``None`` when the
     inputs do not qualify or a reward or value at an action is not finite (the caller's
     path then raises the error naming it)."""
     if (available() is not None or r.dtype not in (torch.float32, torch.float64)
