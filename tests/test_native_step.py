@@ -130,16 +130,19 @@ def test_native_step_equals_eager_step(kind, activation, hidden, obs_dim, n_act,
 
 @needs_native
 @pytest.mark.parametrize("kind", ["categorical", "gaussian"])
-def test_native_early_stop_leaves_everything_untouched(kind):
+@pytest.mark.parametrize("parallel", [False, True])
+def test_native_early_stop_leaves_the_parameters_untouched(kind, parallel):
     cfg = TrainConfig(tensorboard=False)
     pol, flat, opt, pol_ref, opt_ref = _setup(kind, "tanh", (64, 64), 4, 2, 0, cfg)
-    step = FusedStep(update_spec(cfg), pol, flat, opt, backend="native")
+    step = FusedStep(update_spec(cfg), pol, flat, opt, backend="native", parallel=parallel)
     mb = _minibatch(kind, 32, 4, 2, 1.0, torch.Generator().manual_seed(0), pol)
     mb["logp"] = mb["logp"] - 1.0  # a KL of about 0.5
-    before = (flat.data.clone(), flat.grad.clone(), opt.exp_avg.clone(), float(opt.step_t))
+    before = (flat.data.clone(), opt.exp_avg.clone(), opt.exp_avg_sq.clone(),
+              float(opt.step_t))
     assert step.step(mb, 0.2, kl_limit=0.01) is None
-    assert torch.equal(before[0], flat.data) and torch.equal(before[1], flat.grad)
-    assert torch.equal(before[2], opt.exp_avg) and before[3] == float(opt.step_t)
+    # (the gradient buffer is scratch until a step: the critic's part is written)
+    assert torch.equal(before[0], flat.data) and torch.equal(before[1], opt.exp_avg)
+    assert torch.equal(before[2], opt.exp_avg_sq) and before[3] == float(opt.step_t)
     # the reference stops too, and with a loose limit both step
     assert reference_step(update_spec(cfg), pol_ref, opt_ref, mb, clip_range=0.2,
                           kl_limit=0.01) is None
@@ -147,18 +150,23 @@ def test_native_early_stop_leaves_everything_untouched(kind):
 
 
 @needs_native
-def test_native_step_is_deterministic():
-    """The same inputs give the same bits (a resumed run computes what the original did)."""
+@pytest.mark.parametrize("kind", ["categorical", "gaussian"])
+def test_native_step_is_deterministic_with_its_critic_beside_or_before(kind):
+    """The same inputs give the same bits (a resumed run computes what the original did),
+    whether the critic's branch runs on the worker thread beside the actor's, before it on
+    the calling thread, or whichever is faster now."""
     cfg = TrainConfig(tensorboard=False, ent_coef=0.01, clip_range_vf=0.2)
     runs = []
-    for _ in range(2):
-        pol, flat, opt, _, _ = _setup("categorical", "tanh", (64, 64), 4, 2, 5, cfg)
-        step = FusedStep(update_spec(cfg), pol, flat, opt, backend="native")
+    for parallel in (True, False, None, True):
+        pol, flat, opt, _, _ = _setup(kind, "tanh", (64, 64), 4, 2, 5, cfg)
+        step = FusedStep(update_spec(cfg), pol, flat, opt, backend="native",
+                         parallel=parallel)
         gen = torch.Generator().manual_seed(5)
-        stats = [step.step(_minibatch("categorical", 256, 4, 2, 1.0, gen, pol), 0.2)
-                 for _ in range(5)]
+        stats = [step.step(_minibatch(kind, 256, 4, 2, 1.0, gen, pol), 0.2)
+                 for _ in range(25)]
         runs.append((torch.stack(stats), flat.data.clone(), opt.exp_avg_sq.clone()))
-    assert all(torch.equal(a, b) for a, b in zip(*runs))
+    for run in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[0], run))
 
 
 @needs_native
@@ -323,3 +331,47 @@ def test_native_token_gae_refuses_what_the_checked_path_refuses():
     h = torch.randn(3, 6).half()
     assert kernels.token_gae(h, h, m, None, 0.99, 0.95) is None
     assert token_gae(h, h, m, 0.99, 0.95)[0].dtype == torch.float16
+
+
+@needs_native
+def test_a_forked_child_runs_the_parallel_step_with_a_worker_of_its_own(tmp_path):
+    """The worker thread does not survive a fork; a child started by fork after the
+    parent used it starts its own (else it would wait for a thread that is not there)."""
+    import multiprocessing as mp
+
+    cfg = TrainConfig(tensorboard=False)
+    pol, flat, opt, _, _ = _setup("categorical", "tanh", (64, 64), 4, 2, 0, cfg)
+    step = FusedStep(update_spec(cfg), pol, flat, opt, backend="native", parallel=True)
+    mb = _minibatch("categorical", 64, 4, 2, 1.0, torch.Generator().manual_seed(0), pol)
+    step.step(mb, 0.2)
+    want = step.step(mb, 0.2)  # parent: stats of the second step...
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+
+    def child():
+        pol2, flat2, opt2, _, _ = _setup("categorical", "tanh", (64, 64), 4, 2, 0, cfg)
+        s2 = FusedStep(update_spec(cfg), pol2, flat2, opt2, backend="native", parallel=True)
+        s2.step(mb, 0.2)
+        q.put(s2.step(mb, 0.2).tolist())
+
+    p = ctx.Process(target=child)
+    p.start()
+    got = q.get(timeout=60)
+    p.join(timeout=60)
+    assert p.exitcode == 0 and got == want.tolist()  # ...and the child's, the same
+
+
+@needs_native
+def test_a_process_pinned_to_one_cpu_keeps_the_critic_on_its_own_thread(monkeypatch):
+    """With one CPU to run on, the worker thread could only take turns with the caller:
+    the default then runs the critic before the actor and times nothing."""
+    import ppokit.engine.fused as fused
+
+    cfg = TrainConfig(tensorboard=False)
+    pol, flat, opt, _, _ = _setup("categorical", "tanh", (64, 64), 4, 2, 0, cfg)
+    monkeypatch.setattr(fused, "_usable_cpus", lambda: 1)
+    step = FusedStep(update_spec(cfg), pol, flat, opt)
+    assert step.backend == "native" and step.parallel is False and step.pick is None
+    monkeypatch.setattr(fused, "_usable_cpus", lambda: 2)
+    step = FusedStep(update_spec(cfg), pol, flat, opt)
+    assert step.pick is not None

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import os
 import time
 import warnings
 from collections.abc import Callable
@@ -438,6 +439,14 @@ class FasterOfTwo:
         del t[:-self.window]
 
 
+def _usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
 def _layers(seq: nn.Sequential) -> tuple[list[nn.Linear], str]:
     lins = [m for m in seq if isinstance(m, nn.Linear)]
     act = "tanh" if any(isinstance(m, nn.Tanh) for m in seq) else "relu"
@@ -456,7 +465,8 @@ class FusedStep:
     branch beside the actor's (on torch's inter-op thread), False before it (one core at a
     time); None (the default) picks whichever is faster now (:class:`FasterOfTwo`: both
     compute the same numbers bit for bit, and when another process keeps the second core
-    busy the serial way wins).
+    busy the serial way wins). The native backend offers the same two ways (its critic
+    beside the actor on the extension's worker thread, or before it).
 
     ``backend``: ``"native"`` — the same step in C, Adam included
     (:mod:`ppokit.engine.native`; needs the built extension and ppokit's flat Adam);
@@ -530,6 +540,10 @@ class FusedStep:
             self.native_reason = why
         else:
             self.native_reason = f"backend={backend!r}"
+        if self.native is not None and parallel is None and _usable_cpus() < 2:
+            # one CPU to run on (pinned): the critic's thread could only take turns with
+            # this one
+            self.parallel, self.pick = False, None
         self.backend = "native" if self.native is not None else \
             ("script" if isinstance(self.kernel, torch.jit.ScriptFunction) else "python")
 
@@ -549,14 +563,18 @@ class FusedStep:
             actions = actions.long()
         else:  # a Box of any shape, read flattened (ppokit.policies.actions)
             actions = actions.reshape(actions.shape[0], -1)
-        if self.native is not None:
-            return self.native(x, actions, mb["logp"], mb["advantages"], mb["returns"],
-                               mb["values"], float(clip_range),
-                               float(kl_limit) if kl_limit is not None else -1.0)
         pick = self.pick
         if pick is not None:
             self.parallel = way = pick.next()
             t0 = time.perf_counter()
+        if self.native is not None:
+            stats = self.native(x, actions, mb["logp"], mb["advantages"], mb["returns"],
+                                mb["values"], float(clip_range),
+                                float(kl_limit) if kl_limit is not None else -1.0,
+                                parallel=self.parallel)
+            if pick is not None:
+                pick.took(way, time.perf_counter() - t0)
+            return stats
         run = self.kernel if self.parallel else self.serial_kernel
         if run is _python_kernel and not self.parallel:
             run = functools.partial(_python_kernel, parallel=False)

@@ -55,7 +55,8 @@ class NativeStep:
     kernel options (:class:`ppokit.engine.fused.FusedStep`). Calling it returns the
     statistics (ordered as :data:`ppokit.engine.fused.KERNEL_STAT_KEYS`) or ``None`` when
     the KL limit stopped the step; the gradient, the parameters and Adam's state are
-    updated in place."""
+    updated in place. ``parallel``: the critic's branch runs on the extension's worker
+    thread beside the actor's (the same bits as before it, on the calling thread)."""
 
     def __init__(self, policy: nn.Module, actor: list[nn.Linear], critic: list[nn.Linear],
                  flat, optimizer, opts: dict):
@@ -88,7 +89,7 @@ class NativeStep:
         self.hp = np.array([
             0.2, float(opts["use_clip"]), float(opts["norm_adv"]), -1.0, opts["vf_coef"],
             opts["clip_vf"], float(opts["clip_max"]), opts["ent_coef"],
-            opts["max_grad_norm"], 0.0, 0.9, 0.999, 1e-8, 1.0], dtype=np.float64)
+            opts["max_grad_norm"], 0.0, 0.9, 0.999, 1e-8, 1.0, 0.0], dtype=np.float64)
         self._plan_p = self.plan.ctypes.data
         self._hp_p = self.hp.ctypes.data
         self.flat, self.opt = flat, optimizer
@@ -104,7 +105,7 @@ class NativeStep:
 
     def __call__(self, x: torch.Tensor, actions: torch.Tensor, logp_old: torch.Tensor,
                  adv: torch.Tensor, ret: torch.Tensor, v_old: torch.Tensor,
-                 clip: float, kl_limit: float) -> torch.Tensor | None:
+                 clip: float, kl_limit: float, parallel: bool = False) -> torch.Tensor | None:
         m = x.shape[0]
         if x.shape != (m, self.in_dim):
             raise ValueError(f"native step: observations of shape {tuple(x.shape)}, "
@@ -131,6 +132,7 @@ class NativeStep:
         hp[9] = g["lr"]
         hp[10], hp[11] = g["betas"]
         hp[12] = g["eps"]
+        hp[14] = 1.0 if parallel else 0.0
         opt, flat = self.opt, self.flat
         stats = torch.empty(10)
         stopped = kernels.ppo_step(
