@@ -87,7 +87,7 @@ def _env_update(config: str) -> dict:
     tr._minibatch_step()
     fused = tr._fused
     ways = []
-    if config == "one":
+    if config == "one" or fused.pick is None:  # (the native step's default: one thread)
         fused.pick = None
         fused.parallel = False
     else:
@@ -96,7 +96,7 @@ def _env_update(config: str) -> dict:
     s = _median_time(lambda: fused.step(mb, 0.2), 200)
     share = sum(ways) / len(ways) if ways else 0.0
     out = {"seconds": s, "threads": f"1 + critic beside it in {share:.0%} of steps"
-           if ways else 1}
+           if ways else f"1 ({fused.backend} step, critic before the actor)"}
     tr.close()
     return out
 

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import os
 import time
 import warnings
 from collections.abc import Callable
@@ -439,14 +438,6 @@ class FasterOfTwo:
         del t[:-self.window]
 
 
-def _usable_cpus() -> int:
-    """CPUs this process may run on (its affinity mask where the OS has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        return os.cpu_count() or 1
-
-
 def _layers(seq: nn.Sequential) -> tuple[list[nn.Linear], str]:
     lins = [m for m in seq if isinstance(m, nn.Linear)]
     act = "tanh" if any(isinstance(m, nn.Tanh) for m in seq) else "relu"
@@ -466,7 +457,8 @@ class FusedStep:
     time); None (the default) picks whichever is faster now (:class:`FasterOfTwo`: both
     compute the same numbers bit for bit, and when another process keeps the second core
     busy the serial way wins). The native backend offers the same two ways (its critic
-    beside the actor on the extension's worker thread, or before it).
+    beside the actor on the extension's worker thread, or before it) but defaults to
+    before it: see the comment in ``__init__``.
 
     ``backend``: ``"native"`` — the same step in C, Adam included
     (:mod:`ppokit.engine.native`; needs the built extension and ppokit's flat Adam);
@@ -540,9 +532,12 @@ class FusedStep:
             self.native_reason = why
         else:
             self.native_reason = f"backend={backend!r}"
-        if self.native is not None and parallel is None and _usable_cpus() < 2:
-            # one CPU to run on (pinned): the critic's thread could only take turns with
-            # this one
+        if self.native is not None and parallel is None:
+            # The native step runs its critic before the actor by default. Beside it (on
+            # the extension's worker thread) a CartPole step took 0.6-0.7x the time on a
+            # quiet machine, but with another process busy the default then measured
+            # 1.13-1.29x one thread's (bench.load), so the worker is opt-in
+            # (parallel=True); and never worth it with one CPU to run on (pinned).
             self.parallel, self.pick = False, None
         self.backend = "native" if self.native is not None else \
             ("script" if isinstance(self.kernel, torch.jit.ScriptFunction) else "python")

@@ -467,14 +467,16 @@ static void critic_run(CriticJob *j)
  * Hand-offs spin: waking a sleeping thread costs tens of microseconds on the virtual
  * machines measured here, a third of the branch it would run. The worker spins for a new
  * job for up to SPIN_NS after each one (the update's minibatches come every few hundred
- * microseconds), then sleeps on a condition variable; the caller spins for the result,
- * which is about as long as its own branch. */
+ * microseconds), or until a serial step parks it, then sleeps on a condition variable;
+ * when the caller has finished its own branch and the worker has not yet taken the job
+ * (another process holds the other core), the caller takes it back and runs it itself;
+ * else it spins for the result, yielding its core if the worker is descheduled. */
 #define SPIN_NS 2000000L
-enum { W_IDLE, W_POSTED, W_DONE };
+enum { W_IDLE, W_POSTED, W_RUNNING, W_DONE };
 static pthread_mutex_t w_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t w_job = PTHREAD_COND_INITIALIZER;
 static CriticJob *w_current = NULL;
-static int w_state = W_IDLE, w_sleeping = 0;
+static int w_state = W_IDLE, w_sleeping = 0, w_park = 0;
 static pid_t w_pid = 0;
 
 static inline void cpu_relax(void)
@@ -499,7 +501,8 @@ static void *worker_main(void *arg)
         int spins = 0;
         while (__atomic_load_n(&w_state, __ATOMIC_ACQUIRE) != W_POSTED) {
             cpu_relax();
-            if (++spins % 256 == 0 && now_ns() > until) {
+            if (++spins % 256 == 0 && (now_ns() > until
+                                       || __atomic_load_n(&w_park, __ATOMIC_RELAXED))) {
                 pthread_mutex_lock(&w_mu);
                 while (__atomic_load_n(&w_state, __ATOMIC_ACQUIRE) != W_POSTED) {
                     w_sleeping = 1;
@@ -510,6 +513,10 @@ static void *worker_main(void *arg)
                 break;
             }
         }
+        int posted = W_POSTED;  /* take the job, unless the caller took it back */
+        if (!__atomic_compare_exchange_n(&w_state, &posted, W_RUNNING, 0, __ATOMIC_ACQ_REL,
+                                         __ATOMIC_ACQUIRE))
+            continue;
         critic_run(w_current);
         __atomic_store_n(&w_state, W_DONE, __ATOMIC_RELEASE);
     }
@@ -542,9 +549,17 @@ static int worker_ready(void)
     return 0;
 }
 
+/* a serial step: the worker stops spinning (it would only take a core from the caller,
+ * or from another process, while the steps run without it) */
+static void worker_park(void)
+{
+    if (w_pid == getpid()) __atomic_store_n(&w_park, 1, __ATOMIC_RELAXED);
+}
+
 static void worker_post(CriticJob *j)
 {
     w_current = j;
+    __atomic_store_n(&w_park, 0, __ATOMIC_RELAXED);
     pthread_mutex_lock(&w_mu);
     __atomic_store_n(&w_state, W_POSTED, __ATOMIC_RELEASE);
     if (w_sleeping) pthread_cond_signal(&w_job);
@@ -553,6 +568,12 @@ static void worker_post(CriticJob *j)
 
 static void worker_wait(void)
 {
+    int posted = W_POSTED;  /* not started (the worker is not running): do it here */
+    if (__atomic_compare_exchange_n(&w_state, &posted, W_IDLE, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE)) {
+        critic_run(w_current);
+        return;
+    }
     int spins = 0;
     while (__atomic_load_n(&w_state, __ATOMIC_ACQUIRE) != W_DONE) {
         cpu_relax();
@@ -601,8 +622,12 @@ static int ppo_step(const int64_t *plan, float *flat, float *grad, float *exp_av
      * worker thread (hp[14]) or here, first */
     CriticJob job = {&c, flat, grad, M, ret, v_old, hp, cg1, cg2, cwt, 0.0};
     const int parallel = hp[14] != 0.0 && worker_ready() == 0;
-    if (parallel) worker_post(&job);
-    else critic_run(&job);
+    if (parallel) {
+        worker_post(&job);
+    } else {
+        worker_park();
+        critic_run(&job);
+    }
 
     /* the actor's forward, log-probabilities and entropy */
     net_forward(&a, flat, M, wt);
