@@ -3,7 +3,6 @@ same parameters after several optimiser steps, same statistics, same early stop;
 ``supports`` derived from the update spec; no side effect on a policy it is not given flat
 storage for; and the fallback of an unsupported setting (an image observation) training."""
 
-import copy
 import dataclasses
 
 import pytest
@@ -12,6 +11,7 @@ from gymnasium import spaces
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from _policy_setup import setup_policy  # noqa: E402 - tests/ helper
 from ppokit.algos.config import TrainConfig
 from ppokit.algos.optim import Adam
 from ppokit.algos.trainer import Trainer, update_spec
@@ -22,19 +22,8 @@ from ppokit.policies import make_policy
 
 
 def _setup(kind, activation, seed, cfg):
-    torch.manual_seed(seed)
-    obs_space = spaces.Box(-1, 1, (5,))
-    act_space = spaces.Discrete(3) if kind == "categorical" else spaces.Box(-1, 1, (2,))
-    pol = make_policy(obs_space, act_space, hidden=(16, 16), activation=activation,
-                      log_std_init=-0.5)
-    pol_ref = copy.deepcopy(pol)
-    # the trainer's optimisers: ppokit's Adam over flat storage (fused step) and
-    # torch.optim.Adam(fused=True) on the plain copy (the reference): the same kernel
-    flat = FlatParameters(pol.parameters())
-    opt = Adam(pol.parameters(), lr=cfg.learning_rate, eps=cfg.optimizer_eps, flat=flat)
-    opt_ref = torch.optim.Adam(pol_ref.parameters(), lr=cfg.learning_rate,
-                               eps=cfg.optimizer_eps, fused=True)
-    return pol, flat, opt, pol_ref, opt_ref
+    return setup_policy(kind, activation, (16, 16), 5, 3 if kind == "categorical" else 2,
+                        seed, cfg)
 
 
 def _minibatch(kind, n, gen, policy):

@@ -2,24 +2,20 @@
 minibatches and network shapes; its early stop, determinism and choice by the fused step;
 and that this install has it built."""
 
-import copy
 import shutil
 import sys
 
 import pytest
 import torch
-from gymnasium import spaces
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from _policy_setup import setup_policy  # noqa: E402 - tests/ helper
 from ppokit import kernels
 from ppokit.algos.config import TrainConfig
-from ppokit.algos.optim import Adam
 from ppokit.algos.trainer import update_spec
 from ppokit.engine import UpdateSpec, native
-from ppokit.engine.flat import FlatParameters
 from ppokit.engine.fused import FusedStep, reference_step
-from ppokit.policies import make_policy
 
 needs_native = pytest.mark.skipif(native.available() is not None,
                                   reason=f"native step unavailable: {native.available()}")
@@ -33,19 +29,7 @@ def test_the_native_step_is_built_where_a_c_compiler_is():
     assert native.available() is None
 
 
-def _setup(kind, activation, hidden, obs_dim, n_act, seed, cfg):
-    torch.manual_seed(seed)
-    obs_space = spaces.Box(-1, 1, (obs_dim,))
-    act_space = spaces.Discrete(n_act) if kind == "categorical" else \
-        spaces.Box(-1, 1, (n_act,))
-    pol = make_policy(obs_space, act_space, hidden=hidden, activation=activation,
-                      log_std_init=-0.5)
-    pol_ref = copy.deepcopy(pol)
-    flat = FlatParameters(pol.parameters())
-    opt = Adam(pol.parameters(), lr=cfg.learning_rate, eps=cfg.optimizer_eps, flat=flat)
-    opt_ref = torch.optim.Adam(pol_ref.parameters(), lr=cfg.learning_rate,
-                               eps=cfg.optimizer_eps, fused=True)
-    return pol, flat, opt, pol_ref, opt_ref
+_setup = setup_policy
 
 
 def _minibatch(kind, n, obs_dim, n_act, obs_scale, gen, policy):

@@ -1,0 +1,32 @@
+"""A policy on flat storage with ppokit's Adam, and a plain copy with torch's fused Adam:
+the pair the fused and native minibatch steps are compared on (tests/test_fast_path.py,
+tests/test_native_step.py)."""
+
+import copy
+
+import torch
+from gymnasium import spaces
+
+from ppokit.algos.optim import Adam
+from ppokit.engine.flat import FlatParameters
+from ppokit.policies import make_policy
+
+
+def setup_policy(kind, activation, hidden, obs_dim, n_act, seed, cfg):
+    """``(policy, flat, its Adam, reference copy, the copy's torch Adam)`` for a
+    ``kind`` ("categorical" over ``n_act`` actions, or "gaussian" of ``n_act`` dimensions)
+    MLP policy of ``hidden`` widths over ``obs_dim`` observations."""
+    torch.manual_seed(seed)
+    obs_space = spaces.Box(-1, 1, (obs_dim,))
+    act_space = spaces.Discrete(n_act) if kind == "categorical" else \
+        spaces.Box(-1, 1, (n_act,))
+    pol = make_policy(obs_space, act_space, hidden=hidden, activation=activation,
+                      log_std_init=-0.5)
+    pol_ref = copy.deepcopy(pol)
+    # the trainer's optimisers: ppokit's Adam over flat storage (the fused step) and
+    # torch.optim.Adam(fused=True) on the plain copy (the reference): the same kernel
+    flat = FlatParameters(pol.parameters())
+    opt = Adam(pol.parameters(), lr=cfg.learning_rate, eps=cfg.optimizer_eps, flat=flat)
+    opt_ref = torch.optim.Adam(pol_ref.parameters(), lr=cfg.learning_rate,
+                               eps=cfg.optimizer_eps, fused=True)
+    return pol, flat, opt, pol_ref, opt_ref
