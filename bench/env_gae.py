@@ -21,7 +21,8 @@ import time
 import numpy as np
 import torch
 
-from ppokit.core.advantage import _native_scan, _reverse_scan_time, gae, gae_reference
+from ppokit import kernels
+from ppokit.core.advantage import _reverse_scan_time, gae, gae_reference
 from ppokit.engine import native
 
 
@@ -123,7 +124,7 @@ def _measure(n: int, t: int, repeats: int, rlox) -> None:
         runs["gae"] += _time(lambda: gae(r, v, nv, term, end, 0.99, 0.95), repeats)
         runs["loop"] += _time(lambda: gae_reference(r, v, nv, term, end, 0.99, 0.95),
                               max(3, repeats // 3))
-        runs["scan alone"] += _time(lambda: _native_scan(d, c) if native.available() is None
+        runs["scan alone"] += _time(lambda: kernels.reverse_scan(d, c) if native.available() is None
                                     else _reverse_scan_time(d, c), repeats)
         runs["NumPy scan"] += _time(lambda: _reverse_scan_time(d, c), repeats)
     diff = float((gae(r, v, nv, term, end, 0.99, 0.95)[0]

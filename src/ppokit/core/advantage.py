@@ -122,7 +122,7 @@ def gae(rewards, values, next_values, terminated, episode_end, gamma: float,
     deltas, carry_coef, v = _gae_terms(rewards, values, next_values, terminated, episode_end,
                                        gamma, lam)
     if deltas.device.type == "cpu" and deltas.dtype in (torch.float32, torch.float64):
-        adv = _native_scan(deltas, carry_coef)
+        adv = kernels.reverse_scan(deltas, carry_coef)  # None without the extension
         if adv is None:
             adv = _reverse_scan_time(deltas, carry_coef)
     else:
@@ -149,12 +149,6 @@ def gae_reference(rewards, values, next_values, terminated, episode_end, gamma: 
                                        gamma, lam)
     adv = _reverse_scan_loop(deltas, carry_coef)
     return adv, adv + v
-
-
-def _native_scan(x: Tensor, a: Tensor) -> Tensor | None:
-    """The loop in C (:func:`ppokit.kernels.reverse_scan`: the loop's own bits), or
-    ``None`` where the compiled kernels are not available."""
-    return kernels.reverse_scan(x, a)
 
 
 def _reverse_scan_loop(x: Tensor, a: Tensor) -> Tensor:

@@ -558,18 +558,15 @@ class FusedStep:
             actions = actions.long()
         else:  # a Box of any shape, read flattened (ppokit.policies.actions)
             actions = actions.reshape(actions.shape[0], -1)
+        if self.native is not None:  # (its parallel way is fixed: no timing here)
+            return self.native(x, actions, mb["logp"], mb["advantages"], mb["returns"],
+                               mb["values"], float(clip_range),
+                               float(kl_limit) if kl_limit is not None else -1.0,
+                               parallel=self.parallel)
         pick = self.pick
         if pick is not None:
             self.parallel = way = pick.next()
             t0 = time.perf_counter()
-        if self.native is not None:
-            stats = self.native(x, actions, mb["logp"], mb["advantages"], mb["returns"],
-                                mb["values"], float(clip_range),
-                                float(kl_limit) if kl_limit is not None else -1.0,
-                                parallel=self.parallel)
-            if pick is not None:
-                pick.took(way, time.perf_counter() - t0)
-            return stats
         run = self.kernel if self.parallel else self.serial_kernel
         if run is _python_kernel and not self.parallel:
             run = functools.partial(_python_kernel, parallel=False)
