@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from _policy_setup import setup_policy  # noqa: E402 - tests/ helper
@@ -48,6 +48,9 @@ def _minibatch(kind, n, obs_dim, n_act, obs_scale, gen, policy):
 
 @needs_native
 @settings(max_examples=80, deadline=None)
+@example(kind="gaussian", activation="relu", hidden=(64, 64, 80), obs_dim=40, n_act=4, n=66,
+         seed=66, obs_scale=30.0, policy_loss="clip", clip=0.25, clip_range_vf=None,
+         value_clip_mode="max", ent_coef=0.0, normalize_advantage=True, max_grad_norm=None)
 @given(kind=st.sampled_from(["categorical", "gaussian"]),
        activation=st.sampled_from(["tanh", "relu"]),
        # widths below 16, between the vector blocks (16, 32) and above, one to three layers
@@ -91,9 +94,12 @@ def test_native_step_equals_eager_step(kind, activation, hidden, obs_dim, n_act,
             if obs_scale == 1.0:
                 torch.testing.assert_close(p.grad, p_ref.grad, rtol=1e-4, atol=1e-5,
                                            msg=f"{name} gradient")
-            else:  # saturated units: see below; the error relative to the tensor's size
+            else:  # saturated units (see below), or ReLU outputs in the hundreds whose
+                # float32 rounding (sums in another order) the Gaussian head's z^2 scales
+                # up: the error relative to the tensor's size, 1e-3 (a wrong gradient is off
+                # by its own size)
                 err = float((p.grad - p_ref.grad).norm())
-                assert err <= 1e-4 * max(float(p_ref.grad.norm()), 1e-2), (name, err)
+                assert err <= 1e-3 * max(float(p_ref.grad.norm()), 1e-2), (name, err)
         # Adam: near-zero gradient elements move by up to lr * rounding / eps (see
         # test_fused_step_equals_eager_step); a wrong update moves them by ~lr (3e-3).
         # Saturated tanh units (obs_scale 30) are left out of this check: there h lies
