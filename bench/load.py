@@ -13,8 +13,9 @@ alternate round by round, and the figures are medians over the rounds:
   else);
 * ``env_update``: the environment trainer's fused minibatch step on CartPole-v1 (the
   zoo preset, one minibatch of 256) as the trainer builds it (one intra-op thread; the
-  critic's branch beside the actor's on a second thread or before it, whichever is
-  faster now: ``ppokit.engine.fused.FasterOfTwo``) against the serial kernel alone;
+  native step's critic beside the actor's on its worker thread while the worker keeps up,
+  else before it — ``parallel="auto"``; the TorchScript kernel's ``FasterOfTwo`` where
+  the extension is not built) against the serial kernel alone;
 * ``llm_update``: a language model's training step (forward and backward of 8 sequences
   of 96 tokens, float32) at the thread count ``ppokit llm train --model`` picks
   (:func:`ppokit.llm.cli.set_threads`: the cores no other process keeps busy), at one
@@ -77,6 +78,7 @@ def _env_update(config: str) -> dict:
     import torch
 
     torch.set_num_threads(1)
+    from ppokit import kernels
     from ppokit.algos import Trainer, resolve_config
 
     cfg = resolve_config(env_id="CartPole-v1", overrides={"tensorboard": False})
@@ -86,19 +88,27 @@ def _env_update(config: str) -> dict:
     mb = {k: v.detach()[:cfg.batch_size] for k, v in roll.flat().items()}
     tr._minibatch_step()
     fused = tr._fused
-    ways = []
-    if config == "one" or fused.pick is None:  # (the native step's default: one thread)
+    if config == "one":
         fused.pick = None
         fused.parallel = False
-    else:
+    ways = []
+    if fused.pick is not None:  # the TorchScript kernel's choice, timed here
         pick = fused.pick.next
         fused.pick.next = lambda: ways.append(pick()) or ways[-1]
+    native = fused.backend == "native" and fused.parallel == "auto"
+    before = kernels.auto_state() if native else None
     s = _median_time(lambda: fused.step(mb, 0.2), 200)
-    share = sum(ways) / len(ways) if ways else 0.0
-    out = {"seconds": s, "threads": f"1 + critic beside it in {share:.0%} of steps"
-           if ways else f"1 ({fused.backend} step, critic before the actor)"}
+    if native:
+        after = kernels.auto_state()
+        steps = after["steps"] - before["steps"]
+        share = (after["beside"] - before["beside"]) / max(steps, 1)
+        threads = f"1 + native critic beside it in {share:.0%} of steps"
+    elif ways:
+        threads = f"1 + critic beside it in {sum(ways) / len(ways):.0%} of steps"
+    else:
+        threads = f"1 ({fused.backend} step, critic before the actor)"
     tr.close()
-    return out
+    return {"seconds": s, "threads": threads}
 
 
 def _llm_update(config: str) -> dict:

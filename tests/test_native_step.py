@@ -147,7 +147,7 @@ def test_native_step_is_deterministic_with_its_critic_beside_or_before(kind):
     the calling thread, or whichever is faster now."""
     cfg = TrainConfig(tensorboard=False, ent_coef=0.01, clip_range_vf=0.2)
     runs = []
-    for parallel in (True, False, None, True):
+    for parallel in (True, False, None, "auto", True):
         pol, flat, opt, _, _ = _setup(kind, "tanh", (64, 64), 4, 2, 5, cfg)
         step = FusedStep(update_spec(cfg), pol, flat, opt, backend="native",
                          parallel=parallel)
@@ -352,12 +352,77 @@ def test_a_forked_child_runs_the_parallel_step_with_a_worker_of_its_own(tmp_path
 
 
 @needs_native
-def test_the_native_default_runs_the_critic_before_the_actor():
-    """By default the native step times nothing and starts no thread: its critic runs
-    before the actor on the caller's thread (beside it is opt-in, parallel=True)."""
+def test_the_native_default_chooses_where_its_critic_runs(monkeypatch):
+    """By default the native step times nothing in Python: its critic runs beside the
+    actor while the extension's worker keeps up ("auto", decided in C), and before it on
+    the caller's thread when there is one CPU to run on."""
+    from ppokit.engine import fused as fused_mod
+
     cfg = TrainConfig(tensorboard=False)
     pol, flat, opt, _, _ = _setup("categorical", "tanh", (64, 64), 4, 2, 0, cfg)
+    monkeypatch.setattr(fused_mod, "usable_cores", lambda: 2)
     step = FusedStep(update_spec(cfg), pol, flat, opt)
-    assert step.backend == "native" and step.parallel is False and step.pick is None
+    assert step.backend == "native" and step.parallel == "auto" and step.pick is None
+    monkeypatch.setattr(fused_mod, "usable_cores", lambda: 1)
+    step = FusedStep(update_spec(cfg), pol, flat, opt)
+    assert step.parallel is False and step.pick is None
     step = FusedStep(update_spec(cfg), pol, flat, opt, parallel=True)
     assert step.parallel is True
+
+
+@needs_native
+def test_auto_falls_back_to_the_serial_step_when_the_worker_cannot_keep_up():
+    """In a process pinned to one CPU the worker is never running when a job is posted:
+    the automatic choice sees it miss and runs the serial step (the worker asleep) for a
+    back-off of steps; every step computes the serial step's bits."""
+    import multiprocessing as mp
+    import os
+
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+
+    def child():
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+        cfg = TrainConfig(tensorboard=False, ent_coef=0.01)
+        out = {}
+        for way in ("auto", False):
+            pol, flat, opt, _, _ = _setup("categorical", "tanh", (64, 64), 4, 2, 3, cfg)
+            step = FusedStep(update_spec(cfg), pol, flat, opt, backend="native", parallel=way)
+            gen = torch.Generator().manual_seed(1)
+            before = kernels.auto_state()
+            stats = [step.step(_minibatch("categorical", 128, 4, 2, 1.0, gen, pol), 0.2)
+                     for _ in range(40)]
+            after = kernels.auto_state()
+            out[way] = (torch.stack(stats).tolist(), flat.data.tolist(),
+                        {k: after[k] - before[k] for k in ("steps", "beside", "missed")},
+                        after["serial_left"])
+        q.put(out)
+
+    p = ctx.Process(target=child)
+    p.start()
+    got = q.get(timeout=120)
+    p.join(timeout=60)
+    assert p.exitcode == 0
+    stats, params, counts, serial_left = got["auto"]
+    assert counts["steps"] == 40
+    # two misses in the last eight switch it off: at most a few steps were posted at all
+    assert counts["missed"] >= 2 and counts["beside"] <= 8, counts
+    assert serial_left > 0
+    assert stats == got[False][0] and params == got[False][1]  # the same bits
+
+
+@needs_native
+def test_auto_state_counts_only_the_automatic_choice():
+    cfg = TrainConfig(tensorboard=False)
+    pol, flat, opt, _, _ = _setup("categorical", "tanh", (32,), 4, 2, 0, cfg)
+    mb = _minibatch("categorical", 32, 4, 2, 1.0, torch.Generator().manual_seed(0), pol)
+    before = kernels.auto_state()
+    for way in (True, False):
+        FusedStep(update_spec(cfg), pol, flat, opt, backend="native", parallel=way).step(mb, 0.2)
+    assert kernels.auto_state()["steps"] == before["steps"]
+    FusedStep(update_spec(cfg), pol, flat, opt, backend="native", parallel="auto").step(mb, 0.2)
+    assert kernels.auto_state()["steps"] == before["steps"] + 1
+
+

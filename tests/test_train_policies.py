@@ -3,12 +3,14 @@ NumPy sampler and fast collector against the torch policy and the reference coll
 
 import gymnasium as gym
 import numpy as np
+import pytest
 import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.distributions import Categorical, Normal
 
+from ppokit import kernels
 from ppokit.envs import make_vec
 from ppokit.policies import NumpySampler, Policy, make_policy
 from ppokit.rollout import Collector
@@ -106,19 +108,27 @@ def test_categorical_sampling_frequencies_and_zero_probability_actions():
 # ---------------------------------------------------------------- the NumPy sampler (fast path)
 
 
-@settings(max_examples=50, deadline=None)
+_NATIVE = [False] + ([True] if kernels.available() is None else [])
+
+
+@settings(max_examples=100, deadline=None)
 @given(seed=st.integers(0, 10_000), n=st.integers(1, 16), k=st.integers(2, 6),
-       activation=st.sampled_from(["tanh", "relu"]), gaussian=st.booleans())
-def test_numpy_sampler_matches_the_torch_policy(seed, n, k, activation, gaussian):
-    """Same weights, observations and noise: the NumPy sampler picks the action the
-    torch policy's inverse-CDF rule picks (categorical), or the same Gaussian sample."""
+       activation=st.sampled_from(["tanh", "relu"]), gaussian=st.booleans(),
+       native=st.sampled_from(_NATIVE), obs_dim=st.integers(1, 40),
+       hidden=st.sampled_from([(64, 64), (16,), (5, 33), (20, 3, 17)]))
+def test_numpy_sampler_matches_the_torch_policy(seed, n, k, activation, gaussian, native,
+                                                obs_dim, hidden):
+    """Same weights, observations and noise: the sampler (NumPy, or the C call where the
+    kernels are built) picks the action the torch policy's inverse-CDF rule picks
+    (categorical), or the same Gaussian sample."""
     torch.manual_seed(seed)
     act_space = gym.spaces.Box(-1, 1, (k,)) if gaussian else gym.spaces.Discrete(k)
-    pol = make_policy(gym.spaces.Box(-1, 1, (5,)), act_space, activation=activation,
-                      ortho_init=False, log_std_init=-0.3)
+    pol = make_policy(gym.spaces.Box(-1, 1, (obs_dim,)), act_space, activation=activation,
+                      ortho_init=False, log_std_init=-0.3, hidden=hidden)
     g = torch.Generator().manual_seed(seed + 1)
-    obs = torch.randn(n, 5, generator=g) * 2
-    sampler = NumpySampler(pol)
+    obs = torch.randn(n, obs_dim, generator=g) * 2
+    sampler = NumpySampler(pol, native=native)
+    assert sampler.native is native
     with torch.no_grad():
         out = pol.actor(obs)
         if gaussian:
@@ -137,13 +147,47 @@ def test_numpy_sampler_matches_the_torch_policy(seed, n, k, activation, gaussian
         assert got.dtype == np.int64 and np.all((got >= 0) & (got < k))
 
 
-def test_sampler_reads_the_current_weights():
+@pytest.mark.parametrize("native", _NATIVE)
+def test_sampler_reads_the_current_weights(native):
     pol = make_policy(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(2))
-    sampler = NumpySampler(pol)
+    sampler = NumpySampler(pol, native=native)
     with torch.no_grad():
         pol.actor[-1].bias.copy_(torch.tensor([50.0, -50.0]))  # in place: no rebind needed
+        pol.actor[0].weight.mul_(0.0)
     assert sampler(np.zeros((4, 3), np.float32), np.full((4, 1), 0.999, np.float32)).tolist() \
         == [0, 0, 0, 0]
+    with torch.no_grad():
+        pol.actor[-1].bias.copy_(torch.tensor([-50.0, 50.0]))
+    out = np.full(4, -1, np.int64)
+    got = sampler(np.ones((4, 3), np.float32), np.full((4, 1), 0.001, np.float32), out=out)
+    assert got is out and out.tolist() == [1, 1, 1, 1]
+
+
+@pytest.mark.skipif(kernels.available() is not None, reason="compiled kernels not built")
+def test_native_sampler_checks_what_it_is_handed():
+    """The C call reads only buffers of the sizes and dtypes the plan implies; anything
+    else is an error naming the argument, not a read past an array."""
+    pol = make_policy(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(4))
+    s = NumpySampler(pol, native=True)
+    obs, u = np.zeros((5, 3), np.float32), np.full((5, 1), 0.5, np.float32)
+    assert s(obs, u).shape == (5,)
+    # a transposed (Fortran-ordered) or float64 batch is copied to what the call reads
+    assert s(np.asfortranarray(np.ones((5, 3))), u).tolist() == s(np.ones((5, 3), np.float32),
+                                                                   u).tolist()
+    with pytest.raises(ValueError, match="the noise must hold 5 float32"):
+        s(obs, np.full((4, 1), 0.5, np.float32))
+    with pytest.raises(ValueError, match="the noise must hold 5 float32"):
+        s(obs, np.full((5, 1), 0.5))  # float64
+    with pytest.raises(ValueError, match="the actions must hold 5 int64"):
+        s(obs, u, out=np.zeros(5, np.int32))
+    with pytest.raises(ValueError, match=r"observations of shape \(2, 5\), expected \(2, 3\)"):
+        s(np.zeros((2, 5), np.float32), u[:2])
+    with pytest.raises(ValueError, match="contiguous"):
+        s(obs, u, out=np.zeros(10, np.int64)[::2])
+    big = make_policy(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(65))
+    assert NumpySampler(big).native is False  # more actions than the C call takes
+    with pytest.raises(ValueError, match="more than 64 actions"):
+        NumpySampler(big, native=True)
 
 
 def test_fast_and_reference_collectors_record_the_same_rollout():

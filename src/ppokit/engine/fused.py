@@ -48,6 +48,7 @@ import torch
 from torch import nn
 
 from ppokit.policies.mlp import MLPActorCritic
+from ppokit.threads import usable_cores
 
 from .flat import FlatParameters
 from .native import NATIVE_MAX_WIDTH, NativeStep
@@ -453,12 +454,14 @@ class FusedStep:
     statistics as one vector ordered as :data:`KERNEL_STAT_KEYS`, or ``None`` when
     ``kl_limit`` stopped it before the step; calling the object returns them as a dict.
     ``script=False`` runs the kernel as plain Python. ``parallel``: True runs the critic's
-    branch beside the actor's (on torch's inter-op thread), False before it (one core at a
-    time); None (the default) picks whichever is faster now (:class:`FasterOfTwo`: both
-    compute the same numbers bit for bit, and when another process keeps the second core
-    busy the serial way wins). The native backend offers the same two ways (its critic
-    beside the actor on the extension's worker thread, or before it) but defaults to
-    before it: see the comment in ``__init__``.
+    branch beside the actor's (on torch's inter-op thread), False before it (one core at
+    a time); None (the default) or ``"auto"`` picks whichever is faster now
+    (:class:`FasterOfTwo`: both compute the same numbers bit for bit, and when another
+    process keeps the second core busy the serial way wins). The native backend offers
+    the same two ways (its critic beside the actor on the extension's worker thread, or
+    before it) and by default (``"auto"``) chooses between them itself, step by step,
+    while the worker keeps up: see the comment in ``__init__`` and
+    :class:`~ppokit.engine.native.NativeStep`.
 
     ``backend``: ``"native"`` — the same step in C, Adam included
     (:mod:`ppokit.engine.native`; needs the built extension and ppokit's flat Adam);
@@ -513,8 +516,12 @@ class FusedStep:
             clip_max=s.value_clip_mode == "max", ent_coef=float(s.ent_coef),
             max_grad_norm=float(s.max_grad_norm) if s.max_grad_norm is not None else -1.0,
             one=torch.tensor(1.0), two=torch.tensor(2.0))
-        self.parallel = True if parallel is None else bool(parallel)
-        self.pick = FasterOfTwo() if parallel is None else None
+        if parallel not in (None, True, False, "auto"):
+            raise ValueError(f"FusedStep: parallel must be True, False, 'auto' or None, "
+                             f"got {parallel!r}")
+        timed = parallel is None or parallel == "auto"
+        self.parallel = True if timed else bool(parallel)
+        self.pick = FasterOfTwo() if timed else None
         self.native: NativeStep | None = None
         if backend in ("auto", "native"):
             why = native_available()
@@ -532,13 +539,15 @@ class FusedStep:
             self.native_reason = why
         else:
             self.native_reason = f"backend={backend!r}"
-        if self.native is not None and parallel is None:
-            # The native step runs its critic before the actor by default. Beside it (on
-            # the extension's worker thread) a CartPole step took 0.6-0.7x the time on a
-            # quiet machine, but with another process busy the default then measured
-            # 1.13-1.29x one thread's (bench.load), so the worker is opt-in
-            # (parallel=True); and never worth it with one CPU to run on (pinned).
-            self.parallel, self.pick = False, None
+        if self.native is not None and timed:
+            # The native step chooses for itself, step by step: its critic beside the
+            # actor (on the extension's worker thread: 0.6-0.7x the step's time on a
+            # quiet machine) while the worker keeps up, before it while another process
+            # holds the second core (a fixed choice measured 1.13-1.29x one thread's time
+            # there, bench.load). By default, with one CPU to run on (pinned), never
+            # beside it.
+            self.parallel = "auto" if parallel == "auto" or usable_cores() >= 2 else False
+            self.pick = None
         self.backend = "native" if self.native is not None else \
             ("script" if isinstance(self.kernel, torch.jit.ScriptFunction) else "python")
 
@@ -558,7 +567,7 @@ class FusedStep:
             actions = actions.long()
         else:  # a Box of any shape, read flattened (ppokit.policies.actions)
             actions = actions.reshape(actions.shape[0], -1)
-        if self.native is not None:  # (its parallel way is fixed: no timing here)
+        if self.native is not None:  # (it times nothing here: "auto" is the kernel's own)
             return self.native(x, actions, mb["logp"], mb["advantages"], mb["returns"],
                                mb["values"], float(clip_range),
                                float(kl_limit) if kl_limit is not None else -1.0,

@@ -55,8 +55,10 @@ class NativeStep:
     kernel options (:class:`ppokit.engine.fused.FusedStep`). Calling it returns the
     statistics (ordered as :data:`ppokit.engine.fused.KERNEL_STAT_KEYS`) or ``None`` when
     the KL limit stopped the step; the gradient, the parameters and Adam's state are
-    updated in place. ``parallel``: the critic's branch runs on the extension's worker
-    thread beside the actor's (the same bits as before it, on the calling thread)."""
+    updated in place. ``parallel``: True runs the critic's branch on the extension's worker
+    thread beside the actor's, False before it on the calling thread, ``"auto"`` beside it
+    while the worker keeps up and before it while it does not (another process holding the
+    second core: ``_c.c`` says how it is told); the same bits every way."""
 
     def __init__(self, policy: nn.Module, actor: list[nn.Linear], critic: list[nn.Linear],
                  flat, optimizer, opts: dict):
@@ -105,7 +107,8 @@ class NativeStep:
 
     def __call__(self, x: torch.Tensor, actions: torch.Tensor, logp_old: torch.Tensor,
                  adv: torch.Tensor, ret: torch.Tensor, v_old: torch.Tensor,
-                 clip: float, kl_limit: float, parallel: bool = False) -> torch.Tensor | None:
+                 clip: float, kl_limit: float,
+                 parallel: bool | str = False) -> torch.Tensor | None:
         m = x.shape[0]
         if x.shape != (m, self.in_dim):
             raise ValueError(f"native step: observations of shape {tuple(x.shape)}, "
@@ -132,7 +135,7 @@ class NativeStep:
         hp[9] = g["lr"]
         hp[10], hp[11] = g["betas"]
         hp[12] = g["eps"]
-        hp[14] = 1.0 if parallel else 0.0
+        hp[14] = 2.0 if parallel == "auto" else (1.0 if parallel else 0.0)
         opt, flat = self.opt, self.flat
         stats = torch.empty(10)
         stopped = kernels.ppo_step(

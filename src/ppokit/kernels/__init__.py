@@ -18,8 +18,8 @@ import os
 
 import torch
 
-__all__ = ["available", "gae", "token_gae", "reverse_scan", "ppo_step", "scratch_floats",
-           "tanh_"]
+__all__ = ["auto_state", "available", "gae", "token_gae", "reverse_scan", "ppo_step",
+           "sample", "sample_scratch", "scratch_floats", "tanh_"]
 
 try:
     from ppokit.kernels import _c
@@ -42,6 +42,30 @@ def ppo_step(*args) -> int:
     """The native minibatch step on raw buffer addresses (``_c.c`` documents the 16
     arguments); :class:`ppokit.engine.native.NativeStep` is the way to call it."""
     return _c.step(*args)
+
+
+def auto_state() -> dict[str, int]:
+    """The native step's automatic choice of where its critic runs (``parallel="auto"``,
+    :class:`ppokit.engine.native.NativeStep`), counted in this process since it started:
+    ``steps`` taken that way, ``beside`` of them with the critic posted to the worker,
+    ``missed`` of those the worker did not keep up with, ``serial_left`` steps before the
+    worker is tried again, ``backoff`` the length of the next pause."""
+    if available() is not None:
+        raise RuntimeError(available())
+    keys = ("steps", "beside", "missed", "serial_left", "backoff")
+    return dict(zip(keys, _c.auto_state()))
+
+
+def sample(plan: int, base: int, x, noise, out, scratch: int, rows: int) -> None:
+    """The rollout's actions in C (:class:`ppokit.policies.NumpySampler` builds the plan;
+    ``_c.c`` documents it): ``x``, ``noise`` and ``out`` are arrays whose sizes and dtypes
+    the call checks, the rest addresses."""
+    _c.sample(plan, base, x, noise, out, scratch, rows)
+
+
+def sample_scratch(plan: int, rows: int) -> int:
+    """Floats of scratch :func:`sample` needs for ``rows`` rows."""
+    return _c.sample_scratch(plan, rows)
 
 
 def scratch_floats(plan: int, rows: int) -> int:

@@ -3,7 +3,8 @@
  *
  * The native minibatch step: the fused PPO step of ppokit.engine.fused (_ppo_step) for an
  * MLP actor-critic, written out in C as one call, Adam included (ppokit.engine.native);
- * and the environment GAE's reverse scan (ppokit.core.gae), at the end of this file.
+ * the rollout's actor (actor_sample: the actions of a vector step); and the environment
+ * GAE's reverse scan (ppokit.core.gae), at the end of this file.
  *
  * Why: on a 64x64 MLP the TorchScript kernel spends most of its time between operations
  * (a dispatch per tensor operation, about 80 of them, plus Adam's own call); the arithmetic
@@ -27,7 +28,8 @@
  * [6] value clip "max" form (1) or "clipped" (0), [7] ent_coef, [8] max grad norm (< 0:
  * none), [9] learning rate, [10] beta1, [11] beta2, [12] eps, [13] run Adam (1) or only
  * write the gradient (0), [14] the critic's branch on the worker thread, beside the
- * actor's (1), or before it on the caller's (0): the same bits either way.
+ * actor's (1), before it on the caller's (0), or beside it while the worker keeps up (2:
+ * auto_parallel below): the same bits every way.
  *
  * stats (float[10], as ppokit.engine.fused.KERNEL_STAT_KEYS): policy loss, value loss,
  * entropy, approx KL (k3), approx KL (k1), clip fraction, clip-active fraction, min and
@@ -566,13 +568,15 @@ static void worker_post(CriticJob *j)
     pthread_mutex_unlock(&w_mu);
 }
 
-static void worker_wait(void)
+/* waits for the critic's branch; returns 1 when the worker missed it (the caller took it
+ * back, or had to yield its core for the worker to finish), else 0 */
+static int worker_wait(void)
 {
     int posted = W_POSTED;  /* not started (the worker is not running): do it here */
     if (__atomic_compare_exchange_n(&w_state, &posted, W_IDLE, 0, __ATOMIC_ACQ_REL,
                                     __ATOMIC_ACQUIRE)) {
         critic_run(w_current);
-        return;
+        return 1;
     }
     int spins = 0;
     while (__atomic_load_n(&w_state, __ATOMIC_ACQUIRE) != W_DONE) {
@@ -580,10 +584,72 @@ static void worker_wait(void)
         if (++spins > 20000) sched_yield();  /* the worker is not running: let it */
     }
     __atomic_store_n(&w_state, W_IDLE, __ATOMIC_RELAXED);
+    return spins > 20000;
+}
+
+/* The automatic choice (hp[14] == 2): the critic beside the actor while the worker keeps
+ * up, before it while another process holds the second core. Beside it a step takes
+ * 0.6-0.7x the time on a quiet machine; with the second core busy the worker is rarely
+ * running when a job is posted, and while it spins for jobs it takes time from the caller
+ * (three threads on two cores) — that cost falls outside the step, so the step's own time
+ * does not show it, but the worker's misses do. Two misses in the last eight steps beside
+ * it switch to the serial way (the worker parked: asleep, costing nothing) for a back-off
+ * of steps, doubled each time the probe that follows also fails (1024 up to 32768) and
+ * reset when one holds. A probe costs little (a missed job is run by the caller) but can
+ * stall a step by a scheduler's time slice when the worker is preempted half-way through
+ * its job, so probes are rare: at most one in 1024 steps, one in 32768 under a load that
+ * stays. Per process, like the worker; the numbers are the same bits either way,
+ * so the choice never changes a result. */
+static unsigned a_misses = 0;  /* bits: the last eight steps beside the actor, 1 = missed */
+static long a_serial_left = 0, a_backoff = 1024, a_probe = 0;
+static long long a_steps = 0, a_beside = 0, a_missed = 0;  /* counts, for auto_state() */
+static pid_t a_pid = 0;
+
+static void auto_this_process(void)
+{
+    if (a_pid != getpid()) {  /* a forked child: a worker of its own, a history of its own */
+        a_pid = getpid();
+        a_misses = 0;
+        a_serial_left = a_probe = 0;
+        a_backoff = 1024;
+        a_steps = a_beside = a_missed = 0;
+    }
+}
+
+static int auto_parallel(void)
+{
+    auto_this_process();
+    a_steps++;
+    if (a_serial_left > 0) {
+        a_serial_left--;
+        return 0;
+    }
+    return 1;
+}
+
+static void auto_record(int missed)
+{
+    a_beside++;
+    a_missed += missed != 0;
+    a_misses = ((a_misses << 1) | (unsigned)(missed != 0)) & 0xffu;
+    if (__builtin_popcount(a_misses) >= 2) {
+        a_serial_left = a_backoff;
+        a_backoff = a_backoff < 32768 ? 2 * a_backoff : 32768;
+        a_misses = 0;
+        a_probe = 0;
+    } else if (++a_probe >= 64) {
+        a_backoff = 1024;  /* it held: the next back-off starts short again */
+    }
 }
 
 /* the step; returns 1 when the KL limit stopped it before the actor's gradient, the
  * parameters or Adam's state were written (the critic's gradient is), else 0 */
+static void wait_critic(int automatic)
+{
+    const int missed = worker_wait();
+    if (automatic) auto_record(missed);
+}
+
 static int ppo_step(const int64_t *plan, float *flat, float *grad, float *exp_avg,
                     float *exp_avg_sq, float *step_t, const float *x, const void *actions,
                     const float *logp_old, const float *adv_in, const float *ret,
@@ -621,7 +687,9 @@ static int ppo_step(const int64_t *plan, float *flat, float *grad, float *exp_av
     /* the critic: value loss and its whole backward, beside the actor's branch on the
      * worker thread (hp[14]) or here, first */
     CriticJob job = {&c, flat, grad, M, ret, v_old, hp, cg1, cg2, cwt, 0.0};
-    const int parallel = hp[14] != 0.0 && worker_ready() == 0;
+    const int automatic = hp[14] == 2.0;
+    const int parallel = hp[14] != 0.0 && (!automatic || auto_parallel())
+                         && worker_ready() == 0;
     if (parallel) {
         worker_post(&job);
     } else {
@@ -702,7 +770,7 @@ static int ppo_step(const int64_t *plan, float *flat, float *grad, float *exp_av
         rmax = r > rmax ? r : rmax;
     }
     if (hp[3] >= 0.0 && kl_sum * inv_n > hp[3]) {
-        if (parallel) worker_wait();
+        if (parallel) wait_critic(automatic);
         return 1;  /* the critic's gradient is written; nothing else */
     }
 
@@ -763,7 +831,7 @@ static int ppo_step(const int64_t *plan, float *flat, float *grad, float *exp_av
             for (int64_t j = 0; j < A; j++) ls_grad[j] -= ent_coef;
     }
     net_backward(&a, flat, grad, M, ga, g2, wt);
-    if (parallel) worker_wait();
+    if (parallel) wait_critic(automatic);
     const double vl = job.vl;
 
     /* the global gradient norm, clipping (torch.nn.utils.clip_grad_norm_'s rule) */
@@ -899,6 +967,127 @@ GAE(gae_f64, double)
     }
 TOKEN_GAE(token_gae_f32, float)
 TOKEN_GAE(token_gae_f64, double)
+
+/* ------------------------------------------------------------------ the rollout's actor
+ *
+ * An action for each of a vector env's M rows from the current weights: the actor's
+ * forward pass (net_forward, as in the step) then, for a categorical head, the
+ * scaled inverse-CDF rule of ppokit.policies.mlp.sample_categorical_np (the action is the
+ * number of cumulative sums of exp(z - max z) below u times their total), or for a Gaussian
+ * head mean + exp(log_std) * noise. The rollout calls it once per vector step, where NumPy
+ * spent most of its time between its dozen calls.
+ *
+ * splan (int64): [0] categorical (1) or Gaussian (0), [1] ReLU (1) or tanh (0), [2] layers
+ * L, [3] log_std offset (-1: none), then the L + 1 widths, then the L (weight, bias) offset
+ * pairs, every offset counted in floats from the address `base`. */
+static int64_t sample_scratch(const int64_t *splan, int64_t M)
+{
+    int64_t w = 1;
+    for (int64_t l = 0; l <= splan[2]; l++) w = splan[4 + l] > w ? splan[4 + l] : w;
+    return 2 * M * w + w * w;
+}
+
+/* the sum of a vector's lanes by halving (four shuffles and adds) */
+typedef int32_t v16i __attribute__((vector_size(64)));
+static inline float hsum_tree(v16 a)
+{
+#if defined(__clang__) || !defined(__GNUC__)
+    return hsum(a);
+#else
+    const v16i h8 = {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7};
+    const v16i h4 = {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11};
+    const v16i h2 = {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13};
+    const v16i h1 = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
+    a += __builtin_shuffle(a, h8);
+    a += __builtin_shuffle(a, h4);
+    a += __builtin_shuffle(a, h2);
+    a += __builtin_shuffle(a, h1);
+    return a[0];
+#endif
+}
+
+/* out[m, o] = b[o] + <in[m, :], W[o, :]>, four outputs at a time (one load of the row's
+ * inputs for four weight rows) */
+MULTIVERSION
+static void dots4(int64_t M, int64_t O, int64_t I, const float *in, const float *W,
+                  const float *b, float *out)
+{
+    const int64_t i16 = I / 16 * 16, o4 = O / 4 * 4;
+    for (int64_t m = 0; m < M; m++) {
+        const float *x = in + m * I;
+        for (int64_t o = 0; o < o4; o += 4) {
+            const float *w0 = W + o * I, *w1 = w0 + I, *w2 = w1 + I, *w3 = w2 + I;
+            v16 c0 = {0}, c1 = {0}, c2 = {0}, c3 = {0};
+            for (int64_t i = 0; i < i16; i += 16) {
+                const v16 u = ld(x + i);
+                c0 += u * ld(w0 + i); c1 += u * ld(w1 + i);
+                c2 += u * ld(w2 + i); c3 += u * ld(w3 + i);
+            }
+            float s0 = hsum_tree(c0), s1 = hsum_tree(c1), s2 = hsum_tree(c2),
+                  s3 = hsum_tree(c3);
+            for (int64_t i = i16; i < I; i++) {
+                s0 += x[i] * w0[i]; s1 += x[i] * w1[i];
+                s2 += x[i] * w2[i]; s3 += x[i] * w3[i];
+            }
+            float *om = out + m * O + o;
+            om[0] = b[o] + s0; om[1] = b[o + 1] + s1; om[2] = b[o + 2] + s2; om[3] = b[o + 3] + s3;
+        }
+        if (o4 < O) dots(1, O - o4, I, x, W + o4 * I, b + o4, out + m * O + o4);
+    }
+}
+
+static void actor_sample(const int64_t *splan, const float *base, const float *x, int64_t M,
+                         const float *noise, void *out, float *scratch)
+{
+    Net a;
+    float *hs[64];
+    a.L = splan[2];
+    a.dims = splan + 4;
+    a.offs = a.dims + a.L + 1;
+    a.relu = (int)splan[1];
+    int64_t w = 1;
+    for (int64_t l = 0; l <= a.L; l++) w = a.dims[l] > w ? a.dims[l] : w;
+    hs[0] = (float *)x;
+    for (int64_t l = 1; l <= a.L; l++) hs[l] = scratch + (l % 2) * M * w;
+    float *wt = scratch + 2 * M * w;
+    for (int64_t l = 0; l < a.L; l++) {
+        const int64_t I = a.dims[l], O = a.dims[l + 1];
+        const float *W = base + a.offs[2 * l], *b = base + a.offs[2 * l + 1];
+        if (I < 16 && O >= 16) {  /* a narrow input: W^T is small, the product wide */
+            transpose(W, O, I, wt);
+            gemm(M, O, I, hs[l], I, 1, wt, O, b, hs[l + 1], O);
+        } else {  /* no transpose of a square weight for a few rows: dot products */
+            dots4(M, O, I, hs[l], W, b, hs[l + 1]);
+        }
+        if (l + 1 < a.L) {
+            if (a.relu) relu_inplace(hs[l + 1], M * O);
+            else tanh_inplace(hs[l + 1], M * O);
+        }
+    }
+    const int64_t A = a.dims[a.L];
+    const float *z = hs[a.L];
+    if (splan[0]) {
+        int64_t *act = (int64_t *)out;
+        float cdf[64];
+        for (int64_t m = 0; m < M; m++) {
+            const float *zm = z + m * A;
+            float mx = zm[0];
+            for (int64_t j = 1; j < A; j++) mx = zm[j] > mx ? zm[j] : mx;
+            float c = 0.0f;
+            for (int64_t j = 0; j < A; j++) { c += expf(zm[j] - mx); cdf[j] = c; }
+            const float thr = noise[m] * c;
+            int64_t k = 0;
+            for (int64_t j = 0; j < A; j++) k += cdf[j] < thr;
+            act[m] = k;
+        }
+    } else {
+        float *act = (float *)out;
+        const float *log_std = base + splan[3];
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t j = 0; j < A; j++)
+                act[m * A + j] = z[m * A + j] + expf(log_std[j]) * noise[m * A + j];
+    }
+}
 
 /* ------------------------------------------------------------------ Python binding */
 
@@ -1037,7 +1226,103 @@ static PyObject *py_token_gae(PyObject *self, PyObject *const *args, Py_ssize_t 
     return PyLong_FromLong(rc);
 }
 
+/* a contiguous buffer of `n` items of the format `fmt` (one character, or "q"/"l" for
+ * int64) from `o`, or an error naming `what` */
+static int get_buf(PyObject *o, Py_buffer *b, char fmt, int64_t n, const char *what)
+{
+    if (PyObject_GetBuffer(o, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "sample: %s must be a contiguous array", what);
+        return -1;
+    }
+    const char *f = b->format ? b->format : "B";
+    if (*f == '<' || *f == '=' || *f == '@') f++;
+    const int ok_fmt = fmt == 'q' ? ((f[0] == 'q' || f[0] == 'l') && f[1] == 0
+                                     && b->itemsize == 8)
+                                  : (f[0] == fmt && f[1] == 0 && b->itemsize == 4);
+    if (!ok_fmt || b->len != n * b->itemsize) {
+        PyErr_Format(PyExc_ValueError, "sample: %s must hold %lld %s", what, (long long)n,
+                     fmt == 'q' ? "int64 values" : "float32 values");
+        PyBuffer_Release(b);
+        return -1;
+    }
+    return 0;
+}
+
+/* sample(splan, base, x, noise, out, scratch, M) -> None: actions of M rows into `out`
+ * (int64 [M] or float32 [M, A]); x float32 [M, in], noise float32 [M] or [M, A]; splan,
+ * base and scratch (sample_scratch(M) floats) are addresses, checked by the caller */
+static PyObject *py_sample(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "sample() takes 7 arguments");
+        return NULL;
+    }
+    void *plan, *base, *scratch;
+    if (!as_ptr(args[0], &plan) || !as_ptr(args[1], &base) || !as_ptr(args[5], &scratch))
+        return NULL;
+    const int64_t M = PyLong_AsLongLong(args[6]);
+    if (M == -1 && PyErr_Occurred()) return NULL;
+    const int64_t *sp = (const int64_t *)plan;
+    const int64_t L = sp[2], D = sp[4], A = sp[4 + L], cat = sp[0];
+    if (M < 1 || L < 1 || L > 63 || (cat && A > 64)) {
+        PyErr_SetString(PyExc_ValueError, "sample: bad rows or plan");
+        return NULL;
+    }
+    Py_buffer bx, bn, bo;
+    if (get_buf(args[2], &bx, 'f', M * D, "the observations") < 0) return NULL;
+    if (get_buf(args[3], &bn, 'f', cat ? M : M * A, "the noise") < 0) {
+        PyBuffer_Release(&bx);
+        return NULL;
+    }
+    if (get_buf(args[4], &bo, cat ? 'q' : 'f', cat ? M : M * A, "the actions") < 0) {
+        PyBuffer_Release(&bx);
+        PyBuffer_Release(&bn);
+        return NULL;
+    }
+    actor_sample(sp, base, bx.buf, M, bn.buf, bo.buf, scratch);
+    PyBuffer_Release(&bx);
+    PyBuffer_Release(&bn);
+    PyBuffer_Release(&bo);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_sample_scratch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    void *plan;
+    if (nargs != 2 || !as_ptr(args[0], &plan)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "takes 2 arguments");
+        return NULL;
+    }
+    const int64_t M = PyLong_AsLongLong(args[1]);
+    if (M == -1 && PyErr_Occurred()) return NULL;
+    return PyLong_FromLongLong(sample_scratch((const int64_t *)plan, M));
+}
+
+/* auto_state() -> (steps, steps posted beside the actor, of those missed by the worker,
+ * serial steps left in the current back-off, the next back-off): the automatic choice's
+ * counts in this process */
+static PyObject *py_auto_state(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    (void)args;
+    if (nargs != 0) {
+        PyErr_SetString(PyExc_TypeError, "auto_state() takes no arguments");
+        return NULL;
+    }
+    auto_this_process();
+    return Py_BuildValue("(LLLll)", a_steps, a_beside, a_missed, a_serial_left, a_backoff);
+}
+
 static PyMethodDef methods[] = {
+    {"sample", (PyCFunction)(void (*)(void))py_sample, METH_FASTCALL,
+     "The rollout's actions from the actor's current weights."},
+    {"sample_scratch", (PyCFunction)(void (*)(void))py_sample_scratch, METH_FASTCALL,
+     "Floats of scratch sample() needs for M rows."},
+    {"auto_state", (PyCFunction)(void (*)(void))py_auto_state, METH_FASTCALL,
+     "The native step's automatic choice of where its critic runs: its counts."},
     {"token_gae", (PyCFunction)(void (*)(void))py_token_gae, METH_FASTCALL,
      "ppokit.core.token_gae on checked [B, L] buffers."},
     {"tanh", (PyCFunction)(void (*)(void))py_tanh, METH_FASTCALL,

@@ -14,6 +14,8 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
+from ppokit import kernels
+
 Tensor = torch.Tensor
 
 __all__ = ["MLPActorCritic", "NumpySampler", "make_policy", "resolve_policy", "ACTIVATIONS"]
@@ -38,9 +40,14 @@ def sample_categorical_np(logits: np.ndarray, u: np.ndarray) -> np.ndarray:
 
 
 class NumpySampler:
-    """The actor's forward pass and action sampling in NumPy, for the rollout's per-step
-    batches (a few rows): there NumPy's per-call cost (~1 µs) is a fraction of torch's,
-    and the policy's arithmetic is a handful of tiny matrix products.
+    """The actor's forward pass and action sampling for the rollout's per-step batches (a
+    few rows), outside torch: there torch's per-call cost is many times the policy's
+    arithmetic, a handful of tiny matrix products.
+
+    Where ppokit's compiled kernels are built (:mod:`ppokit.kernels`) the whole step is one
+    C call (``native`` true); else, or with ``native=False``, it runs in NumPy (the
+    reference the tests hold the C call to). The two pick the same action unless a uniform
+    lies within float rounding of a boundary of the cumulative probabilities.
 
     It reads the policy's parameters through views that share their memory, so it always
     samples from the current weights (:meth:`bind` re-takes the views, e.g. after a
@@ -49,13 +56,24 @@ class NumpySampler:
     (:meth:`MLPActorCritic.evaluate`), the same computation the update uses.
     """
 
-    def __init__(self, policy: MLPActorCritic):
+    def __init__(self, policy: MLPActorCritic, native: bool | None = None):
         if not self.supports(policy):
             raise ValueError("NumpySampler needs an MLPActorCritic with a categorical or "
                              "Gaussian head over flat observations")
         self.policy = policy
         self.kind = policy.kind
         self.relu = any(isinstance(m, nn.ReLU) for m in policy.actor)
+        why = kernels.available()
+        if native and why is not None:
+            raise ValueError(f"NumpySampler(native=True): {why}")
+        lins = [m for m in policy.actor if isinstance(m, nn.Linear)]
+        if native is None:  # (the C call's categorical head takes up to 64 actions)
+            native = why is None and (self.kind == "gaussian" or lins[-1].out_features <= 64)
+        elif native and self.kind == "categorical" and lins[-1].out_features > 64:
+            raise ValueError("NumpySampler(native=True): more than 64 actions")
+        self.native = bool(native)
+        self.in_dim = lins[0].in_features
+        self._scratch: dict[int, tuple[np.ndarray, int]] = {}  # rows -> (buffer, address)
         self.bind()
 
     @staticmethod
@@ -71,13 +89,51 @@ class NumpySampler:
         self.layers = [(m.weight.detach().numpy().T, m.bias.detach().numpy()) for m in lins]
         if self.kind == "gaussian":
             self.log_std = self.policy.log_std.detach().numpy()
+        if self.native:
+            # offsets in floats from the lowest parameter's address (the C call's plan)
+            ts = [t for m in lins for t in (m.weight, m.bias)]
+            if self.kind == "gaussian":
+                ts.append(self.policy.log_std)
+            if not all(t.is_contiguous() for t in ts):
+                raise ValueError("NumpySampler: the actor's parameters are not contiguous")
+            self._keep = ts  # (their storage stays alive while the plan points at it)
+            base = min(t.data_ptr() for t in ts)
+            offs = [(t.data_ptr() - base) // 4 for t in ts]
+            log_std = offs[-1] if self.kind == "gaussian" else -1
+            dims = [lins[0].in_features] + [m.out_features for m in lins]
+            self._plan = np.array([int(self.kind == "categorical"), int(self.relu), len(lins),
+                                   log_std, *dims, *offs[:2 * len(lins)]], np.int64)
+            self._plan_p = self._plan.ctypes.data
+            self._base = base
 
-    def __call__(self, obs: np.ndarray, noise: np.ndarray) -> np.ndarray:
+    def _scratch_for(self, rows: int) -> int:
+        got = self._scratch.get(rows)
+        if got is None:
+            buf = np.empty(kernels.sample_scratch(self._plan_p, rows), np.float32)
+            got = self._scratch[rows] = (buf, buf.ctypes.data)
+        return got[1]
+
+    def __call__(self, obs: np.ndarray, noise: np.ndarray,
+                 out: np.ndarray | None = None) -> np.ndarray:
         """Actions for ``obs`` ``[B, obs_dim]`` (float32). ``noise``: uniforms ``[B, 1]``
         (categorical) or standard normals ``[B, action_dim]`` (Gaussian: the unclipped
         sample ``mean + exp(log_std) · noise`` is returned). Observations with more than one
-        dimension per env (images) are flattened, as :meth:`MLPActorCritic.evaluate` does."""
+        dimension per env (images) are flattened, as :meth:`MLPActorCritic.evaluate` does.
+        ``out``: where to write the actions (int64 ``[B]`` or float32 ``[B, action_dim]``,
+        contiguous), else a new array."""
         h = obs.reshape(obs.shape[0], -1) if obs.ndim != 2 else obs
+        if self.native:
+            b = h.shape[0]
+            if h.shape[1] != self.in_dim:
+                raise ValueError(f"NumpySampler: observations of shape {obs.shape}, expected "
+                                 f"({b}, {self.in_dim})")
+            if out is None:
+                out = (np.empty(b, np.int64) if self.kind == "categorical"
+                       else np.empty((b, self.layers[-1][1].shape[0]), np.float32))
+            if h.dtype != np.float32 or not h.flags.c_contiguous:
+                h = np.ascontiguousarray(h, np.float32)
+            kernels.sample(self._plan_p, self._base, h, noise, out, self._scratch_for(b), b)
+            return out
         last = len(self.layers) - 1
         for i, (wt, b) in enumerate(self.layers):
             h = h @ wt
@@ -88,9 +144,14 @@ class NumpySampler:
                 else:
                     np.tanh(h, out=h)
         if self.kind == "categorical":
-            return sample_categorical_np(h, noise)
-        h += np.exp(self.log_std) * noise
-        return h
+            a = sample_categorical_np(h, noise)
+        else:
+            h += np.exp(self.log_std) * noise
+            a = h
+        if out is None:
+            return a
+        out[...] = a.reshape(out.shape)
+        return out
 
 
 def mlp_layers(n_in: int, hidden: tuple[int, ...], n_out: int, act: type[nn.Module],

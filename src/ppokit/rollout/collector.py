@@ -125,7 +125,7 @@ class Collector:
             return self.obs_norm(raw, update=update)
         if self.keep_uint8 and raw.dtype == np.uint8:
             return raw.copy()  # always a copy: the env may reuse its buffer
-        return raw.astype(np.float32)
+        return raw.astype(np.float32, order="C")  # (a vector env may return a transpose)
 
     def reset(self, seed: int | None = None) -> None:
         raw, _ = self.env.reset(seed=seed)
@@ -214,14 +214,13 @@ class Collector:
             for t in range(n_steps):
                 obs_buf[t] = o
                 if sampler is not None:
-                    a = sampler(o, noise[t])
+                    sampler(o, noise[t], out=act_buf[t])
                 else:
                     action, logp, value = self.policy.act(torch.from_numpy(o), self.generator)
-                    a = action.numpy()
+                    act_buf[t] = action.numpy().reshape(act_buf.shape[1:])
                     logp_buf[t] = logp.numpy()
                     if self.use_critic:
                         val_buf[t] = value.numpy()
-                act_buf[t] = a.reshape(act_buf.shape[1:])
                 raw, r, te, tr, info = self.env.step(self.to_env(act_buf[t]))
                 te, done, r, ok, pending, real_end = self._two_masks(te, tr, r, pending,
                                                                      next_step)
