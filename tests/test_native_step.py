@@ -407,8 +407,8 @@ def test_auto_falls_back_to_the_serial_step_when_the_worker_cannot_keep_up():
     assert p.exitcode == 0
     stats, params, counts, serial_left = got["auto"]
     assert counts["steps"] == 40
-    # two misses in the last eight switch it off: at most a few steps were posted at all
-    assert counts["missed"] >= 2 and counts["beside"] <= 8, counts
+    # three misses in the last 16 switch it off: at most a few steps were posted at all
+    assert counts["missed"] >= 3 and counts["beside"] <= 8, counts
     assert serial_left > 0
     assert stats == got[False][0] and params == got[False][1]  # the same bits
 

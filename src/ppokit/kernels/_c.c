@@ -478,7 +478,7 @@ enum { W_IDLE, W_POSTED, W_RUNNING, W_DONE };
 static pthread_mutex_t w_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t w_job = PTHREAD_COND_INITIALIZER;
 static CriticJob *w_current = NULL;
-static int w_state = W_IDLE, w_sleeping = 0, w_park = 0;
+static int w_state = W_IDLE, w_sleeping = 0, w_park = 0, w_alive = 0;
 static pid_t w_pid = 0;
 
 static inline void cpu_relax(void)
@@ -498,6 +498,7 @@ static long now_ns(void)
 static void *worker_main(void *arg)
 {
     (void)arg;
+    __atomic_store_n(&w_alive, 1, __ATOMIC_RELEASE);
     for (;;) {
         const long until = now_ns() + SPIN_NS;
         int spins = 0;
@@ -525,7 +526,7 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-/* 0 when the worker runs in this process (started now if needed), -1 if it cannot */
+/* 0 when the worker runs in this process, 1 when it was started now, -1 if it cannot be */
 static int worker_ready(void)
 {
     const pid_t pid = getpid();
@@ -536,6 +537,7 @@ static int worker_ready(void)
         w_state = W_IDLE;
         w_sleeping = 0;
     }
+    __atomic_store_n(&w_alive, 0, __ATOMIC_RELEASE);
     pthread_attr_t attr;
     pthread_t t;
     sigset_t all, old;
@@ -548,7 +550,7 @@ static int worker_ready(void)
     pthread_attr_destroy(&attr);
     if (rc != 0) return -1;
     w_pid = pid;
-    return 0;
+    return 1;
 }
 
 /* a serial step: the worker stops spinning (it would only take a core from the caller,
@@ -558,14 +560,18 @@ static void worker_park(void)
     if (w_pid == getpid()) __atomic_store_n(&w_park, 1, __ATOMIC_RELAXED);
 }
 
-static void worker_post(CriticJob *j)
+/* posts the job; returns 1 when the worker was asleep (it has to be woken, which takes
+ * longer than a branch: that job tells nothing of whether it keeps up) */
+static int worker_post(CriticJob *j)
 {
     w_current = j;
     __atomic_store_n(&w_park, 0, __ATOMIC_RELAXED);
     pthread_mutex_lock(&w_mu);
     __atomic_store_n(&w_state, W_POSTED, __ATOMIC_RELEASE);
-    if (w_sleeping) pthread_cond_signal(&w_job);
+    const int asleep = w_sleeping;
+    if (asleep) pthread_cond_signal(&w_job);
     pthread_mutex_unlock(&w_mu);
+    return asleep;
 }
 
 /* waits for the critic's branch; returns 1 when the worker missed it (the caller took it
@@ -592,7 +598,7 @@ static int worker_wait(void)
  * 0.6-0.7x the time on a quiet machine; with the second core busy the worker is rarely
  * running when a job is posted, and while it spins for jobs it takes time from the caller
  * (three threads on two cores) — that cost falls outside the step, so the step's own time
- * does not show it, but the worker's misses do. Two misses in the last eight steps beside
+ * does not show it, but the worker's misses do. Three misses in the last 16 steps beside
  * it switch to the serial way (the worker parked: asleep, costing nothing) for a back-off
  * of steps, doubled each time the probe that follows also fails (1024 up to 32768) and
  * reset when one holds. A probe costs little (a missed job is run by the caller) but can
@@ -600,10 +606,11 @@ static int worker_wait(void)
  * its job, so probes are rare: at most one in 1024 steps, one in 32768 under a load that
  * stays. Per process, like the worker; the numbers are the same bits either way,
  * so the choice never changes a result. */
-static unsigned a_misses = 0;  /* bits: the last eight steps beside the actor, 1 = missed */
+static unsigned a_misses = 0;  /* bits: the last 16 steps beside the actor, 1 = missed */
 static long a_serial_left = 0, a_backoff = 1024, a_probe = 0;
 static long long a_steps = 0, a_beside = 0, a_missed = 0;  /* counts, for auto_state() */
 static pid_t a_pid = 0;
+static long a_last_ns = 0;  /* when the last step beside the actor ended */
 
 static void auto_this_process(void)
 {
@@ -631,8 +638,8 @@ static void auto_record(int missed)
 {
     a_beside++;
     a_missed += missed != 0;
-    a_misses = ((a_misses << 1) | (unsigned)(missed != 0)) & 0xffu;
-    if (__builtin_popcount(a_misses) >= 2) {
+    a_misses = ((a_misses << 1) | (unsigned)(missed != 0)) & 0xffffu;
+    if (__builtin_popcount(a_misses) >= 3) {
         a_serial_left = a_backoff;
         a_backoff = a_backoff < 32768 ? 2 * a_backoff : 32768;
         a_misses = 0;
@@ -644,10 +651,13 @@ static void auto_record(int missed)
 
 /* the step; returns 1 when the KL limit stopped it before the actor's gradient, the
  * parameters or Adam's state were written (the critic's gradient is), else 0 */
-static void wait_critic(int automatic)
+/* waits for the worker's branch; the automatic choice learns from it unless the worker
+ * had to be started or woken for it */
+static void wait_critic(int automatic, int woken)
 {
     const int missed = worker_wait();
-    if (automatic) auto_record(missed);
+    if (automatic && !woken) auto_record(missed);
+    if (automatic) a_last_ns = now_ns();
 }
 
 static int ppo_step(const int64_t *plan, float *flat, float *grad, float *exp_avg,
@@ -688,10 +698,16 @@ static int ppo_step(const int64_t *plan, float *flat, float *grad, float *exp_av
      * worker thread (hp[14]) or here, first */
     CriticJob job = {&c, flat, grad, M, ret, v_old, hp, cg1, cg2, cwt, 0.0};
     const int automatic = hp[14] == 2.0;
+    int woken = 0;
     const int parallel = hp[14] != 0.0 && (!automatic || auto_parallel())
-                         && worker_ready() == 0;
+                         && worker_ready() >= 0;
     if (parallel) {
-        worker_post(&job);
+        /* a job tells nothing of whether the worker keeps up when it is still starting,
+         * or had to be woken after a pause in the steps (it sleeps SPIN_NS after its last job); woken
+         * between steps that follow each other, it had been starved of a core */
+        const int asleep = worker_post(&job);
+        woken = !__atomic_load_n(&w_alive, __ATOMIC_ACQUIRE)
+                || (asleep && automatic && now_ns() - a_last_ns > SPIN_NS / 2);
     } else {
         worker_park();
         critic_run(&job);
@@ -770,7 +786,7 @@ static int ppo_step(const int64_t *plan, float *flat, float *grad, float *exp_av
         rmax = r > rmax ? r : rmax;
     }
     if (hp[3] >= 0.0 && kl_sum * inv_n > hp[3]) {
-        if (parallel) wait_critic(automatic);
+        if (parallel) wait_critic(automatic, woken);
         return 1;  /* the critic's gradient is written; nothing else */
     }
 
@@ -831,7 +847,7 @@ static int ppo_step(const int64_t *plan, float *flat, float *grad, float *exp_av
             for (int64_t j = 0; j < A; j++) ls_grad[j] -= ent_coef;
     }
     net_backward(&a, flat, grad, M, ga, g2, wt);
-    if (parallel) wait_critic(automatic);
+    if (parallel) wait_critic(automatic, woken);
     const double vl = job.vl;
 
     /* the global gradient norm, clipping (torch.nn.utils.clip_grad_norm_'s rule) */
