@@ -9,7 +9,10 @@ Atari wrappers for both (SB3 through ``DummyVecEnv`` over the same constructors;
 128 x 8 iterations = 8192), each run in a fresh process with one torch thread, the two
 libraries alternating. ppokit runs twice: as the preset has it (``precision = auto``: the
 convolutional trunk in bfloat16 on a CPU that computes it natively, else float32) and in
-float32 throughout (``precision = fp32``, SB3's number format). The table gives
+float32 throughout (``precision = fp32``, SB3's number format), and, where EnvPool is
+installed, as the preset on EnvPool's C++ Atari environments (``vectorization = envpool``:
+the same preprocessing, stepped in EnvPool's threads; ppokit's fastest rollout path). The
+table gives
 environment steps per second of training, the rollout/update split (seconds per 1000
 steps), peak resident memory and the ratios to SB3. No evaluation (a few thousand steps
 learn nothing); this measures speed. Needs the ``bench`` and ``atari`` extras.
@@ -18,6 +21,7 @@ learn nothing); this measures speed. Needs the ``bench`` and ``atari`` extras.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import subprocess
@@ -57,6 +61,11 @@ def main(argv=None) -> int:
     runs = {"sb3": ("sb3", []), f"ppokit ({preset})": ("ppokit", extra)}
     if preset != "fp32":
         runs["ppokit (fp32)"] = ("ppokit", [*extra, "--set", "precision=fp32"])
+    if importlib.util.find_spec("envpool") is not None and not any(k.startswith("vectorization=")
+                                                for k in a.ppokit_set):
+        # the preset's fastest rollout path: EnvPool's emulators and preprocessing in C++
+        runs[f"ppokit ({preset}, EnvPool)"] = ("ppokit", [*extra, "--set",
+                                                          "vectorization=envpool"])
     recs: dict[str, list[dict]] = {name: [] for name in runs}
     for k in range(a.repeats):
         for name, (lib, args) in runs.items():
