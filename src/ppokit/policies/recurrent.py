@@ -34,6 +34,8 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
+from ppokit.kernels import lstm as native_lstm
+
 from .mlp import ACTIVATIONS, MLPActorCritic, mlp_layers
 
 Tensor = torch.Tensor
@@ -48,6 +50,8 @@ class LSTMActorCritic(nn.Module):
     ``multicategorical``)."""
 
     recurrent = True
+    #: the update's LSTM passes in C where the kernels are built (:meth:`_sequence`)
+    native_lstm = True
 
     def __init__(self, obs_dim: int, kind: str, action_dim: int, *,
                  nvec: tuple[int, ...] | None = None, hidden: tuple[int, ...] = (64, 64),
@@ -174,17 +178,25 @@ class LSTMActorCritic(nn.Module):
         (tensors ``[n_lstm_layers, S, H]``); one batched LSTM pass, no reset inside."""
         S, L = obs.shape[0], obs.shape[1]
         x = self.encode(obs.reshape(S * L, *obs.shape[2:])).view(S, L, -1)
-        y, _ = self.lstm_actor(x, (state[0], state[1]))
+        y = self._sequence(self.lstm_actor, x, state[0], state[1])
         out = self.actor(y.reshape(S * L, -1))
         logp, ent = self._logp_entropy(out, actions.reshape(S * L, *actions.shape[2:]))
         if self.lstm_critic is not None:
-            yv, _ = self.lstm_critic(x, (state[2], state[3]))
+            yv = self._sequence(self.lstm_critic, x, state[2], state[3])
             v = self.critic(yv.reshape(S * L, -1))
         elif self.shared_lstm:
             v = self.critic(y.reshape(S * L, -1).detach())
         else:
             v = self.critic(x.reshape(S * L, -1))
         return logp.reshape(S, L), ent.reshape(S, L), v.reshape(S, L)
+
+    def _sequence(self, lstm: nn.LSTM, x: Tensor, h: Tensor, c: Tensor) -> Tensor:
+        """Every output of ``lstm`` over ``x`` ``[S, L, F]`` from ``(h, c)``: in C where
+        :func:`ppokit.kernels.lstm.supports` it and :attr:`native_lstm` is set (the
+        default; the same numbers to float32 rounding), else ``nn.LSTM``."""
+        if self.native_lstm and native_lstm.supports(lstm, x, h):
+            return native_lstm.lstm(lstm, x, h, c)
+        return lstm(x, (h, c))[0]
 
     def evaluate_steps(self, obs: Tensor, actions: Tensor, state: State
                        ) -> tuple[Tensor, Tensor, Tensor]:
