@@ -1,15 +1,16 @@
 """ppokit's compiled kernels: the C extension ``ppokit.kernels._c`` (``_c.c`` beside this
 file), built by ``setup.py`` when ppokit is installed.
 
-Two things are in it. The native minibatch step — the fused PPO step of an MLP
-actor-critic, Adam included, as one call (:mod:`ppokit.engine.native` hands it torch's
-buffers) — the environment GAE (:func:`gae`, its checks and recursion in one pass, which
-:func:`ppokit.core.gae` runs; :func:`reverse_scan`, the recursion alone) and the token
-GAE of the language-model trainer (:func:`token_gae`, which :func:`ppokit.core.token_gae`
-runs). The extension is optional:
-where it is not built (no C compiler at install time) or is turned off (``PPOKIT_NATIVE=0``
-in the environment), :func:`available` says why, the fused step runs its TorchScript
-kernel and the GAE its NumPy scan.
+What is in it: the native minibatch step — the fused PPO step of an MLP actor-critic,
+Adam included, as one call (:mod:`ppokit.engine.native` hands it torch's buffers), its
+critic on a worker thread while that keeps up (:func:`auto_state`); the rollout's actor
+(:func:`sample`, which :class:`ppokit.policies.NumpySampler` calls); the recurrent
+update's LSTM (:mod:`ppokit.kernels.lstm`); the environment GAE (:func:`gae`, its checks
+and recursion in one pass, which :func:`ppokit.core.gae` runs; :func:`reverse_scan`, the
+recursion alone) and the token GAE of the language-model trainer (:func:`token_gae`,
+which :func:`ppokit.core.token_gae` runs). The extension is optional: where it is not
+built (no C compiler at install time) or is turned off (``PPOKIT_NATIVE=0`` in the
+environment), :func:`available` says why, and each caller runs its torch or NumPy path.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import os
 import torch
 
 __all__ = ["auto_state", "available", "gae", "token_gae", "reverse_scan", "ppo_step",
-           "sample", "sample_scratch", "scratch_floats", "tanh_"]
+           "sample", "sample_scratch", "scratch_floats", "tanh_", "lstm_forward",
+           "lstm_backward", "lstm_scratch"]
 
 try:
     from ppokit.kernels import _c
@@ -61,6 +63,22 @@ def sample(plan: int, base: int, x, noise, out, scratch: int, rows: int) -> None
     ``_c.c`` documents it): ``x``, ``noise`` and ``out`` are arrays whose sizes and dtypes
     the call checks, the rest addresses."""
     _c.sample(plan, base, x, noise, out, scratch, rows)
+
+
+def lstm_forward(*args) -> None:
+    """The LSTM's forward pass on raw buffer addresses (``_c.c``, ``lstm_fwd``, documents
+    the 14 arguments); :func:`ppokit.kernels.lstm.lstm` is the way to call it."""
+    _c.lstm_fwd(*args)
+
+
+def lstm_backward(*args) -> None:
+    """Its backward pass (``_c.c``, ``lstm_bwd``: 20 arguments)."""
+    _c.lstm_bwd(*args)
+
+
+def lstm_scratch(seqs: int, steps: int, features: int, hidden: int) -> int:
+    """Floats of scratch :func:`lstm_forward` and :func:`lstm_backward` need."""
+    return _c.lstm_scratch(seqs, steps, features, hidden)
 
 
 def sample_scratch(plan: int, rows: int) -> int:

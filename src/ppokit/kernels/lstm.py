@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import _c, available
+from . import available, lstm_backward, lstm_forward, lstm_scratch
 
 __all__ = ["supports", "lstm"]
 
@@ -44,10 +44,10 @@ class _LSTM(torch.autograd.Function):
         y = x.new_empty(S, L, H)
         acts = x.new_empty(S, L, 4 * H)
         cs = x.new_empty(S, L, H)
-        scratch = x.new_empty(_c.lstm_scratch(S, L, F, H))
-        _c.lstm_fwd(S, L, F, H, x.data_ptr(), h0.data_ptr(), c0.data_ptr(), w_ih.data_ptr(),
-                    w_hh.data_ptr(), bias.data_ptr(), y.data_ptr(), acts.data_ptr(),
-                    cs.data_ptr(), scratch.data_ptr())
+        scratch = x.new_empty(lstm_scratch(S, L, F, H))
+        lstm_forward(S, L, F, H, x.data_ptr(), h0.data_ptr(), c0.data_ptr(), w_ih.data_ptr(),
+                     w_hh.data_ptr(), bias.data_ptr(), y.data_ptr(), acts.data_ptr(),
+                     cs.data_ptr(), scratch.data_ptr())
         ctx.save_for_backward(x, h0, c0, w_ih, w_hh, y, acts, cs)
         return y
 
@@ -63,12 +63,13 @@ class _LSTM(torch.autograd.Function):
         dx = torch.empty_like(x) if need[0] else None
         dh0 = torch.empty_like(h0) if need[1] else None
         dc0 = torch.empty_like(c0) if need[2] else None
-        scratch = x.new_empty(_c.lstm_scratch(S, L, F, H))
-        _c.lstm_bwd(S, L, F, H, x.data_ptr(), h0.data_ptr(), c0.data_ptr(), w_ih.data_ptr(),
-                    w_hh.data_ptr(), y.data_ptr(), acts.data_ptr(), cs.data_ptr(),
-                    dy.data_ptr(), dw_ih.data_ptr(), dw_hh.data_ptr(), db.data_ptr(),
-                    0 if dx is None else dx.data_ptr(), 0 if dh0 is None else dh0.data_ptr(),
-                    0 if dc0 is None else dc0.data_ptr(), scratch.data_ptr())
+        scratch = x.new_empty(lstm_scratch(S, L, F, H))
+        lstm_backward(S, L, F, H, x.data_ptr(), h0.data_ptr(), c0.data_ptr(),
+                      w_ih.data_ptr(), w_hh.data_ptr(), y.data_ptr(), acts.data_ptr(),
+                      cs.data_ptr(), dy.data_ptr(), dw_ih.data_ptr(), dw_hh.data_ptr(),
+                      db.data_ptr(), 0 if dx is None else dx.data_ptr(),
+                      0 if dh0 is None else dh0.data_ptr(),
+                      0 if dc0 is None else dc0.data_ptr(), scratch.data_ptr())
         return (dx, dh0, dc0, dw_ih if need[3] else None, dw_hh if need[4] else None,
                 db if need[5] else None, db if need[6] else None)
 
