@@ -1272,17 +1272,24 @@ static PyObject *py_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     return PyLong_FromLong(r);
 }
 
-static PyObject *py_scratch_floats(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+/* f(plan, M) -> floats of scratch, for the bindings of scratch_floats and sample_scratch */
+static PyObject *plan_rows(PyObject *const *args, Py_ssize_t nargs, const char *usage,
+                           int64_t (*f)(const int64_t *, int64_t))
 {
-    (void)self;
     void *plan;
     if (nargs != 2 || !as_ptr(args[0], &plan)) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "scratch_floats(plan, M)");
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, usage);
         return NULL;
     }
     const int64_t M = PyLong_AsLongLong(args[1]);
     if (M == -1 && PyErr_Occurred()) return NULL;
-    return PyLong_FromLongLong(scratch_floats((const int64_t *)plan, M));
+    return PyLong_FromLongLong(f((const int64_t *)plan, M));
+}
+
+static PyObject *py_scratch_floats(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    return plan_rows(args, nargs, "scratch_floats(plan, M)", scratch_floats);
 }
 
 /* reverse_scan(x, a, y, T, N, double) -> None; addresses of contiguous [T, N] buffers */
@@ -1437,29 +1444,34 @@ static PyObject *py_sample(PyObject *self, PyObject *const *args, Py_ssize_t nar
 static PyObject *py_sample_scratch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    void *plan;
-    if (nargs != 2 || !as_ptr(args[0], &plan)) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "takes 2 arguments");
-        return NULL;
+    return plan_rows(args, nargs, "sample_scratch(plan, M)", sample_scratch);
+}
+
+/* the LSTM bindings' arguments: `nargs` must be `want`; the first four are the sizes
+ * S, L, F, H, the rest addresses (0 becomes NULL). Returns -1 with an error set. */
+static int lstm_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want,
+                     const char *usage, int64_t *d, void **p)
+{
+    if (nargs != want) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
     }
-    const int64_t M = PyLong_AsLongLong(args[1]);
-    if (M == -1 && PyErr_Occurred()) return NULL;
-    return PyLong_FromLongLong(sample_scratch((const int64_t *)plan, M));
+    for (int k = 0; k < 4; k++) {
+        d[k] = PyLong_AsLongLong(args[k]);
+        if (d[k] == -1 && PyErr_Occurred()) return -1;
+    }
+    for (Py_ssize_t k = 4; k < want; k++)
+        if (!as_ptr(args[k], &p[k - 4])) return -1;
+    return 0;
 }
 
 /* lstm_scratch(S, L, F, H) -> floats of scratch lstm_fwd and lstm_bwd need */
 static PyObject *py_lstm_scratch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "lstm_scratch() takes 4 arguments");
-        return NULL;
-    }
     int64_t d[4];
-    for (int k = 0; k < 4; k++) {
-        d[k] = PyLong_AsLongLong(args[k]);
-        if (d[k] == -1 && PyErr_Occurred()) return NULL;
-    }
+    if (lstm_args(args, nargs, 4, "lstm_scratch() takes 4 arguments", d, NULL) < 0)
+        return NULL;
     return PyLong_FromLongLong(lstm_scratch(d[0], d[1], d[2], d[3]));
 }
 
@@ -1468,18 +1480,9 @@ static PyObject *py_lstm_scratch(PyObject *self, PyObject *const *args, Py_ssize
 static PyObject *py_lstm_fwd(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 14) {
-        PyErr_SetString(PyExc_TypeError, "lstm_fwd() takes 14 arguments");
-        return NULL;
-    }
     int64_t d[4];
     void *p[10];
-    for (int k = 0; k < 4; k++) {
-        d[k] = PyLong_AsLongLong(args[k]);
-        if (d[k] == -1 && PyErr_Occurred()) return NULL;
-    }
-    for (int k = 0; k < 10; k++)
-        if (!as_ptr(args[4 + k], &p[k])) return NULL;
+    if (lstm_args(args, nargs, 14, "lstm_fwd() takes 14 arguments", d, p) < 0) return NULL;
     Py_BEGIN_ALLOW_THREADS
     lstm_fwd(d[0], d[1], d[2], d[3], p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8],
              p[9]);
@@ -1492,23 +1495,9 @@ static PyObject *py_lstm_fwd(PyObject *self, PyObject *const *args, Py_ssize_t n
 static PyObject *py_lstm_bwd(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 20) {
-        PyErr_SetString(PyExc_TypeError, "lstm_bwd() takes 20 arguments");
-        return NULL;
-    }
     int64_t d[4];
     void *p[16];
-    for (int k = 0; k < 4; k++) {
-        d[k] = PyLong_AsLongLong(args[k]);
-        if (d[k] == -1 && PyErr_Occurred()) return NULL;
-    }
-    for (int k = 0; k < 16; k++) {
-        if (PyLong_Check(args[4 + k]) && PyLong_AsLongLong(args[4 + k]) == 0) {
-            p[k] = NULL;
-            continue;
-        }
-        if (!as_ptr(args[4 + k], &p[k])) return NULL;
-    }
+    if (lstm_args(args, nargs, 20, "lstm_bwd() takes 20 arguments", d, p) < 0) return NULL;
     Py_BEGIN_ALLOW_THREADS
     lstm_bwd(d[0], d[1], d[2], d[3], p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8],
              p[9], p[10], p[11], p[12], p[13], p[14], p[15]);
