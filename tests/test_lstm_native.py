@@ -101,3 +101,44 @@ def test_what_the_native_lstm_declines():
             native_lstm.lstm(m, torch.randn(2, 3, 3), h, h)
         with pytest.raises(ValueError, match="a state of 3 rows for 2 sequences"):
             native_lstm.lstm(m, x, torch.zeros(1, 3, 5), torch.zeros(1, 3, 5))
+
+
+@needs_native
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), S=st.integers(1, 9), L=st.integers(1, 5),
+       F=st.integers(1, 12), H=st.integers(1, 40))
+def test_native_lstm_with_state_matches_torch(seed, S, L, F, H):
+    """Without autograd (the rollout's steps): every output and the final state as
+    ``nn.LSTM`` returns them."""
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    m = nn.LSTM(F, H, batch_first=True)
+    x = torch.randn(S, L, F, generator=g) * 2
+    h0, c0 = torch.randn(1, S, H, generator=g), torch.randn(1, S, H, generator=g)
+    with torch.inference_mode():
+        want_y, (want_h, want_c) = m(x, (h0, c0))
+        got_y, (got_h, got_c) = native_lstm.lstm_with_state(m, x, h0, c0)
+    for a, b in ((got_y, want_y), (got_h, want_h), (got_c, want_c)):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=2e-6)
+
+
+@needs_native
+def test_the_rollout_steps_run_the_native_lstm_and_agree_with_nn_lstm():
+    """``act`` in inference mode (the rollout) runs the C step; its actions (same noise),
+    log-probabilities, values and next state agree with ``nn.LSTM``'s."""
+    torch.manual_seed(1)
+    pol = make_recurrent_policy(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(3),
+                                lstm_hidden_size=16, hidden=(8,))
+    obs = torch.randn(6, 3)
+    state = tuple(torch.randn(1, 6, 16) for _ in range(pol.n_state))
+    out = {}
+    for native in (True, False):
+        pol.native_lstm = native
+        with torch.inference_mode():
+            out[native] = pol.act(obs, state, torch.Generator().manual_seed(3))
+    del pol.native_lstm
+    a, b = out[True], out[False]
+    assert torch.equal(a[0], b[0])
+    for x, y in zip((a[1], a[2], *a[3]), (b[1], b[2], *b[3])):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
