@@ -1,7 +1,6 @@
 """A single-layer LSTM over ``[S, L]`` sequences in C, forward and backward, as an autograd
 function: what the recurrent trainer's update runs (:meth:`ppokit.policies.LSTMActorCritic.
-evaluate_sequences`) in place of ``nn.LSTM`` where :func:`supports` says it can; and,
-without autograd, the rollout's single steps (:func:`lstm_with_state`).
+evaluate_sequences`) in place of ``nn.LSTM`` where :func:`supports` says it can.
 
 It computes torch's LSTM (gates in torch's order input, forget, cell, output;
 ``c_t = f c_{t-1} + i g``, ``h_t = o tanh(c_t)``) from the module's own parameters and
@@ -19,7 +18,7 @@ from torch import nn
 
 from . import available, lstm_backward, lstm_forward, lstm_scratch
 
-__all__ = ["supports", "lstm", "lstm_with_state"]
+__all__ = ["supports", "lstm"]
 
 
 def supports(module: nn.Module, x: torch.Tensor, h0: torch.Tensor) -> bool:
@@ -75,7 +74,12 @@ class _LSTM(torch.autograd.Function):
                 db if need[5] else None, db if need[6] else None)
 
 
-def _checked(module: nn.LSTM, x: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor):
+def lstm(module: nn.LSTM, x: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor
+         ) -> torch.Tensor:
+    """``module(x, (h0, c0))[0]`` — every ``h_t`` ``[S, L, H]`` of the batch-first input
+    ``x`` ``[S, L, F]`` from the state ``h0``, ``c0`` (``[1, S, H]`` as ``nn.LSTM`` takes
+    them, or ``[S, H]``) — in C; :func:`supports` must hold. Differentiable in the input,
+    the initial state and the module's parameters."""
     S, L, F = x.shape
     H = module.hidden_size
     if F != module.input_size:
@@ -83,38 +87,5 @@ def _checked(module: nn.LSTM, x: torch.Tensor, h0: torch.Tensor, c0: torch.Tenso
     h0, c0 = h0.reshape(-1, H), c0.reshape(-1, H)
     if h0.shape[0] != S or c0.shape[0] != S:
         raise ValueError(f"lstm: a state of {h0.shape[0]} rows for {S} sequences")
-    return h0, c0
-
-
-def lstm_with_state(module: nn.LSTM, x: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor
-                    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-    """``module(x, (h0, c0))`` without autograd — every ``h_t`` and the final state
-    ``(h_T, c_T)`` ``[1, S, H]``, as ``nn.LSTM`` returns them — for the rollout's single
-    steps and evaluation (torch spent about 150 µs on one step of 8 rows there);
-    :func:`supports` must hold."""
-    S, L, F = x.shape
-    H = module.hidden_size
-    h0, c0 = _checked(module, x, h0, c0)
-    with torch.no_grad():
-        x, h0, c0 = x.contiguous(), h0.contiguous(), c0.contiguous()
-        w_ih, w_hh = module.weight_ih_l0.contiguous(), module.weight_hh_l0.contiguous()
-        bias = (module.bias_ih_l0 + module.bias_hh_l0).contiguous()
-        y = x.new_empty(S, L, H)
-        acts = x.new_empty(S, L, 4 * H)
-        cs = x.new_empty(S, L, H)
-        scratch = x.new_empty(lstm_scratch(S, L, F, H))
-        lstm_forward(S, L, F, H, x.data_ptr(), h0.data_ptr(), c0.data_ptr(), w_ih.data_ptr(),
-                     w_hh.data_ptr(), bias.data_ptr(), y.data_ptr(), acts.data_ptr(),
-                     cs.data_ptr(), scratch.data_ptr())
-        return y, (y[:, -1].reshape(1, S, H).clone(), cs[:, -1].reshape(1, S, H).clone())
-
-
-def lstm(module: nn.LSTM, x: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor
-         ) -> torch.Tensor:
-    """``module(x, (h0, c0))[0]`` — every ``h_t`` ``[S, L, H]`` of the batch-first input
-    ``x`` ``[S, L, F]`` from the state ``h0``, ``c0`` (``[1, S, H]`` as ``nn.LSTM`` takes
-    them, or ``[S, H]``) — in C; :func:`supports` must hold. Differentiable in the input,
-    the initial state and the module's parameters."""
-    h0, c0 = _checked(module, x, h0, c0)
     return _LSTM.apply(x, h0, c0, module.weight_ih_l0, module.weight_hh_l0,
                        module.bias_ih_l0, module.bias_hh_l0)

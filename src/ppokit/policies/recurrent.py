@@ -129,13 +129,13 @@ class LSTMActorCritic(nn.Module):
               ) -> tuple[Tensor, Tensor | None, State]:
         """Head output ``[B, n_out]``, value ``[B]`` (None when ``critic`` is False) and
         the state after the encoded observations ``x`` ``[B, F]`` (no reset here)."""
-        y, (h, c) = self._one_step(self.lstm_actor, x, state[0], state[1])
+        y, (h, c) = self.lstm_actor(x.unsqueeze(1), (state[0], state[1]))
         y = y.squeeze(1)
         out = self._run(self.actor, y)
         new: State = (h, c)
         value = None
         if self.lstm_critic is not None:
-            yv, (hv, cv) = self._one_step(self.lstm_critic, x, state[2], state[3])
+            yv, (hv, cv) = self.lstm_critic(x.unsqueeze(1), (state[2], state[3]))
             new = (h, c, hv, cv)
             if critic:
                 value = self._run(self.critic, yv.squeeze(1)).squeeze(-1)
@@ -165,7 +165,7 @@ class LSTMActorCritic(nn.Module):
         ``state`` holds the actor's ``(h, c)``; rows with ``episode_start`` set begin from
         the zero state."""
         h, c = self.reset(tuple(state[:2]), episode_start)
-        y, (h, c) = self._one_step(self.lstm_actor, self.encode(obs), h, c)
+        y, (h, c) = self.lstm_actor(self.encode(obs).unsqueeze(1), (h, c))
         out = self._run(self.actor, y.squeeze(1))
         a = self._mode(out) if deterministic else self._sample(out, generator)[0]
         return a, (h, c)
@@ -197,18 +197,6 @@ class LSTMActorCritic(nn.Module):
         if self.native_lstm and native_lstm.supports(lstm, x, h):
             return native_lstm.lstm(lstm, x, h, c)
         return lstm(x, (h, c))[0]
-
-    def _one_step(self, lstm: nn.LSTM, x: Tensor, h: Tensor, c: Tensor
-                  ) -> tuple[Tensor, State]:
-        """``lstm`` on one step ``x`` ``[B, F]``: ``(y [B, 1, H], (h, c))``. Without
-        autograd (the rollout, evaluation) in C where it can run (:attr:`native_lstm`),
-        else ``nn.LSTM`` — which stays the path of every step that records a graph (the
-        single-step reference :meth:`evaluate_steps` of the tests)."""
-        x = x.unsqueeze(1)
-        if (self.native_lstm and not torch.is_grad_enabled()
-                and native_lstm.supports(lstm, x, h)):
-            return native_lstm.lstm_with_state(lstm, x, h, c)
-        return lstm(x, (h, c))
 
     def evaluate_steps(self, obs: Tensor, actions: Tensor, state: State
                        ) -> tuple[Tensor, Tensor, Tensor]:
