@@ -174,3 +174,144 @@ def test_bf16_rollout_log_probs_are_what_the_update_recomputes():
         logp, _, values = pol.evaluate(obs, ro.actions.reshape(-1))
     torch.testing.assert_close(logp, ro.logp.reshape(-1), rtol=0, atol=2e-3)
     torch.testing.assert_close(values, ro.values.reshape(-1), rtol=0, atol=2e-3)
+
+
+def _autocast_float32_route(net: NatureCNN, obs: torch.Tensor) -> torch.Tensor:
+    """The bf16 trunk as it ran before pixels went straight to bfloat16: float32
+    channels-last pixels, autocast casting them and every weight."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        x = obs.reshape(obs.shape[0], *net.shape)
+        if net.channels_last:
+            x = x.permute(0, 3, 1, 2)
+        x = x.contiguous(memory_format=torch.channels_last).to(torch.float32)
+        first = net.conv[0]
+        x = torch.nn.functional.conv2d(x, first.weight * net.scale, first.bias,
+                                       first.stride, first.padding)
+        return net.linear(net.conv[1:](x)).float()
+
+
+@settings(max_examples=30, deadline=None)
+@given(batch=st.integers(1, 6), size=st.integers(36, 44), channels=st.integers(1, 4),
+       last=st.booleans(), nhwc=st.booleans(), floats=st.booleans(),
+       seed=st.integers(0, 10_000))
+def test_bf16_fast_routes_are_the_same_bits(batch, size, channels, last, nhwc, floats, seed):
+    """The bf16 trunk's shortcuts change no bit: uint8 pixels cast straight to bfloat16
+    (integers below 256 are exact in it) against the float32 route autocast took, inputs
+    in either memory layout; and inside frozen_weights (weights cast once per rollout) a
+    no-grad forward gives the same features, a forward that records a graph the same
+    gradients, and leaving the block drops the copies."""
+    from ppokit.policies.encoders import frozen_weights
+
+    shape = (size, size, channels) if last else (channels, size, size)
+    space = (spaces.Box(0.0, 255.0, shape, np.float32) if floats
+             else spaces.Box(0, 255, shape, np.uint8))
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    net = NatureCNN(space, (8, 16, 16), 32)
+    net.precision = "bf16"
+    x = torch.randint(0, 256, (batch, *shape), generator=g, dtype=torch.uint8)
+    if floats:
+        x = x.float()
+    if nhwc and not last:  # the collector's storage of channel-first pixels
+        x = x.contiguous(memory_format=torch.channels_last)
+    w = torch.randn(batch, 32, generator=g)
+
+    def run(f):
+        net.zero_grad()
+        out = f(x)
+        (out * w).sum().backward()
+        return out.detach(), [p.grad.clone() for p in net.parameters()]
+
+    ref, ref_g = run(lambda o: _autocast_float32_route(net, o))
+    out, out_g = run(net)
+    assert torch.equal(out, ref)
+    assert all(torch.equal(a, b) for a, b in zip(out_g, ref_g))
+    with frozen_weights(net):
+        assert net._frozen is not None
+        with torch.no_grad():
+            assert torch.equal(net(x), ref)
+        inside, inside_g = run(net)  # grad enabled: the autocast path
+    assert net._frozen is None
+    assert torch.equal(inside, ref)
+    assert all(torch.equal(a, b) for a, b in zip(inside_g, ref_g))
+
+
+def test_frozen_weights_are_cast_on_entry_only():
+    """A weight changed between two rollouts is seen by the next; float32 trunks and
+    nested blocks cast nothing."""
+    from ppokit.policies.encoders import frozen_weights
+
+    space = spaces.Box(0, 255, (4, 36, 36), np.uint8)
+    torch.manual_seed(0)
+    net = NatureCNN(space, (8, 16, 16), 32)
+    x = torch.randint(0, 256, (3, 4, 36, 36), dtype=torch.uint8)
+    with frozen_weights(net):
+        assert net._frozen is None  # float32: nothing to cast
+    net.precision = "bf16"
+    with torch.no_grad(), frozen_weights(net):
+        before = net(x)
+        outer = net._frozen
+        with frozen_weights(net):
+            assert net._frozen is outer
+        assert net._frozen is outer
+    with torch.no_grad():
+        net.linear[0].bias.add_(1.0)
+        with frozen_weights(net):
+            after = net(x)
+        assert torch.equal(after, net(x))
+    assert not torch.equal(before, after)
+
+
+def test_channel_first_pixels_are_stored_channels_last():
+    """The collector keeps channel-first uint8 pixels in N, H, W, C memory for a CNN
+    policy: the same values, actions and log-probabilities as a collector that keeps them
+    as they come, and minibatch rows of them keep the layout."""
+    from ppokit.engine.batch import take_rows
+
+    torch.manual_seed(0)
+    env0 = make_vec(lambda: ImageChoice(channels_first=True), 3, vectorization="sync")
+    base = make_policy(env0.single_observation_space, env0.single_action_space,
+                       policy="cnn", features_dim=64)
+    env0.close()
+    outs = []
+    for nhwc in (False, True):
+        env = make_vec(lambda: ImageChoice(channels_first=True), 3, vectorization="sync")
+        col = Collector(env, copy.deepcopy(base), generator=torch.Generator().manual_seed(1),
+                        fast=True)
+        assert col.pixels_nhwc
+        col.pixels_nhwc = nhwc
+        col.reset(seed=4)
+        outs.append(col.collect(20))
+        env.close()
+    plain, nhwc = outs
+    flat = nhwc.obs.reshape(-1, *nhwc.obs.shape[2:])
+    assert flat.is_contiguous(memory_format=torch.channels_last) and not flat.is_contiguous()
+    assert torch.equal(nhwc.obs, plain.obs)
+    assert torch.equal(nhwc.actions, plain.actions)
+    assert torch.equal(nhwc.logp, plain.logp) and torch.equal(nhwc.values, plain.values)
+    idx = torch.tensor([5, 0, 5, 59, 17])
+    rows = take_rows(flat, idx)
+    assert rows.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(rows, flat[idx])
+
+
+@settings(max_examples=60, deadline=None)
+@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=4), cl=st.booleans(),
+       picks=st.lists(st.integers(0, 10_000), max_size=12), mask=st.booleans(),
+       seed=st.integers(0, 1000))
+def test_take_rows_is_indexing(shape, cl, picks, mask, seed):
+    """take_rows(t, idx) == t[idx] for row numbers (repeats, any order, none) and masks,
+    on contiguous and channels-last tensors; channels-last rows stay channels-last."""
+    from ppokit.engine.batch import take_rows
+
+    g = torch.Generator().manual_seed(seed)
+    t = torch.randn(shape, generator=g)
+    if cl and t.dim() == 4:
+        t = t.contiguous(memory_format=torch.channels_last)
+    n = t.shape[0]
+    idx = (torch.rand(n, generator=g) < 0.5 if mask
+           else torch.tensor([p % n for p in picks], dtype=torch.long))
+    out = take_rows(t, idx)
+    assert torch.equal(out, t[idx])
+    if cl and t.dim() == 4 and not mask:
+        assert out.is_contiguous(memory_format=torch.channels_last)

@@ -8,7 +8,25 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["LabelledBatch"]
+__all__ = ["LabelledBatch", "take_rows"]
+
+
+def take_rows(t: Tensor, idx: Tensor) -> Tensor:
+    """``t[idx]`` for a 1-D integer ``idx``, as ``index_select``: the same rows, but copied
+    one whole row at a time (a minibatch of 256 Atari frames, 7 MB of uint8: ~1 ms against
+    ~11 ms for advanced indexing, which copies element by element); a channels-last
+    image batch keeps its layout. Any other index (a mask, a slice) goes through
+    ``t[idx]``."""
+    if idx.dim() == 1 and not idx.dtype.is_floating_point and idx.dtype != torch.bool:
+        if (t.dim() == 4 and not t.is_contiguous()
+                and t.is_contiguous(memory_format=torch.channels_last)):
+            # images kept channels-last (the collector's pixels): whole rows of the
+            # N, H, W, C memory, and the result in the same layout
+            n, c, h, w = t.shape
+            rows = torch.index_select(t.permute(0, 2, 3, 1).reshape(n, h * w * c), 0, idx)
+            return rows.view(len(idx), h, w, c).permute(0, 3, 1, 2)
+        return torch.index_select(t, 0, idx)
+    return t[idx]
 
 
 @dataclass
@@ -59,7 +77,8 @@ class LabelledBatch:
 
     def rows(self, idx: Tensor | None) -> dict[str, Tensor]:
         """The rows ``idx`` (all when ``None``) as a dict, with ``mask`` when there is one."""
-        d = dict(self.data) if idx is None else {k: v[idx] for k, v in self.data.items()}
+        d = dict(self.data) if idx is None else {k: take_rows(v, idx)
+                                                 for k, v in self.data.items()}
         if self.mask is not None:
-            d["mask"] = self.mask if idx is None else self.mask[idx]
+            d["mask"] = self.mask if idx is None else take_rows(self.mask, idx)
         return d

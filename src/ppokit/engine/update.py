@@ -69,7 +69,7 @@ from ppokit.core import (
 )
 from ppokit.core.losses import AGGREGATION_MODES
 
-from .batch import LabelledBatch  # noqa: F401 (re-exported)
+from .batch import LabelledBatch, take_rows  # noqa: F401 (LabelledBatch re-exported)
 
 __all__ = ["UpdateSpec", "LabelledBatch", "Forward", "run_update", "eager_minibatch_step",
            "clip_grad_norm_",
@@ -230,7 +230,7 @@ def eager_minibatch_step(spec: UpdateSpec, forward: Callable[[dict], Forward],
         idle = idx is _IDLE  # a zero-weight pass on one row: collectives only
         if idle:
             idx = torch.zeros(1, dtype=torch.long)
-        micro = mb if idx is None else {k: v[idx] for k, v in mb.items()}
+        micro = mb if idx is None else {k: take_rows(v, idx) for k, v in mb.items()}
         m = micro.get("mask")
         f = forward(micro)
         pl = _with_stats(spec.policy_loss,

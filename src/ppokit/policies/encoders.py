@@ -36,6 +36,9 @@ flat vector and minibatch indexing stay what they are for every other policy.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import numpy as np
 import torch
 from gymnasium import spaces
@@ -47,6 +50,7 @@ from ppokit.errors import UserCodeError
 __all__ = ["is_image_space", "image_layout", "ImageCNN", "NatureCNN", "SmallImageCNN",
            "precision_note",
            "image_cnn", "MultiInputEncoder", "flat_dict_space", "POLICIES", "native_bf16",
+           "frozen_weights",
            "FEATURES_EXTRACTORS", "register_features_extractor", "BUILT_IN",
            "resolve_precision", "MIN_CNN_SIZE"]
 
@@ -94,6 +98,18 @@ def resolve_precision(precision: str) -> str:
     return precision
 
 
+@contextlib.contextmanager
+def frozen_weights(module: object) -> Iterator[None]:
+    """:meth:`ImageCNN.frozen` for every image trunk inside ``module``: the block promises
+    that no weight changes in it (the collector wraps each rollout in it)."""
+    with contextlib.ExitStack() as stack:
+        # (a policy need not be an nn.Module: the collector takes any object with act)
+        for m in module.modules() if isinstance(module, nn.Module) else ():
+            if isinstance(m, ImageCNN):
+                stack.enter_context(m.frozen())
+        yield
+
+
 def _conv_out(n: int, k: int, s: int, p: int = 0) -> int:
     return (n + 2 * p - k) // s + 1
 
@@ -132,6 +148,7 @@ class ImageCNN(nn.Module):
         # the reference, the input's own layout (tests/test_pixels.py holds them together)
         self.fast_layout = True
         self.precision = "fp32"  # or "bf16" (config key precision; forward says what it does)
+        self._frozen: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # frozen_weights
         for m in self.modules():
             if isinstance(m, (nn.Conv2d, nn.Linear)):
                 nn.init.orthogonal_(m.weight, np.sqrt(2))
@@ -146,8 +163,57 @@ class ImageCNN(nn.Module):
         # so do the weights, their gradients and the optimiser state. uint8 pixels are
         # integers below 256, exact in bfloat16; what is rounded is the weights (8 bits of
         # mantissa) and the activations between layers.
+        if self._frozen is not None and not torch.is_grad_enabled():
+            return self._trunk_frozen(obs)
         with torch.autocast(obs.device.type, dtype=torch.bfloat16):
             return self._trunk(obs).float()
+
+    def _layers(self) -> list[nn.Module]:
+        return [*self.conv, *self.linear]
+
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """Within this block the weights do not change (a rollout): a bf16 trunk casts
+        them to bfloat16 once, on entry, and its no-grad forwards use those copies
+        instead of autocast's, which casts every weight on every call (the 3136×512
+        linear layer's cast was a third of an 8-frame Atari forward). The copies are the
+        values autocast makes, so the features are the same bits (tests). A forward that
+        records a graph inside the block still takes the autocast path."""
+        if self.precision != "bf16" or not self.fast_layout or self._frozen is not None:
+            yield
+            return
+        with torch.no_grad():
+            casts = []
+            for k, m in enumerate(self._layers()):
+                if isinstance(m, (nn.Conv2d, nn.Linear)):
+                    w = m.weight * self.scale if k == 0 else m.weight  # the folded scale
+                    casts.append((w.to(torch.bfloat16), m.bias.to(torch.bfloat16)))
+        self._frozen = casts
+        try:
+            yield
+        finally:
+            self._frozen = None
+
+    def _trunk_frozen(self, obs: torch.Tensor) -> torch.Tensor:
+        # _trunk under autocast, op for op, with the weights cast on entry to frozen()
+        x = obs.reshape(obs.shape[0], *self.shape)
+        if self.channels_last:
+            x = x.permute(0, 3, 1, 2)
+        if x.dtype == torch.uint8:
+            x = x.to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+        else:
+            x = x.contiguous(memory_format=torch.channels_last).float().to(torch.bfloat16)
+        casts = iter(self._frozen)
+        for m in self._layers():
+            if isinstance(m, nn.Conv2d):
+                w, b = next(casts)
+                x = nn.functional.conv2d(x, w, b, m.stride, m.padding)
+            elif isinstance(m, nn.Linear):
+                w, b = next(casts)
+                x = nn.functional.linear(x, w, b)
+            else:
+                x = m(x)
+        return x.float()
 
     def _trunk(self, obs: torch.Tensor) -> torch.Tensor:
         if not self.fast_layout:  # the reference: as the observations come
@@ -158,10 +224,18 @@ class ImageCNN(nn.Module):
         x = obs.reshape(obs.shape[0], *self.shape)
         if self.channels_last:
             x = x.permute(0, 3, 1, 2)  # already a channels-last view
-        # pixels to float32 in the channels-last layout, which oneDNN's CPU convolutions
-        # run faster (weights and gradients keep their layout); the layout is changed
-        # before the conversion (on uint8: a quarter of the bytes to move)
-        x = x.contiguous(memory_format=torch.channels_last).to(torch.float32)
+        if (x.dtype == torch.uint8 and torch.is_autocast_enabled(x.device.type)
+                and torch.get_autocast_dtype(x.device.type) == torch.bfloat16):
+            # bf16: uint8 pixels straight to bfloat16 (integers below 256 are exact in it:
+            # the values autocast would make of float32 pixels), then to channels-last. On
+            # 256 Atari frames 8 ms against 18 ms for the float32 route below plus the
+            # cast autocast would add (uint8's layout change is the slow one)
+            x = x.to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+        else:
+            # pixels to float32 in the channels-last layout, which oneDNN's CPU
+            # convolutions run faster (weights and gradients keep their layout); the
+            # layout is changed before the conversion (a quarter of the bytes to move)
+            x = x.contiguous(memory_format=torch.channels_last).to(torch.float32)
         # the scale to [0, 1] folded into the first convolution's weights (no pass over
         # the pixels; zero padding stays zero): conv(x * s, W) = conv(x, s * W)
         first = self.conv[0]

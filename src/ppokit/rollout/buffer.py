@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from ppokit.core.registry import ENV_ADVANTAGES, AdvantageSpec, Steps
+from ppokit.engine.batch import take_rows
 
 Tensor = torch.Tensor
 
@@ -86,10 +87,12 @@ class Rollout:
         if self.advantages is None:
             raise RuntimeError("compute_advantages() first")
         keep = self.valid.reshape(-1)
-        everything = keep.all()
+        # the kept rows' numbers: take_rows copies whole rows (pixels: ~10x a mask's
+        # element-by-element copy)
+        rows = None if keep.all() else torch.nonzero(keep).squeeze(1)
         out = {}
         for name in ("obs", "actions", "logp", "values", "advantages", "returns"):
             t = getattr(self, name)
             t = t.reshape(-1, *t.shape[2:])
-            out[name] = t if everything else t[keep]
+            out[name] = t if rows is None else take_rows(t, rows)
         return out

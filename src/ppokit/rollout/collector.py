@@ -49,6 +49,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from ppokit.envs.normalize import ObsNormalizer, RewardScaler
 from ppokit.envs.vec import autoreset_mode_of
 from ppokit.policies.actions import ActionConverter
+from ppokit.policies.encoders import ImageCNN, frozen_weights
 from ppokit.policies.mlp import NumpySampler
 
 from .buffer import Rollout
@@ -110,6 +111,14 @@ class Collector:
         # the policy's image encoder scales them itself. Otherwise float32 (the reference)
         self.keep_uint8 = (fast and obs_normalizer is None
                            and getattr(policy, "encoder", None) is not None)
+        # channel-first uint8 pixels for a convolutional trunk are kept channels-last in
+        # memory (the layout its convolutions compute in): converted once per step here,
+        # so the update's minibatches need no conversion (pixels_nhwc)
+        enc = getattr(policy, "encoder", None)
+        shape = getattr(env.single_observation_space, "shape", None) or ()
+        self.pixels_nhwc = (self.keep_uint8 and isinstance(enc, ImageCNN)
+                            and not enc.channels_last and len(shape) == 3
+                            and env.single_observation_space.dtype == np.uint8)
         self.obs: torch.Tensor | None = None  # current (normalised) observation [N, ...]
         self.pending = np.zeros(self.num_envs, bool)  # NEXT_STEP: next step is a dummy
         self.ep_return = np.zeros(self.num_envs, np.float64)
@@ -124,6 +133,10 @@ class Collector:
         if self.obs_norm is not None:
             return self.obs_norm(raw, update=update)
         if self.keep_uint8 and raw.dtype == np.uint8:
+            if self.pixels_nhwc and raw.ndim == 4:
+                # [N, C, H, W] values in N, H, W, C memory order (always a new array)
+                t = torch.from_numpy(raw)
+                return torch.empty_like(t, memory_format=torch.channels_last).copy_(t).numpy()
             return raw.copy()  # always a copy: the env may reuse its buffer
         return raw.astype(np.float32, order="C")  # (a vector env may return a transpose)
 
@@ -188,7 +201,11 @@ class Collector:
         n = self.num_envs
         sampler = self._numpy_sampler()
         o = self.obs.numpy()
-        obs_buf = np.empty((n_steps, *o.shape), o.dtype)  # float32, or uint8 pixels
+        if self.pixels_nhwc and o.ndim == 4:  # [T, N, C, H, W] stored as T, N, H, W, C
+            nn_, c, h, w = o.shape
+            obs_buf = np.empty((n_steps, nn_, h, w, c), o.dtype).transpose(0, 1, 4, 2, 3)
+        else:
+            obs_buf = np.empty((n_steps, *o.shape), o.dtype)  # float32, or uint8 pixels
         if self.box:
             act_buf = np.empty((n_steps, n, *self.space.shape), np.float32)
         else:
@@ -210,7 +227,8 @@ class Collector:
             logp_buf = np.empty((n_steps, n), np.float32)
             val_buf = np.zeros((n_steps, n), np.float32)
         pending = self.pending
-        with torch.inference_mode():
+        # no weight changes during a rollout: bf16 image trunks cast theirs once, not per step
+        with frozen_weights(self.policy), torch.inference_mode():
             for t in range(n_steps):
                 obs_buf[t] = o
                 if sampler is not None:
@@ -243,7 +261,8 @@ class Collector:
         obs_t = torch.from_numpy(obs_buf)
         act_t = torch.from_numpy(act_buf)
         extra = torch.from_numpy(np.concatenate([o] + [f[2] for f in fixes]))
-        with torch.no_grad():  # (not inference mode: the losses may use these tensors)
+        # (not inference mode: the losses may use these tensors)
+        with frozen_weights(self.policy), torch.no_grad():
             if sampler is not None:
                 flat_obs = obs_t.reshape(n_steps * n, *obs_t.shape[2:])
                 flat_act = act_t.reshape(n_steps * n, *act_t.shape[2:])
