@@ -315,3 +315,42 @@ def test_take_rows_is_indexing(shape, cl, picks, mask, seed):
     assert torch.equal(out, t[idx])
     if cl and t.dim() == 4 and not mask:
         assert out.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_bf16_rollout_with_weights_cast_once_is_the_same_rollout(monkeypatch):
+    """The collector's frozen_weights block (a bf16 trunk's weights cast once per
+    rollout) changes nothing in the rollout: the same actions, log-probabilities and
+    values as a collector whose forwards cast the weights every time."""
+    import contextlib
+
+    from ppokit.rollout import collector as collector_mod
+
+    torch.manual_seed(0)
+    env0 = make_vec(lambda: ImageChoice(channels_first=True), 3, vectorization="sync")
+    base = make_policy(env0.single_observation_space, env0.single_action_space,
+                       policy="cnn", features_dim=64)
+    env0.close()
+    base.encoder.precision = "bf16"
+    outs, seen = [], []
+    real = collector_mod.frozen_weights
+
+    @contextlib.contextmanager
+    def spy(policy):
+        with real(policy):
+            seen.append(policy.encoder._frozen is not None)  # the copies are in use
+            yield
+
+    for frozen in (real, lambda policy: contextlib.nullcontext()):
+        monkeypatch.setattr(collector_mod, "frozen_weights", frozen)
+        if frozen is real:
+            monkeypatch.setattr(collector_mod, "frozen_weights", spy)
+        env = make_vec(lambda: ImageChoice(channels_first=True), 3, vectorization="sync")
+        col = Collector(env, copy.deepcopy(base), generator=torch.Generator().manual_seed(1),
+                        fast=True)
+        col.reset(seed=4)
+        outs.append(col.collect(20))
+        env.close()
+    assert seen and all(seen)  # the first collector's forwards ran on the cast copies
+    cast_once, cast_each = outs
+    for name in ("obs", "actions", "logp", "values", "next_values"):
+        assert torch.equal(getattr(cast_once, name), getattr(cast_each, name)), name
