@@ -297,14 +297,14 @@ for _ in range(9):
 def test_a_process_that_exits_right_after_a_parallel_step_exits_cleanly(tmp_path):
     """The critic's thread takes the GIL once more after delivering its result; a process
     ending right then aborted ("terminate called without an active exception", exit 134)
-    before ppokit gave the GIL up at exit. Six tries of a forked branch the caller waits
+    before ppokit gave the GIL up at exit. Four tries of a forked branch the caller waits
     for, as the fused step's critic: without the pause at exit, about three in four
-    aborted."""
+    aborted (all four passing by luck: ~0.4 %)."""
     import subprocess
     import sys
 
     script = tmp_path / "exit_now.py"
     script.write_text(_EXIT_RIGHT_AFTER)
     codes = [subprocess.run([sys.executable, str(script)], capture_output=True,
-                            timeout=120).returncode for _ in range(6)]
-    assert codes == [0] * 6
+                            timeout=120).returncode for _ in range(4)]
+    assert codes == [0] * 4
