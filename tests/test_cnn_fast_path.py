@@ -19,16 +19,22 @@ from ppokit.policies.encoders import NatureCNN
 from ppokit.rollout import Collector
 
 
+def _small_cnn(size, channels, last, floats, seed, high=1.0):
+    """(shape, a seeded generator, a small NatureCNN on that image space: uint8 pixels,
+    or floats in [0, high])."""
+    shape = (size, size, channels) if last else (channels, size, size)
+    space = (spaces.Box(0.0, high, shape, np.float32) if floats
+             else spaces.Box(0, 255, shape, np.uint8))
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    return shape, g, NatureCNN(space, (8, 16, 16), 32)
+
+
 @settings(max_examples=40, deadline=None)
 @given(batch=st.integers(1, 5), size=st.integers(36, 48), channels=st.integers(1, 4),
        last=st.booleans(), floats=st.booleans(), seed=st.integers(0, 10_000))
 def test_fast_cnn_matches_reference(batch, size, channels, last, floats, seed):
-    shape = (size, size, channels) if last else (channels, size, size)
-    space = (spaces.Box(0.0, 1.0, shape, np.float32) if floats
-             else spaces.Box(0, 255, shape, np.uint8))
-    g = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
-    ref = NatureCNN(space, (8, 16, 16), 32)
+    shape, g, ref = _small_cnn(size, channels, last, floats, seed)
     ref.fast_layout = False
     fast = copy.deepcopy(ref)
     fast.fast_layout = True
@@ -202,12 +208,7 @@ def test_bf16_fast_routes_are_the_same_bits(batch, size, channels, last, nhwc, f
     gradients, and leaving the block drops the copies."""
     from ppokit.policies.encoders import frozen_weights
 
-    shape = (size, size, channels) if last else (channels, size, size)
-    space = (spaces.Box(0.0, 255.0, shape, np.float32) if floats
-             else spaces.Box(0, 255, shape, np.uint8))
-    g = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
-    net = NatureCNN(space, (8, 16, 16), 32)
+    shape, g, net = _small_cnn(size, channels, last, floats, seed, high=255.0)
     net.precision = "bf16"
     x = torch.randint(0, 256, (batch, *shape), generator=g, dtype=torch.uint8)
     if floats:
