@@ -190,10 +190,96 @@ def _autocast_float32_route(net: NatureCNN, obs: torch.Tensor) -> torch.Tensor:
         if net.channels_last:
             x = x.permute(0, 3, 1, 2)
         x = x.contiguous(memory_format=torch.channels_last).to(torch.float32)
-        first = net.conv[0]
-        x = torch.nn.functional.conv2d(x, first.weight * net.scale, first.bias,
-                                       first.stride, first.padding)
+        first, s = net.conv[0], net.depth_block
+        w, stride, pad = first.weight * net.scale, first.stride, first.padding
+        if s:  # the space-to-depth first convolution, written out
+            x, w, stride, pad = _depth_input(x, s).permute(0, 3, 1, 2), _depth_w(w, s), 1, 0
+        x = torch.nn.functional.conv2d(x, w, first.bias, stride, pad)
         return net.linear(net.conv[1:](x)).float()
+
+
+def _depth_input(x: torch.Tensor, s: int) -> torch.Tensor:
+    """``[N, C, H, W]`` → ``[N, H/s, W/s, s·s·C]``, channel ``(dy·s + dx)·C + c``, one
+    element at a time."""
+    n, c, h, w = x.shape
+    out = x.new_empty(n, h // s, w // s, s * s * c)
+    for dy in range(s):
+        for dx in range(s):
+            k = (dy * s + dx) * c
+            out[..., k:k + c] = x[:, :, dy::s, dx::s].permute(0, 2, 3, 1)
+    return out
+
+
+def _depth_w(w: torch.Tensor, s: int) -> torch.Tensor:
+    """A ``[O, C, k, k]`` weight as the ``[O, s·s·C, k/s, k/s]`` one on :func:`_depth_input`."""
+    o, c, k, _ = w.shape
+    out = w.new_empty(o, s * s * c, k // s, k // s)
+    for dy in range(s):
+        for dx in range(s):
+            out[:, (dy * s + dx) * c:(dy * s + dx + 1) * c] = w[:, :, dy::s, dx::s]
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 3), hb=st.integers(1, 5), wb=st.integers(1, 5), c=st.integers(1, 5),
+       s=st.integers(2, 4), dtype=st.sampled_from([torch.uint8, torch.bfloat16, torch.float32,
+                                                   torch.int16]),
+       layout=st.sampled_from(["contiguous", "channel-first", "offset"]),
+       seed=st.integers(0, 10_000))
+def test_space_to_depth_moves_every_byte(n, hb, wb, c, s, dtype, layout, seed):
+    """space_to_depth against the element-by-element rearrangement on random bytes (any
+    bit pattern, NaNs of the float formats included): the wide-element copy (16, 8, 4 or
+    2 bytes per run), the plain permutation for other run widths, inputs that are views
+    of channel-first or offset memory (misaligned for the wide elements)."""
+    from ppokit.policies.encoders import space_to_depth
+
+    g = torch.Generator().manual_seed(seed)
+    h, w = hb * s, wb * s
+    size = torch.empty(0, dtype=dtype).element_size()
+    raw = torch.randint(0, 256, (n * h * w * c * size,), generator=g, dtype=torch.uint8)
+    nhwc = raw.view(dtype).view(n, h, w, c)
+    if layout == "offset":  # the same values one element into a buffer: misaligned
+        base = torch.empty(nhwc.numel() + 1, dtype=dtype)
+        base.view(torch.uint8)[size:] = raw
+        nhwc = base[1:].view(n, h, w, c)
+    if layout == "channel-first":
+        nhwc = nhwc.permute(0, 3, 1, 2).contiguous().permute(0, 2, 3, 1)
+    out = space_to_depth(nhwc, s)
+    ref = _depth_input(nhwc.permute(0, 3, 1, 2), s)
+    assert out.is_contiguous() and out.dtype == dtype and out.shape == ref.shape
+    assert torch.equal(out.view(torch.uint8), ref.view(torch.uint8))
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 3), c=st.integers(1, 4), o=st.integers(1, 5), s=st.integers(2, 4),
+       kb=st.integers(1, 3), extra=st.integers(0, 3), seed=st.integers(0, 10_000))
+def test_depth_weight_convolution_is_the_strided_convolution(n, c, o, s, kb, extra, seed):
+    """conv(x, W, stride s) = conv(space_to_depth(x), depth_weight(W), stride 1) for a
+    kernel that is a multiple of the stride, in float64 (the same products, summed in
+    another order)."""
+    from ppokit.policies.encoders import depth_weight, space_to_depth
+
+    g = torch.Generator().manual_seed(seed)
+    k = kb * s
+    h = w = k + extra * s
+    x = torch.randn(n, c, h, w, generator=g, dtype=torch.float64)
+    wt = torch.randn(o, c, k, k, generator=g, dtype=torch.float64)
+    assert torch.equal(depth_weight(wt, s), _depth_w(wt, s))
+    ref = torch.nn.functional.conv2d(x, wt, stride=s)
+    out = torch.nn.functional.conv2d(space_to_depth(x.permute(0, 2, 3, 1), s)
+                                     .permute(0, 3, 1, 2), depth_weight(wt, s))
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_the_nature_cnn_takes_space_to_depth_input_where_it_is_the_same_function():
+    def block(shape, cls=NatureCNN):
+        return cls(spaces.Box(0, 255, shape, np.uint8), (8, 16, 16), 32).depth_block
+
+    from ppokit.policies.encoders import SmallImageCNN
+
+    assert block((4, 84, 84)) == 4 and block((84, 84, 4)) == 4 and block((1, 36, 40)) == 4
+    assert block((4, 84, 86)) == 0 and block((3, 37, 40)) == 0  # not a multiple of 4
+    assert block((4, 10, 10), SmallImageCNN) == 0  # 3x3 kernels
 
 
 @settings(max_examples=30, deadline=None)
