@@ -4,7 +4,8 @@ file), built by ``setup.py`` when ppokit is installed.
 What is in it: the native minibatch step — the fused PPO step of an MLP actor-critic,
 Adam included, as one call (:mod:`ppokit.engine.native` hands it torch's buffers), its
 critic on a worker thread while that keeps up (:func:`auto_state`); the rollout's actor
-(:func:`sample`, which :class:`ppokit.policies.NumpySampler` calls); the recurrent
+(:func:`sample`, which :class:`ppokit.policies.NumpySampler` calls) and its storage of
+channel-first pixels in pixel order (:func:`pixels_last`); the recurrent
 update's LSTM (:mod:`ppokit.kernels.lstm`); the environment GAE (:func:`gae`, its checks
 and recursion in one pass, which :func:`ppokit.core.gae` runs; :func:`reverse_scan`, the
 recursion alone) and the token GAE of the language-model trainer (:func:`token_gae`,
@@ -17,10 +18,11 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import torch
 
 __all__ = ["auto_state", "available", "gae", "token_gae", "reverse_scan", "ppo_step",
-           "sample", "sample_scratch", "scratch_floats", "tanh_", "lstm_forward",
+           "sample", "sample_scratch", "pixels_last", "scratch_floats", "tanh_", "lstm_forward",
            "lstm_backward", "lstm_scratch"]
 
 try:
@@ -89,6 +91,21 @@ def sample_scratch(plan: int, rows: int) -> int:
 def scratch_floats(plan: int, rows: int) -> int:
     """Floats of scratch the native step needs for a minibatch of ``rows`` rows."""
     return _c.scratch_floats(plan, rows)
+
+
+def pixels_last(frames: np.ndarray) -> np.ndarray | None:
+    """uint8 frames ``[N, C, H, W]`` (C-contiguous) as an array of the same shape whose
+    memory is ``N, H, W, C`` (each pixel's channels side by side: the layout the CNN
+    computes in), or None where the extension is not available or ``frames`` is not such
+    an array (the caller then uses torch's copy, the same bytes)."""
+    if (available() is not None or not isinstance(frames, np.ndarray)
+            or frames.dtype != np.uint8 or frames.ndim != 4 or not frames.flags.c_contiguous):
+        return None
+    n, c, h, w = frames.shape
+    out = np.empty((n, h, w, c), np.uint8)
+    if frames.size:
+        _c.interleave(frames.ctypes.data, out.ctypes.data, n, c, h * w)
+    return out.transpose(0, 3, 1, 2)
 
 
 def tanh_(x: torch.Tensor) -> torch.Tensor:

@@ -1338,6 +1338,52 @@ static PyObject *py_gae(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromLong(rc);
 }
 
+/* Pixels from plane order to pixel order: dst[f][p][k] = src[f][k][p], uint8, for
+ * `frames` frames of `planes` planes of `pixels` pixels (the collector's channel-first
+ * frames stored height-width-channel). Four planes (stacked Atari frames) are packed as
+ * one 32-bit word per pixel, which the compiler vectorises; any other count moves byte
+ * by byte. */
+static void interleave_u8(const uint8_t *restrict src, uint8_t *restrict dst, int64_t frames,
+                          int64_t planes, int64_t pixels)
+{
+    for (int64_t f = 0; f < frames; f++) {
+        const uint8_t *s = src + f * planes * pixels;
+        uint8_t *d = dst + f * planes * pixels;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        if (planes == 4) {
+            const uint8_t *a = s, *b = s + pixels, *c = s + 2 * pixels, *e = s + 3 * pixels;
+            for (int64_t p = 0; p < pixels; p++) {
+                const uint32_t w = (uint32_t)a[p] | ((uint32_t)b[p] << 8) |
+                                   ((uint32_t)c[p] << 16) | ((uint32_t)e[p] << 24);
+                memcpy(d + 4 * p, &w, 4);
+            }
+            continue;
+        }
+#endif
+        for (int64_t p = 0; p < pixels; p++)
+            for (int64_t k = 0; k < planes; k++) d[p * planes + k] = s[k * pixels + p];
+    }
+}
+
+/* interleave(src, dst, frames, planes, pixels) -> None (addresses, checked by the caller) */
+static PyObject *py_interleave(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    void *src, *dst;
+    if (nargs != 5 || !as_ptr(args[0], &src) || !as_ptr(args[1], &dst)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "interleave(src, dst, frames, planes, pixels)");
+        return NULL;
+    }
+    const int64_t f = PyLong_AsLongLong(args[2]), k = PyLong_AsLongLong(args[3]),
+                  n = PyLong_AsLongLong(args[4]);
+    if (PyErr_Occurred()) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    interleave_u8(src, dst, f, k, n);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 /* tanh(x, n) -> None: the step's tanh in place on n floats */
 static PyObject *py_tanh(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1535,6 +1581,8 @@ static PyMethodDef methods[] = {
      "The native step's automatic choice of where its critic runs: its counts."},
     {"token_gae", (PyCFunction)(void (*)(void))py_token_gae, METH_FASTCALL,
      "ppokit.core.token_gae on checked [B, L] buffers."},
+    {"interleave", (PyCFunction)(void (*)(void))py_interleave, METH_FASTCALL,
+     "uint8 frames from plane order to pixel order."},
     {"tanh", (PyCFunction)(void (*)(void))py_tanh, METH_FASTCALL,
      "The native step's tanh, in place."},
     {"gae", (PyCFunction)(void (*)(void))py_gae, METH_FASTCALL,
