@@ -271,6 +271,17 @@ def test_depth_weight_convolution_is_the_strided_convolution(n, c, o, s, kb, ext
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
 
 
+def test_space_to_depth_refuses_partial_blocks():
+    import pytest
+
+    from ppokit.policies.encoders import depth_weight, space_to_depth
+
+    with pytest.raises(ValueError, match="10x12 pixels are not a whole number of 4x4"):
+        space_to_depth(torch.zeros(1, 10, 12, 4, dtype=torch.uint8), 4)
+    with pytest.raises(ValueError, match="a 3x3 kernel is not a whole number of 2x2"):
+        depth_weight(torch.zeros(8, 4, 3, 3), 2)
+
+
 def test_the_nature_cnn_takes_space_to_depth_input_where_it_is_the_same_function():
     def block(shape, cls=NatureCNN):
         return cls(spaces.Box(0, 255, shape, np.uint8), (8, 16, 16), 32).depth_block

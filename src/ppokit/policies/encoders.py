@@ -125,9 +125,13 @@ def space_to_depth(x: torch.Tensor, s: int) -> torch.Tensor:
     ``s``×``s`` block of pixels becomes one pixel whose channel ``(dy·s + dx)·C + c`` is
     channel ``c`` of the block's pixel in row ``dy``, column ``dx``. Only bytes move."""
     n, h, w, c = x.shape
+    if s < 1 or h % s or w % s:
+        raise ValueError(f"space_to_depth: images of {h}x{w} pixels are not a whole number "
+                         f"of {s}x{s} blocks")
     x = x.contiguous()
-    wide = _RUNS.get(s * c * x.element_size())
-    if wide is None or x.data_ptr() % (s * c * x.element_size()):
+    run = s * c * x.element_size()
+    wide = _RUNS.get(run) if x.device.type in ("cpu", "cuda") else None  # (no complex128 on MPS)
+    if wide is None or x.data_ptr() % run:
         return (x.view(n, h // s, s, w // s, s, c).permute(0, 1, 3, 2, 4, 5)
                 .reshape(n, h // s, w // s, s * s * c))
     runs = x.view(n, h, w // s, s * c).view(wide).view(n, h // s, s, w // s)
@@ -141,6 +145,9 @@ def depth_weight(weight: torch.Tensor, s: int) -> torch.Tensor:
     ``conv(x, W, stride s) = conv(space_to_depth(x), depth_weight(W), stride 1)``, the
     same products summed in another order."""
     o, c, kh, kw = weight.shape
+    if s < 1 or kh % s or kw % s:
+        raise ValueError(f"depth_weight: a {kh}x{kw} kernel is not a whole number of "
+                         f"{s}x{s} blocks")
     return (weight.view(o, c, kh // s, s, kw // s, s).permute(0, 3, 5, 1, 2, 4)
             .reshape(o, s * s * c, kh // s, kw // s))
 
