@@ -99,7 +99,8 @@ def pixels_last(frames: np.ndarray) -> np.ndarray | None:
     computes in), or None where the extension is not available or ``frames`` is not such
     an array (the caller then uses torch's copy, the same bytes)."""
     if (available() is not None or not isinstance(frames, np.ndarray)
-            or frames.dtype != np.uint8 or frames.ndim != 4 or not frames.flags.c_contiguous):
+            or frames.dtype != np.uint8 or frames.ndim != 4 or not frames.flags.c_contiguous
+            or not hasattr(_c, "interleave")):  # (an extension built before it existed)
         return None
     n, c, h, w = frames.shape
     out = np.empty((n, h, w, c), np.uint8)

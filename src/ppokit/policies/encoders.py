@@ -131,8 +131,12 @@ def space_to_depth(x: torch.Tensor, s: int) -> torch.Tensor:
     x = x.contiguous()
     run = s * c * x.element_size()
     wide = _RUNS.get(run) if x.device.type in ("cpu", "cuda") else None  # (no complex128 on MPS)
-    if wide is None or x.data_ptr() % run:
-        return (x.view(n, h // s, s, w // s, s, c).permute(0, 1, 3, 2, 4, 5)
+    # the plain permutation where the wide view does not apply: an empty batch (its strides
+    # may be anything), memory not aligned to the run (torch's view checks the offset into
+    # the storage), or an input that needs a gradient (a view across element sizes has none)
+    if (wide is None or x.numel() == 0 or x.requires_grad or x.data_ptr() % run
+            or x.storage_offset() * x.element_size() % run):
+        return (x.reshape(n, h // s, s, w // s, s, c).permute(0, 1, 3, 2, 4, 5)
                 .reshape(n, h // s, w // s, s * s * c))
     runs = x.view(n, h, w // s, s * c).view(wide).view(n, h // s, s, w // s)
     return runs.permute(0, 1, 3, 2).contiguous().view(x.dtype).view(n, h // s, w // s,
