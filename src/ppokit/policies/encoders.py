@@ -276,7 +276,9 @@ class ImageCNN(nn.Module):
         straight to bfloat16 when ``bf16`` (integers below 256 are exact in it: the
         values autocast would make of float32 pixels; on 256 Atari frames 8 ms against
         18 ms for the float32 route plus autocast's cast), otherwise float32, the layout
-        changed before the conversion (on uint8: a quarter of the bytes to move)."""
+        changed before the conversion (on uint8: a quarter of the bytes to move). With
+        ``depth_block`` the result is the space-to-depth input of the first convolution,
+        ``[B, s·s·C, H/s, W/s]`` (:meth:`_first` gives the matching weights)."""
         x = obs.reshape(obs.shape[0], *self.shape)
         if self.channels_last:
             x = x.permute(0, 3, 1, 2)  # already a channels-last view
