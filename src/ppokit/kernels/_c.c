@@ -1399,6 +1399,371 @@ static PyObject *py_tanh(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     Py_RETURN_NONE;
 }
 
+/* ---------------------------------------------------------------------------------------
+ * The decoder's elementwise steps (ppokit.kernels.decoder; the fused forward of
+ * ppokit/llm/modeling/fused.py calls them through autograd functions): RMS norm, the
+ * rotary embedding with the split of the fused q/k/v product, and the SiLU-gated product
+ * of the MLP, forward and backward, each one pass over its rows instead of the five to
+ * fifteen tensor operations (and their temporaries) the same formulas take in torch.
+ *
+ * Activations are float32 or bfloat16 (`bf`: uint16 holding a bfloat16's upper half).
+ * float32 -> bfloat16 rounds to nearest even as torch does (a NaN stays a quiet NaN).
+ * Where the torch formulas round to bfloat16 between two steps, these round at the same
+ * step, so that the same inputs give torch's values (the rotary embedding and the gated
+ * product bit for bit; the norm up to the order of its sum of squares). Products and sums
+ * are never contracted into fused multiply-adds here, as in torch's separate kernels. */
+
+static inline float bf_ld(const uint16_t *p, int64_t i)
+{
+    union { uint32_t u; float f; } c;
+    c.u = (uint32_t)p[i] << 16;
+    return c.f;
+}
+
+static inline uint16_t bf_round(float f)
+{
+    union { float f; uint32_t u; } c;
+    c.f = f;
+    const uint32_t nan = (c.u & 0x7fffffffu) > 0x7f800000u;
+    const uint32_t r = (c.u + 0x7fffu + ((c.u >> 16) & 1u)) >> 16;
+    return (uint16_t)(nan ? 0x7fc0u : r);
+}
+
+/* f rounded to bfloat16, as a float */
+static inline float bf_rt(float f)
+{
+    const uint16_t b = bf_round(f);
+    return bf_ld(&b, 0);
+}
+
+/* the same sixteen at a time (GCC vector extensions: AVX-512 where the clone has it) */
+typedef int32_t i16v __attribute__((vector_size(64)));
+typedef uint32_t u16v __attribute__((vector_size(64)));
+typedef uint16_t h16v __attribute__((vector_size(32)));
+
+static inline v16 bf_ld16(const uint16_t *p)
+{
+    h16v h;
+    memcpy(&h, p, sizeof h);
+    const u16v u = __builtin_convertvector(h, u16v) << 16;
+    v16 f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline u16v bf_bits16(v16 f)
+{
+    u16v u;
+    memcpy(&u, &f, sizeof u);
+    const u16v nan = (u16v)((u & 0x7fffffffu) > 0x7f800000u);
+    const u16v r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (r & ~nan) | (0x7fc0u & nan);
+}
+
+static inline void bf_st16(uint16_t *p, v16 f)
+{
+    const h16v h = __builtin_convertvector(bf_bits16(f), h16v);
+    memcpy(p, &h, sizeof h);
+}
+
+static inline v16 bf_rt16(v16 f)
+{
+    const u16v u = bf_bits16(f) << 16;
+    v16 r;
+    memcpy(&r, &u, sizeof r);
+    return r;
+}
+
+static inline v16 splat(float x) { return (v16){0} + x; }
+
+static inline v16 vsel(i16v m, v16 a, v16 b) /* m ? a : b, lane by lane */
+{
+    return (v16)(((i16v)a & m) | ((i16v)b & ~m));
+}
+
+/* exp_f sixteen at a time (the same steps) */
+static inline v16 exp_v(v16 x)
+{
+    x = vsel(x < -87.3f, splat(-87.3f), x);
+    x = vsel(x > 88.3f, splat(88.3f), x);
+    const v16 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    v16 r = x - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    v16 y = splat(1.9875691500e-4f);
+    y = y * r + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = y * r * r + r + 1.0f;
+    const i16v e = (__builtin_convertvector(n, i16v) + 127) << 23;
+    return y * (v16)e;
+}
+
+/* sixteen activations (bfloat16 if bf) as floats, and their store */
+static inline v16 act_ld16(const void *p, int64_t i, int bf)
+{
+    return bf ? bf_ld16((const uint16_t *)p + i) : ld((const float *)p + i);
+}
+
+static inline void act_st16(void *p, int64_t i, v16 v, int bf)
+{
+    if (bf)
+        bf_st16((uint16_t *)p + i, v);
+    else
+        st((float *)p + i, v);
+}
+
+static inline float act_ld(const void *p, int64_t i, int bf)
+{
+    return bf ? bf_ld(p, i) : ((const float *)p)[i];
+}
+
+static inline void act_st(void *p, int64_t i, float v, int bf)
+{
+    if (bf)
+        ((uint16_t *)p)[i] = bf_round(v);
+    else
+        ((float *)p)[i] = v;
+}
+
+/* y = w * (x * rstd) with rstd = 1 / sqrt(mean(x^2) + eps) per row; x [N, D] float32, y in
+ * bfloat16 (ybf) or float32; rstd [N] kept for the backward */
+MULTIVERSION
+static void rms_fwd(const float *x, const float *w, float eps, int64_t N, int64_t D, void *y,
+                    int ybf, float *rstd)
+{
+    const int64_t d16 = D / 16 * 16;
+    for (int64_t n = 0; n < N; n++) {
+        const float *xr = x + n * D;
+        v16 acc = {0};
+        for (int64_t i = 0; i < d16; i += 16) acc += ld(xr + i) * ld(xr + i);
+        float s = hsum(acc);
+        for (int64_t i = d16; i < D; i++) s += xr[i] * xr[i];
+        const float r = 1.0f / sqrtf(s / (float)D + eps);
+        rstd[n] = r;
+        for (int64_t i = 0; i < d16; i += 16)
+            act_st16(y, n * D + i, ld(w + i) * (ld(xr + i) * r), ybf);
+        for (int64_t i = d16; i < D; i++) act_st(y, n * D + i, w[i] * (xr[i] * r), ybf);
+    }
+}
+
+/* its backward: dx = rstd (g - xhat mean(g xhat)), g = dy w, xhat = x rstd; dw += dy xhat
+ * summed over the rows (the caller zeroes dw) */
+MULTIVERSION
+static void rms_bwd(const float *x, const float *w, const float *rstd, const void *dy, int dybf,
+                    int64_t N, int64_t D, float *dx, float *dw)
+{
+    const int64_t d16 = D / 16 * 16;
+    for (int64_t n = 0; n < N; n++) {
+        const float *xr = x + n * D;
+        float *dxr = dx + n * D;
+        const float r = rstd[n];
+        v16 acc = {0};
+        for (int64_t i = 0; i < d16; i += 16) {  /* dx holds g = dy w until the last loop */
+            const v16 e = act_ld16(dy, n * D + i, dybf), xh = ld(xr + i) * r;
+            const v16 g = e * ld(w + i);
+            st(dw + i, ld(dw + i) + e * xh);
+            st(dxr + i, g);
+            acc += g * xh;
+        }
+        float s = hsum(acc);
+        for (int64_t i = d16; i < D; i++) {
+            const float e = act_ld(dy, n * D + i, dybf), xh = xr[i] * r;
+            dw[i] += e * xh;
+            dxr[i] = e * w[i];
+            s += dxr[i] * xh;
+        }
+        const float m = s / (float)D;
+        for (int64_t i = 0; i < d16; i += 16)
+            st(dxr + i, (ld(dxr + i) - (ld(xr + i) * r) * m) * r);
+        for (int64_t i = d16; i < D; i++) dxr[i] = (dxr[i] - (xr[i] * r) * m) * r;
+    }
+}
+
+/* the fused q/k/v product's rows [N, (H + 2 KV) hd] (bfloat16 if bf) -> q [N, H, hd],
+ * k [N, KV, hd] rotated (t cos + rotate_half(t) sin, rotate_half(t) = (-t2, t1)) and v
+ * [N, KV, hd], float32; cos, sin [N, hd] */
+MULTIVERSION
+static void rope_fwd(const void *qkv, int bf, const float *cos_, const float *sin_, int64_t N,
+                     int64_t H, int64_t KV, int64_t hd, float *q, float *k, float *v)
+{
+    const int64_t half = hd / 2, width = (H + 2 * KV) * hd, h16 = half / 16 * 16;
+    for (int64_t n = 0; n < N; n++) {
+        const float *c = cos_ + n * hd, *s = sin_ + n * hd;
+        const int64_t row = n * width;
+        for (int64_t h = 0; h < H + KV; h++) {
+            float *o = h < H ? q + (n * H + h) * hd : k + (n * KV + h - H) * hd;
+            const int64_t t = row + h * hd;
+            for (int64_t j = 0; j < h16; j += 16) {
+                const v16 a = act_ld16(qkv, t + j, bf), b = act_ld16(qkv, t + j + half, bf);
+                st(o + j, a * ld(c + j) + (-b) * ld(s + j));
+                st(o + j + half, b * ld(c + j + half) + a * ld(s + j + half));
+            }
+            for (int64_t j = h16; j < half; j++) {
+                const float a = act_ld(qkv, t + j, bf), b = act_ld(qkv, t + j + half, bf);
+                o[j] = a * c[j] + (-b) * s[j];
+                o[j + half] = b * c[j + half] + a * s[j + half];
+            }
+        }
+        float *vo = v + n * KV * hd;
+        const int64_t vt = row + (H + KV) * hd, m = KV * hd, m16 = m / 16 * 16;
+        for (int64_t j = 0; j < m16; j += 16) st(vo + j, act_ld16(qkv, vt + j, bf));
+        for (int64_t j = m16; j < m; j++) vo[j] = act_ld(qkv, vt + j, bf);
+    }
+}
+
+/* its backward: dq, dk, dv (float32, the shapes of q, k, v) -> dqkv [N, (H + 2 KV) hd]
+ * (bfloat16 if bf: each of the two terms of a rotated value's gradient rounded, then their
+ * sum, as torch's autograd rounds them) */
+MULTIVERSION
+static void rope_bwd(const float *dq, const float *dk, const float *dv, const float *cos_,
+                     const float *sin_, int64_t N, int64_t H, int64_t KV, int64_t hd,
+                     void *dqkv, int bf)
+{
+    const int64_t half = hd / 2, width = (H + 2 * KV) * hd, h16 = half / 16 * 16;
+    for (int64_t n = 0; n < N; n++) {
+        const float *c = cos_ + n * hd, *s = sin_ + n * hd;
+        const int64_t row = n * width;
+        for (int64_t h = 0; h < H + KV; h++) {
+            const float *g = h < H ? dq + (n * H + h) * hd : dk + (n * KV + h - H) * hd;
+            const int64_t t = row + h * hd;
+            /* t_j enters o_j (cos) and o_{j+half} (sin); t_{j+half} enters o_{j+half} (cos)
+             * and o_j (-sin) */
+            for (int64_t j = 0; j < h16; j += 16) {
+                v16 a0 = ld(g + j) * ld(c + j), a1 = ld(g + j + half) * ld(s + j + half);
+                v16 b0 = ld(g + j + half) * ld(c + j + half), b1 = ld(g + j) * ld(s + j);
+                if (bf) {
+                    a0 = bf_rt16(a0), a1 = bf_rt16(a1), b0 = bf_rt16(b0), b1 = bf_rt16(b1);
+                }
+                act_st16(dqkv, t + j, a0 + a1, bf);
+                act_st16(dqkv, t + j + half, b0 - b1, bf);
+            }
+            for (int64_t j = h16; j < half; j++) {
+                float a0 = g[j] * c[j], a1 = g[j + half] * s[j + half];
+                float b0 = g[j + half] * c[j + half], b1 = g[j] * s[j];
+                if (bf) {
+                    a0 = bf_rt(a0), a1 = bf_rt(a1), b0 = bf_rt(b0), b1 = bf_rt(b1);
+                }
+                act_st(dqkv, t + j, a0 + a1, bf);
+                act_st(dqkv, t + j + half, b0 - b1, bf);
+            }
+        }
+        const float *gv = dv + n * KV * hd;
+        const int64_t vt = row + (H + KV) * hd, m = KV * hd, m16 = m / 16 * 16;
+        for (int64_t j = 0; j < m16; j += 16) act_st16(dqkv, vt + j, ld(gv + j), bf);
+        for (int64_t j = m16; j < m; j++) act_st(dqkv, vt + j, gv[j], bf);
+    }
+}
+
+/* the gated product y = silu(gate) * up of rows gu [N, 2F] (gate the first F columns),
+ * y [N, F], silu(g) = g sigmoid(g) = g / (1 + e^-g); bfloat16 (bf: silu's value rounded
+ * before the product, as torch's two operations round it) or float32. The row functions
+ * are inlined with bf a constant, so that each format has its own loop. */
+static inline __attribute__((always_inline)) void swiglu_fwd_rows(
+    const void *gu, const int bf, int64_t N, int64_t F, void *y)
+{
+    const int64_t f16 = F / 16 * 16;
+    for (int64_t n = 0; n < N; n++) {
+        const int64_t r = n * 2 * F, o = n * F;
+        for (int64_t j = 0; j < f16; j += 16) {
+            const v16 g = act_ld16(gu, r + j, bf), u = act_ld16(gu, r + F + j, bf);
+            v16 a = g * (1.0f / (1.0f + exp_v(-g)));
+            if (bf) a = bf_rt16(a);
+            act_st16(y, o + j, a * u, bf);
+        }
+        for (int64_t j = f16; j < F; j++) {
+            const float g = act_ld(gu, r + j, bf), u = act_ld(gu, r + F + j, bf);
+            float a = g * (1.0f / (1.0f + exp_f(-g)));
+            if (bf) a = bf_rt(a);
+            act_st(y, o + j, a * u, bf);
+        }
+    }
+}
+
+MULTIVERSION
+static void swiglu_fwd(const void *gu, int bf, int64_t N, int64_t F, void *y)
+{
+    if (bf)
+        swiglu_fwd_rows(gu, 1, N, F, y);
+    else
+        swiglu_fwd_rows(gu, 0, N, F, y);
+}
+
+/* its backward: dy [N, F] -> dgu [N, 2F]: d up = dy silu(g), d gate = (dy up) s (1 + g
+ * (1 - s)), s = sigmoid(g) (bf: rounded where torch's autograd rounds) */
+static inline __attribute__((always_inline)) void swiglu_bwd_rows(
+    const void *gu, const void *dy, const int bf, int64_t N, int64_t F, void *dgu)
+{
+    const int64_t f16 = F / 16 * 16;
+    for (int64_t n = 0; n < N; n++) {
+        const int64_t r = n * 2 * F, o = n * F;
+        for (int64_t j = 0; j < f16; j += 16) {
+            const v16 g = act_ld16(gu, r + j, bf), u = act_ld16(gu, r + F + j, bf);
+            const v16 e = act_ld16(dy, o + j, bf);
+            const v16 s = 1.0f / (1.0f + exp_v(-g));
+            v16 a = g * s, da = e * u;
+            if (bf) a = bf_rt16(a), da = bf_rt16(da);
+            act_st16(dgu, r + j, da * (s * (1.0f + g * (1.0f - s))), bf);
+            act_st16(dgu, r + F + j, e * a, bf);
+        }
+        for (int64_t j = f16; j < F; j++) {
+            const float g = act_ld(gu, r + j, bf), u = act_ld(gu, r + F + j, bf);
+            const float e = act_ld(dy, o + j, bf);
+            const float s = 1.0f / (1.0f + exp_f(-g));
+            float a = g * s, da = e * u;
+            if (bf) a = bf_rt(a), da = bf_rt(da);
+            act_st(dgu, r + j, da * (s * (1.0f + g * (1.0f - s))), bf);
+            act_st(dgu, r + F + j, e * a, bf);
+        }
+    }
+}
+
+MULTIVERSION
+static void swiglu_bwd(const void *gu, const void *dy, int bf, int64_t N, int64_t F, void *dgu)
+{
+    if (bf)
+        swiglu_bwd_rows(gu, dy, 1, N, F, dgu);
+    else
+        swiglu_bwd_rows(gu, dy, 0, N, F, dgu);
+}
+
+/* decoder(op, addresses..., sizes..., flags...) -> None: op 0 rms_fwd(x, w, y, rstd, N, D,
+ * ybf, eps), 1 rms_bwd(x, w, rstd, dy, dx, dw, N, D, dybf), 2 rope_fwd(qkv, cos, sin, q,
+ * k, v, N, H, KV, hd, bf), 3 rope_bwd(dq, dk, dv, cos, sin, dqkv, N, H, KV, hd, bf),
+ * 4 swiglu_fwd(gu, y, N, F, bf), 5 swiglu_bwd(gu, dy, dgu, N, F, bf); every buffer
+ * checked by the caller (ppokit.kernels.decoder) */
+static PyObject *py_decoder(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    static const int nptr[6] = {4, 6, 6, 6, 2, 3}, nint[6] = {3, 3, 5, 5, 3, 3};
+    const long op = nargs ? PyLong_AsLong(args[0]) : -1;
+    if (op < 0 || op > 5 || nargs != 1 + nptr[op] + nint[op] + (op == 0)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "decoder(op, ...): bad call");
+        return NULL;
+    }
+    void *p[6];
+    int64_t v[5];
+    for (int i = 0; i < nptr[op]; i++)
+        if (!as_ptr(args[1 + i], &p[i])) return NULL;
+    for (int i = 0; i < nint[op]; i++) v[i] = PyLong_AsLongLong(args[1 + nptr[op] + i]);
+    const double eps = op == 0 ? PyFloat_AsDouble(args[nargs - 1]) : 0.0;
+    if (PyErr_Occurred()) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    switch (op) {
+    case 0: rms_fwd(p[0], p[1], (float)eps, v[0], v[1], p[2], (int)v[2], p[3]); break;
+    case 1: rms_bwd(p[0], p[1], p[2], p[3], (int)v[2], v[0], v[1], p[4], p[5]); break;
+    case 2: rope_fwd(p[0], (int)v[4], p[1], p[2], v[0], v[1], v[2], v[3], p[3], p[4], p[5]);
+        break;
+    case 3: rope_bwd(p[0], p[1], p[2], p[3], p[4], v[0], v[1], v[2], v[3], p[5], (int)v[4]);
+        break;
+    case 4: swiglu_fwd(p[0], (int)v[2], v[0], v[1], p[1]); break;
+    case 5: swiglu_bwd(p[0], p[1], (int)v[2], v[0], v[1], p[2]); break;
+    }
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 /* token_gae(r, v, m, boot or 0, adv, ret, B, L, gamma, gamma_lam, double) -> 0 or 1 */
 static PyObject *py_token_gae(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1581,6 +1946,8 @@ static PyMethodDef methods[] = {
      "The native step's automatic choice of where its critic runs: its counts."},
     {"token_gae", (PyCFunction)(void (*)(void))py_token_gae, METH_FASTCALL,
      "ppokit.core.token_gae on checked [B, L] buffers."},
+    {"decoder", (PyCFunction)(void (*)(void))py_decoder, METH_FASTCALL,
+     "The decoder's RMS norm, rotary embedding and gated product, forward and backward."},
     {"interleave", (PyCFunction)(void (*)(void))py_interleave, METH_FASTCALL,
      "uint8 frames from plane order to pixel order."},
     {"tanh", (PyCFunction)(void (*)(void))py_tanh, METH_FASTCALL,

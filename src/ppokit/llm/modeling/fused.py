@@ -53,6 +53,8 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from ppokit.kernels import decoder as decoder_kernels
+
 from .fused_weights import adapter_parts, apply_product, cast, layer_weights, product, unwrap
 
 __all__ = ["ENV_VAR", "FusedSampler", "fused_logits", "unsupported_reason"]
@@ -171,16 +173,41 @@ def _decoder(h, layers, cos, sin, heads: tuple[int, int, int], act, att, attend)
     :func:`layer_weights`, rotary ``cos``/``sin`` broadcastable to ``[..., heads, hd]``,
     ``attend(i, q, k, v, scale)`` the attention of layer ``i`` (q ``[..., H, hd]``, k and v
     ``[..., KV, hd]``, in ``att``) returning ``[..., H·hd]``."""
-    H, KV, hd = heads
     for i, (n1, scale, qkv_w, o_w, n2, gu_w, d_w) in enumerate(layers):
-        qkv = apply_product(cast(_rms(h, n1), act), qkv_w)
-        q, k, v = qkv.view(*qkv.shape[:-1], H + 2 * KV, hd).split([H, KV, KV], -2)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        o = attend(i, q.to(att), k.to(att), v.to(att), scale)
+        q, k, v = _split_rotate(apply_product(_norm(h, n1, act), qkv_w), cos, sin, heads, att)
+        o = attend(i, q, k, v, scale)
         h = h + apply_product(cast(o, act), o_w)
-        gate, up = apply_product(cast(_rms(h, n2), act), gu_w).chunk(2, -1)
-        h = h + apply_product(cast(F.silu(gate) * up, act), d_w)
+        h = h + apply_product(_gated(apply_product(_norm(h, n2, act), gu_w), act), d_w)
     return h
+
+
+# Each of the three steps below runs as one compiled pass where ppokit.kernels.decoder
+# applies (the CPU, float32 or bfloat16: the same values, see its docstring), else as the
+# torch formula beside it.
+def _norm(h, norm, act):
+    """RMS norm of ``h`` in the projections' format ``act``."""
+    out = decoder_kernels.rms_norm(h, norm.weight, norm.variance_epsilon, act)
+    return cast(_rms(h, norm), act) if out is None else out
+
+
+def _split_rotate(qkv, cos, sin, heads, att):
+    """The fused product's columns as ``q``, ``k``, ``v`` in ``att``, q and k rotated."""
+    H, KV, hd = heads
+    if att == torch.float32:
+        out = decoder_kernels.rotary_split(qkv, cos, sin, heads)
+        if out is not None:
+            return out
+    q, k, v = qkv.view(*qkv.shape[:-1], H + 2 * KV, hd).split([H, KV, KV], -2)
+    return _rotate(q, cos, sin).to(att), _rotate(k, cos, sin).to(att), v.to(att)
+
+
+def _gated(gate_up, act):
+    """``silu(gate) * up`` in ``act``."""
+    out = decoder_kernels.gated(gate_up) if gate_up.dtype == act else None
+    if out is None:
+        gate, up = gate_up.chunk(2, -1)
+        out = cast(F.silu(gate) * up, act)
+    return out
 
 
 def _head(model, h, act, weights=None):
@@ -284,10 +311,12 @@ class _Layout:
         """A ``[N, heads, D]`` per-token tensor → ``(root [1, heads, c, D] or None,
         prompts [U, heads, hp, D] or None, rest [B, heads, T, D])``."""
         heads, d = t.shape[1], t.shape[2]
-        r = t[:self.nr].transpose(0, 1)[None] if self.nr else None
-        h = (t[self.nr:self.nr + self.nh].view(self.U, self.hp, heads, d).transpose(1, 2)
-             if self.U else None)
-        rest = t[self.nr + self.nh:].view(self.B, self.T, heads, d).transpose(1, 2)
+        # one split (its gradient one concatenation) rather than three slices (each
+        # gradient a zero-filled copy of the whole tensor, then summed)
+        r, h, rest = t.split([self.nr, self.nh, t.shape[0] - self.nr - self.nh])
+        r = r.transpose(0, 1)[None] if self.nr else None
+        h = h.view(self.U, self.hp, heads, d).transpose(1, 2) if self.U else None
+        rest = rest.view(self.B, self.T, heads, d).transpose(1, 2)
         return r, h, rest
 
     def attend(self, q, k, v, scale, H: int, KV: int, with_rest: bool = True):
