@@ -9,9 +9,12 @@ channel-first pixels in pixel order (:func:`pixels_last`); the recurrent
 update's LSTM (:mod:`ppokit.kernels.lstm`); the environment GAE (:func:`gae`, its checks
 and recursion in one pass, which :func:`ppokit.core.gae` runs; :func:`reverse_scan`, the
 recursion alone) and the token GAE of the language-model trainer (:func:`token_gae`,
-which :func:`ppokit.core.token_gae` runs). The extension is optional: where it is not
-built (no C compiler at install time) or is turned off (``PPOKIT_NATIVE=0`` in the
-environment), :func:`available` says why, and each caller runs its torch or NumPy path.
+which :func:`ppokit.core.token_gae` runs); and the language-model decoder's elementwise
+steps — RMS norm, the rotary embedding, the SiLU-gated product, forward and backward —
+for the fused forward on the CPU (:mod:`ppokit.kernels.decoder`). The extension is
+optional: where it is not built (no C compiler at install time) or is turned off
+(``PPOKIT_NATIVE=0`` in the environment), :func:`available` says why, and each caller runs
+its torch or NumPy path.
 """
 
 from __future__ import annotations

@@ -22,6 +22,12 @@ MLP, tied or separate head), with these differences in *how*, none in *what*:
 - **Sampling** casts and concatenates the weights once per call, keeps the keys and values
   in buffers of a fixed capacity, and computes a decoding step's attention (one query per
   row) as two plain products.
+- **The elementwise steps in C on the CPU.** RMS norm (with its cast to the projections'
+  format), the rotary embedding (with the split of the fused q/k/v product into float32
+  heads) and the SiLU-gated product each run as one compiled pass forward and one backward
+  (:mod:`ppokit.kernels.decoder`, the same values as the torch formulas beside them, which
+  run where the kernels do not: another device, the extension not built,
+  ``PPOKIT_NATIVE=0``).
 - **Number formats as ppokit's ``precision = bf16``.** Under bfloat16 autocast the
   projections run in bfloat16 (weights and inputs rounded, products accumulated in
   float32); the residual stream, norms and rotary embedding in float32; attention in
