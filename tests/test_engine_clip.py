@@ -43,3 +43,19 @@ def test_clip_equals_torch(shape_list, scale, max_norm, seed, with_none):
                           for p in ours if p.grad is not None))
     # clipped to max_norm (torch adds 1e-6 to the norm it divides by)
     assert math.isclose(total, min(float(n_ref), max_norm), rel_tol=2e-3)
+
+
+def test_non_finite_gradients_clip_as_torch():
+    """A NaN or infinite gradient: every gradient as torch's clipping leaves it (the CPU path
+    skips the multiplication only for a factor of exactly 1)."""
+    for bad in (float("nan"), float("inf")):
+        ours = _params([[3], [2, 2]], 1.0, 0, False)
+        ref = _params([[3], [2, 2]], 1.0, 0, False)
+        for ps in (ours, ref):
+            ps[0].grad[1] = bad
+        n_ours = clip_grad_norm_(ours, 1.0)
+        n_ref = torch.nn.utils.clip_grad_norm_(ref, 1.0, foreach=False)
+        assert torch.equal(n_ours, n_ref) or (n_ours.isnan() and n_ref.isnan())
+        for a, b in zip(ours, ref):
+            assert torch.equal(a.grad.isnan(), b.grad.isnan())
+            assert torch.equal(a.grad.nan_to_num(), b.grad.nan_to_num())

@@ -1,11 +1,12 @@
 """The decoder's compiled steps (ppokit/kernels/decoder.py) against the torch formulas the
 fused forward runs without them, forward and backward, on random shapes and values: RMS
-norm with its cast, the rotary embedding with the split of the fused q/k/v product, and the
-SiLU-gated product, in float32 and bfloat16 — rows of any width (the 16-wide loops and
-their scalar tails), inputs that are views. Float32 results agree to float32 rounding;
-bfloat16 ones to one or two bfloat16 roundings (the kernels round at the same steps as
-torch; a product computed as a fused multiply-add can land on the other side of a
-rounding boundary)."""
+norm with its cast, the rotary embedding with the split of the fused q/k/v product and the
+SiLU-gated product, in float32 and bfloat16, and attention over short sequences (float32,
+random masks, grouped key heads) against ``scaled_dot_product_attention`` — rows of any
+width (the 16-wide loops and their scalar tails), inputs that are views. Float32 results
+agree to float32 rounding; bfloat16 ones to one or two bfloat16 roundings (the kernels
+round at the same steps as torch; a product computed as a fused multiply-add can land on
+the other side of a rounding boundary)."""
 
 import pytest
 import torch
@@ -111,18 +112,64 @@ def test_gated_matches_the_formula(n, f, dtype, seed, big):
     _close(d, r, dtype, scale=float(r.abs().max()) + 1e-3)
 
 
+def _ref_attention(q, k, v, mask, scale):
+    rep = q.shape[2] // k.shape[2]
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    kt, vt = kt.repeat_interleave(rep, 1), vt.repeat_interleave(rep, 1)
+    out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask[:, None], scale=scale)
+    return out.transpose(1, 2)
+
+
+@SETTINGS
+@given(r=st.integers(1, 4), tq=st.integers(1, 9), tk=st.integers(1, 40), kv=st.integers(1, 3),
+       rep=st.integers(1, 3), hd=st.sampled_from([1, 5, 16, 24, 64]),
+       seed=st.integers(0, 2**31 - 1), density=st.floats(0.05, 1.0))
+def test_attention_matches_sdpa(r, tq, tk, kv, rep, hd, seed, density):
+    g = torch.Generator().manual_seed(seed)
+    H = kv * rep
+    q = torch.randn(r, tq, H, hd, generator=g).requires_grad_()
+    k = torch.randn(r, tk, kv, hd, generator=g).requires_grad_()
+    v = torch.randn(r, tk, kv, hd, generator=g).requires_grad_()
+    mask = torch.rand(r, tq, tk, generator=g) < density
+    mask[torch.arange(r)[:, None], torch.arange(tq)[None], torch.randint(
+        0, tk, (r, tq), generator=g)] = True  # every query sees a key
+    scale = hd ** -0.5
+    out = kd.attention(q, k, v, mask, scale)
+    ref = _ref_attention(q, k, v, mask, scale)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    d_o = torch.randn(out.shape, generator=g)
+    got = torch.autograd.grad(out, (q, k, v), d_o)
+    want = torch.autograd.grad(ref, (q, k, v), d_o)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * (1 + float(b.abs().max())))
+
+
+def test_attention_declines_what_it_does_not_cover():
+    q, k = torch.randn(2, 3, 4, 8), torch.randn(2, 5, 2, 8)
+    mask = torch.ones(2, 3, 5, dtype=torch.bool)
+    assert kd.attention(q, k, k, mask.float(), 0.3) is None  # not a bool mask
+    assert kd.attention(q.double(), k.double(), k.double(), mask, 0.3) is None
+    assert kd.attention(q, torch.randn(2, 5, 3, 8), torch.randn(2, 5, 3, 8), mask,
+                        0.3) is None  # 4 query heads over 3 key heads
+    assert kd.attention(q, k, k, mask[:, :, :4], 0.3) is None
+
+
 def test_no_gradient_path_gives_the_same_values():
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(5, 40, generator=g), torch.randn(40, generator=g)
     qkv = torch.randn(5, 3 * 2 * 8, generator=g).to(BF)
     cos, sin = torch.randn(5, 8, generator=g), torch.randn(5, 8, generator=g)
     gu = torch.randn(5, 34, generator=g).to(BF)
+    qa, ka = torch.randn(2, 3, 4, 8, generator=g), torch.randn(2, 5, 2, 8, generator=g)
+    mask = torch.rand(2, 3, 5, generator=g) < 0.7
+    mask[..., 0] = True
     with torch.no_grad():
         plain = (kd.rms_norm(x, w, 1e-6, BF), *kd.rotary_split(qkv, cos, sin, (2, 2, 8)),
-                 kd.gated(gu))
-    x.requires_grad_(), qkv.requires_grad_(), gu.requires_grad_()
+                 kd.gated(gu), kd.attention(qa, ka, ka, mask, 0.3))
+    for t in (x, qkv, gu, qa, ka):
+        t.requires_grad_()
     graded = (kd.rms_norm(x, w, 1e-6, BF), *kd.rotary_split(qkv, cos, sin, (2, 2, 8)),
-              kd.gated(gu))
+              kd.gated(gu), kd.attention(qa, ka, ka, mask, 0.3))
     for a, b in zip(plain, graded):
         assert torch.equal(a, b.detach())
 

@@ -321,7 +321,11 @@ def clip_grad_norm_(params: list[Tensor], max_norm: float) -> Tensor:
         return torch.nn.utils.clip_grad_norm_(params, max_norm).detach()
     total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
     coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
-    torch._foreach_mul_(grads, coef)
+    # a factor of exactly 1 changes no gradient: on the CPU, where reading it back costs no
+    # device synchronisation, the pass over every gradient is skipped then (most steps of
+    # a language model's update clip nothing); a NaN factor still multiplies
+    if grads[0].device.type != "cpu" or float(coef) != 1.0:
+        torch._foreach_mul_(grads, coef)
     return total.detach()
 
 

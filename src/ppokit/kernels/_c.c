@@ -42,6 +42,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -1409,9 +1410,9 @@ static PyObject *py_tanh(PyObject *self, PyObject *const *args, Py_ssize_t nargs
  * Activations are float32 or bfloat16 (`bf`: uint16 holding a bfloat16's upper half).
  * float32 -> bfloat16 rounds to nearest even as torch does (a NaN stays a quiet NaN).
  * Where the torch formulas round to bfloat16 between two steps, these round at the same
- * step, so that the same inputs give torch's values (the rotary embedding and the gated
- * product bit for bit; the norm up to the order of its sum of squares). Products and sums
- * are never contracted into fused multiply-adds here, as in torch's separate kernels. */
+ * step, so that the same inputs give torch's values up to float32 rounding: the compiler
+ * may fuse a product and a sum into one multiply-add, and sums (the norm's squares,
+ * attention's scores) run in another order. */
 
 static inline float bf_ld(const uint16_t *p, int64_t i)
 {
@@ -1728,26 +1729,122 @@ static void swiglu_bwd(const void *gu, const void *dy, int bf, int64_t N, int64_
         swiglu_bwd_rows(gu, dy, 0, N, F, dgu);
 }
 
+/* Attention over short sequences, float32 (the fused forward's attention on the CPU, where
+ * torch's flash kernel is built for long ones): queries q [R, Tq, H, hd], keys and values
+ * k, v [R, Tk, KV, hd] (query head h reads key head h / (H / KV)), mask [R, Tq, Tk] (1: the
+ * query may see the key; every query sees at least one), output o [R, Tq, H, hd]; the
+ * softmax p [R, H, Tq, Tk] is kept for the backward. */
+static inline float dot_n(const float *a, const float *b, int64_t n)
+{
+    const int64_t n16 = n / 16 * 16;
+    v16 acc = {0};
+    for (int64_t i = 0; i < n16; i += 16) acc += ld(a + i) * ld(b + i);
+    float s = hsum(acc);
+    for (int64_t i = n16; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static inline void axpy_n(float *y, float a, const float *x, int64_t n)  /* y += a x */
+{
+    const int64_t n16 = n / 16 * 16;
+    for (int64_t i = 0; i < n16; i += 16) st(y + i, ld(y + i) + a * ld(x + i));
+    for (int64_t i = n16; i < n; i++) y[i] += a * x[i];
+}
+
+MULTIVERSION
+static void attn_fwd(const float *q, const float *k, const float *v, const uint8_t *mask,
+                     int64_t R, int64_t Tq, int64_t Tk, int64_t H, int64_t KV, int64_t hd,
+                     float scale, float *o, float *p)
+{
+    const int64_t rep = H / KV, Tkp = (Tk + 15) / 16 * 16;
+    float *sc = malloc((size_t)Tkp * sizeof(float));
+    if (!sc) return;  /* (the caller's buffers are then left as they were) */
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t t = 0; t < Tq; t++) {
+            const uint8_t *m = mask + (r * Tq + t) * Tk;
+            for (int64_t h = 0; h < H; h++) {
+                const float *qv = q + ((r * Tq + t) * H + h) * hd;
+                const float *kb = k + (r * Tk * KV + h / rep) * hd;
+                const float *vb = v + (r * Tk * KV + h / rep) * hd;
+                float mx = -INFINITY;
+                for (int64_t j = Tk; j < Tkp; j++) sc[j] = -INFINITY;
+                for (int64_t j = 0; j < Tk; j++) {
+                    sc[j] = m[j] ? dot_n(qv, kb + j * KV * hd, hd) * scale : -INFINITY;
+                    mx = sc[j] > mx ? sc[j] : mx;
+                }
+                v16 tot = {0};  /* e^(s - max), sixteen keys at a time; a masked key's is 0 */
+                for (int64_t j = 0; j < Tkp; j += 16) {
+                    const v16 x = ld(sc + j);
+                    const v16 e = vsel(x == -INFINITY, splat(0.0f), exp_v(x - mx));
+                    st(sc + j, e);
+                    tot += e;
+                }
+                const float inv = 1.0f / hsum(tot);
+                float *pr = p + ((r * H + h) * Tq + t) * Tk;
+                float *out = o + ((r * Tq + t) * H + h) * hd;
+                memset(out, 0, (size_t)hd * sizeof(float));
+                for (int64_t j = 0; j < Tk; j++) {
+                    pr[j] = sc[j] * inv;
+                    if (pr[j] != 0.0f) axpy_n(out, pr[j], vb + j * KV * hd, hd);
+                }
+            }
+        }
+    free(sc);
+}
+
+/* its backward from the output's gradient d_o: dq (written), dk and dv (added to: the
+ * caller zeroes them); ds [Tk] scratch */
+MULTIVERSION
+static void attn_bwd(const float *q, const float *k, const float *v, const float *p,
+                     const float *d_o, int64_t R, int64_t Tq, int64_t Tk, int64_t H, int64_t KV,
+                     int64_t hd, float scale, float *dq, float *dk, float *dv, float *ds)
+{
+    const int64_t rep = H / KV;
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t t = 0; t < Tq; t++)
+            for (int64_t h = 0; h < H; h++) {
+                const int64_t qi = ((r * Tq + t) * H + h) * hd, kv0 = (r * Tk * KV + h / rep) * hd;
+                const float *pr = p + ((r * H + h) * Tq + t) * Tk, *g = d_o + qi;
+                float dot_pd = 0.0f;
+                for (int64_t j = 0; j < Tk; j++) {
+                    ds[j] = pr[j] != 0.0f ? dot_n(g, v + kv0 + j * KV * hd, hd) : 0.0f;
+                    dot_pd += pr[j] * ds[j];
+                }
+                float *dqv = dq + qi;
+                memset(dqv, 0, (size_t)hd * sizeof(float));
+                for (int64_t j = 0; j < Tk; j++) {
+                    if (pr[j] == 0.0f) continue;
+                    const float s = pr[j] * (ds[j] - dot_pd) * scale;
+                    axpy_n(dqv, s, k + kv0 + j * KV * hd, hd);
+                    axpy_n(dk + kv0 + j * KV * hd, s, q + qi, hd);
+                    axpy_n(dv + kv0 + j * KV * hd, pr[j], g, hd);
+                }
+            }
+}
+
 /* decoder(op, addresses..., sizes..., flags...) -> None: op 0 rms_fwd(x, w, y, rstd, N, D,
  * ybf, eps), 1 rms_bwd(x, w, rstd, dy, dx, dw, N, D, dybf), 2 rope_fwd(qkv, cos, sin, q,
  * k, v, N, H, KV, hd, bf), 3 rope_bwd(dq, dk, dv, cos, sin, dqkv, N, H, KV, hd, bf),
- * 4 swiglu_fwd(gu, y, N, F, bf), 5 swiglu_bwd(gu, dy, dgu, N, F, bf); every buffer
+ * 4 swiglu_fwd(gu, y, N, F, bf), 5 swiglu_bwd(gu, dy, dgu, N, F, bf), 6 attn_fwd(q, k, v,
+ * mask, o, p, R, Tq, Tk, H, KV, hd, scale), 7 attn_bwd(q, k, v, p, d_o, dq, dk, dv, ds, R, Tq,
+ * Tk, H, KV, hd, scale) (ds: Tk floats of scratch); every buffer
  * checked by the caller (ppokit.kernels.decoder) */
 static PyObject *py_decoder(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    static const int nptr[6] = {4, 6, 6, 6, 2, 3}, nint[6] = {3, 3, 5, 5, 3, 3};
+    static const int nptr[8] = {4, 6, 6, 6, 2, 3, 6, 9}, nint[8] = {3, 3, 5, 5, 3, 3, 6, 6};
     const long op = nargs ? PyLong_AsLong(args[0]) : -1;
-    if (op < 0 || op > 5 || nargs != 1 + nptr[op] + nint[op] + (op == 0)) {
+    const int has_float = op == 0 || op == 6 || op == 7;
+    if (op < 0 || op > 7 || nargs != 1 + nptr[op] + nint[op] + has_float) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "decoder(op, ...): bad call");
         return NULL;
     }
-    void *p[6];
-    int64_t v[5];
+    void *p[9];
+    int64_t v[6];
     for (int i = 0; i < nptr[op]; i++)
         if (!as_ptr(args[1 + i], &p[i])) return NULL;
     for (int i = 0; i < nint[op]; i++) v[i] = PyLong_AsLongLong(args[1 + nptr[op] + i]);
-    const double eps = op == 0 ? PyFloat_AsDouble(args[nargs - 1]) : 0.0;
+    const double eps = has_float ? PyFloat_AsDouble(args[nargs - 1]) : 0.0;
     if (PyErr_Occurred()) return NULL;
     Py_BEGIN_ALLOW_THREADS
     switch (op) {
@@ -1759,6 +1856,12 @@ static PyObject *py_decoder(PyObject *self, PyObject *const *args, Py_ssize_t na
         break;
     case 4: swiglu_fwd(p[0], (int)v[2], v[0], v[1], p[1]); break;
     case 5: swiglu_bwd(p[0], p[1], (int)v[2], v[0], v[1], p[2]); break;
+    case 6: attn_fwd(p[0], p[1], p[2], p[3], v[0], v[1], v[2], v[3], v[4], v[5], (float)eps, p[4],
+                     p[5]);
+        break;
+    case 7: attn_bwd(p[0], p[1], p[2], p[3], p[4], v[0], v[1], v[2], v[3], v[4], v[5], (float)eps,
+                     p[5], p[6], p[7], p[8]);
+        break;
     }
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;

@@ -2,20 +2,24 @@
 (:mod:`ppokit.llm.modeling.fused`): RMS norm with its cast to the projections' format, the
 rotary embedding with the split of the fused query/key/value product, and the SiLU-gated
 product of the MLP, each as an autograd function whose forward and backward are one pass
-over the rows.
+over the rows; and attention over short sequences in float32 (:func:`attention`,
+token-major, so that the heads need no transposed copies).
 
 Why: on the CPU, at the sizes the token trainer runs (a few hundred tokens of width 256 to
-2048 per minibatch), torch spends more time on these steps than on the matrix products:
-each is five to fifteen tensor operations, each a dispatch and a pass over memory with a
-temporary, and autograd adds as many again. On the 10M-parameter bench model one layer's
-norm, rotary embedding and gated product took about 9 ms of a 28 ms forward and backward
-in torch.
+2048 per minibatch), torch spent about as much time on these steps as on the matrix
+products: each is five to fifteen tensor operations, each a dispatch and a pass over
+memory with a temporary, and autograd adds as many again. On the 10M-parameter bench
+model one layer's norm, rotary embedding and gated product took about 9 ms of a 28 ms
+forward and backward in torch. torch's CPU attention kernel is built for long sequences;
+on a minibatch's prompts (7 tokens) and completions (9 tokens over 16 keys) the compiled
+one took 0.8–0.9 of its time, forward and backward, gathers included.
 
 Each function returns None where it does not apply — the extension not built or turned off
 (``PPOKIT_NATIVE=0``), a tensor off the CPU, a format other than float32 or bfloat16 — and
 the caller then runs the torch formula. The values are torch's: the rotary embedding and
 the gated product round to bfloat16 at the same steps as torch's operations and give the
-same bits; the norm differs only by the order of its sum of squares (a float32 rounding).
+same bits up to a float32 rounding where the compiler fuses a product and a sum; the
+norm and attention differ by the order of their sums.
 ``tests/test_llm_kernels.py`` holds each, forward and backward, to the torch formula on
 random inputs.
 """
@@ -26,7 +30,7 @@ import torch
 
 from . import _c, available
 
-__all__ = ["usable", "rms_norm", "rotary_split", "gated"]
+__all__ = ["usable", "rms_norm", "rotary_split", "gated", "attention"]
 
 _BF16, _F32 = torch.bfloat16, torch.float32
 
@@ -174,3 +178,57 @@ def gated(gu: torch.Tensor) -> torch.Tensor | None:
         return _Gated.apply(gu)
     return _gated_fwd(gu)
 
+
+
+# -------------------------------------------------------------------------- attention
+def _attn_fwd(q, k, v, mask, scale):
+    R, Tq, H, hd = q.shape
+    Tk, KV = k.shape[1], k.shape[2]
+    o = torch.empty_like(q)
+    p = torch.empty(R, H, Tq, Tk, dtype=_F32)
+    _c.decoder(6, q.data_ptr(), k.data_ptr(), v.data_ptr(), mask.data_ptr(), o.data_ptr(),
+               p.data_ptr(), R, Tq, Tk, H, KV, hd, float(scale))
+    return o, p
+
+
+class _Attention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, mask, scale):
+        o, p = _attn_fwd(q, k, v, mask, scale)
+        ctx.save_for_backward(q, k, v, p)
+        ctx.scale = scale
+        return o
+
+    @staticmethod
+    def backward(ctx, d_o):
+        q, k, v, p = ctx.saved_tensors
+        R, Tq, H, hd = q.shape
+        Tk, KV = k.shape[1], k.shape[2]
+        d_o = d_o.float().contiguous()
+        dq = torch.empty_like(q)
+        dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+        ds = torch.empty(Tk, dtype=_F32)  # scratch, held here: the call reads its address
+        _c.decoder(7, q.data_ptr(), k.data_ptr(), v.data_ptr(), p.data_ptr(), d_o.data_ptr(),
+                   dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), ds.data_ptr(), R, Tq, Tk, H,
+                   KV, hd, float(ctx.scale))
+        return dq, dk, dv, None, None
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+              scale: float) -> torch.Tensor | None:
+    """Softmax attention in float32, token-major: ``q [R, Tq, H, hd]``, ``k``, ``v [R, Tk,
+    KV, hd]`` (query head h reads key head ``h // (H / KV)``), ``mask [R, Tq, Tk]`` bool
+    (True: may attend; every query must see at least one key) → ``[R, Tq, H, hd]``, what
+    ``scaled_dot_product_attention`` computes on the head-major transposes; None where the
+    kernel does not apply."""
+    if (q.ndim != 4 or k.ndim != 4 or v.shape != k.shape or q.shape[0] != k.shape[0]
+            or q.shape[3] != k.shape[3] or k.shape[2] == 0 or q.shape[2] % k.shape[2]
+            or mask.shape != (q.shape[0], q.shape[1], k.shape[1]) or mask.dtype != torch.bool
+            or any(t.dtype != _F32 for t in (q, k, v)) or not usable(q, k, v)
+            or mask.device.type != "cpu" or q.numel() == 0 or k.shape[1] == 0):
+        return None
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    mask = mask.contiguous().view(torch.uint8)
+    if _grad_wanted(q, k, v):
+        return _Attention.apply(q, k, v, mask, float(scale))
+    return _attn_fwd(q, k, v, mask, float(scale))[0]

@@ -24,7 +24,8 @@ MLP, tied or separate head), with these differences in *how*, none in *what*:
   row) as two plain products.
 - **The elementwise steps in C on the CPU.** RMS norm (with its cast to the projections'
   format), the rotary embedding (with the split of the fused q/k/v product into float32
-  heads) and the SiLU-gated product each run as one compiled pass forward and one backward
+  heads) and the SiLU-gated product each run as one compiled pass forward and one backward,
+  and so does float32 attention over the layout's parts, token-major
   (:mod:`ppokit.kernels.decoder`, the same values as the torch formulas beside them, which
   run where the kernels do not: another device, the extension not built,
   ``PPOKIT_NATIVE=0``).
@@ -325,6 +326,44 @@ class _Layout:
         rest = rest.view(self.B, self.T, heads, d).transpose(1, 2)
         return r, h, rest
 
+    def split_tokens(self, t: torch.Tensor):
+        """As :meth:`split`, token-major: ``(root [1, c, heads, D] or None, prompts [U, hp,
+        heads, D] or None, rest [B, T, heads, D])``."""
+        heads, d = t.shape[1], t.shape[2]
+        r, h, rest = t.split([self.nr, self.nh, t.shape[0] - self.nr - self.nh])
+        return (r[None] if self.nr else None,
+                h.view(self.U, self.hp, heads, d) if self.U else None,
+                rest.view(self.B, self.T, heads, d))
+
+    def attend_compiled(self, q, k, v, scale, H: int):
+        """:meth:`attend` of the whole layout through the compiled attention
+        (:func:`ppokit.kernels.decoder.attention`, token-major: no transposes), or None
+        where it does not apply."""
+        if not decoder_kernels.usable(q, k, v) or q.dtype != torch.float32:
+            return None
+        (qr, qh, qt), (kr, kh, kt), (vr, vh, vt) = (self.split_tokens(x) for x in (q, k, v))
+        hd = q.shape[-1]
+        outs = []
+        if qr is not None:
+            outs.append(decoder_kernels.attention(qr, kr, vr, self.root_mask[:, 0], scale))
+        kh_all, vh_all = kh, vh
+        if qh is not None:
+            if kr is not None:
+                kh_all = torch.cat([kr.expand(self.U, -1, -1, -1), kh], 1)
+                vh_all = torch.cat([vr.expand(self.U, -1, -1, -1), vh], 1)
+            outs.append(decoder_kernels.attention(qh, kh_all, vh_all, self.head_mask[:, 0],
+                                                  scale))
+            keys = [kh[self.inv], kt] if kr is None else [
+                kr.expand(self.B, -1, -1, -1), kh[self.inv], kt]
+            vals = [vh[self.inv], vt] if vr is None else [
+                vr.expand(self.B, -1, -1, -1), vh[self.inv], vt]
+            kt, vt = torch.cat(keys, 1), torch.cat(vals, 1)
+        outs.append(decoder_kernels.attention(qt, kt, vt, self.tail_mask[:, 0], scale))
+        if any(o is None for o in outs):
+            return None
+        outs = [o.reshape(-1, H * hd) for o in outs]
+        return torch.cat(outs) if len(outs) > 1 else outs[0]
+
     def attend(self, q, k, v, scale, H: int, KV: int, with_rest: bool = True):
         """Attention of every part (q ``[N, H, D]``, k and v ``[N, KV, D]``) → the outputs
         ``[N', H·D]`` (without the rows' remaining part when not ``with_rest``) and the
@@ -394,7 +433,8 @@ def _forward(model, ids, mask, prompt_len, low, min_prompts=0, logits_from=0):
     act, att = _formats(ids.device.type, low)
 
     def attend(_, q, k, v, scale):
-        return lay.attend(q, k, v, scale, H, KV)[0]
+        out = lay.attend_compiled(q, k, v, scale, H)
+        return lay.attend(q, k, v, scale, H, KV)[0] if out is None else out
 
     h = _decoder(body.embed_tokens(lay.tok), layer_weights(model, act), cos, sin,
                  (H, KV, hd), act, att, attend)
