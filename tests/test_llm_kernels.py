@@ -144,6 +144,25 @@ def test_attention_matches_sdpa(r, tq, tk, kv, rep, hd, seed, density):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * (1 + float(b.abs().max())))
 
 
+@SETTINGS
+@given(b=st.integers(1, 6), cap=st.integers(1, 30), data=st.data(), kv=st.integers(1, 3),
+       rep=st.integers(1, 3), hd=st.sampled_from([2, 16, 20, 64]),
+       seed=st.integers(0, 2**31 - 1))
+def test_decode_attention_reads_the_cache_in_place(b, cap, data, kv, rep, hd, seed):
+    n = data.draw(st.integers(1, cap))
+    g = torch.Generator().manual_seed(seed)
+    H = kv * rep
+    q = torch.randn(b, H, hd, generator=g)
+    kc, vc = torch.randn(b, cap, kv, hd, generator=g), torch.randn(b, cap, kv, hd, generator=g)
+    keys = torch.rand(b, cap, generator=g) < 0.7
+    keys[torch.arange(b), torch.randint(0, n, (b,), generator=g)] = True
+    out = kd.decode_attention(q, kc, vc, keys, n, 0.2)
+    scores = torch.einsum("bkrd,bjkd->bkrj", q.view(b, kv, rep, hd), kc[:, :n]) * 0.2
+    probs = torch.softmax(scores.masked_fill(~keys[:, None, None, :n], float("-inf")), -1)
+    ref = torch.einsum("bkrj,bjkd->bkrd", probs, vc[:, :n]).reshape(b, H * hd)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
 def test_attention_declines_what_it_does_not_cover():
     q, k = torch.randn(2, 3, 4, 8), torch.randn(2, 5, 2, 8)
     mask = torch.ones(2, 3, 5, dtype=torch.bool)
@@ -152,6 +171,12 @@ def test_attention_declines_what_it_does_not_cover():
     assert kd.attention(q, torch.randn(2, 5, 3, 8), torch.randn(2, 5, 3, 8), mask,
                         0.3) is None  # 4 query heads over 3 key heads
     assert kd.attention(q, k, k, mask[:, :, :4], 0.3) is None
+    cache, keys = torch.randn(2, 6, 2, 8), torch.ones(2, 6, dtype=torch.bool)
+    q1 = torch.randn(2, 4, 8)
+    assert kd.decode_attention(q1, cache, cache, keys, 7, 0.3) is None  # past the capacity
+    assert kd.decode_attention(q1, cache, cache, keys, 0, 0.3) is None
+    assert kd.decode_attention(q1, cache.transpose(1, 2), cache.transpose(1, 2),
+                               keys, 3, 0.3) is None  # head-major cache
 
 
 def test_no_gradient_path_gives_the_same_values():

@@ -1751,21 +1751,24 @@ static inline void axpy_n(float *y, float a, const float *x, int64_t n)  /* y +=
     for (int64_t i = n16; i < n; i++) y[i] += a * x[i];
 }
 
+/* (kv_row: floats from one row's keys to the next's, Tk KV hd when packed; mask_row:
+ * bytes from one row's mask to the next's, Tq Tk when packed: a decoding step reads the
+ * first Tk positions of a cache that holds more) */
 MULTIVERSION
 static void attn_fwd(const float *q, const float *k, const float *v, const uint8_t *mask,
                      int64_t R, int64_t Tq, int64_t Tk, int64_t H, int64_t KV, int64_t hd,
-                     float scale, float *o, float *p)
+                     int64_t kv_row, int64_t mask_row, float scale, float *o, float *p)
 {
     const int64_t rep = H / KV, Tkp = (Tk + 15) / 16 * 16;
     float *sc = malloc((size_t)Tkp * sizeof(float));
     if (!sc) return;  /* (the caller's buffers are then left as they were) */
     for (int64_t r = 0; r < R; r++)
         for (int64_t t = 0; t < Tq; t++) {
-            const uint8_t *m = mask + (r * Tq + t) * Tk;
+            const uint8_t *m = mask + r * mask_row + t * Tk;
             for (int64_t h = 0; h < H; h++) {
                 const float *qv = q + ((r * Tq + t) * H + h) * hd;
-                const float *kb = k + (r * Tk * KV + h / rep) * hd;
-                const float *vb = v + (r * Tk * KV + h / rep) * hd;
+                const float *kb = k + r * kv_row + h / rep * hd;
+                const float *vb = v + r * kv_row + h / rep * hd;
                 float mx = -INFINITY;
                 for (int64_t j = Tk; j < Tkp; j++) sc[j] = -INFINITY;
                 for (int64_t j = 0; j < Tk; j++) {
@@ -1826,13 +1829,13 @@ static void attn_bwd(const float *q, const float *k, const float *v, const float
  * ybf, eps), 1 rms_bwd(x, w, rstd, dy, dx, dw, N, D, dybf), 2 rope_fwd(qkv, cos, sin, q,
  * k, v, N, H, KV, hd, bf), 3 rope_bwd(dq, dk, dv, cos, sin, dqkv, N, H, KV, hd, bf),
  * 4 swiglu_fwd(gu, y, N, F, bf), 5 swiglu_bwd(gu, dy, dgu, N, F, bf), 6 attn_fwd(q, k, v,
- * mask, o, p, R, Tq, Tk, H, KV, hd, scale), 7 attn_bwd(q, k, v, p, d_o, dq, dk, dv, ds, R, Tq,
+ * mask, o, p, R, Tq, Tk, H, KV, hd, kv_row, mask_row, scale), 7 attn_bwd(q, k, v, p, d_o, dq, dk, dv, ds, R, Tq,
  * Tk, H, KV, hd, scale) (ds: Tk floats of scratch); every buffer
  * checked by the caller (ppokit.kernels.decoder) */
 static PyObject *py_decoder(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    static const int nptr[8] = {4, 6, 6, 6, 2, 3, 6, 9}, nint[8] = {3, 3, 5, 5, 3, 3, 6, 6};
+    static const int nptr[8] = {4, 6, 6, 6, 2, 3, 6, 9}, nint[8] = {3, 3, 5, 5, 3, 3, 8, 6};
     const long op = nargs ? PyLong_AsLong(args[0]) : -1;
     const int has_float = op == 0 || op == 6 || op == 7;
     if (op < 0 || op > 7 || nargs != 1 + nptr[op] + nint[op] + has_float) {
@@ -1840,7 +1843,7 @@ static PyObject *py_decoder(PyObject *self, PyObject *const *args, Py_ssize_t na
         return NULL;
     }
     void *p[9];
-    int64_t v[6];
+    int64_t v[8];
     for (int i = 0; i < nptr[op]; i++)
         if (!as_ptr(args[1 + i], &p[i])) return NULL;
     for (int i = 0; i < nint[op]; i++) v[i] = PyLong_AsLongLong(args[1 + nptr[op] + i]);
@@ -1856,8 +1859,8 @@ static PyObject *py_decoder(PyObject *self, PyObject *const *args, Py_ssize_t na
         break;
     case 4: swiglu_fwd(p[0], (int)v[2], v[0], v[1], p[1]); break;
     case 5: swiglu_bwd(p[0], p[1], (int)v[2], v[0], v[1], p[2]); break;
-    case 6: attn_fwd(p[0], p[1], p[2], p[3], v[0], v[1], v[2], v[3], v[4], v[5], (float)eps, p[4],
-                     p[5]);
+    case 6: attn_fwd(p[0], p[1], p[2], p[3], v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7],
+                     (float)eps, p[4], p[5]);
         break;
     case 7: attn_bwd(p[0], p[1], p[2], p[3], p[4], v[0], v[1], v[2], v[3], v[4], v[5], (float)eps,
                      p[5], p[6], p[7], p[8]);

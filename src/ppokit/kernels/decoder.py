@@ -30,7 +30,7 @@ import torch
 
 from . import _c, available
 
-__all__ = ["usable", "rms_norm", "rotary_split", "gated", "attention"]
+__all__ = ["usable", "rms_norm", "rotary_split", "gated", "attention", "decode_attention"]
 
 _BF16, _F32 = torch.bfloat16, torch.float32
 
@@ -187,7 +187,7 @@ def _attn_fwd(q, k, v, mask, scale):
     o = torch.empty_like(q)
     p = torch.empty(R, H, Tq, Tk, dtype=_F32)
     _c.decoder(6, q.data_ptr(), k.data_ptr(), v.data_ptr(), mask.data_ptr(), o.data_ptr(),
-               p.data_ptr(), R, Tq, Tk, H, KV, hd, float(scale))
+               p.data_ptr(), R, Tq, Tk, H, KV, hd, Tk * KV * hd, Tq * Tk, float(scale))
     return o, p
 
 
@@ -232,3 +232,30 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     if _grad_wanted(q, k, v):
         return _Attention.apply(q, k, v, mask, float(scale))
     return _attn_fwd(q, k, v, mask, float(scale))[0]
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     key_mask: torch.Tensor, n: int, scale: float) -> torch.Tensor | None:
+    """One decoding step's attention (no gradient): each row's query ``q [B, H, hd]`` over
+    the first ``n`` positions of its keys and values ``k_cache``, ``v_cache [B, cap, KV,
+    hd]`` (float32, contiguous), ``key_mask [B, cap]`` bool (True: a real key; each row
+    has one among the first n) → ``[B, H·hd]``; None where the kernel does not apply."""
+    if (q.ndim != 3 or k_cache.ndim != 4 or v_cache.shape != k_cache.shape
+            or q.shape[0] != k_cache.shape[0] or q.shape[2] != k_cache.shape[3]
+            or k_cache.shape[2] == 0 or q.shape[1] % k_cache.shape[2]
+            or key_mask.shape != k_cache.shape[:2] or key_mask.dtype != torch.bool
+            or not 0 < n <= k_cache.shape[1] or q.shape[0] == 0
+            or any(t.dtype != _F32 for t in (q, k_cache, v_cache))
+            or not usable(q, k_cache, v_cache) or key_mask.device.type != "cpu"
+            or not (k_cache.is_contiguous() and v_cache.is_contiguous()
+                    and key_mask.is_contiguous())):
+        return None
+    B, H, hd = q.shape
+    cap, KV = k_cache.shape[1], k_cache.shape[2]
+    q = q.detach().contiguous()
+    o = torch.empty(B, H * hd, dtype=_F32)
+    p = torch.empty(B, H, n, dtype=_F32)
+    mask = key_mask.view(torch.uint8)
+    _c.decoder(6, q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), mask.data_ptr(),
+               o.data_ptr(), p.data_ptr(), B, 1, n, H, KV, hd, cap * KV * hd, cap, float(scale))
+    return o

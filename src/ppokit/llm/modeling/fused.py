@@ -20,8 +20,9 @@ MLP, tied or separate head), with these differences in *how*, none in *what*:
   rows can be padded to a fixed count (``min_prompts``) so that every minibatch of a
   rollout has one shape.
 - **Sampling** casts and concatenates the weights once per call, keeps the keys and values
-  in buffers of a fixed capacity, and computes a decoding step's attention (one query per
-  row) as two plain products.
+  in token-major buffers of a fixed capacity, and computes a decoding step's attention (one
+  query per row) in C on the CPU where the kernels are built, reading the buffers in place
+  (:func:`ppokit.kernels.decoder.decode_attention`), else as two plain products.
 - **The elementwise steps in C on the CPU.** RMS norm (with its cast to the projections'
   format), the rotary embedding (with the split of the fused q/k/v product into float32
   heads) and the SiLU-gated product each run as one compiled pass forward and one backward,
@@ -499,7 +500,9 @@ class FusedSampler:
         cap = max(self.cap, P)
         # zeros, not uninitialised memory: a padding column's key is masked, but its value
         # is still multiplied by a zero weight, and 0 x NaN would be NaN
-        self.k = torch.zeros(len(self.layers), B, self.KV, cap, self.hd, dtype=self.att,
+        # token-major ([layer, row, position, key head, hd]): a step writes one position
+        # of every head at once, and the compiled attention reads a row's keys in place
+        self.k = torch.zeros(len(self.layers), B, cap, self.KV, self.hd, dtype=self.att,
                              device=dev)
         self.v = torch.zeros_like(self.k)
         self.keymask = torch.zeros(B, cap, dtype=torch.bool, device=dev)
@@ -512,10 +515,10 @@ class FusedSampler:
 
         def attend(i, q, k, v, scale):
             out, (kr, vr, kh, vh) = lay.attend(q, k, v, scale, H, self.KV, with_rest=False)
-            self.k[i, :, :, lay.off:P] = kh[rows]
-            self.v[i, :, :, lay.off:P] = vh[rows]
+            self.k[i, :, lay.off:P] = kh[rows].transpose(1, 2)
+            self.v[i, :, lay.off:P] = vh[rows].transpose(1, 2)
             if kr is not None:  # [1, KV, c, hd] into each row's root columns
-                kb, vb = self.k[i].transpose(1, 2), self.v[i].transpose(1, 2)
+                kb, vb = self.k[i], self.v[i]
                 kb[brow, root_cols] = kr[0].transpose(0, 1)[None].expand(B, -1, -1, -1)
                 vb[brow, root_cols] = vr[0].transpose(0, 1)[None].expand(B, -1, -1, -1)
             return out
@@ -534,22 +537,27 @@ class FusedSampler:
 
     def _step(self, tok, pos, alive):
         n = self.n
-        if n >= self.k.shape[3]:
-            raise ValueError(f"FusedSampler: capacity {self.k.shape[3]} positions reached")
+        if n >= self.k.shape[2]:
+            raise ValueError(f"FusedSampler: capacity {self.k.shape[2]} positions reached")
         self.keymask[:, n] = alive
         B = tok.shape[0]
         mask = self.keymask[:, None, None, :n + 1]  # [B, 1, 1, n + 1]
         rep = self.H // self.KV
 
         def attend(i, q, k, v, scale):  # q [B, H, hd], k and v [B, KV, hd]
-            self.k[i, :, :, n] = k
-            self.v[i, :, :, n] = v
+            self.k[i, :, n] = k
+            self.v[i, :, n] = v
+            out = decoder_kernels.decode_attention(q, self.k[i], self.v[i], self.keymask, n + 1,
+                                                   scale)
+            if out is not None:
+                return out
             # one query per row: plain products (the query heads of one key head side by
             # side) are faster here than the flash kernel, which is built for long queries
             scores = torch.matmul(q.view(B, self.KV, rep, self.hd),
-                                  self.k[i, :, :, :n + 1].transpose(-1, -2)) * scale
+                                  self.k[i, :, :n + 1].permute(0, 2, 3, 1)) * scale
             probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
-            return torch.matmul(probs, self.v[i, :, :, :n + 1]).reshape(B, self.H * self.hd)
+            return torch.matmul(probs, self.v[i, :, :n + 1].transpose(1, 2)).reshape(
+                B, self.H * self.hd)
 
         h = self._layer_io(self.body.embed_tokens(tok), pos, attend)
         self.n = n + 1
