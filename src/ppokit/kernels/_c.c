@@ -1682,9 +1682,104 @@ static inline __attribute__((always_inline)) void swiglu_fwd_rows(
     }
 }
 
+#if defined(__GNUC__) && defined(__x86_64__)
+/* The bfloat16 gated product with the instructions made for it (AVX512-BF16), where the
+ * machine has them: one instruction rounds sixteen floats to bfloat16 (to nearest even, as
+ * torch; a NaN stays a NaN, a denormal input becomes zero), where the generic loop spends
+ * eight on the integer steps; the sigmoid's reciprocal from rcp14 and one Newton step
+ * (relative error about 2^-23) instead of a division. */
+#define BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+BF16_TARGET static inline __m512 bfx_ld(const uint16_t *p)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+BF16_TARGET static inline __m256i bfx_bits(__m512 f)
+{
+    return (__m256i)_mm512_cvtneps_pbh(f);
+}
+
+BF16_TARGET static inline __m512 bfx_rt(__m512 f)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bfx_bits(f)), 16));
+}
+
+BF16_TARGET static inline __m512 bfx_sigmoid(__m512 g)  /* 1 / (1 + e^-g) */
+{
+    const __m512 one = _mm512_set1_ps(1.0f), two = _mm512_set1_ps(2.0f);
+    v16 e = exp_v(-(v16)g);
+    const __m512 d = _mm512_add_ps(one, (__m512)e);
+    const __m512 r = _mm512_rcp14_ps(d);
+    return _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, two));
+}
+
+BF16_TARGET static void swiglu_fwd_bf16x(const uint16_t *gu, int64_t N, int64_t F, uint16_t *y)
+{
+    const int64_t f16 = F / 16 * 16;
+    for (int64_t n = 0; n < N; n++) {
+        const uint16_t *g_ = gu + n * 2 * F, *u_ = g_ + F;
+        uint16_t *o = y + n * F;
+        for (int64_t j = 0; j < f16; j += 16) {
+            const __m512 g = bfx_ld(g_ + j), u = bfx_ld(u_ + j);
+            const __m512 a = bfx_rt(_mm512_mul_ps(g, bfx_sigmoid(g)));
+            _mm256_storeu_si256((__m256i *)(o + j), bfx_bits(_mm512_mul_ps(a, u)));
+        }
+        for (int64_t j = f16; j < F; j++) {
+            const float g = bf_ld(g_, j), u = bf_ld(u_, j);
+            o[j] = bf_round(bf_rt(g * (1.0f / (1.0f + exp_f(-g)))) * u);
+        }
+    }
+}
+
+BF16_TARGET static void swiglu_bwd_bf16x(const uint16_t *gu, const uint16_t *dy, int64_t N,
+                                         int64_t F, uint16_t *dgu)
+{
+    const int64_t f16 = F / 16 * 16;
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t n = 0; n < N; n++) {
+        const uint16_t *g_ = gu + n * 2 * F, *u_ = g_ + F, *e_ = dy + n * F;
+        uint16_t *dg = dgu + n * 2 * F, *du = dg + F;
+        for (int64_t j = 0; j < f16; j += 16) {
+            const __m512 g = bfx_ld(g_ + j), u = bfx_ld(u_ + j), e = bfx_ld(e_ + j);
+            const __m512 sg = bfx_sigmoid(g);
+            const __m512 a = bfx_rt(_mm512_mul_ps(g, sg)), da = bfx_rt(_mm512_mul_ps(e, u));
+            /* s (1 + g (1 - s)) */
+            const __m512 ds = _mm512_mul_ps(sg, _mm512_add_ps(one, _mm512_mul_ps(
+                g, _mm512_sub_ps(one, sg))));
+            _mm256_storeu_si256((__m256i *)(dg + j), bfx_bits(_mm512_mul_ps(da, ds)));
+            _mm256_storeu_si256((__m256i *)(du + j), bfx_bits(_mm512_mul_ps(e, a)));
+        }
+        for (int64_t j = f16; j < F; j++) {
+            const float g = bf_ld(g_, j), u = bf_ld(u_, j), e = bf_ld(e_, j);
+            const float sg = 1.0f / (1.0f + exp_f(-g));
+            dg[j] = bf_round(bf_rt(e * u) * (sg * (1.0f + g * (1.0f - sg))));
+            du[j] = bf_round(e * bf_rt(g * sg));
+        }
+    }
+}
+
+static int have_bf16x(void)
+{
+    static int have = -1;
+    if (have < 0) have = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw")
+                         && __builtin_cpu_supports("avx512vl");
+    return have;
+}
+#else
+static int have_bf16x(void) { return 0; }
+#endif
+
 MULTIVERSION
 static void swiglu_fwd(const void *gu, int bf, int64_t N, int64_t F, void *y)
 {
+#if defined(__GNUC__) && defined(__x86_64__)
+    if (bf && have_bf16x()) {
+        swiglu_fwd_bf16x(gu, N, F, y);
+        return;
+    }
+#endif
     if (bf)
         swiglu_fwd_rows(gu, 1, N, F, y);
     else
@@ -1723,6 +1818,12 @@ static inline __attribute__((always_inline)) void swiglu_bwd_rows(
 MULTIVERSION
 static void swiglu_bwd(const void *gu, const void *dy, int bf, int64_t N, int64_t F, void *dgu)
 {
+#if defined(__GNUC__) && defined(__x86_64__)
+    if (bf && have_bf16x()) {
+        swiglu_bwd_bf16x(gu, dy, N, F, dgu);
+        return;
+    }
+#endif
     if (bf)
         swiglu_bwd_rows(gu, dy, 1, N, F, dgu);
     else
