@@ -24,9 +24,9 @@ import os
 import numpy as np
 import torch
 
-__all__ = ["auto_state", "available", "gae", "token_gae", "reverse_scan", "ppo_step",
-           "sample", "sample_scratch", "pixels_last", "scratch_floats", "tanh_", "lstm_forward",
-           "lstm_backward", "lstm_scratch"]
+__all__ = ["auto_state", "available", "decoder_op", "has_decoder", "gae", "token_gae",
+           "reverse_scan", "ppo_step", "sample", "sample_scratch", "pixels_last",
+           "scratch_floats", "tanh_", "lstm_forward", "lstm_backward", "lstm_scratch"]
 
 try:
     from ppokit.kernels import _c
@@ -68,6 +68,19 @@ def sample(plan: int, base: int, x, noise, out, scratch: int, rows: int) -> None
     ``_c.c`` documents it): ``x``, ``noise`` and ``out`` are arrays whose sizes and dtypes
     the call checks, the rest addresses."""
     _c.sample(plan, base, x, noise, out, scratch, rows)
+
+
+def decoder_op(*args) -> None:
+    """One of the decoder's compiled steps on raw buffer addresses (``_c.c``, ``decoder``,
+    documents the operations and their arguments); :mod:`ppokit.kernels.decoder` is the way
+    to call them."""
+    _c.decoder(*args)
+
+
+def has_decoder() -> bool:
+    """Whether the decoder's compiled steps can run (an extension built before they existed
+    lacks them)."""
+    return available() is None and hasattr(_c, "decoder")
 
 
 def lstm_forward(*args) -> None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _c, available
+from . import decoder_op, has_decoder
 
 __all__ = ["usable", "rms_norm", "rotary_split", "gated", "attention", "decode_attention"]
 
@@ -37,7 +37,7 @@ _BF16, _F32 = torch.bfloat16, torch.float32
 
 def usable(*tensors: torch.Tensor) -> bool:
     """Whether the kernels can run on ``tensors`` (CPU, float32 or bfloat16)."""
-    if available() is not None or not hasattr(_c, "decoder"):
+    if not has_decoder():
         return False
     return all(t.device.type == "cpu" and t.dtype in (_F32, _BF16) for t in tensors)
 
@@ -51,7 +51,7 @@ def _rms_fwd(x, w, eps, dtype):
     y = torch.empty(x.shape, dtype=dtype)
     rstd = torch.empty(x.shape[:-1], dtype=_F32)
     n, d = x.numel() // max(x.shape[-1], 1), x.shape[-1]
-    _c.decoder(0, x.data_ptr(), w.data_ptr(), y.data_ptr(), rstd.data_ptr(), n, d,
+    decoder_op(0, x.data_ptr(), w.data_ptr(), y.data_ptr(), rstd.data_ptr(), n, d,
                int(dtype == _BF16), float(eps))
     return y, rstd
 
@@ -72,7 +72,7 @@ class _RMSNorm(torch.autograd.Function):
         dx = torch.empty_like(x)
         dw = torch.zeros_like(w)
         n, d = x.numel() // max(x.shape[-1], 1), x.shape[-1]
-        _c.decoder(1, x.data_ptr(), w.data_ptr(), rstd.data_ptr(), dy.data_ptr(),
+        decoder_op(1, x.data_ptr(), w.data_ptr(), rstd.data_ptr(), dy.data_ptr(),
                    dx.data_ptr(), dw.data_ptr(), n, d, int(dy.dtype == _BF16))
         return dx, (dw if ctx.needs_input_grad[1] else None), None, None
 
@@ -97,7 +97,7 @@ def _rope_fwd(qkv, cos, sin, heads):
     q = torch.empty(n, H, hd, dtype=_F32)
     k = torch.empty(n, KV, hd, dtype=_F32)
     v = torch.empty(n, KV, hd, dtype=_F32)
-    _c.decoder(2, qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), q.data_ptr(), k.data_ptr(),
+    decoder_op(2, qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), q.data_ptr(), k.data_ptr(),
                v.data_ptr(), n, H, KV, hd, int(qkv.dtype == _BF16))
     return q, k, v
 
@@ -116,7 +116,7 @@ class _RotarySplit(torch.autograd.Function):
         n = cos.shape[0]
         dq, dk, dv = (g.float().contiguous() for g in (dq, dk, dv))
         dqkv = torch.empty(n, (H + 2 * KV) * hd, dtype=ctx.dtype)
-        _c.decoder(3, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), cos.data_ptr(),
+        decoder_op(3, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), cos.data_ptr(),
                    sin.data_ptr(), dqkv.data_ptr(), n, H, KV, hd, int(ctx.dtype == _BF16))
         return dqkv, None, None, None
 
@@ -146,7 +146,7 @@ def rotary_split(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
 def _gated_fwd(gu):
     f = gu.shape[-1] // 2
     y = torch.empty(*gu.shape[:-1], f, dtype=gu.dtype)
-    _c.decoder(4, gu.data_ptr(), y.data_ptr(), gu.numel() // max(2 * f, 1), f,
+    decoder_op(4, gu.data_ptr(), y.data_ptr(), gu.numel() // max(2 * f, 1), f,
                int(gu.dtype == _BF16))
     return y
 
@@ -163,7 +163,7 @@ class _Gated(torch.autograd.Function):
         f = gu.shape[-1] // 2
         dy = dy.to(gu.dtype).contiguous()
         dgu = torch.empty_like(gu)
-        _c.decoder(5, gu.data_ptr(), dy.data_ptr(), dgu.data_ptr(), gu.numel() // (2 * f), f,
+        decoder_op(5, gu.data_ptr(), dy.data_ptr(), dgu.data_ptr(), gu.numel() // (2 * f), f,
                    int(gu.dtype == _BF16))
         return dgu
 
@@ -186,7 +186,7 @@ def _attn_fwd(q, k, v, mask, scale):
     Tk, KV = k.shape[1], k.shape[2]
     o = torch.empty_like(q)
     p = torch.empty(R, H, Tq, Tk, dtype=_F32)
-    _c.decoder(6, q.data_ptr(), k.data_ptr(), v.data_ptr(), mask.data_ptr(), o.data_ptr(),
+    decoder_op(6, q.data_ptr(), k.data_ptr(), v.data_ptr(), mask.data_ptr(), o.data_ptr(),
                p.data_ptr(), R, Tq, Tk, H, KV, hd, Tk * KV * hd, Tq * Tk, float(scale))
     return o, p
 
@@ -208,7 +208,7 @@ class _Attention(torch.autograd.Function):
         dq = torch.empty_like(q)
         dk, dv = torch.zeros_like(k), torch.zeros_like(v)
         ds = torch.empty(Tk, dtype=_F32)  # scratch, held here: the call reads its address
-        _c.decoder(7, q.data_ptr(), k.data_ptr(), v.data_ptr(), p.data_ptr(), d_o.data_ptr(),
+        decoder_op(7, q.data_ptr(), k.data_ptr(), v.data_ptr(), p.data_ptr(), d_o.data_ptr(),
                    dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), ds.data_ptr(), R, Tq, Tk, H,
                    KV, hd, float(ctx.scale))
         return dq, dk, dv, None, None
@@ -256,6 +256,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     o = torch.empty(B, H * hd, dtype=_F32)
     p = torch.empty(B, H, n, dtype=_F32)
     mask = key_mask.view(torch.uint8)
-    _c.decoder(6, q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), mask.data_ptr(),
+    decoder_op(6, q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), mask.data_ptr(),
                o.data_ptr(), p.data_ptr(), B, 1, n, H, KV, hd, cap * KV * hd, cap, float(scale))
     return o
