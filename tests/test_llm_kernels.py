@@ -6,9 +6,9 @@ random masks, grouped key heads) against ``scaled_dot_product_attention`` — ro
 width (the 16-wide loops and their scalar tails), inputs that are views. Float32 results
 agree to float32 rounding; bfloat16 ones to one or two bfloat16 roundings (the kernels
 round at the same steps as torch; a product computed as a fused multiply-add can land on
-the other side of a rounding boundary). The bfloat16 gated product has two loops in C — the
-AVX512-BF16 instructions where the machine has them, else the generic one: these tests
-hold whichever this machine runs."""
+the other side of a rounding boundary). The bfloat16 gated product has two loops in C: rows
+of a multiple of 16 columns take the AVX512-BF16 instructions where the machine has them,
+other rows the generic loop — the random widths here reach both."""
 
 import pytest
 import torch

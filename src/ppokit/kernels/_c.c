@@ -147,23 +147,26 @@ static inline float hsum(v16 a)
     return (t[0] + t[2]) + (t[1] + t[3]);
 }
 
+/* <a, b> over n floats: sixteen partial sums, their total, then the tail */
+static inline float dot_n(const float *a, const float *b, int64_t n)
+{
+    const int64_t n16 = n / 16 * 16;
+    v16 acc = {0};
+    for (int64_t i = 0; i < n16; i += 16) acc += ld(a + i) * ld(b + i);
+    float s = hsum(acc);
+    for (int64_t i = n16; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
 /* out[m, o] = b[o] + <in[m, :], W[o, :]> for a narrow output (a policy or value head):
  * sixteen partial sums over i, then their total. */
 MULTIVERSION
 static void dots(int64_t M, int64_t O, int64_t I, const float *in, const float *W,
                  const float *b, float *out)
 {
-    const int64_t i16 = I / 16 * 16;
     for (int64_t m = 0; m < M; m++) {
         const float *x = in + m * I;
-        for (int64_t o = 0; o < O; o++) {
-            const float *w = W + o * I;
-            v16 acc = {0};
-            for (int64_t i = 0; i < i16; i += 16) acc += ld(x + i) * ld(w + i);
-            float s = hsum(acc);
-            for (int64_t i = i16; i < I; i++) s += x[i] * w[i];
-            out[m * O + o] = b[o] + s;
-        }
+        for (int64_t o = 0; o < O; o++) out[m * O + o] = b[o] + dot_n(x, W + o * I, I);
     }
 }
 
@@ -171,20 +174,27 @@ static void dots(int64_t M, int64_t O, int64_t I, const float *in, const float *
  * x = n ln2 + r, a degree-7 polynomial for e^r on |r| <= ln2/2, and 2^n from the exponent
  * bits. Relative error < 2 ulp on [-87.3, 88.3]; inputs outside are clamped to it (e^x
  * then over- or underflows to the nearest normal float, which the callers below absorb). */
+/* its steps on a float or on sixteen (exp_v below): n = round(x / ln2), r = x - n ln2 in
+ * two parts, y = e^r by the polynomial */
+#define EXP_STEPS(x, n, r, y)                                                                 \
+    do {                                                                                      \
+        n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;                           \
+        r = x - n * 0.693359375f;                                                             \
+        r = r + n * 2.12194440e-4f;                                                           \
+        y = r * 1.9875691500e-4f + 1.3981999507e-3f;                                          \
+        y = y * r + 8.3334519073e-3f;                                                         \
+        y = y * r + 4.1665795894e-2f;                                                         \
+        y = y * r + 1.6666665459e-1f;                                                         \
+        y = y * r + 5.0000001201e-1f;                                                         \
+        y = y * r * r + r + 1.0f;                                                             \
+    } while (0)
+
 static inline float exp_f(float x)
 {
     x = x < -87.3f ? -87.3f : x;
     x = x > 88.3f ? 88.3f : x;
-    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    float r = x - n * 0.693359375f;
-    r = r + n * 2.12194440e-4f;
-    float y = 1.9875691500e-4f;
-    y = y * r + 1.3981999507e-3f;
-    y = y * r + 8.3334519073e-3f;
-    y = y * r + 4.1665795894e-2f;
-    y = y * r + 1.6666665459e-1f;
-    y = y * r + 5.0000001201e-1f;
-    y = y * r * r + r + 1.0f;
+    float n, r, y;
+    EXP_STEPS(x, n, r, y);
     union { float f; int32_t i; } s;
     s.i = ((int32_t)n + 127) << 23;
     return y * s.f;
@@ -1487,16 +1497,8 @@ static inline v16 exp_v(v16 x)
 {
     x = vsel(x < -87.3f, splat(-87.3f), x);
     x = vsel(x > 88.3f, splat(88.3f), x);
-    const v16 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    v16 r = x - n * 0.693359375f;
-    r = r + n * 2.12194440e-4f;
-    v16 y = splat(1.9875691500e-4f);
-    y = y * r + 1.3981999507e-3f;
-    y = y * r + 8.3334519073e-3f;
-    y = y * r + 4.1665795894e-2f;
-    y = y * r + 1.6666665459e-1f;
-    y = y * r + 5.0000001201e-1f;
-    y = y * r * r + r + 1.0f;
+    v16 n, r, y;
+    EXP_STEPS(x, n, r, y);
     const i16v e = (__builtin_convertvector(n, i16v) + 127) << 23;
     return y * (v16)e;
 }
@@ -1537,11 +1539,7 @@ static void rms_fwd(const float *x, const float *w, float eps, int64_t N, int64_
     const int64_t d16 = D / 16 * 16;
     for (int64_t n = 0; n < N; n++) {
         const float *xr = x + n * D;
-        v16 acc = {0};
-        for (int64_t i = 0; i < d16; i += 16) acc += ld(xr + i) * ld(xr + i);
-        float s = hsum(acc);
-        for (int64_t i = d16; i < D; i++) s += xr[i] * xr[i];
-        const float r = 1.0f / sqrtf(s / (float)D + eps);
+        const float r = 1.0f / sqrtf(dot_n(xr, xr, D) / (float)D + eps);
         rstd[n] = r;
         for (int64_t i = 0; i < d16; i += 16)
             act_st16(y, n * D + i, ld(w + i) * (ld(xr + i) * r), ybf);
@@ -1657,29 +1655,99 @@ static void rope_bwd(const float *dq, const float *dk, const float *dv, const fl
     }
 }
 
+/* n (< 16) activations from i as sixteen lanes (the rest zero), and the store of the first
+ * n lanes: a row's last partial block runs through the same sixteen-lane code */
+static inline v16 act_ld_part(const void *p, int64_t i, int64_t n, int bf)
+{
+    float t[16] = {0};
+    for (int64_t l = 0; l < n; l++) t[l] = act_ld(p, i + l, bf);
+    return ld(t);
+}
+
+static inline void act_st_part(void *p, int64_t i, int64_t n, v16 v, int bf)
+{
+    for (int64_t l = 0; l < n; l++) act_st(p, i + l, v[l], bf);
+}
+
 /* the gated product y = silu(gate) * up of rows gu [N, 2F] (gate the first F columns),
  * y [N, F], silu(g) = g sigmoid(g) = g / (1 + e^-g); bfloat16 (bf: silu's value rounded
  * before the product, as torch's two operations round it) or float32. The row functions
  * are inlined with bf a constant, so that each format has its own loop. */
+static inline v16 swiglu16(v16 g, v16 u, int bf)
+{
+    v16 a = g * (1.0f / (1.0f + exp_v(-g)));
+    if (bf) a = bf_rt16(a);
+    return a * u;
+}
+
 static inline __attribute__((always_inline)) void swiglu_fwd_rows(
     const void *gu, const int bf, int64_t N, int64_t F, void *y)
 {
-    const int64_t f16 = F / 16 * 16;
     for (int64_t n = 0; n < N; n++) {
         const int64_t r = n * 2 * F, o = n * F;
-        for (int64_t j = 0; j < f16; j += 16) {
-            const v16 g = act_ld16(gu, r + j, bf), u = act_ld16(gu, r + F + j, bf);
-            v16 a = g * (1.0f / (1.0f + exp_v(-g)));
-            if (bf) a = bf_rt16(a);
-            act_st16(y, o + j, a * u, bf);
-        }
-        for (int64_t j = f16; j < F; j++) {
-            const float g = act_ld(gu, r + j, bf), u = act_ld(gu, r + F + j, bf);
-            float a = g * (1.0f / (1.0f + exp_f(-g)));
-            if (bf) a = bf_rt(a);
-            act_st(y, o + j, a * u, bf);
+        int64_t j = 0;
+        for (; j + 16 <= F; j += 16)
+            act_st16(y, o + j, swiglu16(act_ld16(gu, r + j, bf), act_ld16(gu, r + F + j, bf), bf),
+                     bf);
+        if (j < F) {
+            const int64_t m = F - j;
+            act_st_part(y, o + j, m, swiglu16(act_ld_part(gu, r + j, m, bf),
+                                              act_ld_part(gu, r + F + j, m, bf), bf), bf);
         }
     }
+}
+
+MULTIVERSION
+static void swiglu_fwd_generic(const void *gu, int bf, int64_t N, int64_t F, void *y)
+{
+    if (bf)
+        swiglu_fwd_rows(gu, 1, N, F, y);
+    else
+        swiglu_fwd_rows(gu, 0, N, F, y);
+}
+
+/* its backward: dy [N, F] -> dgu [N, 2F]: d up = dy silu(g), d gate = (dy up) s (1 + g
+ * (1 - s)), s = sigmoid(g) (bf: rounded where torch's autograd rounds) */
+static inline void swiglu_bwd16(v16 g, v16 u, v16 e, int bf, v16 *dg, v16 *du)
+{
+    const v16 s = 1.0f / (1.0f + exp_v(-g));
+    v16 a = g * s, da = e * u;
+    if (bf) a = bf_rt16(a), da = bf_rt16(da);
+    *dg = da * (s * (1.0f + g * (1.0f - s)));
+    *du = e * a;
+}
+
+static inline __attribute__((always_inline)) void swiglu_bwd_rows(
+    const void *gu, const void *dy, const int bf, int64_t N, int64_t F, void *dgu)
+{
+    for (int64_t n = 0; n < N; n++) {
+        const int64_t r = n * 2 * F, o = n * F;
+        v16 dg, du;
+        int64_t j = 0;
+        for (; j + 16 <= F; j += 16) {
+            swiglu_bwd16(act_ld16(gu, r + j, bf), act_ld16(gu, r + F + j, bf),
+                         act_ld16(dy, o + j, bf), bf, &dg, &du);
+            act_st16(dgu, r + j, dg, bf);
+            act_st16(dgu, r + F + j, du, bf);
+        }
+        if (j < F) {
+            const int64_t m = F - j;
+            swiglu_bwd16(act_ld_part(gu, r + j, m, bf), act_ld_part(gu, r + F + j, m, bf),
+                         act_ld_part(dy, o + j, m, bf), bf, &dg, &du);
+            act_st_part(dgu, r + j, m, dg, bf);
+            act_st_part(dgu, r + F + j, m, du, bf);
+        }
+    }
+}
+
+MULTIVERSION
+static void swiglu_bwd_generic(const void *gu, const void *dy, int bf, int64_t N, int64_t F,
+                               void *dgu)
+{
+    if (bf)
+        swiglu_bwd_rows(gu, dy, 1, N, F, dgu);
+    else
+        swiglu_bwd_rows(gu, dy, 0, N, F, dgu);
 }
 
 #if defined(__GNUC__) && defined(__x86_64__)
@@ -1715,20 +1783,16 @@ BF16_TARGET static inline __m512 bfx_sigmoid(__m512 g)  /* 1 / (1 + e^-g) */
     return _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, two));
 }
 
+/* (rows of a multiple of 16 columns; the dispatcher sends others to the generic loop) */
 BF16_TARGET static void swiglu_fwd_bf16x(const uint16_t *gu, int64_t N, int64_t F, uint16_t *y)
 {
-    const int64_t f16 = F / 16 * 16;
     for (int64_t n = 0; n < N; n++) {
         const uint16_t *g_ = gu + n * 2 * F, *u_ = g_ + F;
         uint16_t *o = y + n * F;
-        for (int64_t j = 0; j < f16; j += 16) {
+        for (int64_t j = 0; j < F; j += 16) {
             const __m512 g = bfx_ld(g_ + j), u = bfx_ld(u_ + j);
             const __m512 a = bfx_rt(_mm512_mul_ps(g, bfx_sigmoid(g)));
             _mm256_storeu_si256((__m256i *)(o + j), bfx_bits(_mm512_mul_ps(a, u)));
-        }
-        for (int64_t j = f16; j < F; j++) {
-            const float g = bf_ld(g_, j), u = bf_ld(u_, j);
-            o[j] = bf_round(bf_rt(g * (1.0f / (1.0f + exp_f(-g)))) * u);
         }
     }
 }
@@ -1736,12 +1800,11 @@ BF16_TARGET static void swiglu_fwd_bf16x(const uint16_t *gu, int64_t N, int64_t 
 BF16_TARGET static void swiglu_bwd_bf16x(const uint16_t *gu, const uint16_t *dy, int64_t N,
                                          int64_t F, uint16_t *dgu)
 {
-    const int64_t f16 = F / 16 * 16;
     const __m512 one = _mm512_set1_ps(1.0f);
     for (int64_t n = 0; n < N; n++) {
         const uint16_t *g_ = gu + n * 2 * F, *u_ = g_ + F, *e_ = dy + n * F;
         uint16_t *dg = dgu + n * 2 * F, *du = dg + F;
-        for (int64_t j = 0; j < f16; j += 16) {
+        for (int64_t j = 0; j < F; j += 16) {
             const __m512 g = bfx_ld(g_ + j), u = bfx_ld(u_ + j), e = bfx_ld(e_ + j);
             const __m512 sg = bfx_sigmoid(g);
             const __m512 a = bfx_rt(_mm512_mul_ps(g, sg)), da = bfx_rt(_mm512_mul_ps(e, u));
@@ -1750,12 +1813,6 @@ BF16_TARGET static void swiglu_bwd_bf16x(const uint16_t *gu, const uint16_t *dy,
                 g, _mm512_sub_ps(one, sg))));
             _mm256_storeu_si256((__m256i *)(dg + j), bfx_bits(_mm512_mul_ps(da, ds)));
             _mm256_storeu_si256((__m256i *)(du + j), bfx_bits(_mm512_mul_ps(e, a)));
-        }
-        for (int64_t j = f16; j < F; j++) {
-            const float g = bf_ld(g_, j), u = bf_ld(u_, j), e = bf_ld(e_, j);
-            const float sg = 1.0f / (1.0f + exp_f(-g));
-            dg[j] = bf_round(bf_rt(e * u) * (sg * (1.0f + g * (1.0f - sg))));
-            du[j] = bf_round(e * bf_rt(g * sg));
         }
     }
 }
@@ -1767,67 +1824,31 @@ static int have_bf16x(void)
                          && __builtin_cpu_supports("avx512vl");
     return have;
 }
+#define BF16X 1
 #else
-static int have_bf16x(void) { return 0; }
+#define BF16X 0
 #endif
 
-MULTIVERSION
 static void swiglu_fwd(const void *gu, int bf, int64_t N, int64_t F, void *y)
 {
-#if defined(__GNUC__) && defined(__x86_64__)
-    if (bf && have_bf16x()) {
+#if BF16X
+    if (bf && F % 16 == 0 && have_bf16x()) {
         swiglu_fwd_bf16x(gu, N, F, y);
         return;
     }
 #endif
-    if (bf)
-        swiglu_fwd_rows(gu, 1, N, F, y);
-    else
-        swiglu_fwd_rows(gu, 0, N, F, y);
+    swiglu_fwd_generic(gu, bf, N, F, y);
 }
 
-/* its backward: dy [N, F] -> dgu [N, 2F]: d up = dy silu(g), d gate = (dy up) s (1 + g
- * (1 - s)), s = sigmoid(g) (bf: rounded where torch's autograd rounds) */
-static inline __attribute__((always_inline)) void swiglu_bwd_rows(
-    const void *gu, const void *dy, const int bf, int64_t N, int64_t F, void *dgu)
-{
-    const int64_t f16 = F / 16 * 16;
-    for (int64_t n = 0; n < N; n++) {
-        const int64_t r = n * 2 * F, o = n * F;
-        for (int64_t j = 0; j < f16; j += 16) {
-            const v16 g = act_ld16(gu, r + j, bf), u = act_ld16(gu, r + F + j, bf);
-            const v16 e = act_ld16(dy, o + j, bf);
-            const v16 s = 1.0f / (1.0f + exp_v(-g));
-            v16 a = g * s, da = e * u;
-            if (bf) a = bf_rt16(a), da = bf_rt16(da);
-            act_st16(dgu, r + j, da * (s * (1.0f + g * (1.0f - s))), bf);
-            act_st16(dgu, r + F + j, e * a, bf);
-        }
-        for (int64_t j = f16; j < F; j++) {
-            const float g = act_ld(gu, r + j, bf), u = act_ld(gu, r + F + j, bf);
-            const float e = act_ld(dy, o + j, bf);
-            const float s = 1.0f / (1.0f + exp_f(-g));
-            float a = g * s, da = e * u;
-            if (bf) a = bf_rt(a), da = bf_rt(da);
-            act_st(dgu, r + j, da * (s * (1.0f + g * (1.0f - s))), bf);
-            act_st(dgu, r + F + j, e * a, bf);
-        }
-    }
-}
-
-MULTIVERSION
 static void swiglu_bwd(const void *gu, const void *dy, int bf, int64_t N, int64_t F, void *dgu)
 {
-#if defined(__GNUC__) && defined(__x86_64__)
-    if (bf && have_bf16x()) {
+#if BF16X
+    if (bf && F % 16 == 0 && have_bf16x()) {
         swiglu_bwd_bf16x(gu, dy, N, F, dgu);
         return;
     }
 #endif
-    if (bf)
-        swiglu_bwd_rows(gu, dy, 1, N, F, dgu);
-    else
-        swiglu_bwd_rows(gu, dy, 0, N, F, dgu);
+    swiglu_bwd_generic(gu, dy, bf, N, F, dgu);
 }
 
 /* Attention over short sequences, float32 (the fused forward's attention on the CPU, where
@@ -1835,16 +1856,6 @@ static void swiglu_bwd(const void *gu, const void *dy, int bf, int64_t N, int64_
  * k, v [R, Tk, KV, hd] (query head h reads key head h / (H / KV)), mask [R, Tq, Tk] (1: the
  * query may see the key; every query sees at least one), output o [R, Tq, H, hd]; the
  * softmax p [R, H, Tq, Tk] is kept for the backward. */
-static inline float dot_n(const float *a, const float *b, int64_t n)
-{
-    const int64_t n16 = n / 16 * 16;
-    v16 acc = {0};
-    for (int64_t i = 0; i < n16; i += 16) acc += ld(a + i) * ld(b + i);
-    float s = hsum(acc);
-    for (int64_t i = n16; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
 static inline void axpy_n(float *y, float a, const float *x, int64_t n)  /* y += a x */
 {
     const int64_t n16 = n / 16 * 16;
