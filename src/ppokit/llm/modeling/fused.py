@@ -318,19 +318,14 @@ class _Layout:
     def split(self, t: torch.Tensor):
         """A ``[N, heads, D]`` per-token tensor → ``(root [1, heads, c, D] or None,
         prompts [U, heads, hp, D] or None, rest [B, heads, T, D])``."""
-        heads, d = t.shape[1], t.shape[2]
-        # one split (its gradient one concatenation) rather than three slices (each
-        # gradient a zero-filled copy of the whole tensor, then summed)
-        r, h, rest = t.split([self.nr, self.nh, t.shape[0] - self.nr - self.nh])
-        r = r.transpose(0, 1)[None] if self.nr else None
-        h = h.view(self.U, self.hp, heads, d).transpose(1, 2) if self.U else None
-        rest = rest.view(self.B, self.T, heads, d).transpose(1, 2)
-        return r, h, rest
+        return tuple(None if x is None else x.transpose(1, 2) for x in self.split_tokens(t))
 
     def split_tokens(self, t: torch.Tensor):
         """As :meth:`split`, token-major: ``(root [1, c, heads, D] or None, prompts [U, hp,
         heads, D] or None, rest [B, T, heads, D])``."""
         heads, d = t.shape[1], t.shape[2]
+        # one split (its gradient one concatenation) rather than three slices (each
+        # gradient a zero-filled copy of the whole tensor, then summed)
         r, h, rest = t.split([self.nr, self.nh, t.shape[0] - self.nr - self.nh])
         return (r[None] if self.nr else None,
                 h.view(self.U, self.hp, heads, d) if self.U else None,
