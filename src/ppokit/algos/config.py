@@ -180,10 +180,14 @@ class TrainConfig:
                                   choices=("auto", "same_step", "next_step"))
     # evaluation during training
     eval_every: int = setting(0, "evaluate the policy every this many iterations on separate "
-                              "environments, deterministic actions, results in metrics.jsonl and "
-                              "the best policy kept in best/ (0 = never)", bounds=(0, 10**9, False))
+                              "environments (actions as eval_deterministic says), results in "
+                              "metrics.jsonl and the best policy kept in best/ (0 = never)",
+                              bounds=(0, 10**9, False))
     eval_episodes: int = setting(5, "episodes of each evaluation during training (the same seeds "
                                  "every time)", bounds=(1, 10**6, False))
+    eval_deterministic: bool = setting(True, "evaluations during training take the most likely "
+                                       "(or mean) action; false samples actions, as Atari and "
+                                       "MinAtar evaluations usually do")
     stop_at_return: float | None = setting(None, "end training (with a checkpoint) once an "
                                            "evaluation's mean return reaches this (needs "
                                            "eval_every; none = off)", bounds=(-1e12, 1e12, False))

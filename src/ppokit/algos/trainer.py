@@ -429,7 +429,8 @@ class Trainer(RunLifecycle):
         return rec
 
     def _evaluate_during_training(self) -> dict[str, Any]:
-        """Every ``eval_every`` iterations: ``eval_episodes`` deterministic episodes on
+        """Every ``eval_every`` iterations: ``eval_episodes`` episodes (deterministic
+        actions unless ``eval_deterministic`` is false) on
         separate environments (the same seeds each time, so evaluations compare), and the
         policy written to ``best/`` when its mean return is the best so far."""
         c = self.cfg
@@ -439,7 +440,7 @@ class Trainer(RunLifecycle):
         from .evaluate import evaluate_policy
 
         rets = evaluate_policy(self.policy, c, episodes=c.eval_episodes,
-                               seed=c.seed + EVAL_SEED_OFFSET, deterministic=True,
+                               seed=c.seed + EVAL_SEED_OFFSET, deterministic=c.eval_deterministic,
                                obs_norm=self.obs_norm, env=self.env_maker)
         mean = float(np.mean(rets))
         out["eval_return_mean"], out["eval_return_std"] = mean, float(np.std(rets))
