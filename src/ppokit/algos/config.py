@@ -51,6 +51,7 @@ from .presets import (  # noqa: F401 (re-exported)
     MINATAR_PREFIX,
     MINATAR_PRESET,
     env_preset,
+    image_preset,
 )
 
 __all__ = ["TrainConfig", "ALGORITHMS", "ENV_PRESETS", "ATARI_PRESET", "MINATAR_PRESET",
@@ -459,8 +460,17 @@ def _resolve(env_id, algo, toml_values, overrides, flags) -> TrainConfig:
               show=False)
     if not isinstance(env_id, str):
         fail("env_id", "expected a string", env_id)
-    merged: dict[str, Any] = dict(ALGORITHMS[algo])
     preset = env_preset(env_id)
+    cfg = _merge(algo, env_id, preset, sources)
+    if preset or algo not in ("ppo", "ppo-kl"):
+        return cfg
+    family = image_preset(space) if (space := _observation_space(cfg)) is not None else {}
+    return _merge(algo, env_id, family, sources) if family else cfg
+
+
+def _merge(algo: str, env_id: str, preset: dict[str, Any], sources) -> TrainConfig:
+    flags, overrides, toml_values = sources
+    merged: dict[str, Any] = dict(ALGORITHMS[algo])
     if algo in ("ppo", "ppo-kl"):
         merged.update(preset)
     else:
@@ -473,3 +483,28 @@ def _resolve(env_id, algo, toml_values, overrides, flags) -> TrainConfig:
     merged["algo"] = algo
     merged["env_id"] = env_id
     return config_from_dict(merged)
+
+
+def _observation_space(cfg: TrainConfig):
+    """The observation space of a registered environment without a preset of its own (for
+    the image family's settings, :func:`ppokit.algos.presets.image_preset`), from one
+    instance built and closed here; None when it cannot be built here -- building the run's
+    environments reports why, where the error belongs."""
+    import gymnasium as gym
+
+    from ppokit.envs.source import gym_id
+
+    if cfg.env_source != "id":
+        return None
+    try:
+        gym.spec(gid := gym_id(cfg.env_id))
+        env = gym.make(gid, **cfg.env_kwargs)
+    except (Exception, SystemExit):  # noqa: BLE001 (reported when the run builds it)
+        return None
+    try:
+        return env.observation_space
+    finally:
+        try:
+            env.close()
+        except Exception:  # noqa: BLE001 (a close that fails changes nothing here)
+            pass

@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["ALGORITHMS", "ENV_PRESETS", "ATARI_PRESET", "ATARI_PREFIX", "MINATAR_PRESET",
-           "MINATAR_PREFIX", "env_preset"]
+           "MINATAR_PREFIX", "IMAGE_PRESET", "SMALL_IMAGE_PRESET", "env_preset",
+           "image_preset"]
 
 ALGORITHMS: dict[str, dict[str, Any]] = {
     # PPO with Stable-Baselines3's defaults, 8 envs.
@@ -95,6 +96,42 @@ MINATAR_PRESET: dict[str, Any] = dict(
     ent_coef=0.01, vf_coef=0.5, gamma=0.99, gae_lambda=0.95, max_grad_norm=0.5,
     policy="cnn", cnn_channels=(16, 32, 32), features_dim=256, net_arch=())
 MINATAR_PREFIX = "MinAtar/"
+
+
+# Any other environment whose observations are images (an image Box, or a Dict holding
+# one) gets its family's update settings: the MinAtar preset's for images under 36 pixels
+# a side (the small-image CNN, with MinAtar's 16/32/32 filters and 256 features), the
+# Atari preset's for larger ones (the Nature CNN) -- but neither's budget, nor its empty
+# net_arch (a Dict's features, an image's and a flag's say, need a hidden layer to be
+# combined), nor Atari's bf16 trunk; and ReLU hidden layers after the CNN, as the CNN
+# itself has (tanh units saturate on the CNN's unbounded features: the image-and-flag
+# task stalled at 0.75 with tanh, reached 1.0 with ReLU). Without them a CNN of ~0.9M parameters took the
+# generic settings' 320 Adam steps per 2,048 samples: approx_kl 0.2-1.3 per update, the
+# return swinging instead of converging (docs/benchmarks.md: the small-image tasks).
+_NOT_INHERITED = ("total_timesteps", "policy", "net_arch", "precision")
+SMALL_IMAGE_PRESET: dict[str, Any] = {
+    **{k: v for k, v in MINATAR_PRESET.items() if k not in _NOT_INHERITED},
+    "activation": "relu"}
+IMAGE_PRESET: dict[str, Any] = {
+    **{k: v for k, v in ATARI_PRESET.items() if k not in _NOT_INHERITED},
+    "activation": "relu"}
+
+
+def image_preset(obs_space: Any) -> dict[str, Any]:
+    """The image family's settings for an observation space: :data:`SMALL_IMAGE_PRESET`
+    when it is (or a Dict holds) an image smaller than the Nature CNN's 36 pixels a side,
+    :data:`IMAGE_PRESET` for a larger one, else none."""
+    from gymnasium import spaces
+
+    from ppokit.policies.encoders import MIN_CNN_SIZE, image_layout, is_image_space
+
+    parts = list(obs_space.spaces.values()) if isinstance(obs_space, spaces.Dict) else [
+        obs_space]
+    images = [s for s in parts if is_image_space(s)]
+    if not images:
+        return {}
+    small = any(min(image_layout(s)[2:4]) < MIN_CNN_SIZE for s in images)
+    return SMALL_IMAGE_PRESET if small else IMAGE_PRESET
 
 
 def env_preset(env_id: str) -> dict[str, Any]:
