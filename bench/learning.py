@@ -1,0 +1,365 @@
+"""What ppokit learns, measured: every task of ``bench.learning_tasks`` trained with ppokit's
+preset on several seeds, evaluated by a fixed protocol, side by side with the published
+results of the RL-zoo, CleanRL and Tianshou (``docs/benchmarks/references.json``).
+
+    python -m bench.learning list                       # the task table
+    python -m bench.learning run --tasks cartpole,pendulum --seeds 0-4 --jobs 2
+    python -m bench.learning run --family mujoco        # every task of a family
+    python -m bench.learning table                      # docs/benchmarks.md's table + figure
+    python -m bench.learning quick --jobs 2             # the regression net (exit 1 on a fall)
+
+``run`` is resumable: each (task, seed) trains in its own run directory under ``--out``
+(default ``runs/bench-learning``); a run stopped by a signal or a lost session continues
+from its last checkpoint when ``run`` is called again (ppokit's exact resume), and a run
+whose result file exists is skipped. Each finished run writes one small JSON file,
+``docs/benchmarks/results/<task>/seed<N>.json``: the commit, the versions, the evaluation
+curve, the final evaluation, wall time and steps per second. ``table`` reads only those
+files, so results gathered over several sittings and machines aggregate into one table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.learning_tasks import QUICK, TASKS, Task, slug, task
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "benchmarks" / "results"
+REFERENCES = ROOT / "docs" / "benchmarks" / "references.json"
+EVAL_SEED = 7_000_000  # final evaluations: episode seeds seed + this + k
+
+
+# ------------------------------------------------------------------ one run
+def _ppokit(*args: str) -> list[str]:
+    return [sys.executable, "-m", "ppokit", *args]
+
+
+def _iteration_steps(t: Task) -> int:
+    from ppokit.algos.config import resolve_config
+
+    cfg = resolve_config(env_id=t.env_id, overrides=dict(t.sets))
+    return cfg.n_envs * cfg.n_steps
+
+
+def train_command(t: Task, seed: int, run_dir: Path, steps: int) -> list[str]:
+    """The ``ppokit train`` invocation of one run: the task's preset, its budget, the
+    evaluation protocol; nothing else."""
+    per_iter = _iteration_steps(t)
+    iters = max(1, steps // per_iter)
+    every = max(1, iters // t.curve_points)
+    sets = {"eval_every": every, "eval_episodes": t.curve_episodes,
+            "eval_deterministic": str(not t.stochastic_eval).lower(),
+            "checkpoint_every": max(1, min(every, 50)), **t.sets}
+    return _ppokit("train", "--env", t.env_id, "--seed", str(seed), "--run-dir", str(run_dir),
+                   "--total-steps", str(steps), "--no-progress", "--eval-episodes", "0",
+                   "--set", *(f"{k}={v}" for k, v in sets.items()))
+
+
+def _finished(run_dir: Path) -> bool:
+    return (run_dir / "bench-trained").exists()
+
+
+def _has_checkpoint(run_dir: Path) -> bool:
+    return any((run_dir / "checkpoints").glob("iter_*")) if run_dir.is_dir() else False
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    rows = []
+    with open(run_dir / "metrics.jsonl") as fh:
+        for line in fh:
+            line = line.strip()
+            if line:
+                rows.append(json.loads(line))
+    return rows
+
+
+def _versions() -> dict:
+    import gymnasium
+    import numpy
+    import torch
+
+    import ppokit
+
+    out = {"ppokit": getattr(ppokit, "__version__", "?"), "torch": torch.__version__,
+           "gymnasium": gymnasium.__version__, "numpy": numpy.__version__,
+           "python": platform.python_version()}
+    for mod in ("mujoco", "ale_py", "minatar", "Box2D"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001 (not installed, or no version attribute)
+            continue
+    return out
+
+
+def _commit() -> str:
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=ROOT, capture_output=True, text=True, timeout=10).stdout
+        return rev + ("+changes" if dirty.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def result_record(t: Task, seed: int, run_dir: Path, steps: int, final: dict) -> dict:
+    """The result file's content, from the run directory's metrics and final evaluation."""
+    rows = _metrics(run_dir)
+    last = rows[-1]
+    wall = float(last["time"])
+    curve = [[int(r["global_step"]), float(r["eval_return_mean"]), float(r["time"])]
+             for r in rows if r.get("eval_return_mean") is not None]
+    stride = max(1, len(rows) // 100)
+    train_curve = [[int(r["global_step"]), r.get("episode_return_mean")]
+                   for r in rows[::stride]]
+    return {
+        "task": t.name, "env_id": t.env_id, "seed": seed, "budget": steps,
+        "steps": int(last["global_step"]), "iterations": int(last["iteration"]),
+        "wall_s": round(wall, 1), "steps_per_s": round(last["global_step"] / wall, 1),
+        "final": {"mean": final["mean_return"], "std": final["std_return"],
+                  "episodes": final["episodes"], "deterministic": final["deterministic"],
+                  "seed": final["seed"]},
+        "curve": curve, "train_curve": train_curve,
+        "protocol": {"curve_episodes": t.curve_episodes, "final_episodes": t.final_episodes,
+                     "stochastic_eval": t.stochastic_eval, "sets": dict(t.sets)},
+        "commit": _commit(), "versions": _versions(),
+        "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
+                 "load_1min": round(os.getloadavg()[0], 2)},
+        "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def result_path(t: Task, seed: int, results: Path = RESULTS, quick: bool = False) -> Path:
+    return results / ("quick" if quick else "") / slug(t) / f"seed{seed}.json"
+
+
+class Runner:
+    """Runs (task, seed) pairs, at most ``jobs`` at a time, each resumable; a SIGTERM or
+    SIGINT stops every child at its next iteration boundary (each writes a checkpoint)."""
+
+    def __init__(self, out: Path, results: Path, jobs: int, quick: bool = False,
+                 log=print):
+        self.out, self.results, self.jobs, self.quick, self.log = out, results, jobs, quick, log
+        self.children: list[subprocess.Popen] = []
+        self.stopping = False
+
+    def _stop(self, signum, frame):  # noqa: ARG002
+        self.stopping = True
+        for p in self.children:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+
+    def run(self, pairs: list[tuple[Task, int]]) -> list[Path]:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._stop)
+        todo = [(t, s) for t, s in pairs
+                if not result_path(t, s, self.results, self.quick).exists()]
+        skipped = len(pairs) - len(todo)
+        if skipped:
+            self.log(f"{skipped} run(s) already have a result file: skipped")
+        done: list[Path] = []
+        running: dict[subprocess.Popen, tuple] = {}
+        while (todo or running) and not self.stopping:
+            while todo and len(running) < self.jobs and not self.stopping:
+                t, s = todo.pop(0)
+                proc, info = self._start(t, s)
+                if proc is not None:
+                    running[proc] = info
+            finished = [p for p in running if p.poll() is not None]
+            for p in finished:
+                info = running.pop(p)
+                self.children.remove(p)
+                path = self._finish(p, *info)
+                if path is not None:
+                    done.append(path)
+            time.sleep(0.5)
+        for p in list(running):
+            p.wait()
+        return done
+
+    def _start(self, t: Task, seed: int):
+        steps = t.quick.steps if self.quick else t.steps
+        run_dir = self.out / slug(t) / f"seed{seed}"
+        if _finished(run_dir):
+            cmd = None
+        elif _has_checkpoint(run_dir):
+            cmd = _ppokit("train", "--resume", str(run_dir), "--no-progress",
+                          "--eval-episodes", "0")
+            self.log(f"{t.name} seed {seed}: resuming {run_dir}")
+        else:
+            if run_dir.exists():  # stopped before its first checkpoint: start again
+                import shutil
+
+                shutil.rmtree(run_dir)
+            run_dir.parent.mkdir(parents=True, exist_ok=True)
+            cmd = train_command(t, seed, run_dir, steps)
+            self.log(f"{t.name} seed {seed}: training {steps} steps into {run_dir}")
+        log_path = self.out / slug(t) / f"seed{seed}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        if cmd is None:  # trained, not yet evaluated
+            cmd = [sys.executable, "-c", "pass"]
+        fh = open(log_path, "a")
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+        fh.close()
+        self.children.append(proc)
+        return proc, (t, seed, run_dir, steps, log_path)
+
+    def _finish(self, proc, t: Task, seed: int, run_dir: Path, steps: int,
+                log_path: Path) -> Path | None:
+        if proc.returncode != 0:
+            if not self.stopping:
+                self.log(f"{t.name} seed {seed}: ppokit train exited {proc.returncode} "
+                         f"(log: {log_path})")
+            return None
+        (run_dir / "bench-trained").touch()
+        args = ["eval", str(run_dir), "--episodes", str(t.final_episodes),
+                "--seed", str(seed + EVAL_SEED)]
+        if t.stochastic_eval:
+            args.append("--stochastic")
+        ev = subprocess.run(_ppokit(*args), capture_output=True, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+        if ev.returncode != 0:
+            self.log(f"{t.name} seed {seed}: ppokit eval exited {ev.returncode}: "
+                     f"{ev.stderr.strip()[-300:]}")
+            return None
+        name = "eval_stochastic.json" if t.stochastic_eval else "eval.json"
+        final = json.loads((run_dir / name).read_text())
+        rec = result_record(t, seed, run_dir, steps, final)
+        path = result_path(t, seed, self.results, self.quick)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(rec, indent=1) + "\n")
+        tmp.replace(path)
+        self.log(f"{t.name} seed {seed}: final {rec['final']['mean']:.3f} ± "
+                 f"{rec['final']['std']:.3f} ({rec['final']['episodes']} episodes), "
+                 f"{rec['steps']} steps in {rec['wall_s']:.0f} s -> {path.relative_to(ROOT)}")
+        return path
+
+
+# ------------------------------------------------------------------ selection
+def parse_seeds(text: str) -> list[int]:
+    """``"0-4"`` or ``"0,2,5"`` as a list of seeds."""
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            out.extend(range(int(lo), int(hi) + 1))
+        elif part:
+            out.append(int(part))
+    return out
+
+
+def select(tasks: str | None, family: str | None, pool=TASKS) -> list[Task]:
+    chosen = [task(n.strip()) for n in tasks.split(",")] if tasks else list(pool)
+    if family:
+        chosen = [t for t in chosen if t.family in family.split(",")]
+    return chosen
+
+
+def installed(t: Task) -> bool:
+    """Whether the environment of ``t`` can be built here (its extra installed)."""
+    mod = {"mujoco": "mujoco", "box2d": "Box2D", "atari": "ale_py",
+           "minatar": "minatar"}.get(t.extra or "")
+    if mod is None:
+        return True
+    try:
+        __import__(mod)
+        return True
+    except ImportError:
+        return False
+
+
+# ------------------------------------------------------------------ commands
+def cmd_list(a) -> int:
+    for t in TASKS:
+        q = f"quick {t.quick.steps:>9,} ≥ {t.quick.threshold:g}" if t.quick else ""
+        print(f"{slug(t):<34}{t.env_id:<28}{t.steps:>11,}  {t.seeds} seeds  {t.policy:<32}{q}")
+    return 0
+
+
+def cmd_run(a) -> int:
+    chosen = select(a.tasks, a.family)
+    missing = [t for t in chosen if not installed(t)]
+    for t in missing:
+        print(f"{t.name}: needs the {t.extra} extra (pip install 'ppokit[{t.extra}]'); "
+              "skipped", file=sys.stderr)
+    pairs = [(t, s) for t in chosen if t not in missing
+             for s in (parse_seeds(a.seeds) if a.seeds else range(t.seeds))]
+    runner = Runner(Path(a.out), Path(a.results), a.jobs)
+    done = runner.run(pairs)
+    print(f"{len(done)} run(s) finished this time; `python -m bench.learning table` "
+          "aggregates every result file")
+    return 130 if runner.stopping else 0
+
+
+def cmd_quick(a) -> int:
+    from bench.learning_table import quick_verdicts
+
+    chosen = select(a.tasks, None, QUICK)
+    missing = [t for t in chosen if not installed(t)]
+    if missing:
+        print("quick net: needs " + ", ".join(f"{t.name} ({t.extra} extra)" for t in missing),
+              file=sys.stderr)
+        return 2
+    seeds = parse_seeds(a.seeds)
+    results = Path(a.results) if a.results != str(RESULTS) else Path(a.out) / "results"
+    if a.fresh:
+        import shutil
+
+        shutil.rmtree(a.out, ignore_errors=True)
+    runner = Runner(Path(a.out), results, a.jobs, quick=True)
+    t0 = time.time()
+    runner.run([(t, s) for t in chosen for s in seeds])
+    if runner.stopping:
+        return 130
+    ok = quick_verdicts(chosen, seeds, results, print)
+    print(f"quick net: {'pass' if ok else 'FAIL'} in {time.time() - t0:.0f} s")
+    return 0 if ok else 1
+
+
+def cmd_table(a) -> int:
+    from bench.learning_table import write_table
+
+    write_table(Path(a.results), REFERENCES, ROOT / "docs" / "benchmarks.md",
+                ROOT / "docs" / "benchmarks" / "curves.png")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.learning",
+                                description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("list", help="the task table")
+    for name, hlp in (("run", "train and evaluate (resumable)"),
+                      ("quick", "the regression net: reduced budgets, two seeds")):
+        q = sub.add_parser(name, help=hlp)
+        q.add_argument("--tasks", help="task names or slugs, comma-separated (default: all)")
+        q.add_argument("--seeds", default=None if name == "run" else "0,1",
+                       help="seeds, e.g. 0-4 or 0,2 (default: each task's count from 0)")
+        q.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
+        q.add_argument("--out", default="runs/bench-learning" + ("-quick" * (name == "quick")),
+                       help="where the run directories go")
+        q.add_argument("--results", default=str(RESULTS), help="where result files go")
+        if name == "run":
+            q.add_argument("--family", help="only tasks of these families (comma-separated)")
+        else:
+            q.add_argument("--fresh", action="store_true",
+                           help="remove --out first (the net trains the current code anew)")
+    t = sub.add_parser("table", help="aggregate the result files into docs/benchmarks.md")
+    t.add_argument("--results", default=str(RESULTS))
+    a = p.parse_args(argv)
+    return {"list": cmd_list, "run": cmd_run, "quick": cmd_quick, "table": cmd_table}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""The task table of ``python -m bench.learning``: what is trained, for how long, how it is
+evaluated, which extra it needs, and the reduced form the quick regression net runs.
+
+Every task trains ppokit's own preset for its id (``ppokit.algos.presets``: the RL-zoo's
+values where the zoo has the environment, the Atari and MinAtar family presets, ppokit's
+defaults otherwise) — the table sets only the budget and the evaluation protocol, never a
+hyperparameter. The budgets are the references' where this machine allows it; a smaller
+one is said in ``note``.
+
+Evaluation protocol: ``curve_points`` evaluations during training of ``curve_episodes``
+episodes each (``eval_every`` iterations apart, the same episode seeds each time), then
+``final_episodes`` episodes of the final policy with ``ppokit eval``. Actions are the most
+likely (or the mean) action, except for Atari and MinAtar, whose policies are evaluated
+sampling their actions, as their references do.
+
+The quick net (``python -m bench.learning quick``) trains the tasks with a ``quick``
+entry at its reduced budget on two seeds and fails when a seed's final evaluation falls
+below ``quick.threshold``. Each threshold is stated with where it comes from: the task's
+solved score (``ImageSide``: 1.0 is perfect), or the full table's result at that budget
+less a margin.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["Quick", "Task", "TASKS", "QUICK", "task"]
+
+
+@dataclass(frozen=True)
+class Quick:
+    steps: int          # reduced budget
+    threshold: float    # every seed's final evaluation must reach this
+    why: str            # where the threshold comes from
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str                   # the row's name
+    env_id: str                 # the Gymnasium id ppokit trains
+    family: str                 # classic, box2d, mujoco, minatar, atari, memory, small
+    steps: int                  # the full budget (environment steps, all envs together)
+    policy: str                 # the policy type the row exercises
+    extra: str | None = None    # the ppokit extra the environment needs
+    seeds: int = 3
+    stochastic_eval: bool = False
+    curve_points: int = 20
+    curve_episodes: int = 5
+    final_episodes: int = 20
+    solved: float | None = None      # the task's solved score, where it has one
+    quick: Quick | None = None
+    sets: dict = field(default_factory=dict)   # protocol settings only (never tuning)
+    note: str = ""
+
+
+def _mujoco(name: str, **kw) -> Task:
+    return Task(name, f"{name}-v5", "mujoco", 1_000_000, "MLP continuous", extra="mujoco",
+                **kw)
+
+
+def _minatar(name: str, **kw) -> Task:
+    return Task(f"MinAtar {name}", f"MinAtar/{name}-v1", "minatar", 1_000_000,
+                "small-image CNN (10×10 planes)", extra="minatar", stochastic_eval=True,
+                **kw)
+
+
+TASKS: tuple[Task, ...] = (
+    # classic control
+    Task("CartPole", "CartPole-v1", "classic", 100_000, "MLP discrete", seeds=5, solved=500,
+         quick=Quick(100_000, 450.0, "solved at 475; all five seeds of the full table "
+                                     "evaluate at 500")),
+    Task("Acrobot", "Acrobot-v1", "classic", 1_000_000, "MLP discrete",
+         quick=Quick(200_000, -110.0, "the zoo's -75 at 1M; -110 leaves room for 200k steps")),
+    Task("MountainCar", "MountainCar-v0", "classic", 1_000_000, "MLP discrete"),
+    Task("MountainCarContinuous", "MountainCarContinuous-v0", "classic", 1_000_000,
+         "MLP continuous"),
+    Task("Pendulum", "Pendulum-v1", "classic", 100_000, "MLP continuous", seeds=5,
+         quick=Quick(100_000, -400.0, "the zoo's -173 ± 101 at 100k, less a margin of two "
+                                      "of its standard deviations")),
+    # Box2D
+    Task("LunarLander", "LunarLander-v3", "box2d", 1_000_000, "MLP discrete", extra="box2d"),
+    Task("LunarLanderContinuous", "LunarLanderContinuous-v3", "box2d", 1_000_000,
+         "MLP continuous", extra="box2d"),
+    Task("BipedalWalker", "BipedalWalker-v3", "box2d", 5_000_000, "MLP continuous",
+         extra="box2d"),
+    # MuJoCo
+    _mujoco("HalfCheetah"), _mujoco("Hopper"), _mujoco("Walker2d"), _mujoco("Ant"),
+    _mujoco("Swimmer"), _mujoco("InvertedPendulum"), _mujoco("InvertedDoublePendulum"),
+    _mujoco("Reacher"),
+    Task("Humanoid", "Humanoid-v5", "mujoco", 1_000_000, "MLP continuous", extra="mujoco",
+         note="1M steps (the budget of CleanRL's MuJoCo table; the zoo trains 10M)"),
+    # MinAtar
+    _minatar("Breakout", quick=Quick(300_000, 3.0, "random play scores 0.4; the full run "
+                                                    "reaches 6 at 1M")),
+    _minatar("Asterix"), _minatar("Freeway"), _minatar("SpaceInvaders"), _minatar("Seaquest"),
+    # Atari
+    Task("Atari Breakout", "ALE/Breakout-v5", "atari", 2_000_000, "Nature CNN (84×84×4)",
+         extra="atari", stochastic_eval=True, final_episodes=10,
+         note="2M steps (8M frames) on this machine; the references train 10M"),
+    Task("Atari Pong", "ALE/Pong-v5", "atari", 2_000_000, "Nature CNN (84×84×4)",
+         extra="atari", stochastic_eval=True, final_episodes=10,
+         note="2M steps (8M frames) on this machine; the references train 10M"),
+    # memory
+    Task("CartPole, no velocities (LSTM)", "ppokit/CartPoleNoVel-v1", "memory", 200_000,
+         "LSTM", solved=500,
+         quick=Quick(200_000, 400.0, "the zoo's RecurrentPPO reaches 500 at 100k")),
+    Task("Pendulum, no velocities (LSTM)", "ppokit/PendulumNoVel-v1", "memory", 200_000,
+         "LSTM"),
+    # small known-answer tasks (ppokit.envs.sight)
+    Task("Image side (32×32×3)", "ppokit/ImageSide-v0", "small", 100_000,
+         "small-image CNN", seeds=5, solved=1.0, final_episodes=200,
+         quick=Quick(50_000, 0.95, "1.0 is perfect, 0.5 a guess")),
+    Task("Image + flag (Dict)", "ppokit/ImageFlag-v0", "small", 100_000,
+         "Dict (small-image CNN + flag)", seeds=5, solved=1.0, final_episodes=200,
+         quick=Quick(50_000, 0.95, "1.0 is perfect, 0.5 what the image or the flag alone "
+                                   "gives")),
+    Task("Image side, Nature CNN (64×64×3)", "ppokit/ImageSide-v0", "small", 100_000,
+         "Nature CNN", seeds=3, solved=1.0, final_episodes=200,
+         sets={"env_kwargs": '{"size": 64, "block": 8}'},
+         quick=Quick(50_000, 0.95, "1.0 is perfect, 0.5 a guess")),
+    Task("Copy bits (MultiBinary)", "ppokit/CopyBits-v0", "small", 50_000, "MLP MultiBinary",
+         seeds=5, solved=1.0, final_episodes=100,
+         quick=Quick(50_000, 0.95, "1.0 is perfect, 0.5 a guess")),
+)
+
+QUICK: tuple[Task, ...] = tuple(t for t in TASKS if t.quick is not None)
+
+
+def task(name: str) -> Task:
+    """The task whose ``name`` (or slug, or env id when it is unique) is ``name``."""
+    for t in TASKS:
+        if name in (t.name, slug(t)):
+            return t
+    hits = [t for t in TASKS if t.env_id == name]
+    if len(hits) == 1:
+        return hits[0]
+    known = ", ".join(slug(t) for t in TASKS)
+    raise KeyError(f"unknown task {name!r}; known: {known}")
+
+
+def slug(t: Task) -> str:
+    """The task's directory and file name: its name in lower case, words joined by '-'."""
+    out = "".join(c if c.isalnum() else "-" for c in t.name.lower())
+    while "--" in out:
+        out = out.replace("--", "-")
+    return out.strip("-")
