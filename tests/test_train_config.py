@@ -20,6 +20,36 @@ def test_cartpole_preset_is_the_zoo_ppo():
         assert env in ENV_PRESETS
 
 
+def test_every_preset_resolves_to_a_valid_config():
+    for env in ENV_PRESETS:
+        c = resolve_config(env_id=env)
+        assert c.total_timesteps == ENV_PRESETS[env]["total_timesteps"]
+        assert c.batch_size <= c.n_steps * c.n_envs
+
+
+def test_image_observations_get_the_image_family_settings():
+    from ppokit.algos.presets import IMAGE_PRESET, SMALL_IMAGE_PRESET
+
+    for env in ("ppokit/ImageSide-v0", "ppokit/ImageFlag-v0"):  # 32x32: small images
+        c = resolve_config(env_id=env)
+        assert (c.n_steps, c.n_epochs, c.batch_size, c.learning_rate, c.cnn_channels,
+                c.features_dim, c.activation, c.net_arch) == \
+            (128, 4, 256, SMALL_IMAGE_PRESET["learning_rate"], (16, 32, 32), 256, "relu",
+             (64, 64))
+        assert c.total_timesteps == 100_000  # the family gives no budget
+    big = resolve_config(env_id="ppokit/ImageSide-v0",
+                         overrides={"env_kwargs": {"size": 64, "block": 8}})
+    assert (big.learning_rate, big.clip_range, big.n_epochs, big.cnn_channels) == \
+        (IMAGE_PRESET["learning_rate"], 0.1, 4, (32, 64, 64))
+    mine = resolve_config(env_id="ppokit/ImageSide-v0", toml_values={"n_epochs": 7},
+                          overrides={"learning_rate": 1e-3})
+    assert (mine.n_epochs, mine.learning_rate, mine.n_steps) == (7, 1e-3, 128)
+    flat = resolve_config(env_id="ppokit/CopyBits-v0")  # not an image: generic settings
+    assert (flat.n_steps, flat.n_epochs, flat.activation) == (256, 10, "tanh")
+    a2c = resolve_config(env_id="ppokit/ImageSide-v0", flags={"algo": "a2c"})
+    assert a2c.n_steps == 5  # the family is PPO's, as the environment presets are
+
+
 def test_precedence_presets_toml_set_flags():
     c = resolve_config(env_id="CartPole-v1", toml_values={"gamma": 0.9, "n_epochs": 3},
                        overrides={"n_epochs": 4}, flags={"seed": 5, "n_envs": 16})
