@@ -137,8 +137,26 @@ def result_record(t: Task, seed: int, run_dir: Path, steps: int, final: dict) ->
     }
 
 
-def result_path(t: Task, seed: int, results: Path = RESULTS, quick: bool = False) -> Path:
-    return results / ("quick" if quick else "") / slug(t) / f"seed{seed}.json"
+def result_path(t: Task, seed: int, results: Path = RESULTS) -> Path:
+    return results / slug(t) / f"seed{seed}.json"
+
+
+def command_for(t: Task, seed: int, run_dir: Path, steps: int) -> tuple[list[str], str]:
+    """What to run for (task, seed) given its run directory's state: nothing more when it
+    trained to the end (evaluation only), ``ppokit train --resume`` from its last
+    checkpoint, else a new run (a directory stopped before its first checkpoint is
+    removed first)."""
+    if _finished(run_dir):
+        return [sys.executable, "-c", "pass"], ""
+    if _has_checkpoint(run_dir):
+        return (_ppokit("train", "--resume", str(run_dir), "--no-progress", "--eval-episodes",
+                        "0"), f"resuming {run_dir}")
+    if run_dir.exists():
+        import shutil
+
+        shutil.rmtree(run_dir)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    return train_command(t, seed, run_dir, steps), f"training {steps} steps into {run_dir}"
 
 
 class Runner:
@@ -146,8 +164,12 @@ class Runner:
     SIGINT stops every child at its next iteration boundary (each writes a checkpoint)."""
 
     def __init__(self, out: Path, results: Path, jobs: int, quick: bool = False,
-                 log=print):
+                 log=print, src: str | None = None):
         self.out, self.results, self.jobs, self.quick, self.log = out, results, jobs, quick, log
+        self.env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        if src:  # train another checkout's ppokit (the quick net on an earlier commit)
+            self.env["PYTHONPATH"] = os.pathsep.join(
+                [str(Path(src).resolve()), *filter(None, [os.environ.get("PYTHONPATH")])])
         self.children: list[subprocess.Popen] = []
         self.stopping = False
 
@@ -161,7 +183,7 @@ class Runner:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._stop)
         todo = [(t, s) for t, s in pairs
-                if not result_path(t, s, self.results, self.quick).exists()]
+                if not result_path(t, s, self.results).exists()]
         skipped = len(pairs) - len(todo)
         if skipped:
             self.log(f"{skipped} run(s) already have a result file: skipped")
@@ -188,27 +210,13 @@ class Runner:
     def _start(self, t: Task, seed: int):
         steps = t.quick.steps if self.quick else t.steps
         run_dir = self.out / slug(t) / f"seed{seed}"
-        if _finished(run_dir):
-            cmd = None
-        elif _has_checkpoint(run_dir):
-            cmd = _ppokit("train", "--resume", str(run_dir), "--no-progress",
-                          "--eval-episodes", "0")
-            self.log(f"{t.name} seed {seed}: resuming {run_dir}")
-        else:
-            if run_dir.exists():  # stopped before its first checkpoint: start again
-                import shutil
-
-                shutil.rmtree(run_dir)
-            run_dir.parent.mkdir(parents=True, exist_ok=True)
-            cmd = train_command(t, seed, run_dir, steps)
-            self.log(f"{t.name} seed {seed}: training {steps} steps into {run_dir}")
+        cmd, what = command_for(t, seed, run_dir, steps)
+        if what:
+            self.log(f"{t.name} seed {seed}: {what}")
         log_path = self.out / slug(t) / f"seed{seed}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        if cmd is None:  # trained, not yet evaluated
-            cmd = [sys.executable, "-c", "pass"]
         fh = open(log_path, "a")
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT,
-                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=self.env)
         fh.close()
         self.children.append(proc)
         return proc, (t, seed, run_dir, steps, log_path)
@@ -225,8 +233,7 @@ class Runner:
                 "--seed", str(seed + EVAL_SEED)]
         if t.stochastic_eval:
             args.append("--stochastic")
-        ev = subprocess.run(_ppokit(*args), capture_output=True, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+        ev = subprocess.run(_ppokit(*args), capture_output=True, text=True, env=self.env)
         if ev.returncode != 0:
             self.log(f"{t.name} seed {seed}: ppokit eval exited {ev.returncode}: "
                      f"{ev.stderr.strip()[-300:]}")
@@ -234,15 +241,22 @@ class Runner:
         name = "eval_stochastic.json" if t.stochastic_eval else "eval.json"
         final = json.loads((run_dir / name).read_text())
         rec = result_record(t, seed, run_dir, steps, final)
-        path = result_path(t, seed, self.results, self.quick)
+        path = result_path(t, seed, self.results)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(rec, indent=1) + "\n")
         tmp.replace(path)
         self.log(f"{t.name} seed {seed}: final {rec['final']['mean']:.3f} ± "
                  f"{rec['final']['std']:.3f} ({rec['final']['episodes']} episodes), "
-                 f"{rec['steps']} steps in {rec['wall_s']:.0f} s -> {path.relative_to(ROOT)}")
+                 f"{rec['steps']} steps in {rec['wall_s']:.0f} s -> {_shown(path)}")
         return path
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.relative_to(ROOT))
+    except ValueError:
+        return str(path)
 
 
 # ------------------------------------------------------------------ selection
@@ -317,7 +331,7 @@ def cmd_quick(a) -> int:
         import shutil
 
         shutil.rmtree(a.out, ignore_errors=True)
-    runner = Runner(Path(a.out), results, a.jobs, quick=True)
+    runner = Runner(Path(a.out), results, a.jobs, quick=True, src=a.src)
     t0 = time.time()
     runner.run([(t, s) for t in chosen for s in seeds])
     if runner.stopping:
@@ -325,6 +339,48 @@ def cmd_quick(a) -> int:
     ok = quick_verdicts(chosen, seeds, results, print)
     print(f"quick net: {'pass' if ok else 'FAIL'} in {time.time() - t0:.0f} s")
     return 0 if ok else 1
+
+
+def random_score(t: Task, episodes: int = 20) -> float:
+    """The mean return of uniformly random actions over ``episodes`` episodes (seeds 0..)."""
+    import gymnasium as gym
+
+    import ppokit.envs  # noqa: F401 (registers ppokit's ids)
+    from ppokit.envs.vec import check_env_id
+
+    check_env_id(t.env_id)
+    kwargs = json.loads(t.sets["env_kwargs"]) if "env_kwargs" in t.sets else {}
+    if t.family == "atari":
+        from ppokit.envs.atari import make_env
+
+        env = make_env(t.env_id, training=False)  # whole games, unclipped scores
+    else:
+        env = gym.make(t.env_id, **kwargs)
+    env.action_space.seed(0)
+    total = 0.0
+    for k in range(episodes):
+        env.reset(seed=k)
+        done = False
+        while not done:
+            _, r, term, trunc, _ = env.step(env.action_space.sample())
+            total += float(r)
+            done = term or trunc
+    env.close()
+    return total / episodes
+
+
+def cmd_random(a) -> int:
+    """docs/benchmarks/random.json: each installed task's random-policy score (the zero of
+    the time-to-threshold column)."""
+    path = REFERENCES.with_name("random.json")
+    out = json.loads(path.read_text()) if path.exists() else {}
+    for t in select(a.tasks, None):
+        if t.sets or t.env_id in out or not installed(t):
+            continue
+        out[t.env_id] = round(random_score(t, 5 if t.family == "atari" else 20), 3)
+        print(f"{t.env_id}: {out[t.env_id]}", flush=True)
+        path.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    return 0
 
 
 def cmd_table(a) -> int:
@@ -355,10 +411,15 @@ def main(argv=None) -> int:
         else:
             q.add_argument("--fresh", action="store_true",
                            help="remove --out first (the net trains the current code anew)")
+            q.add_argument("--src", help="train the ppokit package of this source directory "
+                                         "(another checkout's src/) instead of the installed one")
+    r = sub.add_parser("random", help="random-policy scores into docs/benchmarks/random.json")
+    r.add_argument("--tasks")
     t = sub.add_parser("table", help="aggregate the result files into docs/benchmarks.md")
     t.add_argument("--results", default=str(RESULTS))
     a = p.parse_args(argv)
-    return {"list": cmd_list, "run": cmd_run, "quick": cmd_quick, "table": cmd_table}[a.cmd](a)
+    return {"list": cmd_list, "run": cmd_run, "quick": cmd_quick, "table": cmd_table,
+            "random": cmd_random}[a.cmd](a)
 
 
 if __name__ == "__main__":

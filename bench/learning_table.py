@@ -44,6 +44,7 @@ def load_results(results: Path, t: Task) -> list[dict]:
 
 
 def load_references(path: Path) -> tuple[dict, dict[str, list[dict]]]:
+    """The sources and, by ppokit's environment id, the published rows with a number."""
     if not path.exists():
         return {}, {}
     data = json.loads(path.read_text())
@@ -131,7 +132,8 @@ def render(rows: list[dict], sources: dict, pending: list[Task]) -> str:
             ref_txt = f"{src}: {_fmt(ref['mean'])}{std} ({n}), {ref['budget_steps']:,}"
             tt = ("not reached" if ref["t_steps"] is None
                   else f"{ref['t_steps']:,.0f} / {ref['t_secs']:,.0f}")
-            lines.append(head + f"| {ref_txt} | {_fmt(ref['ratio'], 2)} | "
+            ratio = "—" if ref["ratio"] is None else f"{ref['ratio']:.2f}"
+            lines.append(head + f"| {ref_txt} | {ratio} | "
                          f"{'yes' if ref['within'] else '**no**'} | {tt} | "
                          f"{_fmt(r['wall_per_m'], 0) if i == 0 else ''} |")
     with_ref = [r for r in rows if r["refs"]]
@@ -177,15 +179,16 @@ def figure(rows: list[dict], results: Path, path: Path) -> None:
 
 def write_table(results: Path, references: Path, doc: Path, fig_path: Path) -> None:
     sources, by_task = load_references(references)
-    randoms = json.loads(references.read_text()).get("random", {}) if references.exists() \
-        else {}
+    random_file = references.with_name("random.json")
+    randoms = json.loads(random_file.read_text()) if random_file.exists() else {}
     rows, pending = [], []
     for t in TASKS:
         recs = load_results(results, t)
         if not recs:
             pending.append(t)
             continue
-        rows.append(task_row(t, recs, by_task.get(t.name, []), randoms.get(t.name)))
+        refs = [] if t.sets else by_task.get(t.env_id, [])  # (a variant has none)
+        rows.append(task_row(t, recs, refs, randoms.get(t.env_id)))
     text = render(rows, sources, pending)
     body = doc.read_text() if doc.exists() else f"{BEGIN}\n{END}\n"
     start, stop = body.index(BEGIN) + len(BEGIN), body.index(END)
