@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 EXTRAS ?= dev,box2d,mujoco,atari,minatar,envpool,tb,llm,lora,gguf,reasoning,textworld,verifiers,video,wandb,ray,tune
 
-.PHONY: setup train test test-slow lint bench smollm2 clean
+.PHONY: setup train test test-slow lint bench bench-learning-quick smollm2 clean
 
 # The main job needs ppokit alone (torch, numpy, gymnasium, safetensors, rich, matplotlib):
 # about 0.9 GB. Byte-code is compiled when a module is first imported, not for every file
@@ -58,6 +58,9 @@ bench: setup  ## Benchmarks (side-by-side ratios; SB3, sb3-contrib and TRL from 
 	$(PY) -m bench.ray_scaling
 	$(PY) -m bench.vs_sb3_contrib
 	$(PY) -m bench.vs_sb3_atari
+
+bench-learning-quick: setup  ## The learning regression net: reduced budgets, 2 seeds, a threshold per task (docs/benchmarks.md).
+	$(PY) -m bench.learning quick --jobs 2 --fresh
 
 clean:
 	rm -rf $(VENV) build *.egg-info

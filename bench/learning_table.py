@@ -44,15 +44,28 @@ def load_results(results: Path, t: Task) -> list[dict]:
 
 
 def load_references(path: Path) -> tuple[dict, dict[str, list[dict]]]:
-    """The sources and, by ppokit's environment id, the published rows with a number."""
+    """The sources and, by ppokit's environment id, the published rows with a number
+    (superseded tables, whose source key says ``legacy``, left out)."""
     if not path.exists():
         return {}, {}
     data = json.loads(path.read_text())
     by_task: dict[str, list[dict]] = {}
     for row in data.get("rows", []):
-        if row.get("mean") is not None:
+        if row.get("mean") is not None and "legacy" not in row["source"]:
             by_task.setdefault(row["task"], []).append(row)
     return data.get("sources", {}), by_task
+
+
+def closest_per_project(refs: list[dict], sources: dict, budget: int) -> list[dict]:
+    """One row per project: the one whose budget is nearest ``budget`` (the first on a
+    tie), so that a project publishing at 1M and 3M steps is compared at 1M."""
+    best: dict[str, dict] = {}
+    for ref in refs:
+        project = sources.get(ref["source"], {}).get("project", ref["source"])
+        gap = abs(math.log(ref["budget_steps"] / budget))
+        if project not in best or gap < best[project][0]:
+            best[project] = (gap, ref)
+    return [r for _, r in best.values()]
 
 
 def mean_curve(recs: list[dict]) -> tuple[list[float], list[float], list[float], list[float]]:
@@ -187,7 +200,8 @@ def write_table(results: Path, references: Path, doc: Path, fig_path: Path) -> N
         if not recs:
             pending.append(t)
             continue
-        refs = [] if t.sets else by_task.get(t.env_id, [])  # (a variant has none)
+        refs = [] if t.sets else closest_per_project(by_task.get(t.env_id, []), sources,
+                                                     recs[0]["budget"])
         rows.append(task_row(t, recs, refs, randoms.get(t.env_id)))
     text = render(rows, sources, pending)
     body = doc.read_text() if doc.exists() else f"{BEGIN}\n{END}\n"
