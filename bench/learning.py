@@ -182,8 +182,7 @@ class Runner:
     def run(self, pairs: list[tuple[Task, int]]) -> list[Path]:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._stop)
-        todo = [(t, s) for t, s in pairs
-                if not result_path(t, s, self.results).exists()]
+        todo = [(t, s) for t, s in pairs if not self._has_result(t, s)]
         skipped = len(pairs) - len(todo)
         if skipped:
             self.log(f"{skipped} run(s) already have a result file: skipped")
@@ -207,8 +206,26 @@ class Runner:
             p.wait()
         return done
 
+    def _budget(self, t: Task) -> int:
+        return t.quick.steps if self.quick else t.steps
+
+    def _has_result(self, t: Task, seed: int) -> bool:
+        """A result file at this budget exists (one at another budget is trained again, in
+        a new run directory)."""
+        path = result_path(t, seed, self.results)
+        if not path.exists():
+            return False
+        if json.loads(path.read_text()).get("budget") == self._budget(t):
+            return True
+        stale = self.out / slug(t) / f"seed{seed}"
+        if stale.exists():
+            import shutil
+
+            shutil.rmtree(stale)
+        return False
+
     def _start(self, t: Task, seed: int):
-        steps = t.quick.steps if self.quick else t.steps
+        steps = self._budget(t)
         run_dir = self.out / slug(t) / f"seed{seed}"
         cmd, what = command_for(t, seed, run_dir, steps)
         if what:

@@ -4,6 +4,7 @@ settings. The quick net itself (minutes of training) is slow-marked."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -145,6 +146,9 @@ def test_runner_trains_evaluates_writes_and_then_skips(tmp_path):
     assert rec["versions"]["torch"] and rec["commit"]
     assert L.Runner(out, results, jobs=1, log=log.append).run([(t, 0)]) == []
     assert "already have a result file" in log[-1]
+    longer = dataclasses.replace(t, steps=4096)  # another budget: trained again
+    assert L.Runner(out, results, jobs=1, log=log.append).run([(longer, 0)]) == done
+    assert json.loads(done[0].read_text())["budget"] == 4096
 
 
 def test_a_run_with_a_checkpoint_resumes(tmp_path):
