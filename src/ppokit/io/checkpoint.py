@@ -197,7 +197,11 @@ def verify_checkpoint(path: str | Path) -> dict:
 def find_checkpoint(root: str | Path, *, log: Callable[[str], None] | None = None
                     ) -> tuple[Path | None, list[tuple[Path, str]]]:
     """``(newest verified checkpoint or None, [(damaged checkpoint, reason), ...])``;
-    each damaged one newer than the result is also reported through ``log``."""
+    each damaged one newer than the result is also reported through ``log``. A ``root``
+    that is a symbolic link is refused (:func:`ppokit.io.rundir.refuse_link`)."""
+    from .rundir import refuse_link
+
+    refuse_link(root)
     damaged: list[tuple[Path, str]] = []
     for path in reversed(list_checkpoints(root)):
         try:
