@@ -106,14 +106,14 @@ def stop_by_signal(signum: int) -> None:
     quietly once :func:`main` has returned, when the exit's own finalizers (``atexit``,
     torch.distributed's) run — an exception raised in one of those is only printed, as a
     traceback of an ignored exception, and the finalizer goes on."""
-    if _ENDING.is_set():
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(128 + signum)
-    raise SystemExit(128 + signum)
+    if not _ENDING.is_set():
+        raise SystemExit(128 + signum)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(128 + signum)
 
 
 def _terminate(signum, frame) -> None:
