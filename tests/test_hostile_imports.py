@@ -357,3 +357,45 @@ def test_nb1_the_signal_handler_raises_only_while_a_command_runs(monkeypatch):
     cli._ENDING.set()
     cli.stop_by_signal(signal.SIGTERM)  # no exception: the process ends at once
     assert exits == [143]
+
+
+def test_s11_a_linked_wandb_dir_is_refused(tmp_path, monkeypatch, capsys):
+    """W&B writes its offline run under RUN_DIR/wandb: a link there is refused before W&B
+    starts (W&B itself is replaced by a recorder here)."""
+    wandb = pytest.importorskip("wandb")
+    inits = []
+
+    class Recorder:
+        def log(self, scalars, step):
+            pass
+
+        def finish(self):
+            pass
+
+    monkeypatch.setattr(wandb, "init", lambda **kw: inits.append(kw) or Recorder())
+    monkeypatch.chdir(tmp_path)
+    train = ["train", "--total-steps", "512", "--set", "n_envs=4", "--set", "n_steps=64",
+             "--set", "tensorboard=false", "--eval-episodes", "0", "--no-progress"]
+    assert main([*train, "--track", "wandb", "--run-dir", "w0"]) == 0
+    assert (tmp_path / "w0" / "wandb").is_dir() and len(inits) == 1
+    shutil.rmtree(tmp_path / "w0" / "wandb")
+    (tmp_path / "outside_wandb").mkdir()
+    (tmp_path / "w0" / "wandb").symlink_to("../outside_wandb")
+    before = _snapshot(tmp_path)
+    one_line(["train", "--resume", "w0", "--total-steps", "1024", "--no-progress",
+              "--eval-episodes", "0"], capsys, "w0/wandb", LINK)
+    assert len(inits) == 1 and _snapshot(tmp_path) == before
+
+
+def test_a_checkpoint_is_never_written_through_a_linked_directory(tmp_path):
+    import numpy as np
+
+    from ppokit.errors import UsageError
+    from ppokit.io.checkpoint import save_checkpoint
+
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "best").symlink_to("elsewhere")
+    with pytest.raises(UsageError, match=LINK):
+        save_checkpoint(tmp_path / "best", 1, tensors={}, arrays={"a": np.zeros(2)},
+                        state={"iteration": 1})
+    assert list((tmp_path / "elsewhere").iterdir()) == []

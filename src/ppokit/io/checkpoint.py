@@ -90,7 +90,10 @@ def save_checkpoint(root: str | Path, iteration: int, *,
     """Write checkpoint ``iteration`` under ``root`` atomically; keep the newest ``keep``."""
     if iteration < 0:
         raise ValueError(f"iteration: expected an integer >= 0, got {iteration}")
+    from .rundir import refuse_link
+
     root = Path(root)
+    refuse_link(root)  # (checkpoints/, best/): never written through a link
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"iter_{iteration:09d}"
     tmp = root / f".tmp-iter_{iteration:09d}-{os.getpid()}"
