@@ -196,6 +196,8 @@ def test_a_rank_that_dies_ends_the_job_with_a_message_and_an_intact_checkpoint(t
              "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
     assert proc.returncode != 0
     assert "stopped because the job lost a rank" in proc.stderr, proc.stderr[-3000:]
+    # torchrun's SIGTERM may reach rank 0 while its exit finalizers run: no traceback then
+    assert "Exception ignored" not in proc.stderr, proc.stderr[-3000:]
     ckpt, damaged = find_checkpoint(run / "checkpoints", log=lambda m: None)
     assert ckpt is not None and ckpt.name == "iter_000000002" and not damaged
     from ppokit.cli import main

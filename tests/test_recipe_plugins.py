@@ -107,7 +107,7 @@ def test_without_the_import_the_error_names_the_flag_and_reading_needs_none(tmp_
 
 def test_an_unimportable_module_is_named(capsys):
     assert main(["train", "--import", "no_such_mod_xyz"]) == 2
-    assert "--import: no module named 'no_such_mod_xyz'" in capsys.readouterr().err
+    assert "--import: cannot import module 'no_such_mod_xyz'" in capsys.readouterr().err
     assert main(["llm", "train", "--import", "bad-name"]) == 2
     assert "--import: expected a Python module name" in capsys.readouterr().err
 

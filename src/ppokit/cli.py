@@ -97,11 +97,30 @@ def _run_command(name: str, module, args) -> int:
         return 130
 
 
+_ENDING = threading.Event()  # main() has returned: the interpreter's exit is under way
+
+
+def stop_by_signal(signum: int) -> None:
+    """End the process for ``signum`` (status 128 + signum): by ``SystemExit`` while a
+    command runs, so that the cleanup that undoes a start not finished runs; at once and
+    quietly once :func:`main` has returned, when the exit's own finalizers (``atexit``,
+    torch.distributed's) run — an exception raised in one of those is only printed, as a
+    traceback of an ignored exception, and the finalizer goes on."""
+    if not _ENDING.is_set():
+        raise SystemExit(128 + signum)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(128 + signum)
+
+
 def _terminate(signum, frame) -> None:
     """SIGTERM outside training (which checkpoints first): end like Ctrl-C does, through
     the cleanup that undoes a start not finished (a run directory half made is removed)."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    raise SystemExit(128 + signum)
+    stop_by_signal(signum)
 
 
 def _thread_fault_hook(args) -> None:
@@ -119,6 +138,14 @@ def main(argv: list[str] | None = None) -> int:
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, _terminate)
         threading.excepthook = _thread_fault_hook
+        try:
+            return _main_own(argv)
+        finally:
+            _ENDING.set()  # a signal from now on ends the process quietly (stop_by_signal)
+    return _main_own(argv)
+
+
+def _main_own(argv: list[str] | None) -> int:
     own = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--debug" not in argv:

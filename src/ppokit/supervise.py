@@ -97,7 +97,9 @@ def _parent_gone(signum, frame) -> None:
     if training():
         request_stop(signal.SIGTERM)  # a checkpoint at the iteration boundary, then 143
         return
-    raise SystemExit(128 + signal.SIGTERM)  # not training yet: nothing to keep
+    from ppokit.cli import stop_by_signal
+
+    stop_by_signal(signal.SIGTERM)  # not training yet: nothing to keep
 
 
 def _watch(pid: int, start: str | None) -> None:

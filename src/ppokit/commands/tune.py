@@ -127,6 +127,8 @@ def _read_settings(root: Path) -> dict[str, Any]:
         raise UsageError(f"--resume: {root} holds no search ppokit started (no {SETTINGS})")
     try:
         doc = json.loads(read_regular(path, MAX_SMALL_FILE))
+    except UsageError as exc:  # a link, not a regular file, too large: said as it is
+        raise UsageError(f"--resume: {exc}") from None
     except (ValueError, RecursionError) as exc:
         raise UsageError(f"--resume: {path} is not a settings file ppokit wrote "
                          f"({type(exc).__name__})") from None

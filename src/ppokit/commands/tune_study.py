@@ -27,8 +27,10 @@ def journal_storage(path: Path):
     """Optuna's journal storage in the file ``path`` (created if missing): every trial,
     its parameters, evaluations and result, appended as they happen, so that a study
     killed at any moment continues. The file must be a regular file ppokit wrote (no link)
-    of a bounded size; a lock file left by a killed writer is removed (the tuning
-    directory's own lock says no other process writes it)."""
+    of a bounded size that Optuna can replay (anything else — bytes that are not UTF-8
+    text, an operation it does not know — is a one-line :class:`UsageError` naming the
+    file); a lock file left by a killed writer is removed (the tuning directory's own lock
+    says no other process writes it)."""
     import stat
 
     from optuna.storages import JournalStorage
@@ -45,7 +47,13 @@ def journal_storage(path: Path):
     for stale in (f"{path}.lock",):
         if os.path.lexists(stale):
             os.unlink(stale)
-    return JournalStorage(JournalFileBackend(str(path)))
+    try:  # Optuna replays the whole journal here: whatever it cannot replay is said once
+        return JournalStorage(JournalFileBackend(str(path)))
+    except Exception as exc:  # noqa: BLE001 - bytes or operations ppokit did not write
+        from ppokit.plugins import raised
+
+        raise UsageError(f"tuning dir: {path} is not a study journal ppokit wrote (Optuna "
+                         f"cannot replay it: {raised(exc)[:160]})") from None
 
 
 class Coordinator:

@@ -16,13 +16,10 @@ one needs the factory again to resume, evaluate or load (:func:`env_for_run`).
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
-from ppokit.errors import UsageError, UserCodeError
+from ppokit.errors import UsageError
 
 __all__ = ["GivenVectorEnv", "InstanceEnvs", "split_env_id", "import_env_module", "gym_id",
            "env_for_run", "check_env_kwargs", "FACTORY"]
@@ -41,23 +38,17 @@ def split_env_id(env_id: str) -> tuple[str | None, str]:
 
 def import_env_module(env_id: str, where: str = "--env") -> str:
     """Import the module part of ``env_id`` (the user named it), with the current
-    directory importable, and allow :func:`gym_id` to use it. Returns ``env_id``."""
+    directory importable (:func:`ppokit.plugins.import_user_module`), and allow
+    :func:`gym_id` to use it. Returns ``env_id``."""
     mod, name = split_env_id(env_id)
     if mod is None:
         return env_id
     if not mod or not name or not all(p.isidentifier() for p in mod.split(".")):
         raise UsageError(f"{where}: expected module:Id with a Python module name, got "
                          f"{env_id!r}")
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
-    try:
-        importlib.import_module(mod)
-    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's module, said once
-        # (a module that calls sys.exit() at import would otherwise end ppokit silently)
-        msg = str(exc).splitlines()[0] if str(exc) else ""
-        raise UserCodeError(f"{where}: cannot import module {mod!r} of {env_id!r} "
-                            f"({type(exc).__name__}{': ' + msg if msg else ''})") from exc
+    from ppokit.plugins import import_user_module
+
+    import_user_module(mod, where, env_id)
     _IMPORTED.add(mod)
     return env_id
 

@@ -90,7 +90,10 @@ def save_checkpoint(root: str | Path, iteration: int, *,
     """Write checkpoint ``iteration`` under ``root`` atomically; keep the newest ``keep``."""
     if iteration < 0:
         raise ValueError(f"iteration: expected an integer >= 0, got {iteration}")
+    from .rundir import refuse_link
+
     root = Path(root)
+    refuse_link(root)  # (checkpoints/, best/): never written through a link
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"iter_{iteration:09d}"
     tmp = root / f".tmp-iter_{iteration:09d}-{os.getpid()}"
@@ -197,7 +200,11 @@ def verify_checkpoint(path: str | Path) -> dict:
 def find_checkpoint(root: str | Path, *, log: Callable[[str], None] | None = None
                     ) -> tuple[Path | None, list[tuple[Path, str]]]:
     """``(newest verified checkpoint or None, [(damaged checkpoint, reason), ...])``;
-    each damaged one newer than the result is also reported through ``log``."""
+    each damaged one newer than the result is also reported through ``log``. A ``root``
+    that is a symbolic link is refused (:func:`ppokit.io.rundir.refuse_link`)."""
+    from .rundir import refuse_link
+
+    refuse_link(root)
     damaged: list[tuple[Path, str]] = []
     for path in reversed(list_checkpoints(root)):
         try:

@@ -167,13 +167,17 @@ class MetricsWriter:
         self.path = Path(run_dir) / name
         self.step_key = step_key
         self.tracker = tracker
+        from .rundir import run_subdir
+
+        # never a link out of the run directory (checked before anything is opened)
+        tb_dir = run_subdir(run_dir, "tb") if tensorboard else None
         self.fh = open_append(self.path)
         self.tb = None
-        if tensorboard:
+        if tb_dir is not None:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self.tb = SummaryWriter(str(Path(run_dir) / "tb"))
+                self.tb = SummaryWriter(str(tb_dir))
             except Exception:  # tensorboard not installed: JSONL only
                 self.tb = None
 

@@ -7,10 +7,14 @@ says which one is the last and how to resume (:func:`fail_run`).
 
 A run directory is data. ppokit reads in it only the files it wrote (regular files, never
 through a symbolic link, never a path that a file names) and imports nothing because a file
-in it says so. Every process that writes a run directory (training, resuming, an evaluation
-that writes ``eval.json``) holds :class:`RunLock` for its whole life: an exclusive
-``flock`` on ``RUN_DIR/.lock``, which the kernel releases when the process ends however it
-ends, so a killed run never leaves a stale lock behind.
+in it says so. It writes there only through this layer and :mod:`ppokit.io.atomic`: a file
+is replaced whole (a link standing at its name is replaced, never written through), a file
+appended to (``metrics.jsonl``, ``samples.jsonl``) or a directory written into
+(``checkpoints/``, ``tb/``, ``wandb/``) that is a symbolic link is refused in one line
+(:func:`run_subdir`, :func:`refuse_link`). Every process that writes a run directory
+(training, resuming, an evaluation that writes ``eval.json``) holds :class:`RunLock` for
+its whole life: an exclusive ``flock`` on ``RUN_DIR/.lock``, which the kernel releases when
+the process ends however it ends, so a killed run never leaves a stale lock behind.
 """
 
 from __future__ import annotations
@@ -26,12 +30,39 @@ from pathlib import Path
 from ppokit.errors import UsageError
 
 __all__ = ["RunLock", "RunDir", "unique_run_dir", "parent_run_dir", "check_tree",
+           "refuse_link", "run_subdir", "LINK_REFUSED",
            "holds_run", "is_llm_run_dir", "fail_run", "fail_start", "check_run_dir",
            "RESUME_HINT"]
 
 LOCK_NAME = ".lock"
 RESUME_HINT = {"env": "ppokit train --resume {run_dir}",
                "llm": "ppokit llm train --resume {run_dir}"}
+
+
+LINK_REFUSED = "is a symbolic link; ppokit does not follow links inside a run directory"
+
+
+def refuse_link(path: str | os.PathLike, what: str = "run dir") -> None:
+    """A one-line :class:`UsageError` ``WHAT: PATH is a symbolic link; ...`` when ``path``
+    is one (ppokit neither reads nor writes through a link inside a run directory)."""
+    if os.path.islink(path):
+        raise UsageError(f"{what}: {path} {LINK_REFUSED}")
+
+
+def run_subdir(run_dir: str | os.PathLike, name: str, what: str = "run dir") -> Path:
+    """``run_dir/name``, a directory ppokit writes into (TensorBoard's ``tb/``, W&B's
+    ``wandb/``), created if missing; refused in one line when it is a symbolic link or
+    not a directory, so that nothing is written outside the run directory through it."""
+    path = Path(run_dir) / name
+    refuse_link(path, what)
+    if os.path.lexists(path) and not path.is_dir():
+        raise UsageError(f"{what}: {path} is not a directory")
+    try:
+        path.mkdir(exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{what}: cannot create {path} ({exc.strerror})") from None
+    refuse_link(path, what)
+    return path
 
 
 def _name_ok(name: str) -> str:
@@ -113,8 +144,11 @@ def check_run_dir(run_dir: str | os.PathLike, flag: str = "RUN_DIR") -> Path:
                          "config.json or metrics.jsonl)")
     cfg = path / "config.json"
     if os.path.lexists(cfg):
+        refuse_link(cfg, flag)
         try:
             doc = json.loads(read_regular(cfg, MAX_SMALL_FILE))
+        except UsageError as exc:  # not a regular file, too large
+            raise UsageError(f"{flag}: {exc}") from None
         except (ValueError, RecursionError):
             doc = None
         if not isinstance(doc, dict):
@@ -289,15 +323,13 @@ def check_tree(root: str | os.PathLike, what: str = "run dir") -> None:
     """Refuse a directory tree that holds anything but directories and regular files (a
     symbolic link, a FIFO, a device): ppokit reads only what it wrote."""
     root = Path(root)
-    if root.is_symlink() and root.name in ("policy", "reference", "checkpoints"):
-        raise UsageError(f"{what}: {root} is a symbolic link; ppokit does not follow links "
-                         "inside a run directory")
+    if root.name in ("policy", "reference", "checkpoints"):
+        refuse_link(root, what)
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         for name in dirnames + filenames:
             p = Path(dirpath) / name
             mode = os.lstat(p).st_mode
             if stat.S_ISLNK(mode):
-                raise UsageError(f"{what}: {p} is a symbolic link; ppokit does not follow "
-                                 "links inside a run directory")
+                raise UsageError(f"{what}: {p} {LINK_REFUSED}")
             if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
                 raise UsageError(f"{what}: {p} is not a regular file")

@@ -1,11 +1,12 @@
 """Experiment trackers beside ``metrics.jsonl``: Weights & Biases (``track = "wandb"``).
 
 metrics.jsonl stays the record of a run; a tracker receives a copy of every record (the
-numeric fields, under ``train/``, at the record's step). W&B is an optional extra
-(``pip install 'ppokit[wandb]'``); it works without an account or network with
+numeric fields, under ``train/``, at the record's step). W&B is an optional extra (``pip
+install 'ppokit[wandb]'``); it works without an account or network with
 ``WANDB_MODE=offline`` (the run is written under ``RUN_DIR/wandb/`` and can be uploaded
-later with ``wandb sync``). Every W&B setting the library reads from the environment
-(``WANDB_MODE``, ``WANDB_ENTITY``, ``WANDB_DIR``, ...) applies as usual.
+later with ``wandb sync``; a ``RUN_DIR/wandb`` that is a symbolic link is refused). Every
+W&B setting the library reads from the environment (``WANDB_MODE``, ``WANDB_ENTITY``,
+``WANDB_DIR``, ...) applies as usual.
 
 A resumed run continues the same W&B run: its id is kept in ``RUN_DIR/wandb_id`` (a short
 string, read with a size bound and checked against W&B's id alphabet; anything else starts a
@@ -51,7 +52,10 @@ class WandbTracker:
                  resume: bool, log: Callable[[str], None] = print):
         import wandb
 
+        from .rundir import run_subdir
+
         self.run_dir = Path(run_dir)
+        run_subdir(self.run_dir, "wandb")  # W&B writes there: never a link out of it
         run_id = self._stored_id(log) if resume else None
         if run_id is None:
             # from os.urandom: the training RNG streams are not touched

@@ -101,36 +101,62 @@ class CheckedTextEnv:
 
 def text_env_factory(env: Any, env_kwargs: dict | None = None) -> tuple[Callable, str]:
     """``(factory, label)`` of what the user named: a registered id or ``module:Id``
-    (Gymnasium's ``make``; the module imported only because it is named here), ppokit's
-    own text environments (:data:`TEXT_ENVS`), a factory, or an instance (then every call
-    returns that one instance: one environment at a time)."""
+    (Gymnasium's ``make``; the module imported only because it is named here, by
+    :func:`ppokit.plugins.import_user_module`), ppokit's own text environments
+    (:data:`TEXT_ENVS`), a factory, or an instance (then every call returns that one
+    instance: one environment at a time). What the user's code raises while the
+    environment is made is one line naming it (:func:`ppokit.plugins.user_code`)."""
+    from ppokit.plugins import import_user_module, user_code
+
     kw = dict(env_kwargs or {})
     if isinstance(env, str):
         name = env.strip()
         if name in TEXT_ENVS:
             return (lambda: TEXT_ENVS[name](**kw)), name
         if ":" in name:
-            import importlib
-
-            module = name.split(":", 1)[0]
-            try:
-                importlib.import_module(module)
-            except ImportError as exc:
-                raise UsageError(f"env: cannot import {module!r} for {name!r}: {exc}") from None
-            name = name.split(":", 1)[1]
-        import gymnasium
-
-        if name not in gymnasium.registry:
-            raise UsageError(f"env: {env!r} is not a registered environment; known text "
-                             f"environments: {', '.join(TEXT_ENVS)} (or module:Id)")
-        return (lambda: gymnasium.make(name, **kw)), env
+            module, name = name.split(":", 1)
+            import_user_module(module, "env", env)
+        return _registered(env, name, kw), env
     if not isinstance(env, type) and callable(getattr(env, "reset", None)) \
             and callable(getattr(env, "step", None)):
         return (lambda: env), type(env).__name__
     if callable(env):
-        return (lambda: env(**kw)), getattr(env, "__name__", type(env).__name__)
+        label = getattr(env, "__name__", type(env).__name__)
+
+        def made():
+            with user_code(f"env {label}", "the factory"):
+                return env(**kw)
+        return made, label
     raise UsageError(f"env: expected a text environment id, module:Id, a factory or an "
                      f"instance, got {type(env).__name__}")
+
+
+def _registered(env: str, name: str, kw: dict) -> Callable:
+    """The factory of the registered id ``name`` (named ``env``): ``gymnasium.make``. A
+    registered class that is not a ``gymnasium.Env`` (which ``make`` refuses) is refused
+    here, before any work."""
+    import gymnasium
+    from gymnasium.envs.registration import load_env_creator
+
+    from ppokit.plugins import user_code
+
+    if name not in gymnasium.registry:
+        raise UsageError(f"env: {env!r} is not a registered environment; known text "
+                         f"environments: {', '.join(TEXT_ENVS)} (or module:Id)")
+    entry = gymnasium.registry[name].entry_point
+    if isinstance(entry, str):
+        with user_code(f"env {env!r}", f"loading its entry point {entry!r}"):
+            entry = load_env_creator(entry)
+    if isinstance(entry, type) and not issubclass(entry, gymnasium.Env):
+        raise UsageError(f"env {env!r}: its class {entry.__qualname__} does not subclass "
+                         "gymnasium.Env, which an environment made from a registered id must "
+                         "(from Python, a class with reset() and step() works as a factory: "
+                         "env=MyEnv)")
+
+    def made():
+        with user_code(f"env {env!r}", "making it (gymnasium.make)"):
+            return gymnasium.make(name, **kw)
+    return made
 
 
 def make_text_env(env: Any, env_kwargs: dict | None = None) -> CheckedTextEnv:

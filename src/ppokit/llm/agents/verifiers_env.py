@@ -78,7 +78,8 @@ def is_verifiers_env(env: Any) -> bool:
 def load_verifiers_env(env: Any, env_kwargs: dict) -> tuple[Any, str]:
     """``(environment, label)``: ``verifiers:NAME`` loaded with verifiers'
     ``load_environment(NAME, **env_kwargs)`` (the installed environment module ``NAME``,
-    imported because the user names it), or the instance given."""
+    or one in the current directory, imported because the user names it; what it raises is
+    one line, :func:`ppokit.plugins.user_code`), or the instance given."""
     require_extra(("verifiers",), "verifiers", "a verifiers environment")
     import verifiers as vf
 
@@ -94,7 +95,10 @@ def load_verifiers_env(env: Any, env_kwargs: dict) -> tuple[Any, str]:
                              "verifiers environment")
         import importlib.util
 
+        from ppokit.plugins import search_cwd, user_code
+
         module = name.replace("-", "_")  # verifiers' module name of an environment id
+        search_cwd()  # the current directory first, as for every module of the user's
         try:
             found = importlib.util.find_spec(module) is not None
         except (ImportError, ValueError):
@@ -103,12 +107,8 @@ def load_verifiers_env(env: Any, env_kwargs: dict) -> tuple[Any, str]:
             raise UsageError(f"env: cannot load the verifiers environment {name!r}: no "
                              f"module {module!r} is installed (install the environment's "
                              "package first, e.g. with pip)")
-        try:
-            with _own_signals():
-                loaded = vf.load_environment(name, **env_kwargs)
-        except Exception as exc:
-            raise UserCodeError(f"env {env}: load_environment raised {type(exc).__name__}: "
-                                f"{exc}") from exc
+        with _own_signals(), user_code(f"env {env}", "load_environment"):
+            loaded = vf.load_environment(name, **env_kwargs)
         env, label = loaded, env.strip()
     else:
         if env_kwargs:

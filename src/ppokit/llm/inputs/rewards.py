@@ -22,11 +22,9 @@ an error that names the function.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 import os
-import sys
 from collections.abc import Callable
 
 import torch
@@ -46,28 +44,18 @@ def _brief(exc: BaseException) -> str:
 
 
 def load_reward_callable(spec: str, flag: str = "--reward") -> Callable:
-    """Import ``module:function`` (e.g. ``ppokit.llm.inputs.task:reverse_score``); the current
-    directory is importable, as for ``python -m``. Nothing is imported from a run
-    directory: the user names the function."""
+    """Import ``module:function`` (e.g. ``ppokit.llm.inputs.task:reverse_score``) with
+    :func:`ppokit.plugins.import_user_module` (the current directory first, as for
+    ``python -m``). Nothing is imported from a run directory: the user names the
+    function."""
     if not isinstance(spec, str) or ":" not in spec:
         raise UsageError(f"{flag}: expected 'module:function', got {spec!r}")
     mod_name, _, fn_name = spec.partition(":")
     if not mod_name or not fn_name:
         raise UsageError(f"{flag}: expected 'module:function', got {spec!r}")
-    cwd = os.getcwd()
-    added = cwd not in sys.path and "" not in sys.path
-    if added:
-        sys.path.insert(0, cwd)
-    try:
-        mod = importlib.import_module(mod_name)
-    except ImportError as exc:
-        raise UsageError(f"{flag}: cannot import module {mod_name!r}: {exc}") from None
-    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's module, said once
-        raise UserCodeError(f"{flag}: importing module {mod_name!r} raised "
-                            f"{_brief(exc)}") from exc
-    finally:
-        if added:
-            sys.path.remove(cwd)
+    from ppokit.plugins import import_user_module
+
+    mod = import_user_module(mod_name, flag, spec)
     fn = getattr(mod, fn_name, None)
     if not callable(fn):
         raise UsageError(f"{flag}: {mod_name!r} has no callable {fn_name!r}")

@@ -6,6 +6,10 @@
   The loaders are also told to read safetensors only (``use_safetensors=True``).
 * **A tokenizer.** A directory saved without its tokenizer is named as such (rather than
   reported through the loader's own error).
+* **A configuration of a bounded size.** ``config.json`` must be a regular file of at most
+  :data:`MAX_MODEL_CONFIG` bytes (a model's is a few KB); a larger one, or a FIFO or a
+  device in its place, is refused in one line naming it and its size, before any loader
+  reads it whole.
 """
 
 from __future__ import annotations
@@ -14,11 +18,15 @@ import os
 
 from ppokit.errors import UsageError
 
-__all__ = ["check_weights", "check_tokenizer_files", "PICKLE_SUFFIXES", "TOKENIZER_FILES"]
+__all__ = ["check_weights", "check_tokenizer_files", "check_model_config", "PICKLE_SUFFIXES",
+           "TOKENIZER_FILES", "MAX_MODEL_CONFIG"]
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt",
                    "tokenizer.model", "spiece.model", "sentencepiece.bpe.model")
+
+
+MAX_MODEL_CONFIG = 4 * 2**20
 
 
 def _names(path: str) -> set[str]:
@@ -47,3 +55,13 @@ def check_tokenizer_files(path: str, what: str = "--model") -> None:
         raise UsageError(f"{what}: {path!r} holds no tokenizer (none of "
                          f"{', '.join(TOKENIZER_FILES[:4])}, ...); save the tokenizer with "
                          f"the model: tokenizer.save_pretrained({path!r})")
+
+
+def check_model_config(path: str, what: str = "--model") -> None:
+    """Refuse a ``config.json`` that is not a regular file of at most
+    :data:`MAX_MODEL_CONFIG` bytes (a missing one is the loader's to report)."""
+    from ppokit.io.atomic import check_named_file
+
+    cfg = os.path.join(path, "config.json")
+    if os.path.lexists(cfg):
+        check_named_file(cfg, what, MAX_MODEL_CONFIG, "model configuration (config.json)")

@@ -21,7 +21,7 @@ from torch import nn
 
 from ppokit.errors import UsageError
 
-from .modeldir import check_tokenizer_files, check_weights
+from .modeldir import check_model_config, check_tokenizer_files, check_weights
 
 __all__ = [
     "ALPHABET",
@@ -164,6 +164,7 @@ def check_local_dir(path: str, what: str = "--model") -> None:
                          f"the name of a fetched model ({', '.join(KNOWN_MODELS)}: `ppokit "
                          "llm fetch NAME`); ppokit never downloads from a model hub")
     check_weights(path, what)
+    check_model_config(path, what)
 
 
 def load_lm(path: str):
@@ -195,6 +196,9 @@ def load_gguf(path: str):
                          "(pip install 'ppokit[gguf]')")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from .gguf_size import check_gguf_size
+
+    check_gguf_size(path)  # a truncated file said as such, before the parser sees it
     quiet_transformers()
     folder, name = os.path.split(os.path.abspath(path))
     try:

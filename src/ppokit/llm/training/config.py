@@ -181,8 +181,9 @@ class LLMConfig:
     rollout_is_level: str = setting("token", "rollout_is: per token | sequence (the geometric "
                                     "mean of its tokens' ratios)", choices=("token", "sequence"))
     rollout_is_threshold: float = setting(2.0, "rollout_is: the ratio's cap (truncate) or "
-                                          "upper bound (mask); also the bound of the logged "
-                                          "mismatch_frac_outside", bounds=(1.0, COEF_MAX, False))
+                                          "upper bound (mask), also the bound of the logged "
+                                          "mismatch_frac_outside; set only with rollout_is",
+                                          bounds=(1.0, COEF_MAX, False))
     rollout_is_threshold_lower: float | None = setting(None, "rollout_is=mask: the lower bound "
                                                        "(default: 1 / threshold)",
                                                        bounds=(0.0, 1.0, False))
@@ -303,6 +304,7 @@ class LLMConfig:
         _check_fields(cfg)
         if cfg.time_limit is not None and cfg.time_limit <= 0:
             cfg = replace(cfg, time_limit=None)
+        _check_rollout_is_settings(cfg)
         if cfg.rollout_is != "none" and cfg.old_logprobs != "recompute":
             raise UsageError("rollout_is: a mismatch correction weighs the trainer's old "
                              "log-probs against the sampler's, so it needs "
@@ -414,6 +416,23 @@ def _check_fields(cfg: LLMConfig) -> None:
             fail("reward", "expected 'module:function', a reward-model directory or a "
                  "callable", e)
     _check_agent(cfg)
+
+
+def _check_rollout_is_settings(cfg: LLMConfig) -> None:
+    """The settings of a mismatch correction apply only with one: set without
+    ``rollout_is`` they would change nothing but a logged bound, so they are refused."""
+    if cfg.rollout_is != "none":
+        return
+    default = {f.name: f.default for f in fields(LLMConfig)}
+    lower = cfg.rollout_is_threshold_lower
+    for name, changed in (
+            ("rollout_is_threshold", cfg.rollout_is_threshold != default["rollout_is_threshold"]),
+            ("rollout_is_threshold_lower", lower is not None
+             and lower != 1.0 / cfg.rollout_is_threshold),
+            ("rollout_is_level", cfg.rollout_is_level != default["rollout_is_level"])):
+        if changed:
+            fail(name, "applies only with rollout_is (--rollout-is truncate or mask), which is "
+                 "none here", show=False)
 
 
 def _check_agent(cfg: LLMConfig) -> None:
