@@ -56,8 +56,9 @@ def train_command(t: Task, seed: int, run_dir: Path, steps: int) -> list[str]:
     iters = max(1, steps // per_iter)
     every = max(1, iters // t.curve_points)
     sets = {"eval_every": every, "eval_episodes": t.curve_episodes,
-            "eval_deterministic": str(not t.stochastic_eval).lower(),
             "checkpoint_every": max(1, min(every, 50)), **t.sets}
+    if t.stochastic_eval:  # (named only where it differs from the default, so that the
+        sets["eval_deterministic"] = "false"  # net also runs on code older than the key)
     return _ppokit("train", "--env", t.env_id, "--seed", str(seed), "--run-dir", str(run_dir),
                    "--total-steps", str(steps), "--no-progress", "--eval-episodes", "0",
                    "--set", *(f"{k}={v}" for k, v in sets.items()))

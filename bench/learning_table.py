@@ -100,12 +100,17 @@ def time_to(recs: list[dict], target: float) -> tuple[float | None, float | None
     return statistics.fmean(steps), statistics.fmean(secs)
 
 
-def _fmt(x: float | None, digits: int = 1) -> str:
+def _fmt(x: float | None, digits: int | None = None) -> str:
+    """A score: three decimals under 10, one under 1,000, else whole and grouped."""
     if x is None:
         return "—"
+    if x == 0:
+        return "0"
+    if digits is not None:
+        return f"{x:,.{digits}f}"
     if abs(x) >= 1000:
         return f"{x:,.0f}"
-    return f"{x:.{digits}f}" if abs(x) >= 1 or x == 0 else f"{x:.3f}"
+    return f"{x:.1f}" if abs(x) >= 10 else f"{x:.3f}"
 
 
 def task_row(t: Task, recs: list[dict], refs: list[dict], random_score: float | None) -> dict:
@@ -137,7 +142,9 @@ def render(rows: list[dict], sources: dict, pending: list[Task]) -> str:
             head = (f"| {t.name} | {t.policy} | {r['budget']:,} | {ours} " if i == 0
                     else "| | | | ")
             if ref is None:
-                lines.append(head + f"| none published | | | | {_fmt(r['wall_per_m'], 0)} |")
+                known = f"; a perfect score is {_fmt(t.solved)}" if t.solved else ""
+                lines.append(head + f"| none published{known} | | | | "
+                                    f"{_fmt(r['wall_per_m'], 0)} |")
                 continue
             src = sources.get(ref["source"], {}).get("project", ref["source"])
             std = f" ± {_fmt(ref['std'])}" if ref.get("std") is not None else ""
@@ -160,7 +167,7 @@ def render(rows: list[dict], sources: dict, pending: list[Task]) -> str:
     return "\n".join(lines)
 
 
-def figure(rows: list[dict], results: Path, path: Path) -> None:
+def figure(rows: list[dict], results: Path, path: Path, randoms: dict | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -177,6 +184,8 @@ def figure(rows: list[dict], results: Path, path: Path) -> None:
         grid, m, lo, hi = mean_curve(load_results(results, t))
         ax.plot(grid, m, color="C0", label=f"ppokit ({r['n']} seeds)")
         ax.fill_between(grid, lo, hi, color="C0", alpha=0.25)
+        if (randoms or {}).get(t.env_id) is not None and not t.sets:
+            ax.axhline(randoms[t.env_id], color="grey", ls=":", lw=1, label="random")
         for i, ref in enumerate(r["refs"]):
             ax.axhline(ref["mean"], color=f"C{i + 1}", ls="--", lw=1, label=ref["source"])
         ax.set_title(t.name, fontsize=9)
@@ -208,7 +217,7 @@ def write_table(results: Path, references: Path, doc: Path, fig_path: Path) -> N
     start, stop = body.index(BEGIN) + len(BEGIN), body.index(END)
     doc.write_text(body[:start] + "\n" + text + "\n" + body[stop:])
     if rows:
-        figure(rows, results, fig_path)
+        figure(rows, results, fig_path, randoms)
     print(text)
 
 
