@@ -16,8 +16,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = (f"algorithms: {', '.join(ALGORITHMS)}\n"
-                f"tuned environment presets (ppo): {', '.join(ENV_PRESETS)}, and every "
-                "Atari game ALE/Name-v5 (the atari extra)\n\n"
+                f"tuned environment presets (ppo): {', '.join(ENV_PRESETS)}, every "
+                "Atari game ALE/Name-v5 (the atari extra) and MinAtar game; any other "
+                "environment with image observations gets the image family's update "
+                "settings (docs/benchmarks.md)\n\n"
                 + config_help())
     p.add_argument("--env", dest="env_id",
                    help="Gymnasium id (default: CartPole-v1), or module:Id to import module "
