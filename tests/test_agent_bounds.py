@@ -255,9 +255,9 @@ def test_a_hostile_tool_in_the_warm_start_and_training_is_no_crash(fixtures, cap
     rc = main(["llm", "train", *TOOL_RUN, "--set", f"tools={tool}:calc",
                "--set", "tool_time_limit=0.2", "--run-dir", "run"])
     assert rc == 0, capsys.readouterr().err[-2000:]
+    assert _children() == [] and threading.active_count() == threads
     assert set(_metrics(fixtures / "run")) >= {"tool/error_frac", "tool/timeout_frac",
                                                "tool/truncated_frac"}
-    assert _children() == [] and threading.active_count() == threads
 
 
 def test_the_tool_metrics_of_played_episodes(fixtures):

@@ -16,8 +16,13 @@ A call is found in the model's turn in one of two formats:
   the order of the signature.
 
 Whatever goes wrong — JSON that does not parse, an unknown tool, missing or extra
-arguments, an exception, a call longer than ``time_limit`` seconds — becomes the text of
-the tool's reply for the model to read, never a crash; it counts as a failed call.
+arguments, an exception (``SystemExit`` included), a result of ``None`` or one whose
+``str()`` raises, a tool that ends its process, a call longer than ``time_limit`` seconds
+— becomes the text of the tool's reply for the model to read, never a crash; it counts as
+a failed call (:class:`ToolReply` says which way it failed). ppokit's own tools run in the
+trainer's process; a user's run in worker processes the trainer can kill
+(:mod:`.toolworker`). A reply is at most the caller's limit of characters (the episode's
+room: :mod:`.bounds`), the rest replaced by the marker ``…[cut: N chars]``.
 """
 
 from __future__ import annotations
