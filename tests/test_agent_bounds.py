@@ -522,12 +522,18 @@ def test_property_hostile_tools_and_observations_stay_bounded():
 
     tok = build_char_tokenizer()
     renderer = Renderer(tok)
+    play([CheckedTextEnv(Echo(1), "echo")], [0], renderer, _fixed_turn(tok), max_turns=2,
+         max_new_tokens=4, context=64)  # (torch's own threads started)
     threads = _threads()
     can_peak = _peak_reset()
     sizes = st.sampled_from([0, 1, 5000, 1 << 20, 50 << 20])
 
     @hypothesis.settings(max_examples=12, deadline=None, derandomize=True, database=None)
     @hypothesis.given(kind=st.sampled_from(HOSTILE), size=sizes, limit=st.integers(0, 500))
+    @hypothesis.example(kind="str", size=50 << 20, limit=500)
+    @hypothesis.example(kind="bytes", size=50 << 20, limit=0)
+    @hypothesis.example(kind="raise", size=50 << 20, limit=100)
+    @hypothesis.example(kind="hang", size=0, limit=100)
     def tools_case(kind, size, limit):
         tools = ToolSet([_hostile_tool(kind, size)], fmt="compact", time_limit=0.2)
         try:
@@ -545,6 +551,9 @@ def test_property_hostile_tools_and_observations_stay_bounded():
     @hypothesis.given(kind=st.sampled_from(("str", "bytes", "obj", "none", "int", "list",
                                             "raise", "exit")), size=sizes,
                       at_reset=st.booleans())
+    @hypothesis.example(kind="str", size=50 << 20, at_reset=True)
+    @hypothesis.example(kind="str", size=50 << 20, at_reset=False)
+    @hypothesis.example(kind="list", size=50 << 20, at_reset=False)
     def env_case(kind, size, at_reset):
         env = CheckedTextEnv(HostileEnv(kind, size, at_reset), "hostile")
         base = _peak_mb() if _peak_reset() else 0.0

@@ -12,6 +12,8 @@ time each. What bounds a call:
   names;
 * **the reply** — the worker turns the result into text and sends back at most the
   caller's limit of characters and the length of the whole (:func:`reply_parts`);
+* **its state** — what the tool changes in Python's objects stays in its worker (a call
+  may be answered by either worker; a new worker starts from the trainer's state);
 * **its life** — a worker ends when the trainer does: :meth:`ToolWorkers.close` (the
   trainer's close, and the interpreter's exit) kills it, Linux kills it when the thread
   that forked it ends however it ends (``prctl(PR_SET_PDEATHSIG)``), and while idle it
@@ -49,7 +51,8 @@ def describe(exc: BaseException, limit: int = 300) -> str:
     except BaseException:  # noqa: BLE001 - a message that cannot be shown
         msg = "(its message cannot be shown)"
     msg = msg if len(msg) <= limit else msg[:limit] + "…"
-    return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
+    name = type(exc).__name__[:100]
+    return f"{name}: {msg}" if msg else name
 
 
 def reply_parts(value, limit: int) -> tuple[str, str, int, str]:
@@ -68,8 +71,8 @@ def reply_parts(value, limit: int) -> tuple[str, str, int, str]:
         body = str.__getitem__(text, slice(0, limit))
         return "ok", body, str.__len__(text) - len(body), "chars"
     except BaseException as exc:  # noqa: BLE001 - the model reads what went wrong
-        return "error", f"returned a {type(value).__name__} whose text cannot be made: " \
-            f"{describe(exc)}", 0, "chars"
+        return "error", f"returned a {type(value).__name__[:100]} whose text cannot be " \
+            f"made: {describe(exc)}", 0, "chars"
 
 
 def call_tool(fn: Callable, args: tuple, kwargs: dict, limit: int,
