@@ -65,18 +65,23 @@ def first_episode(env: CheckedTextEnv, renderer: Renderer, seed: int, *, context
 
 def fit_tokens(renderer: Renderer, reply: ToolReply, budget: int) -> str:
     """``reply`` as the model reads it, cut (the marker included) to at most ``budget``
-    tokens where the tokenizer allows (the marker alone may be longer)."""
+    tokens where the tokenizer allows (the marker alone may be longer): the characters
+    kept scaled by the tokens over, a few tokenisings at most."""
     text = reply.shown()
-    if len(renderer.encode(text)) <= budget:
+    n = len(renderer.encode(text))
+    if n <= budget:
         return text
-    lo, hi = 0, len(reply.body)  # the most characters of the body that fit
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if len(renderer.encode(reply.shown(mid))) <= budget:
-            lo = mid
-        else:
-            hi = mid - 1
-    return reply.shown(lo)
+    marker = len(renderer.encode(reply.shown(0)))
+    keep = len(reply.body)
+    for _ in range(8):
+        keep = min(keep - 1, keep * max(budget - marker, 0) // max(n - marker, 1))
+        if keep <= 0:
+            break
+        text = reply.shown(keep)
+        n = len(renderer.encode(text))
+        if n <= budget:
+            return text
+    return reply.shown(0)
 
 
 def tool_replies(tools: ToolSet, turns: dict[Any, tuple[Episode, list]],
