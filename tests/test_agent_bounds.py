@@ -163,7 +163,7 @@ def test_a_tool_past_its_time_limit_is_killed_with_nothing_left(fixtures, name):
         assert [r.status for r in replies] == ["timeout"] * 3
         assert replies[0].shown() == "error: calc took longer than 0.2 s"
         assert len(_children()) <= 2 and _threads() == threads  # at most the pool
-    assert time.monotonic() - t0 < 6 * 2 * 0.2 + 5  # the 3 calls of a turn: 2 at a time
+    assert time.monotonic() - t0 < 6 * 2 * 0.2 + 20  # the 3 calls of a turn: 2 at a time
     assert _children() == []  # every overrun's worker killed and reaped
     tools.close()
     assert _children() == [] and _threads() == threads
@@ -262,9 +262,10 @@ def test_a_hostile_tool_in_the_warm_start_and_training_is_no_crash(fixtures, cap
 
 def test_the_tool_metrics_of_played_episodes(fixtures):
     tok = build_char_tokenizer()
-    for name, key in (("tool_obj", "tool/error_frac"), ("tool_hang", "tool/timeout_frac"),
-                      ("tool_huge", "tool/truncated_frac")):
-        tools = ToolSet([_tool(name)], fmt="compact", time_limit=0.2)
+    for name, key, limit in (("tool_obj", "tool/error_frac", 10),
+                             ("tool_hang", "tool/timeout_frac", 0.2),
+                             ("tool_huge", "tool/truncated_frac", 10)):
+        tools = ToolSet([_tool(name)], fmt="compact", time_limit=limit)
         envs = [CheckedTextEnv(Echo(1), "echo") for _ in range(4)]
         try:
             eps = play(envs, [0, 1, 2, 3], Renderer(tok), _fixed_turn(tok, "calc:1x2"),
@@ -535,7 +536,8 @@ def test_property_hostile_tools_and_observations_stay_bounded():
     @hypothesis.example(kind="raise", size=50 << 20, limit=100)
     @hypothesis.example(kind="hang", size=0, limit=100)
     def tools_case(kind, size, limit):
-        tools = ToolSet([_hostile_tool(kind, size)], fmt="compact", time_limit=0.2)
+        tools = ToolSet([_hostile_tool(kind, size)], fmt="compact",
+                        time_limit=0.2 if kind == "hang" else 20)
         try:
             base = _peak_mb() if _peak_reset() else 0.0
             [reply] = tools.answer([("calc", ["1"])], limits=limit)
