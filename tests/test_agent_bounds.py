@@ -129,7 +129,8 @@ def _threads() -> int:
 
 
 def test_every_hostile_tool_result_is_a_bounded_reply(fixtures):
-    # NT_huge, NT_bytes, NT_obj (and None, raise, SystemExit, os._exit): a reply each
+    # 20 MB, bytes, an object whose str() raises, None, raise, SystemExit, os._exit: a
+    # bounded reply each
     expected = {
         "tool_huge": ("ok", "9" * 100 + "…[cut: 19999900 chars]"),
         "tool_bytes": ("ok", "\ufffd" * 100 + "…[cut: 1900 bytes]"),
@@ -154,7 +155,8 @@ def test_every_hostile_tool_result_is_a_bounded_reply(fixtures):
 
 @pytest.mark.parametrize("name", ["tool_hang", "tool_busy"])
 def test_a_tool_past_its_time_limit_is_killed_with_nothing_left(fixtures, name):
-    # NT_hang / NT_busy: each overrun's worker is killed; threads and processes stay put
+    # a sleeping or spinning tool: each overrun's worker is killed; threads and processes
+    # stay put
     tools = ToolSet([_tool(name)], fmt="compact", time_limit=0.2)
     threads = _threads()
     t0 = time.monotonic()
@@ -247,10 +249,11 @@ def _metrics(run: Path) -> dict:
     return read_metrics(run)[-1]
 
 
-@pytest.mark.parametrize("tool", ["tool_obj", "tool_hang", "tool_bytes", "tool_exit"])
+@pytest.mark.parametrize("tool", ["tool_obj", "tool_hang", "tool_busy", "tool_bytes",
+                                  "tool_exit"])
 def test_a_hostile_tool_in_the_warm_start_and_training_is_no_crash(fixtures, capsys, tool):
-    # NT_obj (a traceback before), NT_hang (a thread left a call), NT_bytes (a reply past
-    # the context: a 33 GB allocation): the warm start's 32 demonstrations call the tool
+    # an unprintable result, a sleeping or spinning tool, a reply longer than the context,
+    # SystemExit: the warm start's 32 demonstrations call the tool, then training
     threads = threading.active_count()
     rc = main(["llm", "train", *TOOL_RUN, "--set", f"tools={tool}:calc",
                "--set", "tool_time_limit=0.2", "--run-dir", "run"])
@@ -278,7 +281,7 @@ def test_the_tool_metrics_of_played_episodes(fixtures):
 
 
 def test_a_tool_returning_twenty_megabytes_trains_in_bounded_memory(fixtures):
-    # NT_huge: before, a 3.5 GB allocation aborted the process (SIGABRT)
+    # the reply is cut before it is tokenised (a 20 MB reply once took gigabytes)
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(p for p in [str(fixtures), *sys.path] if p)}
     cmd = [sys.executable, "-m", "ppokit", "llm", "train", *TOOL_RUN,
@@ -294,7 +297,7 @@ def test_a_tool_returning_twenty_megabytes_trains_in_bounded_memory(fixtures):
 
 
 def test_an_observation_longer_than_the_context_at_reset_fails_in_one_line(fixtures, capsys):
-    # N48: before, a 25 TB allocation's traceback after two minutes
+    # said at once, before the observation is tokenised
     t0 = time.monotonic()
     rc = main(["llm", "train", *AGENT_RUN, "--set", "max_turns=3",
                "--env", "textenvs_b:Bhuge_obs-v0", "--run-dir", "t48"])
@@ -307,7 +310,7 @@ def test_an_observation_longer_than_the_context_at_reset_fails_in_one_line(fixtu
 
 def test_an_observation_longer_than_the_context_at_step_truncates_the_episode(fixtures,
                                                                                capsys):
-    # N49: the episode ends there, truncated, counted in env/obs_truncated_frac
+    # the episode ends there, truncated, counted in env/obs_truncated_frac
     rc = main(["llm", "train", *AGENT_RUN, "--set", "max_turns=3",
                "--env", "textenvs_b:Bhuge_step_obs-v0", "--run-dir", "t49"])
     assert rc == 0, capsys.readouterr().err[-2000:]
@@ -319,7 +322,7 @@ def test_an_observation_longer_than_the_context_at_step_truncates_the_episode(fi
 @pytest.mark.parametrize("env,said", [("Bstep_exit-v0", "step() raised SystemExit: 5"),
                                       ("Breset_exit-v0", "reset(seed=")])
 def test_an_env_raising_system_exit_is_named_in_one_line(fixtures, capsys, env, said):
-    # N45: before, the process ended with the env's own status and said nothing
+    # not the env's own exit status: status 2 and a line naming the env
     rc = main(["llm", "train", *AGENT_RUN, "--set", "max_turns=3",
                "--env", f"textenvs_b:{env}", "--run-dir", "t45"])
     err = _error_lines(capsys)
@@ -328,7 +331,7 @@ def test_an_env_raising_system_exit_is_named_in_one_line(fixtures, capsys, env, 
 
 
 def test_sigterm_during_the_warm_start_is_said(tmp_path):
-    # NB3: 143 as before, and now a line saying what was stopped
+    # 143, and a line saying what was stopped
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     proc = subprocess.Popen([sys.executable, "-m", "ppokit", "llm", "train", "--no-progress",
