@@ -5,6 +5,8 @@ the same engine as every other run (docs/agents.md).
   ids, ``module:Id`` and factories, and the built-in environments;
 * :mod:`.conversation` — an episode as the exact tokens the policy saw;
 * :mod:`.tools` — Python functions as tools: schemas, calls, failures as observations;
+* :mod:`.toolworker` — the worker processes a user's tool runs in (killed past its time);
+* :mod:`.bounds` — every episode within the model's context (observations, tool replies);
 * :mod:`.rollout` — episodes played in a batch and laid out as one token rollout.
 """
 

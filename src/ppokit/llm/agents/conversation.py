@@ -42,7 +42,11 @@ class Episode:
     truncated: bool = False
     done: bool = False
     tool_calls: int = 0
-    tool_failures: int = 0
+    tool_failures: int = 0  # calls not answered by the tool (any reason)
+    tool_errors: int = 0    # ... because the tool raised, returned nothing showable, died
+    tool_timeouts: int = 0  # ... because it overran its time limit
+    tool_cut: int = 0       # replies cut to fit the context
+    obs_truncated: bool = False  # ended because the environment's reply did not fit
     info: dict = field(default_factory=dict)  # what else the environment reported
 
     def add(self, ids: list[int], action: bool, logp: list[float] | None = None) -> None:
@@ -73,7 +77,7 @@ class Renderer:
         return self.tok.apply_chat_template(messages, tokenize=False,
                                             add_generation_prompt=generation, **kw)
 
-    def _encode(self, text: str) -> list[int]:
+    def encode(self, text: str) -> list[int]:
         return list(self.tok(text, add_special_tokens=False)["input_ids"])
 
     def prompt(self, messages: list[dict]) -> list[int]:
@@ -83,7 +87,7 @@ class Renderer:
             text = self._template(messages, generation=True)
         else:
             text = "".join(_plain(m) for m in messages)
-        ids = self._encode(text)
+        ids = self.encode(text)
         bos = self.tok.bos_token_id
         if bos is not None and (not ids or ids[0] != bos) and not self.chat:
             ids = [bos] + ids
@@ -97,21 +101,21 @@ class Renderer:
         and the cue for the next turn."""
         close = [] if ended else [self.tok.eos_token_id]
         if not self.chat:
-            return close + self._encode("".join(_plain(m) for m in reply))
+            return close + self.encode("".join(_plain(m) for m in reply))
         turn = before + [{"role": "assistant", "content": assistant}]
         upto = self._template(turn, generation=False)
         full = self._template(turn + reply, generation=True)
         if not full.startswith(upto):  # a template that rewrites earlier turns
-            return close + self._encode(self._template(reply, generation=True))
+            return close + self.encode(self._template(reply, generation=True))
         # the assistant's content and end marker are already in the sampled tokens
         at = upto.rfind(assistant) if assistant else len(upto)
         if at < 0:  # a template that rewrites the content (trims it)
-            return close + self._encode(self._template(reply, generation=True))
+            return close + self.encode(self._template(reply, generation=True))
         cut = at + len(assistant)
         tail = upto[cut:]
         if tail.startswith(self.eos_text):
             cut += len(self.eos_text)
-        return close + self._encode(full[cut:])
+        return close + self.encode(full[cut:])
 
 
 def _plain(message: dict) -> str:

@@ -15,7 +15,9 @@ module is imported only because the user names it); in Python also a factory (a 
 returning an environment) or an instance.
 
 Every value an environment returns is checked where it enters (:class:`CheckedTextEnv`),
-and an error names the environment and what was expected.
+and an error names the environment and what was expected; so does anything its
+``reset`` or ``step`` raises (``SystemExit`` included; a ``KeyboardInterrupt`` is the
+user's Ctrl-C and stops the run as one).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ppokit.errors import UsageError, UserCodeError
+
+from .toolworker import describe
 
 __all__ = ["CheckedTextEnv", "make_text_env", "text_env_factory", "messages_of",
            "GuessNumberEnv", "ToolArithmeticEnv", "calc", "TEXT_ENVS"]
@@ -61,8 +65,10 @@ class CheckedTextEnv:
         where = f"env {self.label}: reset(seed={seed})"
         try:
             out = self.env.reset(seed=seed)
-        except Exception as exc:
-            raise UserCodeError(f"{where} raised {type(exc).__name__}: {exc}") from exc
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - SystemExit too: the user's code failed
+            raise UserCodeError(f"{where} raised {describe(exc)}") from exc
         if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)):
             raise UserCodeError(f"{where}: expected (observation, info), got "
                                 f"{type(out).__name__}")
@@ -72,8 +78,10 @@ class CheckedTextEnv:
         where = f"env {self.label}: step()"
         try:
             out = self.env.step(text)
-        except Exception as exc:
-            raise UserCodeError(f"{where} raised {type(exc).__name__}: {exc}") from exc
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - SystemExit too: the user's code failed
+            raise UserCodeError(f"{where} raised {describe(exc)}") from exc
         if not (isinstance(out, tuple) and len(out) == 5):
             raise UserCodeError(f"{where}: expected (observation, reward, terminated, "
                                 f"truncated, info), got {type(out).__name__}")

@@ -4,7 +4,8 @@ Every active episode's context (its segments so far: :mod:`.conversation`) is sa
 from in one batch per turn; the model's turn goes to the tools when it calls one (their
 replies come back as ``tool`` messages, reward 0) and to the environment otherwise. An
 episode ends when the environment says terminated or truncated, after ``max_turns``
-model turns, or when the next turn would not fit the model's context (both truncated).
+model turns, when the next turn would not fit the model's context, or when the
+environment's reply does not fit it (all three truncated; :mod:`.bounds`).
 
 The episodes of a batch are then one :class:`~ppokit.llm.modeling.rollout.TokenRollout`:
 first prompts left-padded to a common width ``P``, everything after them right-padded;
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ..modeling.rollout import TokenRollout
+from .bounds import first_episode, respond, tool_replies
 from .conversation import Episode, Renderer, pad_left
 from .env import CheckedTextEnv
 from .tools import ToolSet
@@ -37,13 +39,8 @@ def play(envs: list[CheckedTextEnv], seeds: list[int], renderer: Renderer,
     turn of every active episode in one batch: ``sample(ids, mask)`` samples a turn for
     left-padded contexts (its rollout's ``logp`` holds the sampler's log-probs)."""
     tok = renderer.tok
-    eps = []
-    for env, seed in zip(envs, seeds):
-        msgs, _ = env.reset(seed=seed)
-        ep = Episode(seed=seed, messages=list(msgs))
-        ep.add(renderer.prompt(msgs), action=False)
-        ep.prompt_len = len(ep.ids)
-        eps.append(ep)
+    eps = [first_episode(env, renderer, seed, context=context, reserve=max_new_tokens)
+           for env, seed in zip(envs, seeds)]
     for turn in range(max_turns):
         active = [i for i, ep in enumerate(eps) if not ep.done]
         for i in list(active):
@@ -55,35 +52,23 @@ def play(envs: list[CheckedTextEnv], seeds: list[int], renderer: Renderer,
         ids, mask = pad_left([eps[i].ids for i in active], tok.pad_token_id)
         roll = sample(ids, mask)
         width = ids.shape[1]
+        texts, turns = {}, {}
         for j, i in enumerate(active):
-            ep, env = eps[i], envs[i]
+            ep = eps[i]
             am = roll.action_mask[j, width:]
             toks = roll.input_ids[j, width:][am].tolist()
             logp = roll.logp[j, width:][am].tolist()
-            text = tok.decode(toks, skip_special_tokens=True)
+            texts[i] = tok.decode(toks, skip_special_tokens=True)
             ep.add(toks, action=True, logp=logp)
             ep.turn_ends.append(len(ep.ids) - 1)
-            calls = tools.calls(text) if tools is not None else []
+            calls = tools.calls(texts[i]) if tools is not None else []
             if calls:
-                reply = []
-                for name, args in calls:
-                    out, ok = tools.run(name, args)
-                    ep.tool_calls += 1
-                    ep.tool_failures += not ok
-                    reply.append({"role": "tool", "content": out})
-                ep.rewards.append(0.0)
-            else:
-                reply, reward, term, trunc, _ = env.step(text)
-                ep.rewards.append(reward)
-                if term or trunc:
-                    ep.done, ep.terminated, ep.truncated = True, term, trunc and not term
-                    continue
-            if turn == max_turns - 1:
-                ep.done = ep.truncated = True
-                continue
-            seg = renderer.reply(ep.messages, text, reply, ended=not bool(roll.truncated[j]))
-            ep.messages += [{"role": "assistant", "content": text}, *reply]
-            ep.add(seg, action=False)
+                turns[i] = (ep, calls)
+        replies = (tool_replies(tools, turns, renderer, context=context,
+                                reserve=max_new_tokens) if turns else {})
+        for j, i in enumerate(active):
+            respond(eps[i], envs[i], texts[i], renderer, replies.get(i), context=context,
+                    ended=not bool(roll.truncated[j]), last=turn == max_turns - 1)
     return eps
 
 
@@ -124,8 +109,10 @@ def to_rollout(eps: list[Episode], pad: int) -> EpisodeBatch:
 
 
 def episode_stats(eps: list[Episode]) -> dict:
-    """``episode/...`` and ``tool/...`` metrics of a batch of episodes."""
+    """``episode/...``, ``env/...`` and ``tool/...`` metrics of a batch of episodes (the
+    ``tool/..._frac`` ones: fractions of the batch's calls, 0 without calls)."""
     n = len(eps)
+    calls = sum(ep.tool_calls for ep in eps)
     solved = [ep for ep in eps if ep.terminated and ep.score > 0]
     out = {"episode/turns_mean": statistics.fmean(ep.turns for ep in eps),
            "episode/tokens_mean": statistics.fmean(len(ep.ids) - ep.prompt_len for ep in eps),
@@ -133,8 +120,12 @@ def episode_stats(eps: list[Episode]) -> dict:
            "episode/terminated_frac": sum(ep.terminated for ep in eps) / n,
            "episode/truncated_frac": sum(ep.truncated for ep in eps) / n,
            "episode/solved_frac": len(solved) / n,
-           "tool/calls_per_episode": sum(ep.tool_calls for ep in eps) / n,
+           "env/obs_truncated_frac": sum(ep.obs_truncated for ep in eps) / n,
+           "tool/calls_per_episode": calls / n,
            "tool/failed_per_episode": sum(ep.tool_failures for ep in eps) / n}
+    for key, attr in (("error", "tool_errors"), ("timeout", "tool_timeouts"),
+                      ("truncated", "tool_cut")):
+        out[f"tool/{key}_frac"] = sum(getattr(ep, attr) for ep in eps) / calls if calls else 0.0
     if solved:
         out["episode/turns_solved_mean"] = statistics.fmean(ep.turns for ep in solved)
     return out

@@ -19,8 +19,11 @@ from typing import Any
 
 import torch
 
+from ppokit.errors import UserCodeError
+
 from ..labelling.batching import IterationBatch
 from ..training.sft import nll_steps
+from .bounds import CHARS_PER_TOKEN, first_episode, respond, tool_replies
 from .conversation import Episode, Renderer
 from .env import CheckedTextEnv, text_env_factory
 from .rollout import episode_stats, play, to_rollout
@@ -90,13 +93,22 @@ class AgentRunner:
         """The metrics of a batch of episodes."""
         return episode_stats(eps)
 
+    def close(self) -> None:
+        """End the tools' worker processes."""
+        if self.tools is not None:
+            self.tools.close()
+
 
 def warm_start_episodes(runner: AgentRunner, model, tok, *, steps: int, lr: float,
-                        seed: int, batch_size: int = 32) -> dict:
+                        seed: int, batch_size: int = 32, reserve: int = 8) -> dict:
     """SFT of ``model`` on the environment's demonstrations: each sample is one game from
     a reset with a fresh seed, its assistant turns (``env.demonstration(rng)``) played
-    through the environment and laid out as an episode; the loss is the negative
-    log-likelihood of the assistant tokens (their end-of-sequence tokens included)."""
+    through the environment and its tools (bounded as in training: :mod:`.bounds`, the
+    next turn's ``reserve`` tokens kept free) and laid out as an episode; the loss is the
+    negative log-likelihood of the assistant tokens (their end-of-sequence tokens
+    included)."""
+    from ..inputs.data import model_context
+
     env = runner.factory() if runner.factory is not None else None
     if not callable(getattr(env, "demonstration", None)):
         raise AttributeError("demonstration")
@@ -104,9 +116,10 @@ def warm_start_episodes(runner: AgentRunner, model, tok, *, steps: int, lr: floa
     renderer = Renderer(tok)
     rng = random.Random(seed)
     torch.manual_seed(seed)
+    context = model_context(model)[0] or 4096
 
     def batch(step: int):
-        eps = [_demonstrated(checked, env, renderer, rng, runner.tools)
+        eps = [_demonstrated(checked, env, renderer, rng, runner.tools, context, reserve)
                for _ in range(batch_size)]
         roll = to_rollout(eps, tok.pad_token_id).roll
         return roll.input_ids, roll.attention_mask, roll.action_mask
@@ -114,26 +127,38 @@ def warm_start_episodes(runner: AgentRunner, model, tok, *, steps: int, lr: floa
     return nll_steps(model, batch, steps=steps, lr=lr)
 
 
+def _demonstration(checked: CheckedTextEnv, env, rng: random.Random) -> list[str]:
+    where = f"env {checked.label}: demonstration()"
+    try:
+        turns = env.demonstration(rng)
+        turns = list(turns) if isinstance(turns, (list, tuple)) else turns
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - SystemExit too: the user's code failed
+        raise UserCodeError(f"{where} raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(turns, list) or not all(isinstance(t, str) for t in turns):
+        raise UserCodeError(f"{where}: expected a list of the assistant's turns (strings), "
+                            f"got {type(turns).__name__}")
+    return turns
+
+
 def _demonstrated(checked: CheckedTextEnv, env, renderer: Renderer, rng: random.Random,
-                  tools: ToolSet | None) -> Episode:
+                  tools: ToolSet | None, context: int, reserve: int) -> Episode:
     tok = renderer.tok
-    msgs, _ = checked.reset(seed=rng.randrange(EVAL_SEED_OFFSET))
-    ep = Episode(seed=0, messages=list(msgs))
-    ep.add(renderer.prompt(msgs), action=False)
-    ep.prompt_len = len(ep.ids)
-    for text in env.demonstration(rng):
-        ep.add(tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id],
-               action=True)
+    ep = first_episode(checked, renderer, rng.randrange(EVAL_SEED_OFFSET), context=context,
+                       reserve=reserve)
+    for text in _demonstration(checked, env, rng):
+        left = context - len(ep.ids)
+        ids = (tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+               if len(text) <= left * CHARS_PER_TOKEN else None)
+        if ids is None or len(ids) > left:  # the turn does not fit: the game ends here
+            break
+        ep.add(ids, action=True)
         ep.turn_ends.append(len(ep.ids) - 1)
         calls = tools.calls(text) if tools is not None else []
-        if calls:
-            reply = [{"role": "tool", "content": tools.run(n, a)[0]} for n, a in calls]
-            ep.rewards.append(0.0)
-        else:
-            reply, reward, term, trunc, _ = checked.step(text)
-            ep.rewards.append(reward)
-            if term or trunc:
-                break
-        ep.add(renderer.reply(ep.messages, text, reply, ended=True), action=False)
-        ep.messages += [{"role": "assistant", "content": text}, *reply]
+        reply = (tool_replies(tools, {0: (ep, calls)}, renderer, context=context,
+                              reserve=reserve)[0] if calls else None)
+        respond(ep, checked, text, renderer, reply, context=context)
+        if ep.done:
+            break
     return ep

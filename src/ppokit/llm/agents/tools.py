@@ -16,8 +16,13 @@ A call is found in the model's turn in one of two formats:
   the order of the signature.
 
 Whatever goes wrong — JSON that does not parse, an unknown tool, missing or extra
-arguments, an exception, a call longer than ``time_limit`` seconds — becomes the text of
-the tool's reply for the model to read, never a crash; it counts as a failed call.
+arguments, an exception (``SystemExit`` included), a result of ``None`` or one whose
+``str()`` raises, a tool that ends its process, a call longer than ``time_limit`` seconds
+— becomes the text of the tool's reply for the model to read, never a crash; it counts as
+a failed call (:class:`ToolReply` says which way it failed). ppokit's own tools run in the
+trainer's process; a user's run in worker processes the trainer can kill
+(:mod:`.toolworker`). A reply is at most the caller's limit of characters (the episode's
+room: :mod:`.bounds`), the rest replaced by the marker ``…[cut: N chars]``.
 """
 
 from __future__ import annotations
@@ -25,17 +30,20 @@ from __future__ import annotations
 import inspect
 import json
 import re
-import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ppokit.errors import UsageError
 
-__all__ = ["tool_schema", "ToolSet", "CALL", "resolve_tools"]
+from .toolworker import ToolWorkers, call_tool
+
+__all__ = ["tool_schema", "ToolSet", "ToolReply", "CALL", "REPLY_CHARS", "resolve_tools"]
 
 _TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array",
           dict: "object"}
 CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
+REPLY_CHARS = 4096  # a reply's characters when the caller gives no limit
 
 
 def _arg_docs(doc: str) -> dict[str, str]:
@@ -79,6 +87,45 @@ def tool_schema(fn: Callable) -> dict:
         "parameters": {"type": "object", "properties": props, "required": required}}}
 
 
+@dataclass
+class ToolReply:
+    """One call's reply: ``body`` what the tool said (or what went wrong), ``status``
+    ``ok``, ``failed`` (no call made: bad JSON, an unknown tool, wrong arguments),
+    ``error`` (the tool raised, returned nothing showable or ended its process) or
+    ``timeout``; ``rest`` how many ``unit`` (chars or bytes) of the reply were left out."""
+
+    body: str
+    status: str = "ok"
+    rest: int = 0
+    unit: str = "chars"
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def cut(self) -> bool:
+        return self.rest > 0
+
+    def shown(self, keep: int | None = None) -> str:
+        """The text the model reads: the body's first ``keep`` characters, and when
+        anything was left out the marker ``…[cut: N chars]``."""
+        keep = len(self.body) if keep is None else max(0, min(keep, len(self.body)))
+        chars = len(self.body) - keep + (self.rest if self.unit == "chars" else 0)
+        parts = [f"{chars} chars"] if chars else []
+        if self.unit != "chars" and self.rest:
+            parts.append(f"{self.rest} {self.unit}")
+        return self.body[:keep] + (f"…[cut: {' + '.join(parts)}]" if parts else "")
+
+
+def _in_process(fn: Callable) -> bool:
+    """ppokit's own tools (safe, quick) run in the trainer's process; a user's in a
+    worker (:mod:`.toolworker`)."""
+    from .env import calc
+
+    return fn is calc
+
+
 class ToolSet:
     """The tools of a run: find calls in a model's turn and run them (module doc)."""
 
@@ -90,6 +137,7 @@ class ToolSet:
             schema = tool_schema(fn)
             self.tools[schema["function"]["name"]] = (fn, schema)
         self.fmt, self.time_limit = fmt, float(time_limit)
+        self._workers = None  # forked at the first call of a user's tool
 
     @property
     def schemas(self) -> list[dict]:
@@ -115,40 +163,71 @@ class ToolSet:
             out.append((call["name"], call.get("arguments", {})))
         return out
 
-    def run(self, name: str | None, args: Any) -> tuple[str, bool]:
-        """``(reply text, ok)`` of one call."""
+    def _bind(self, name: str | None, args: Any):
+        """The bound arguments of a call, or the :class:`ToolReply` saying why not."""
         if name is None:
-            return str(args), False
+            return ToolReply(str(args)[:REPLY_CHARS], "failed")
         if name not in self.tools:
-            return f"error: unknown tool {name!r}; tools: {', '.join(self.tools)}", False
-        fn, _ = self.tools[name]
+            return ToolReply(f"error: unknown tool {name[:100]!r}; tools: "
+                             f"{', '.join(self.tools)}", "failed")
+        sig = inspect.signature(self.tools[name][0])
         try:
-            bound = (inspect.signature(fn).bind(*args) if isinstance(args, list)
-                     else inspect.signature(fn).bind(**args) if isinstance(args, dict)
-                     else None)
+            bound = (sig.bind(*args) if isinstance(args, list)
+                     else sig.bind(**args) if isinstance(args, dict) else None)
         except TypeError as exc:
-            return f"error: {name}: {exc}", False
+            return ToolReply(f"error: {name}: {exc}", "failed")
         if bound is None:
-            return f"error: {name}: arguments must be an object", False
-        out: dict[str, Any] = {}
+            return ToolReply(f"error: {name}: arguments must be an object", "failed")
+        return bound
 
-        def call() -> None:
-            try:
-                out["value"] = fn(*bound.args, **bound.kwargs)
-            except BaseException as exc:  # noqa: BLE001 - the model reads what went wrong
-                out["error"] = exc
+    def answer(self, calls: list[tuple[str | None, Any]],
+               limits: int | list[int] = REPLY_CHARS) -> list[ToolReply]:
+        """The replies to ``calls`` (as :meth:`calls` finds them), each at most its
+        ``limits`` characters of the tool's text: ppokit's own tools called here, the
+        user's in the worker processes (:mod:`.toolworker`) within :attr:`time_limit`
+        seconds, several at a time."""
+        if isinstance(limits, int):
+            limits = [limits] * len(calls)
+        out: list[ToolReply | None] = []
+        jobs, where = [], []
+        for (name, args), limit in zip(calls, limits):
+            limit = max(0, int(limit))
+            bound = self._bind(name, args)
+            if isinstance(bound, ToolReply):
+                out.append(bound)
+                continue
+            fn = self.tools[name][0]
+            if _in_process(fn):
+                out.append(self._reply(name, call_tool(fn, bound.args, bound.kwargs, limit,
+                                                     Exception)))
+                continue
+            out.append(None)
+            jobs.append((name, tuple(bound.args), dict(bound.kwargs), limit))
+            where.append((len(out) - 1, name))
+        if jobs:
+            if self._workers is None:
+                self._workers = ToolWorkers({n: fn for n, (fn, _) in self.tools.items()})
+            for (k, name), res in zip(where, self._workers.run(jobs, self.time_limit)):
+                out[k] = self._reply(name, res)
+        return out
 
-        # a daemon thread: a call that never returns is left behind, and never keeps the
-        # process from ending
-        worker = threading.Thread(target=call, name=f"tool-{name}", daemon=True)
-        worker.start()
-        worker.join(self.time_limit)
-        if worker.is_alive():
-            return f"error: {name} took longer than {self.time_limit:g} s", False
-        if "error" in out:
-            exc = out["error"]
-            return f"error: {name} raised {type(exc).__name__}: {exc}", False
-        return str(out.get("value")), True
+    @staticmethod
+    def _reply(name: str, res: tuple[str, str, int, str]) -> ToolReply:
+        status, body, rest, unit = res
+        if status == "ok":
+            return ToolReply(body, "ok", rest, unit)
+        return ToolReply(f"error: {name} {body}", status)
+
+    def run(self, name: str | None, args: Any, limit: int = REPLY_CHARS) -> tuple[str, bool]:
+        """``(reply text, ok)`` of one call (:meth:`answer`)."""
+        reply = self.answer([(name, args)], limit)[0]
+        return reply.shown(), reply.ok
+
+    def close(self) -> None:
+        """End the worker processes (a later call starts new ones)."""
+        if self._workers is not None:
+            self._workers.close()
+            self._workers = None
 
 
 def resolve_tools(tools) -> list[Callable]:

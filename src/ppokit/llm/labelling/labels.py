@@ -128,7 +128,10 @@ def compute_labels(cfg: LLMConfig, roll: TokenRollout, scores: torch.Tensor, old
         if values_after is not None:
             values = shift_to_tokens(values_after[:, :-1]).detach()
             if cfg.truncation == "bootstrap" or agent:
-                v_last = values_after.detach()[torch.arange(bsz), last]
+                # an episode's value after its last token: the environment's reply when it
+                # was cut at the context with the reply in (docs/agents.md#credit-across-turns)
+                at = roll.last_token_index().clamp(min=0) if agent else last
+                v_last = values_after.detach()[torch.arange(bsz), at]
                 boot = torch.where(trunc & has_action, v_last, torch.zeros_like(v_last))
         vals = values if values is not None else torch.zeros_like(token_rewards)
         adv, returns = token_advantages(entry, TokenSteps(token_rewards, vals, loss_mask, boot),

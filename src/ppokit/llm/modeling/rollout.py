@@ -72,6 +72,12 @@ class TokenRollout:
         pos = torch.arange(self.action_mask.shape[1])
         return torch.where(self.action_mask, pos, torch.full_like(pos, -1)).amax(1)
 
+    def last_token_index(self) -> torch.Tensor:
+        """[B] column of each row's last attended token (after its last action token
+        where context follows it: an agent episode cut with the environment's reply in)."""
+        pos = torch.arange(self.attention_mask.shape[1])
+        return torch.where(self.attention_mask.bool(), pos, torch.full_like(pos, -1)).amax(1)
+
     def select(self, idx: torch.Tensor) -> TokenRollout:
         return TokenRollout(self.input_ids[idx], self.attention_mask[idx], self.action_mask[idx],
                        self.prompt_len, self.truncated[idx],

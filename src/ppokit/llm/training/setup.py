@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 
 import torch
 
@@ -268,6 +269,22 @@ def make_agent(tr, cfg, env):
 
 
 def warm_start(tr):
+    """The built-in model, warm-started; a SIGTERM meanwhile (which ends the start: it is
+    undone) is said in a line, since nothing else would tell what was stopped. The tools'
+    worker processes the demonstrations used end with it (training starts its own)."""
+    try:
+        return _warm_start(tr)
+    except SystemExit as exc:
+        if exc.code == 128 + signal.SIGTERM:
+            tr.log("stopped by SIGTERM during the warm start: the run had not started, and "
+                   "what it had made is removed")
+        raise
+    finally:
+        if tr.agent is not None:
+            tr.agent.close()
+
+
+def _warm_start(tr):
     from .sft import builtin_sft
 
     tok = build_char_tokenizer()
@@ -297,7 +314,7 @@ def _agent_warm_start(tr, tok):
     steps = tr.cfg.sft_steps or 300
     try:
         info = warm_start_episodes(tr.agent, model, tok, steps=steps, lr=tr.cfg.sft_lr,
-                                   seed=tr.cfg.seed)
+                                   seed=tr.cfg.seed, reserve=tr.cfg.max_new_tokens)
     except AttributeError:
         tr.log(f"warm start: none ({tr.agent.label} has no demonstration(rng)); the built-in "
                "model starts from random weights")

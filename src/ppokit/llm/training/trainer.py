@@ -509,9 +509,9 @@ class TokenTrainer(RunLifecycle):
         check_scales(self.cfg, rec, self._warned, self.log)
 
     def close(self) -> None:
-        """Close the metrics files and release the run directory's lock."""
-        for w in (self.metrics, getattr(self, "samples", None)):
-            if w is not None:
+        """Close the metrics files and the agent's tools; release the run dir's lock."""
+        for w in (self.metrics, getattr(self, "samples", None), getattr(self, "agent", None)):
+            if callable(getattr(w, "close", None)):
                 w.close()
         self.rundir.close()
 
