@@ -50,26 +50,39 @@ def _skip(name, crit, why) -> CheckResult:
     return CheckResult(name, None, "-", crit, why)
 
 
-def check_group_size(cfg) -> CheckResult:
-    from ppokit.core.registry import GROUP_ADVANTAGES
-    from ppokit.llm.training.config import PRESETS
+def _recipe(cfg) -> tuple[str, str | None, int | None]:
+    """``(algo, advantage_estimator, samples_per_prompt)`` as ``ppokit llm train`` would
+    resolve them: the algorithm's default for the model (grpo for a pretrained ``model``
+    or a prompts file, ppo for the built-in model) and the preset's and the model kind's
+    defaults for the fields left unset, without validating the rest."""
+    from ppokit.llm.training.config import MODEL_DEFAULTS, PRESETS
 
-    name, crit = "lm-group-size", "a group estimator gets ≥ 2 samples per prompt"
-    preset = PRESETS.get(cfg.algo, {})
+    pretrained = cfg.model is not None
+    algo = cfg.algo or ("grpo" if pretrained or cfg.prompts is not None else "ppo")
+    preset = {**MODEL_DEFAULTS["pretrained" if pretrained else "builtin"],
+              **PRESETS.get(algo, {})}
     est = cfg.advantage_estimator or preset.get("advantage_estimator")
     g = cfg.samples_per_prompt or preset.get("samples_per_prompt")
+    return algo, est, g
+
+
+def check_group_size(cfg) -> CheckResult:
+    from ppokit.core.registry import GROUP_ADVANTAGES
+
+    name, crit = "lm-group-size", "a group estimator gets ≥ 2 samples per prompt"
+    algo, est, g = _recipe(cfg)
     if est not in GROUP_ADVANTAGES:
-        return _ok(name, f"{est} estimator, {g} sample(s) per prompt (no groups needed)",
-                   crit, estimator=est, samples_per_prompt=g)
+        return _ok(name, f"{algo}: {est} estimator, {g} sample(s) per prompt (no groups "
+                   "needed)", crit, algo=algo, estimator=est, samples_per_prompt=g)
     if g is not None and g < 2:
-        return _fail(name, f"{cfg.algo}: {est} estimator with samples_per_prompt = {g}",
+        return _fail(name, f"{algo}: {est} estimator with samples_per_prompt = {g}",
                      crit, f"the {est} estimator scores each completion against the other "
                      "completions of its prompt; with one per prompt every advantage is 0 "
                      "(or undefined) and nothing is learned",
                      "--samples-per-prompt 4 (or more), or algo reinforce++/ppo for one "
-                     "sample per prompt", estimator=est, samples_per_prompt=g)
-    return _ok(name, f"{est} estimator, {g} samples per prompt", crit, estimator=est,
-               samples_per_prompt=g)
+                     "sample per prompt", algo=algo, estimator=est, samples_per_prompt=g)
+    return _ok(name, f"{algo}: {est} estimator, {g} samples per prompt", crit, algo=algo,
+               estimator=est, samples_per_prompt=g)
 
 
 def check_kl_reference(cfg, rcfg) -> CheckResult:
@@ -192,9 +205,17 @@ def check_sampled(rcfg, model, tokenizer, rewards, rows: list, *, max_new_tokens
         v = np.asarray(v, dtype=float)
         v = v[~np.isnan(v)]
         ranges[k] = (float(v.min()), float(v.max())) if len(v) else None
-    values = {"completions": n, "zero_spread_frac": zero, "ranges": ranges}
-    constant = [(k, r) for k, r in ranges.items() if r is not None and r[0] == r[1]]
-    spread = ", ".join(f"{k} {r[0]:.3g}…{r[1]:.3g}" for k, r in ranges.items() if r)
+    # a function of weight 0 adds nothing to the score the policy learns from: it is
+    # logged (reward/NAME), never judged
+    unweighted = sorted(f.name for f in rewards.funcs if f.weight == 0)
+    values = {"completions": n, "zero_spread_frac": zero, "ranges": ranges,
+              "weight_zero": unweighted}
+    constant = [(k, r) for k, r in ranges.items()
+                if r is not None and r[0] == r[1] and k not in unweighted]
+    spread = ", ".join(f"{k} {r[0]:.3g}…{r[1]:.3g}" for k, r in ranges.items()
+                       if r and k not in unweighted)
+    if unweighted:
+        spread += f" (weight 0, logged only: {', '.join(unweighted)})"
     measured = f"{n} completions ({len(rows)} prompts × {samples}): {spread}"
     if constant:
         k, r = constant[0]

@@ -17,11 +17,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from .agent_rules import AGENT_RULES
+from .context import ceiling_from
 from .finding import MAX_POINTS, Finding, evidence, round_figure
 from .finding import iteration_numbers as _its
 from .lm_rules import LM_RULES, is_lm_run
 from .metrics import MetricsTable, as_number
 from .return_rules import (
+    return_metric,
     rule_kl_rising_return_flat,
     rule_return_collapse,
     rule_return_flat,
@@ -64,6 +66,8 @@ def rule_clipfrac_zero(table: MetricsTable, th: Thresholds) -> list[Finding]:
     if not (med < th.clipfrac_zero_median and q90 < th.clipfrac_zero_q90):
         return []
     collapse = _entropy_collapse(table, th)
+    if collapse is not None and solved(table, int(collapse.pos[collapse.k])):
+        return []  # settled on its best answer: a deterministic policy has nothing to move
     cause = "collapsed-policy" if collapse is not None else "small-steps"
     ev = [evidence(table, "clipfrac", pos, cf, median=med, q90=q90, cause=cause)]
     kpos, kl = table.series("approx_kl", active_only=True)
@@ -264,10 +268,22 @@ def _kl_peak_before(table: MetricsTable, last_pos: int) -> tuple[int, float] | N
     return int(kpos[keep][i]), float(kl[keep][i])
 
 
+def solved(table: MetricsTable, by: int | None = None) -> bool:
+    """The return rose and its last third sits at the best value it reached — a task
+    solved, where a deterministic policy is the goal (:func:`context.ceiling_from`) —
+    and (with ``by``, a record position) it had reached that level by then."""
+    name = return_metric(table)
+    if name is None:
+        return False
+    pos, ret = table.series(name)
+    at = ceiling_from(ret)
+    return at is not None and (by is None or int(pos[at]) <= by)
+
+
 def rule_entropy_collapse(table: MetricsTable, th: Thresholds) -> list[Finding]:
     c = _entropy_collapse(table, th)
-    if c is None:
-        return []
+    if c is None or solved(table, int(c.pos[c.k])):
+        return []  # settling once the task is solved is the goal, not a collapse
     at = int(c.pos[c.k])
     peak = _kl_peak_before(table, at)
     ev = [evidence(table, "entropy", c.pos, c.values, start=c.start,
