@@ -16,7 +16,8 @@ sample of completions:
   all-equal totals (WARN: a group estimator learns nothing from them).
 * ``lm-truncation``: most of those completions reach ``max_new_tokens`` (WARN).
 * ``lm-chat-template``: conversation prompts (lists of messages) with a tokenizer that has
-  no chat template (FAIL).
+  no chat template, or whose template leaves a message's text out of the rendered prompt
+  (FAIL).
 * ``lm-prompt-length``: prompts that, with ``max_new_tokens``, do not fit the model's
   context (``max_position_embeddings`` / ``n_positions``) (FAIL).
 """
@@ -122,8 +123,34 @@ def check_chat_template(rows: list, tokenizer) -> CheckResult:
                      "use the instruction-tuned model's tokenizer (it carries the "
                      "template), set tokenizer.chat_template, or give plain-text prompts",
                      conversations=chat)
+    lost = _dropped_by_template(rows, tokenizer) if chat else None
+    if lost is not None:
+        i, role = lost
+        return _fail(name, f"prompt {i}: its {role} message is not in the prompt the chat "
+                     "template renders", crit,
+                     f"the tokenizer's chat template leaves the {role} message's text out "
+                     "of the rendered prompt: the model never sees what it is asked",
+                     "fix the template (it must render every message's content), or use "
+                     "the model's own tokenizer", conversations=chat, row=i, role=role)
     kind = f"{chat} conversations, chat template present" if chat else "plain-text prompts"
     return _ok(name, f"{len(rows)} prompts: {kind}", crit, conversations=chat)
+
+
+TEMPLATE_ROWS = 50  # conversations rendered to see that the template keeps every message
+
+
+def _dropped_by_template(rows: list, tokenizer) -> tuple[int, str] | None:
+    """``(row, role)`` of the first message (of the first :data:`TEMPLATE_ROWS`
+    conversations) whose text the rendered prompt does not contain; None when all do."""
+    from ppokit.llm.inputs.data import render_prompt
+
+    for i, r in enumerate([r for r in rows if _is_chat(r)][:TEMPLATE_ROWS]):
+        text = render_prompt(tokenizer, r["prompt"])
+        for m in r["prompt"]:
+            content = m.get("content") if isinstance(m, dict) else None
+            if isinstance(content, str) and content.strip() and content.strip() not in text:
+                return i, str(m.get("role", "?"))
+    return None
 
 
 def _context(model) -> int | None:

@@ -40,9 +40,11 @@ __all__ = ["run_token_checks", "TokenBatch", "make_token_batch", "token_surrogat
 
 Tensor = torch.Tensor
 PAD_TOL = 1e-5
-# up to this many parameters the direction check runs on a float64 copy; a larger model
-# steps in its own dtype (a normalised step of 1e-4 moves log-probs by ~1e-3, far above
-# float32 rounding) rather than spend seconds converting and copying gigabytes
+# up to this many parameters the direction check runs on a float64 copy and the label
+# check trains every weight; a larger model steps in its own dtype (a normalised step of
+# 1e-4 moves log-probs by ~1e-3, far above float32 rounding) and the label check trains
+# LoRA adapters, as ppokit llm train does a pretrained model by default, rather than
+# spend seconds copying gigabytes
 FLOAT64_PARAMS = 20_000_000
 RATIO_TOL_FLOOR = 1e-6    # float64 models, and the tightest a float32 model is held to
 RATIO_TOL_CAP = 0.05      # above it a dtype cannot tell rounding from a bug (bf16's own)
@@ -307,11 +309,16 @@ def run_token_checks(model, tokenizer, *, prompts: list[str] | None = None,
         results.append(check_finite_difference(fd_adapter, tb, surrogate, seed=seed,
                                                samples=4, directions=0))
         if labels:
+            from ppokit.llm.training.config import MODEL_DEFAULTS
+
             from .labels import check_token_labels_frozen
 
-            step("token-labels-frozen (one trainer iteration)")
+            large = _n_params(model) > FLOAT64_PARAMS
+            step("token-labels-frozen (one trainer iteration"
+                 + (", LoRA as for a pretrained model)" if large else ")"))
+            lora = MODEL_DEFAULTS["pretrained"]["lora_r"] if large else 0
             results.append(check_token_labels_frozen(model, tokenizer, trainer_cls=trainer_cls,
-                                                     seed=seed))
+                                                     seed=seed, lora_r=lora))
     finally:
         model.train(was_training)
     return CheckReport(target or type(model).__name__, results)
