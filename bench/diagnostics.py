@@ -136,7 +136,7 @@ def planted() -> list[Run]:
                  expect={"entropy-collapse"}) for s in range(2)]
     runs += [env("env-frozen-policy", cp, 20_000, "learning_rate=1e-12",
                  expect={"clipfrac-zero", "return-flat"}),
-             env("env-action-independent", f"{PLANTS}:ActionIndependent-v0", 20_000,
+             env("env-action-independent", f"{PLANTS}:ActionIndependent-v0", 30_000,
                  expect={"return-flat"}),
              env("env-value-divergence", f"{PLANTS}:HugeReward-v0", 20_000,
                  "normalize_reward=false", "vf_coef=50",

@@ -246,3 +246,22 @@ def test_group_size_reads_the_resolved_recipe(model, algo, est, g):
                                      PRESETS["ppo"]["advantage_estimator"])
     if g is not None:
         assert r.values["samples_per_prompt"] == g and f"{g} samples per prompt" in r.measured
+
+
+def test_chat_template_that_drops_the_prompt(tok):
+    """A template that renders the system message only: the user's question never
+    reaches the model."""
+    import copy
+
+    from ppokit.checks.lm_config import check_chat_template
+
+    rows = [{"prompt": [{"role": "system", "content": "Reverse the digits."},
+                        {"role": "user", "content": r["prompt"]}]} for r in _digit_rows()]
+    dropping = copy.deepcopy(tok)
+    dropping.chat_template = ("{% for m in messages %}{% if m['role'] == 'system' %}"
+                              "{{ m['content'] }}{% endif %}{% endfor %}")
+    r = check_chat_template(rows, dropping)
+    assert r.status == "FAIL" and r.values["role"] == "user", r.measured
+    keeping = copy.deepcopy(tok)
+    keeping.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    assert check_chat_template(rows, keeping).status == "PASS"

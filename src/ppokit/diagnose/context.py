@@ -29,8 +29,12 @@ import numpy as np
 from .finding import evidence
 from .metrics import MetricsTable, as_number
 
-__all__ = ["HeldOut", "at_ceiling", "ceiling_from", "held_out", "read_side_files",
-           "run_kind"]
+__all__ = ["HeldOut", "at_ceiling", "budget_share", "ceiling_from", "held_out",
+           "read_side_files", "run_kind"]
+
+# a run that trained less than this share of its default budget is too short for a
+# verdict that nothing was learned
+SHORT_BUDGET = 0.25
 
 # the held-out series, by run kind, in the order they are read
 HELD_OUT_SERIES = {
@@ -42,22 +46,29 @@ HELD_OUT_SERIES = {
 HELD_OUT_GAIN = 0.1
 
 
-def read_side_files(run_dir: str | Path) -> dict:
-    """``{"eval": dict | None, "best": bool}`` of a run directory. A missing, linked,
-    oversized or unreadable ``eval.json`` is simply absent: the report still reads the
-    metrics."""
+def _json_object(path: Path) -> dict | None:
     from ppokit.errors import UsageError
     from ppokit.io.atomic import read_regular
 
-    d = Path(run_dir)
-    ev = None
     try:
-        obj = json.loads(read_regular(d / "eval.json", max_size=1 << 20).decode("utf-8"))
-        ev = obj if isinstance(obj, dict) else None
+        obj = json.loads(read_regular(path, max_size=1 << 20).decode("utf-8"))
     except (OSError, UsageError, ValueError, RecursionError):
-        ev = None
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def read_side_files(run_dir: str | Path) -> dict:
+    """``{"eval": dict | None, "config": dict, "best": bool}`` of a run directory:
+    ``eval.json``, the ``env_id`` / ``algo`` strings of ``config.json`` and whether
+    ``best/`` exists. A missing, linked, oversized or unreadable file is simply absent:
+    the report still reads the metrics."""
+    d = Path(run_dir)
+    cfg = _json_object(d / "config.json") or {}
     best = d / "best"
-    return {"eval": ev, "best": best.is_dir() and not os.path.islink(best)}
+    return {"eval": _json_object(d / "eval.json"),
+            "config": {k: cfg[k] for k in ("env_id", "algo", "env") if isinstance(
+                cfg.get(k), str)},
+            "best": best.is_dir() and not os.path.islink(best)}
 
 
 def run_kind(table: MetricsTable) -> str:
@@ -159,3 +170,27 @@ def ceiling_from(values: np.ndarray, band: float = 0.1) -> int | None:
     top = float(v.max())
     sm = np.asarray([np.median(v[max(0, i - 1):i + 2]) for i in range(len(v))])
     return int(np.flatnonzero(sm >= top - band * (top - start))[0])
+
+
+def budget_share(table: MetricsTable) -> tuple[float, str] | None:
+    """How much of its default budget the run trained, and that budget in words: an
+    environment run's last ``global_step`` against its preset's ``total_timesteps``
+    (the configuration's default without a preset), a language-model run's last
+    iteration against the default ``iterations``. None when the metrics do not say."""
+    kind = run_kind(table)
+    if kind == "env":
+        from ppokit.algos.config import TrainConfig
+        from ppokit.algos.presets import env_preset
+
+        _, steps = table.series("global_step")
+        env_id = table.side.get("config", {}).get("env_id") or ""
+        total = env_preset(env_id).get(
+            "total_timesteps", TrainConfig.__dataclass_fields__["total_timesteps"].default)
+        if not len(steps):
+            return None
+        return float(steps.max()) / total, f"{total:,} steps"
+    from ppokit.llm.training.config import LLMConfig
+
+    total = LLMConfig.__dataclass_fields__["iterations"].default
+    done = int(table.labels.max()) if len(table) else 0
+    return done / total, f"{total} iterations"

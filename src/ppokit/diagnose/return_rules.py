@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .context import HeldOut, at_ceiling, held_out, run_kind
+from .context import SHORT_BUDGET, HeldOut, at_ceiling, budget_share, held_out, run_kind
 from .finding import Finding, evidence
 from .metrics import MetricsTable
 from .thresholds import Thresholds
@@ -97,32 +97,44 @@ def _flat(table: MetricsTable, th: Thresholds) -> list[Finding]:
     held = held_out(table)
     if held.improved:
         return []
-    return [Finding(
-        "reward-flat" if name == "score_mean" else "return-flat", "warning",
-        _flat_message(table, name, r1, r3, corr, held),
-        [evidence(table, name, pos, ret, first_third=r1, last_third=r3, spearman=corr),
-         *held.evidence])]
+    code = "reward-flat" if name == "score_mean" else "return-flat"
+    ev = [evidence(table, name, pos, ret, first_third=r1, last_third=r3, spearman=corr),
+          *held.evidence]
+    share = budget_share(table)
+    # a short run whose score still varies may not have learned yet; one that is the same
+    # number every iteration (a reward that never pays) is judged whatever the budget
+    if share is not None and share[0] < SHORT_BUDGET and np.ptp(ret) > 0:
+        return [Finding(code, "info", (
+            f"{name} has not moved yet ({r1:.4g} in the first third, {r3:.4g} in the "
+            f"last), but this run trained {share[0]:.0%} of the default budget of "
+            f"{share[1]}: too early to judge. If it stays flat over a full budget: "
+            + _advice(run_kind(table))), ev)]
+    return [Finding(code, "warning", _flat_message(table, name, r1, r3, corr, held), ev)]
+
+
+def _advice(kind: str) -> str:
+    """Where to look first when the return (score) of a run of ``kind`` does not move."""
+    if kind == "lm":
+        return ("Check the reward on a few completions by hand (does any completion earn "
+                "more than another? score_std, zero_spread_frac), the generation cap "
+                "(max_new_tokens: are answers cut before they finish?), the prompts' format, "
+                "and the learning rate (too small: clipfrac stays 0).")
+    if kind == "agent":
+        return ("Check that the environment's reward can change with what the model does "
+                "(episode/solved_frac), that the turns are long enough to act "
+                "(max_turns, max_new_tokens; episode/truncated_frac) and that tool calls "
+                "succeed (tool/failed_per_episode), then the learning rate.")
+    return ("Check that the reward can change with the actions (a constant or "
+            "action-independent reward teaches nothing), the observation (does it carry "
+            "what the task needs?), the learning rate (too small: clipfrac and "
+            "approx_kl stay near 0) and the budget (total steps) before anything else.")
 
 
 def _flat_message(table: MetricsTable, name: str, r1: float, r3: float, corr: float,
                   held: HeldOut) -> str:
     kind = run_kind(table)
     what = "return" if kind == "env" else "score (reward)"
-    if kind == "lm":
-        advice = ("Check the reward on a few completions by hand (does any completion earn "
-                  "more than another? score_std, zero_spread_frac), the generation cap "
-                  "(max_new_tokens: are answers cut before they finish?), the prompts' format, "
-                  "and the learning rate (too small: clipfrac stays 0).")
-    elif kind == "agent":
-        advice = ("Check that the environment's reward can change with what the model does "
-                  "(episode/solved_frac), that the turns are long enough to act "
-                  "(max_turns, max_new_tokens; episode/truncated_frac) and that tool calls "
-                  "succeed (tool/failed_per_episode), then the learning rate.")
-    else:
-        advice = ("Check that the reward can change with the actions (a constant or "
-                  "action-independent reward teaches nothing), the observation (does it carry "
-                  "what the task needs?), the learning rate (too small: clipfrac and "
-                  "approx_kl stay near 0) and the budget (total steps) before anything else.")
+    advice = _advice(kind)
     if held.improved is None:
         verdict = ("Nothing was learned (no held-out evaluation to say otherwise: "
                    + ("--eval-every N logs one" if kind != "env" else "--set eval_every=N logs one")

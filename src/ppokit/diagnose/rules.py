@@ -58,13 +58,22 @@ def rule_nonfinite(table: MetricsTable, th: Thresholds) -> list[Finding]:
         ev)]
 
 
+def clip_free(table: MetricsTable) -> bool:
+    """The algorithm has no clip (A2C, REINFORCE, PPO with a KL penalty): the trainer logs
+    ``clip_range`` as null every iteration, and its clip fraction is 0 by construction."""
+    return any("clip_range" in r for r in table.records) and not table.has("clip_range")
+
+
 def rule_clipfrac_zero(table: MetricsTable, th: Thresholds) -> list[Finding]:
     pos, cf = table.series("clipfrac", active_only=True)
-    if len(cf) < th.min_iterations:
+    if len(cf) < th.min_iterations or clip_free(table):
         return []
     med, q90 = float(np.median(cf)), float(np.quantile(cf, 0.9))
     if not (med < th.clipfrac_zero_median and q90 < th.clipfrac_zero_q90):
         return []
+    _, kl_all = table.series("approx_kl", active_only=True)
+    if len(kl_all) and float(np.median(kl_all)) >= th.clipfrac_zero_kl:
+        return []  # the policy does move each update: a small clip fraction is no stall
     collapse = _entropy_collapse(table, th)
     if collapse is not None and solved(table, int(collapse.pos[collapse.k])):
         return []  # settled on its best answer: a deterministic policy has nothing to move
