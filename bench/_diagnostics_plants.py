@@ -101,6 +101,7 @@ def reverse(prompts, completions, **kw):
     return reverse_score(prompts, completions)
 
 
-def failing_tool(expression: str) -> int:
-    """Bug: a tool that raises on every call (tool-failures)."""
+def calc(expression: str) -> int:
+    """Bug: the agent's calculator (its name, ``calc``, is the one the warm start teaches)
+    raises on every call (tool-failures)."""
     raise RuntimeError("the calculator is broken")

@@ -36,9 +36,13 @@ NOT_LEARNED = ("nothing was learned", "never moves", "did not learn")
 # the codes a planted step-size bug may be named by: they all say "the steps are too large"
 TOO_LARGE = {"kl-high", "clipfrac-high", "kl-rising-return-flat", "entropy-collapse",
              "return-collapse", "kl-ref-blowup", "lm-entropy-collapse", "metrics-nonfinite"}
-# WARNs a healthy run may give, each justified in docs/checks.md ("Warnings on healthy runs")
-EXPECTED_WARN = {"lm-reward-constant": "SmolLM2 solves few numbers problems at "
-                 "temperature 0.7: most sampled groups all-equal"}
+# WARNs a healthy run gives, each justified in docs/checks.md ("Warnings on healthy runs")
+EXPECTED_WARN = {
+    ("check-smollm2", "lm-reward-constant"): "SmolLM2 solves few numbers problems at "
+    "temperature 0.7: most sampled groups score all-equal (the recipe's known weakness)",
+    ("halfcheetah", "clipfrac-high"): "the RL-zoo preset (clip 0.1, 20 epochs of 8 "
+    "minibatches) clips half the samples each update by design",
+}
 
 
 @dataclass
@@ -132,15 +136,16 @@ def planted() -> list[Run]:
                      expect=TOO_LARGE),
                  env(f"env-lr-div100-s{s}", cp, 20_000, "learning_rate=1e-5", seed=s,
                      expect={"clipfrac-zero"})]
-    runs += [env(f"env-entropy-collapse-s{s}", cp, 20_000, "ent_coef=-0.2", seed=s,
+    # a learning rate 50× the preset's: the policy turns deterministic within a few
+    # updates, long before it balances the pole
+    runs += [env(f"env-entropy-collapse-s{s}", cp, 20_000, "learning_rate=0.05", seed=s,
                  expect={"entropy-collapse"}) for s in range(2)]
     runs += [env("env-frozen-policy", cp, 20_000, "learning_rate=1e-12",
                  expect={"clipfrac-zero", "return-flat"}),
              env("env-action-independent", f"{PLANTS}:ActionIndependent-v0", 30_000,
                  expect={"return-flat"}),
              env("env-value-divergence", f"{PLANTS}:HugeReward-v0", 20_000,
-                 "normalize_reward=false", "vf_coef=50",
-                 expect={"critic-mean-only", "metrics-nonfinite"}),
+                 "normalize_reward=false", expect={"value-loss-divergence"}),
              check("check-truncation-as-termination", "--env",
                    f"{PLANTS}:TimeLimitTerminated-v0", "--no-policy",
                    expect={"time-limit-terminated"}),
@@ -186,7 +191,7 @@ def planted() -> list[Run]:
              llm("agent-one-turn", 16, "--env", "ppokit/GuessNumber-v0", "--set",
                  "max_turns=1", expect={"episodes-truncated"}),
              llm("agent-failing-tool", 16, "--env", "ppokit/ToolArithmetic-v0", "--set",
-                 f"tools={PLANTS}:failing_tool", "--set", "tool_format=compact", "--set",
+                 f"tools={PLANTS}:calc", "--set", "tool_format=compact", "--set",
                  "max_turns=3", "--max-new-tokens", "12", expect={"tool-failures"})]
     return runs
 
@@ -305,7 +310,8 @@ def table(runs: list[Run], found: dict) -> tuple[str, dict]:
                 tot["misses"].append(run.name)
             exp = "|".join(sorted(run.expect)) if len(run.expect) <= 2 else "step too large"
         else:
-            bad = [c for c in codes if c not in EXPECTED_WARN or codes[c] == "FAIL"]
+            bad = [c for c in codes if (run.name, c) not in EXPECTED_WARN
+                   or codes[c] == "FAIL"]
             ok = not bad and not f["not_learned"] and not f["error"].startswith("no metrics")
             tot["healthy"] += 1
             tot["healthy_ok"] += ok

@@ -168,3 +168,20 @@ def test_agent_run_plot_has_no_empty_panel(tmp_path, monkeypatch):
     panels = seen[0]
     assert all(points > 0 for _, points in panels), panels
     assert any(title.startswith("truncated share") for title, _ in panels), panels
+
+
+def test_value_loss_divergence(tmp_path):
+    """Rewards of 10⁵ per step, unnormalised: the value loss sits at 10¹¹, explained
+    variance at 0, and the policy never moves (its gradient is clipped away with the
+    critic's)."""
+    recs = [{"iteration": i + 1, "global_step": 512 * (i + 1),
+             "episode_return_mean": 1e6 + 5e4 * np.sin(i), "value_loss": 2.2e11 + 1e9 * i,
+             "explained_variance": 0.0, "approx_kl": 0.0, "clipfrac": 0.0,
+             "entropy": 0.6931} for i in range(40)]
+    found = report(write_run(tmp_path / "huge", recs))
+    assert "value-loss-divergence" in [f.code for f in found]
+    # a healthy critic's loss that rises with the returns, explained variance high: none
+    ok = [{**r, "value_loss": 10.0 * (i + 1), "explained_variance": 0.8}
+          for i, r in enumerate(recs)]
+    assert "value-loss-divergence" not in [f.code for f in report(write_run(tmp_path / "ok",
+                                                                            ok))]

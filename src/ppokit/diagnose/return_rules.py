@@ -204,8 +204,13 @@ def rule_return_collapse(table: MetricsTable, th: Thresholds) -> list[Finding]:
                                 after_drop_median=ka))
             kl_txt = (f" approx_kl had a median of {kb:.3g} on the plateau and {ka:.3g} "
                       "after the drop.")
+    share = budget_share(table)
+    short = share is not None and share[0] < SHORT_BUDGET
+    note = (f" This run trained {share[0]:.0%} of the default budget of {share[1]}: a "
+            "return still on its way up swings widely, so read this as a note."
+            if short else "")
     return [Finding(
-        "return-collapse", "warning",
+        "return-collapse", "info" if short else "warning",
         f"{name} reached a plateau of {peak:.4g} (iterations {table.labels[p0]}–"
         f"{table.labels[p1]}), then fell after iteration {table.labels[pos[last_high]]} and "
         f"stayed down: the median over the last {tail} points is {end:.4g}, "
@@ -213,7 +218,7 @@ def rule_return_collapse(table: MetricsTable, th: Thresholds) -> list[Finding]:
         "was overwritten by later updates: the final policy is not the best one. "
         + KEEP_BEST[run_kind(table)] + " Look at approx_kl, clipfrac and the entropy around "
         "the drop, and consider a lower or annealed learning rate, fewer epochs or a "
-        "target KL.",
+        "target KL." + note,
         ev)]
 
 

@@ -230,6 +230,32 @@ def rule_critic_mean_only(table: MetricsTable, th: Thresholds) -> list[Finding]:
                    spearman=v_corr)])]
 
 
+def rule_value_loss_divergence(table: MetricsTable, th: Thresholds) -> list[Finding]:
+    """The critic's loss on a scale no network fits (its last third's median above
+    ``value_loss_huge``: returns of thousands per step, unnormalised), or growing tenfold
+    over the run while explained variance stays near 0."""
+    vpos, vl = table.series("value_loss")
+    if len(vl) < th.min_iterations:
+        return []
+    v1, _, v3 = thirds(vl)
+    _, ev = table.series("explained_variance")
+    ev_med = float(np.median(ev)) if len(ev) else 0.0
+    rising = (spearman(vpos, vl) >= th.kl_rise_corr and v3 >= th.value_rise_factor
+              * max(v1, 1e-12) and ev_med < th.ev_near_zero)
+    if not (v3 >= th.value_loss_huge or rising):
+        return []
+    why = (f"its median over the last third is {v3:.3g}" if v3 >= th.value_loss_huge else
+           f"it grew from {v1:.3g} to {v3:.3g} over the run")
+    return [Finding(
+        "value-loss-divergence", "warning",
+        f"The value loss diverges: {why}, while explained variance has a median of "
+        f"{ev_med:.2f}. The critic cannot follow returns on this scale, its gradient "
+        "swamps the policy's (one optimiser, one max_grad_norm) and the advantages are "
+        "noise. Normalise the rewards (normalize_reward = true) or scale them, and check "
+        "vf_coef and the critic's learning rate.",
+        [evidence(table, "value_loss", vpos, vl, first_third=v1, last_third=v3)])]
+
+
 @dataclass
 class _Collapse:
     pos: np.ndarray       # record positions of the entropy series
@@ -389,6 +415,8 @@ RULES: dict[str, tuple[Rule, str]] = {
     "early-stop-frequent": (rule_early_stop_frequent, "target-KL early stop fires most "
                             "iterations"),
     "critic-mean-only": (rule_critic_mean_only, "value loss falls, explained variance ≈ 0"),
+    "value-loss-divergence": (rule_value_loss_divergence, "value loss huge or growing "
+                              "tenfold, explained variance ≈ 0"),
     "entropy-collapse": (rule_entropy_collapse, "entropy collapses early"),
     "return-collapse": (rule_return_collapse, "return falls after a plateau and stays down"),
     "length-reward-coupling": (rule_length_reward_coupling, "LM: reward, KL and length rise "

@@ -46,6 +46,10 @@ class Thresholds:
     ev_q90_max: float = 0.2
     value_fall_corr: float = -0.5
     value_fall_factor: float = 0.5
+    # value-loss-divergence: CartPole's unnormalised value loss peaks near 10³ (returns
+    # ≤ 50 at gamma 0.98), LunarLander's near 10⁴; rewards of 10⁵ per step give 2·10¹¹
+    value_loss_huge: float = 1e6
+    value_rise_factor: float = 10.0
     # exploration, and metrics that move together
     entropy_collapse_frac: float = 0.1
     entropy_collapse_within: float = 0.5
