@@ -10,7 +10,7 @@ from bench.diagnostics import healthy, main, meets_targets, planted, table
 # early, the token trainer, an agent, a check; and planted bugs read by report and check
 SUBSET = ["cartpole-s0", "cartpole-a2c", "solved-early-s0", "cartpole-resumed",
           "sb3-cartpole", "llm-grpo", "llm-eval-every", "agent-tools", "check-lm",
-          "env-lr-x100-s0", "env-lr-div100-s0", "env-entropy-collapse-s0",
+          "env-lr-x100-s0", "env-lr-div100-s0", "env-entropy-collapse-s1",
           "env-action-independent", "check-truncation-as-termination", "llm-length-exploit",
           "llm-dead-groups", "check-template-drops-prompt", "agent-one-turn"]
 

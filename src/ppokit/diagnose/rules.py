@@ -251,8 +251,10 @@ def rule_value_loss_divergence(table: MetricsTable, th: Thresholds) -> list[Find
         f"The value loss diverges: {why}, while explained variance has a median of "
         f"{ev_med:.2f}. The critic cannot follow returns on this scale, its gradient "
         "swamps the policy's (one optimiser, one max_grad_norm) and the advantages are "
-        "noise. Normalise the rewards (normalize_reward = true) or scale them, and check "
-        "vf_coef and the critic's learning rate.",
+        "noise. " + ("Normalise or clip the scores (score_norm, score_clip) or scale the "
+                     "reward, and check vf_coef and critic_lr." if is_lm_run(table) else
+                     "Normalise the rewards (normalize_reward = true) or scale them, and "
+                     "check vf_coef and the learning rate."),
         [evidence(table, "value_loss", vpos, vl, first_third=v1, last_third=v3)])]
 
 
