@@ -185,3 +185,10 @@ def test_value_loss_divergence(tmp_path):
           for i, r in enumerate(recs)]
     assert "value-loss-divergence" not in [f.code for f in report(write_run(tmp_path / "ok",
                                                                             ok))]
+
+
+def test_default_budget_is_llm_trains():
+    from ppokit.diagnose.context import LM_DEFAULT_ITERATIONS
+    from ppokit.llm.training.config import LLMConfig
+
+    assert LM_DEFAULT_ITERATIONS == LLMConfig().iterations

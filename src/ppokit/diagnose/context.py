@@ -13,25 +13,26 @@
 * :func:`at_ceiling`: the return rose and then sat at the best value it ever reached
   (a task solved early): entropy that falls then is the policy settling on its answer.
 
-Only ``eval.json`` (JSON, a regular file, no link) and the existence of ``best/`` are
-read; nothing in the run directory is imported or executed.
+What is read from the run directory (:mod:`ppokit.diagnose.sidefiles`): ``eval.json``,
+two strings of ``config.json`` and whether ``best/`` exists; nothing in it is imported or
+executed.
 """
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 from .finding import evidence
 from .metrics import MetricsTable, as_number
 
-__all__ = ["HeldOut", "at_ceiling", "budget_share", "ceiling_from", "held_out",
-           "read_side_files", "run_kind"]
+__all__ = ["HeldOut", "at_ceiling", "budget_share", "ceiling_from", "held_out", "run_kind"]
 
+# ppokit llm train's default --iterations (LLMConfig.iterations; the report sits below the
+# language-model package and does not import it: tests/test_report_signals.py holds the two
+# equal)
+LM_DEFAULT_ITERATIONS = 400
 # a run that trained less than this share of its default budget is too short for a
 # verdict that nothing was learned
 SHORT_BUDGET = 0.25
@@ -44,31 +45,6 @@ HELD_OUT_SERIES = {
 }
 # a held-out change counts when it is this share of the larger end (or of the spread)
 HELD_OUT_GAIN = 0.1
-
-
-def _json_object(path: Path) -> dict | None:
-    from ppokit.errors import UsageError
-    from ppokit.io.atomic import read_regular
-
-    try:
-        obj = json.loads(read_regular(path, max_size=1 << 20).decode("utf-8"))
-    except (OSError, UsageError, ValueError, RecursionError):
-        return None
-    return obj if isinstance(obj, dict) else None
-
-
-def read_side_files(run_dir: str | Path) -> dict:
-    """``{"eval": dict | None, "config": dict, "best": bool}`` of a run directory:
-    ``eval.json``, the ``env_id`` / ``algo`` strings of ``config.json`` and whether
-    ``best/`` exists. A missing, linked, oversized or unreadable file is simply absent:
-    the report still reads the metrics."""
-    d = Path(run_dir)
-    cfg = _json_object(d / "config.json") or {}
-    best = d / "best"
-    return {"eval": _json_object(d / "eval.json"),
-            "config": {k: cfg[k] for k in ("env_id", "algo", "env") if isinstance(
-                cfg.get(k), str)},
-            "best": best.is_dir() and not os.path.islink(best)}
 
 
 def run_kind(table: MetricsTable) -> str:
@@ -189,8 +165,6 @@ def budget_share(table: MetricsTable) -> tuple[float, str] | None:
         if not len(steps):
             return None
         return float(steps.max()) / total, f"{total:,} steps"
-    from ppokit.llm.training.config import LLMConfig
-
-    total = LLMConfig.__dataclass_fields__["iterations"].default
+    total = LM_DEFAULT_ITERATIONS
     done = int(table.labels.max()) if len(table) else 0
     return done / total, f"{total} iterations"

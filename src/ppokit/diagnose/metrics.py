@@ -81,7 +81,7 @@ def read_metrics_table(run: str | Path) -> MetricsTable:
     table = MetricsTable(records, source=str(path))
     table.skipped_partial_line = skipped_partial
     if Path(run).is_dir() or Path(run).name == "metrics.jsonl":
-        from .context import read_side_files
+        from .sidefiles import read_side_files
 
         table.side = read_side_files(Path(run) if Path(run).is_dir() else Path(run).parent)
     return table
@@ -107,7 +107,7 @@ class MetricsTable:
 
     ``labels[i]`` is how iteration ``i`` is named in evidence: its ``iteration`` field when
     the trainer writes one, else its 1-based position in the file. ``side``: what the run
-    directory holds besides the metrics (:func:`ppokit.diagnose.context.read_side_files`).
+    directory holds besides the metrics (:func:`ppokit.diagnose.sidefiles.read_side_files`).
     """
 
     records: Sequence[dict]

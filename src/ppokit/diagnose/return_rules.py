@@ -101,9 +101,12 @@ def _flat(table: MetricsTable, th: Thresholds) -> list[Finding]:
     ev = [evidence(table, name, pos, ret, first_third=r1, last_third=r3, spearman=corr),
           *held.evidence]
     share = budget_share(table)
-    # a short run whose score still varies may not have learned yet; one that is the same
-    # number every iteration (a reward that never pays) is judged whatever the budget
-    if share is not None and share[0] < SHORT_BUDGET and np.ptp(ret) > 0:
+    # a short run whose score still varies and whose policy moves may not have learned
+    # yet; a score that is the same number every iteration (a reward that never pays) or
+    # a policy that does not move (approx_kl below clipfrac-zero's level) is judged
+    # whatever the budget
+    moving = not len(kl) or float(np.median(kl)) >= th.clipfrac_zero_kl
+    if share is not None and share[0] < SHORT_BUDGET and np.ptp(ret) > 0 and moving:
         return [Finding(code, "info", (
             f"{name} has not moved yet ({r1:.4g} in the first third, {r3:.4g} in the "
             f"last), but this run trained {share[0]:.0%} of the default budget of "
