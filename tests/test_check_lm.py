@@ -172,3 +172,50 @@ def test_cli_language_model_run_dir(lm, tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["target"].endswith("policy") and out["ok"]
     assert [r["name"] for r in out["results"]] == TOKEN_CHECKS[:-1]
+
+
+class _Config:
+    num_hidden_layers, hidden_size = 30, 576   # SmolLM2-135M's
+
+
+class _BatchDependent(torch.nn.Module):
+    """A model whose log-probs differ between a whole-batch pass and micro-batches by
+    ``dev`` (as float32 kernels of other shapes and thread splits round differently)."""
+
+    def __init__(self, dtype=torch.float32, dev=1.43e-5):
+        super().__init__()
+        self.config = _Config()
+        self.w = torch.nn.Parameter(torch.zeros(2, dtype=dtype))
+        self.dev = dev
+
+    def logprobs(self, model, ids, attn):
+        lp = torch.full(ids.shape, -1.0, dtype=torch.float64)
+        return lp if ids.shape[0] > 2 else lp + self.dev
+
+
+def _ratio_identity(model):
+    from ppokit.checks.token_checks import TokenBatch, _check_ratio_identity
+
+    ids = torch.ones(6, 60, dtype=torch.long)
+    act = torch.zeros(6, 60, dtype=torch.bool)
+    act[:, 50:] = True
+    batch = TokenBatch(ids, torch.ones_like(ids), act, 50)
+    return _check_ratio_identity(model, batch, act, model.logprobs)
+
+
+def test_ratio_identity_tolerance_follows_the_dtype():
+    """float32 SmolLM2 gave max|ρ−1| 1.43e-5 between whole-batch and micro-batch passes
+    with two threads: rounding, within eps · layers · (√d + √L); dropout-sized
+    deviations still fail, and float64 is held to 1e-6."""
+    from ppokit.checks.token_checks import RATIO_TOL_CAP, ratio_tolerance
+
+    r = _ratio_identity(_BatchDependent())
+    assert r.passed is True, (r.measured, r.criterion)
+    tol = r.values["tolerance"]
+    eps = torch.finfo(torch.float32).eps
+    assert tol == pytest.approx(eps * 30 * (576 ** 0.5 + 60 ** 0.5))
+    assert 1.43e-5 < tol < 1e-3
+    assert _ratio_identity(_BatchDependent(dev=0.05)).passed is False
+    assert _ratio_identity(_BatchDependent(torch.float64)).passed is False
+    assert ratio_tolerance(_BatchDependent(torch.float64), 60) == 1e-6
+    assert ratio_tolerance(_BatchDependent(torch.bfloat16), 60) == RATIO_TOL_CAP

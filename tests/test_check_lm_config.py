@@ -212,3 +212,56 @@ def test_cli_bad_lm_arguments_exit_2(argv, flag, capsys):
     assert main(["check", *argv, "--no-labels"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"ppokit check: error: {flag}") and err.count("\n") == 1
+
+
+def test_reward_of_weight_zero_is_not_judged(warm, tok):
+    """A reward weighted 0 adds nothing to the score (the pretrained numbers task's
+    answer_only is one by default): its constant values are logged, never a FAIL."""
+    from ppokit.llm.inputs.task import reverse_score
+
+    res = run_config_checks(LLMConfig(algo="grpo", reward_weights=(1.0, 0.0)), warm, tok,
+                            reward_fn=[reverse_score, constant_reward])
+    assert flagged(res) == {}, [(r.name, r.measured) for r in res]
+    r = {x.name: x for x in res}["lm-reward-constant"]
+    assert r.values["weight_zero"] == ["constant_reward"]
+    assert "weight 0, logged only: constant_reward" in r.measured
+    # weighted 1, the same function is still the FAIL it was
+    res = run_config_checks(LLMConfig(algo="grpo", reward_weights=(1.0, 1.0)), warm, tok,
+                            reward_fn=[reverse_score, constant_reward])
+    assert flagged(res) == {"lm-reward-constant": "FAIL"}
+
+
+@pytest.mark.parametrize("model, algo, est, g", [
+    (None, None, "gae", None), ("some/model-dir", None, "grpo", 4),
+    ("some/model-dir", "rloo", "rloo", 4), (None, "grpo", "grpo", 4)])
+def test_group_size_reads_the_resolved_recipe(model, algo, est, g):
+    """`check --model` with no --algo: the recipe is the pretrained default (grpo, 4
+    samples per prompt), not 'None estimator, None sample(s)'."""
+    from ppokit.checks.lm_config import check_group_size
+    from ppokit.llm.training.config import PRESETS
+
+    r = check_group_size(LLMConfig(model=model, algo=algo))
+    assert "None" not in r.measured, r.measured
+    assert r.values["estimator"] == (est if est != "gae" else
+                                     PRESETS["ppo"]["advantage_estimator"])
+    if g is not None:
+        assert r.values["samples_per_prompt"] == g and f"{g} samples per prompt" in r.measured
+
+
+def test_chat_template_that_drops_the_prompt(tok):
+    """A template that renders the system message only: the user's question never
+    reaches the model."""
+    import copy
+
+    from ppokit.checks.lm_config import check_chat_template
+
+    rows = [{"prompt": [{"role": "system", "content": "Reverse the digits."},
+                        {"role": "user", "content": r["prompt"]}]} for r in _digit_rows()]
+    dropping = copy.deepcopy(tok)
+    dropping.chat_template = ("{% for m in messages %}{% if m['role'] == 'system' %}"
+                              "{{ m['content'] }}{% endif %}{% endfor %}")
+    r = check_chat_template(rows, dropping)
+    assert r.status == "FAIL" and r.values["role"] == "user", r.measured
+    keeping = copy.deepcopy(tok)
+    keeping.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    assert check_chat_template(rows, keeping).status == "PASS"

@@ -163,6 +163,7 @@ def test_clipfrac_zero_without_schedule_fields():
     for r in recs:
         del r["learning_rate"], r["clip_range"]
         r["clipfrac"] = 0.001
+        r["approx_kl"] = 1e-6  # a step that small hardly moves the KL either
     assert "clipfrac-zero" in codes(recs)
 
 
@@ -320,7 +321,8 @@ def test_length_rising_alone_is_not_coupling():
     for i, r in enumerate(recs):
         r["response_length_mean"] = 12 + 40 * i / n
         r["score_mean"] = float(0.4 + rng.normal(0, 0.03))
-    assert codes(recs) == ["reward-flat", "length-explosion"]  # the score never moved
+    # the score never moved (over 60 of the default 400 iterations: info)
+    assert codes(recs) == ["length-explosion", "reward-flat"]
 
 
 def test_truncation_high():

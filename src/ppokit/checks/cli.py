@@ -128,11 +128,21 @@ def _lm_report(args, cfg=None):
     from ppokit.errors import require_extra
 
     require_extra(("transformers", "tokenizers"), "llm", "--lm / --model")
+    import time
+
     from .token_checks import run_token_checks
 
+    t0 = time.monotonic()
+
+    def log(msg: str) -> None:  # progress on stderr, with the seconds since the start
+        print(f"[{time.monotonic() - t0:5.1f} s] {msg}", file=sys.stderr, flush=True)
+
     if args.model is not None:
+        from ppokit.llm.cli import set_threads
         from ppokit.llm.modeling.models import load_lm
 
+        set_threads(args.model)  # as ppokit llm train runs it
+        log(f"check: loading {args.model}")
         model, tok = load_lm(args.model)
         target = args.model
     else:
@@ -144,16 +154,17 @@ def _lm_report(args, cfg=None):
         model = build_tiny_model(tok, seed=args.seed)
         target = "built-in tiny language model"
     report = run_token_checks(model, tok, seed=args.seed, labels=not args.no_labels,
-                              target=target)
+                              target=target, log=log)
     if cfg is not None:
         from .lm_config import run_config_checks
 
         start = model
         if args.model is None and cfg.prompts is None:
+            log("check: the built-in model's warm start")
             start = _warm_start(model, tok, cfg)
+        log(f"check: the run's configuration ({args.lm_prompts} prompts sampled)")
         report.results += run_config_checks(cfg, start, tok, prompts=args.lm_prompts,
-                                            seed=args.seed,
-                                            log=lambda m: print(m, file=sys.stderr))
+                                            seed=args.seed, log=log)
     return report
 
 

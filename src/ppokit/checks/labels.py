@@ -255,14 +255,18 @@ def check_labels_frozen(policy=None, *, env: str = "CartPole-v1", trainer_cls=No
                     [k for k in stored if getattr(rollout, k).requires_grad])
 
 
-def check_token_labels_frozen(model, tokenizer, *, trainer_cls=None, seed: int = 0
-                              ) -> CheckResult:
+def check_token_labels_frozen(model, tokenizer, *, trainer_cls=None, seed: int = 0,
+                              lora_r: int = 0) -> CheckResult:
     """The same check on ppokit's token-level trainer (PPO with a critic): one iteration of
-    the built-in task with ``model`` (copied) as the policy, two epochs, one minibatch."""
+    the built-in task with ``model`` (copied) as the policy, two epochs, one minibatch;
+    ``lora_r`` > 0 trains LoRA adapters of that rank, as ``ppokit llm train`` does a
+    pretrained model by default (the labels pass through the same code either way, and
+    Adam's state for every weight of a large model costs seconds)."""
     from ppokit.llm.training import trainer as trainer_mod
 
     trainer_cls = trainer_cls or trainer_mod.TokenTrainer
     cfg = trainer_mod.LLMConfig(algo="ppo", iterations=1, n_epochs=2, batch_size=8,
+                                lora_r=lora_r,
                                 grad_accum=1, prompts_per_iter=4, samples_per_prompt=2,
                                 max_new_tokens=8, checkpoint_every=10**9, time_limit=None,
                                 samples_logged=0, seed=seed,

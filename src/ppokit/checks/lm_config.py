@@ -16,7 +16,8 @@ sample of completions:
   all-equal totals (WARN: a group estimator learns nothing from them).
 * ``lm-truncation``: most of those completions reach ``max_new_tokens`` (WARN).
 * ``lm-chat-template``: conversation prompts (lists of messages) with a tokenizer that has
-  no chat template (FAIL).
+  no chat template, or whose template leaves a message's text out of the rendered prompt
+  (FAIL).
 * ``lm-prompt-length``: prompts that, with ``max_new_tokens``, do not fit the model's
   context (``max_position_embeddings`` / ``n_positions``) (FAIL).
 """
@@ -50,26 +51,39 @@ def _skip(name, crit, why) -> CheckResult:
     return CheckResult(name, None, "-", crit, why)
 
 
-def check_group_size(cfg) -> CheckResult:
-    from ppokit.core.registry import GROUP_ADVANTAGES
-    from ppokit.llm.training.config import PRESETS
+def _recipe(cfg) -> tuple[str, str | None, int | None]:
+    """``(algo, advantage_estimator, samples_per_prompt)`` as ``ppokit llm train`` would
+    resolve them: the algorithm's default for the model (grpo for a pretrained ``model``
+    or a prompts file, ppo for the built-in model) and the preset's and the model kind's
+    defaults for the fields left unset, without validating the rest."""
+    from ppokit.llm.training.config import MODEL_DEFAULTS, PRESETS
 
-    name, crit = "lm-group-size", "a group estimator gets ≥ 2 samples per prompt"
-    preset = PRESETS.get(cfg.algo, {})
+    pretrained = cfg.model is not None
+    algo = cfg.algo or ("grpo" if pretrained or cfg.prompts is not None else "ppo")
+    preset = {**MODEL_DEFAULTS["pretrained" if pretrained else "builtin"],
+              **PRESETS.get(algo, {})}
     est = cfg.advantage_estimator or preset.get("advantage_estimator")
     g = cfg.samples_per_prompt or preset.get("samples_per_prompt")
+    return algo, est, g
+
+
+def check_group_size(cfg) -> CheckResult:
+    from ppokit.core.registry import GROUP_ADVANTAGES
+
+    name, crit = "lm-group-size", "a group estimator gets ≥ 2 samples per prompt"
+    algo, est, g = _recipe(cfg)
     if est not in GROUP_ADVANTAGES:
-        return _ok(name, f"{est} estimator, {g} sample(s) per prompt (no groups needed)",
-                   crit, estimator=est, samples_per_prompt=g)
+        return _ok(name, f"{algo}: {est} estimator, {g} sample(s) per prompt (no groups "
+                   "needed)", crit, algo=algo, estimator=est, samples_per_prompt=g)
     if g is not None and g < 2:
-        return _fail(name, f"{cfg.algo}: {est} estimator with samples_per_prompt = {g}",
+        return _fail(name, f"{algo}: {est} estimator with samples_per_prompt = {g}",
                      crit, f"the {est} estimator scores each completion against the other "
                      "completions of its prompt; with one per prompt every advantage is 0 "
                      "(or undefined) and nothing is learned",
                      "--samples-per-prompt 4 (or more), or algo reinforce++/ppo for one "
-                     "sample per prompt", estimator=est, samples_per_prompt=g)
-    return _ok(name, f"{est} estimator, {g} samples per prompt", crit, estimator=est,
-               samples_per_prompt=g)
+                     "sample per prompt", algo=algo, estimator=est, samples_per_prompt=g)
+    return _ok(name, f"{algo}: {est} estimator, {g} samples per prompt", crit, algo=algo,
+               estimator=est, samples_per_prompt=g)
 
 
 def check_kl_reference(cfg, rcfg) -> CheckResult:
@@ -109,8 +123,34 @@ def check_chat_template(rows: list, tokenizer) -> CheckResult:
                      "use the instruction-tuned model's tokenizer (it carries the "
                      "template), set tokenizer.chat_template, or give plain-text prompts",
                      conversations=chat)
+    lost = _dropped_by_template(rows, tokenizer) if chat else None
+    if lost is not None:
+        i, role = lost
+        return _fail(name, f"prompt {i}: its {role} message is not in the prompt the chat "
+                     "template renders", crit,
+                     f"the tokenizer's chat template leaves the {role} message's text out "
+                     "of the rendered prompt: the model never sees what it is asked",
+                     "fix the template (it must render every message's content), or use "
+                     "the model's own tokenizer", conversations=chat, row=i, role=role)
     kind = f"{chat} conversations, chat template present" if chat else "plain-text prompts"
     return _ok(name, f"{len(rows)} prompts: {kind}", crit, conversations=chat)
+
+
+TEMPLATE_ROWS = 50  # conversations rendered to see that the template keeps every message
+
+
+def _dropped_by_template(rows: list, tokenizer) -> tuple[int, str] | None:
+    """``(row, role)`` of the first message (of the first :data:`TEMPLATE_ROWS`
+    conversations) whose text the rendered prompt does not contain; None when all do."""
+    from ppokit.llm.inputs.data import render_prompt
+
+    for i, r in enumerate([r for r in rows if _is_chat(r)][:TEMPLATE_ROWS]):
+        text = render_prompt(tokenizer, r["prompt"])
+        for m in r["prompt"]:
+            content = m.get("content") if isinstance(m, dict) else None
+            if isinstance(content, str) and content.strip() and content.strip() not in text:
+                return i, str(m.get("role", "?"))
+    return None
 
 
 def _context(model) -> int | None:
@@ -192,9 +232,17 @@ def check_sampled(rcfg, model, tokenizer, rewards, rows: list, *, max_new_tokens
         v = np.asarray(v, dtype=float)
         v = v[~np.isnan(v)]
         ranges[k] = (float(v.min()), float(v.max())) if len(v) else None
-    values = {"completions": n, "zero_spread_frac": zero, "ranges": ranges}
-    constant = [(k, r) for k, r in ranges.items() if r is not None and r[0] == r[1]]
-    spread = ", ".join(f"{k} {r[0]:.3g}…{r[1]:.3g}" for k, r in ranges.items() if r)
+    # a function of weight 0 adds nothing to the score the policy learns from: it is
+    # logged (reward/NAME), never judged
+    unweighted = sorted(f.name for f in rewards.funcs if f.weight == 0)
+    values = {"completions": n, "zero_spread_frac": zero, "ranges": ranges,
+              "weight_zero": unweighted}
+    constant = [(k, r) for k, r in ranges.items()
+                if r is not None and r[0] == r[1] and k not in unweighted]
+    spread = ", ".join(f"{k} {r[0]:.3g}…{r[1]:.3g}" for k, r in ranges.items()
+                       if r and k not in unweighted)
+    if unweighted:
+        spread += f" (weight 0, logged only: {', '.join(unweighted)})"
     measured = f"{n} completions ({len(rows)} prompts × {samples}): {spread}"
     if constant:
         k, r = constant[0]

@@ -185,8 +185,8 @@ def _double(policy, batch: Batch) -> tuple[object, Batch] | None:
 
 
 def check_flipped_direction(policy, batch: Batch, surrogate: Surrogate, seed: int = 0,
-                            step: float = 1e-4) -> CheckResult:
-    d = _double(policy, batch)
+                            step: float = 1e-4, float64: bool = True) -> CheckResult:
+    d = _double(policy, batch) if float64 else None
     p, b = d if d is not None else (policy, batch)
     gen = torch.Generator().manual_seed(seed + 1)
     adv = torch.randn(b.logp_old.shape, generator=gen, dtype=b.logp_old.dtype)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .context import held_out
 from .finding import Finding, evidence
 from .metrics import MetricsTable
 from .thresholds import Thresholds
@@ -97,7 +98,7 @@ def rule_lm_entropy_collapse(table: MetricsTable, th: Thresholds) -> list[Findin
     if not (h0 > 1e-6 and h1 <= th.lm_entropy_floor * h0):
         return []
     improved, score_ev = _score_improved(table, th)
-    if improved:
+    if improved or held_out(table).improved:
         return []  # converging on answers that pay
     ev = [evidence(table, "entropy", pos, h, start=h0, end=h1)]
     ev += [score_ev] if score_ev else []

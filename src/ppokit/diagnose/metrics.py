@@ -80,6 +80,10 @@ def read_metrics_table(run: str | Path) -> MetricsTable:
         raise UsageError(f"{path}: too many records to hold in memory") from None
     table = MetricsTable(records, source=str(path))
     table.skipped_partial_line = skipped_partial
+    if Path(run).is_dir() or Path(run).name == "metrics.jsonl":
+        from .sidefiles import read_side_files
+
+        table.side = read_side_files(Path(run) if Path(run).is_dir() else Path(run).parent)
     return table
 
 
@@ -102,12 +106,14 @@ class MetricsTable:
     """Per-iteration records plus the queries the rules need.
 
     ``labels[i]`` is how iteration ``i`` is named in evidence: its ``iteration`` field when
-    the trainer writes one, else its 1-based position in the file.
+    the trainer writes one, else its 1-based position in the file. ``side``: what the run
+    directory holds besides the metrics (:func:`ppokit.diagnose.sidefiles.read_side_files`).
     """
 
     records: Sequence[dict]
     source: str = ""
     skipped_partial_line: bool = False
+    side: dict = field(default_factory=dict)
     labels: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:

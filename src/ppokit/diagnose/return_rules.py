@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .context import SHORT_BUDGET, HeldOut, at_ceiling, budget_share, held_out, run_kind
 from .finding import Finding, evidence
 from .metrics import MetricsTable
 from .thresholds import Thresholds
@@ -71,7 +72,10 @@ def _flat(table: MetricsTable, th: Thresholds) -> list[Finding]:
     last third's median within ``return_flat_rel`` of the first third's (relative to their
     size and the series' spread) and no rising trend, over at least
     ``flat_min_iterations`` iterations — the most common way a first run fails. Not when
-    the updates move the policy a lot (``kl-high``, ``kl-rising-return-flat`` say that)."""
+    the updates move the policy a lot (``kl-high``, ``kl-rising-return-flat`` say that),
+    when the curve rose within its first third and sits at its best (a task solved early),
+    nor when the held-out evaluations rose (:func:`ppokit.diagnose.context.held_out`: a
+    short run's training score is mostly sampling noise)."""
     name = return_metric(table)
     if name is None:
         return []
@@ -88,25 +92,62 @@ def _flat(table: MetricsTable, th: Thresholds) -> list[Finding]:
     scale = max(abs(r1), abs(r3), iqr, 1e-8)
     if not (abs(r3 - r1) / scale < th.return_flat_rel and abs(corr) < th.return_flat_corr):
         return []  # it moved, or it trends (up: learning slowly; down: another finding)
-    lm = name == "score_mean"
-    what = "score (reward)" if lm else "return"
-    code = "reward-flat" if lm else "return-flat"
-    if lm:
-        advice = ("Check the reward on a few completions by hand (does any completion earn "
-                  "more than another? score_std, zero_spread_frac), the generation cap "
-                  "(max_new_tokens: are answers cut before they finish?), the prompts' format, "
-                  "and the learning rate (too small: clipfrac stays 0).")
+    if at_ceiling(ret):
+        return []  # it rose early and sits at its best: solved, not flat
+    held = held_out(table)
+    if held.improved:
+        return []
+    code = "reward-flat" if name == "score_mean" else "return-flat"
+    ev = [evidence(table, name, pos, ret, first_third=r1, last_third=r3, spearman=corr),
+          *held.evidence]
+    share = budget_share(table)
+    # a short run whose score still varies and whose policy moves may not have learned
+    # yet; a score that is the same number every iteration (a reward that never pays) or
+    # a policy that does not move (approx_kl below clipfrac-zero's level) is judged
+    # whatever the budget
+    moving = not len(kl) or float(np.median(kl)) >= th.clipfrac_zero_kl
+    if share is not None and share[0] < SHORT_BUDGET and np.ptp(ret) > 0 and moving:
+        return [Finding(code, "info", (
+            f"{name} has not moved yet ({r1:.4g} in the first third, {r3:.4g} in the "
+            f"last), but this run trained {share[0]:.0%} of the default budget of "
+            f"{share[1]}: too early to judge. If it stays flat over a full budget: "
+            + _advice(run_kind(table))), ev)]
+    return [Finding(code, "warning", _flat_message(table, name, r1, r3, corr, held), ev)]
+
+
+def _advice(kind: str) -> str:
+    """Where to look first when the return (score) of a run of ``kind`` does not move."""
+    if kind == "lm":
+        return ("Check the reward on a few completions by hand (does any completion earn "
+                "more than another? score_std, zero_spread_frac), the generation cap "
+                "(max_new_tokens: are answers cut before they finish?), the prompts' format, "
+                "and the learning rate (too small: clipfrac stays 0).")
+    if kind == "agent":
+        return ("Check that the environment's reward can change with what the model does "
+                "(episode/solved_frac), that the turns are long enough to act "
+                "(max_turns, max_new_tokens; episode/truncated_frac) and that tool calls "
+                "succeed (tool/failed_per_episode), then the learning rate.")
+    return ("Check that the reward can change with the actions (a constant or "
+            "action-independent reward teaches nothing), the observation (does it carry "
+            "what the task needs?), the learning rate (too small: clipfrac and "
+            "approx_kl stay near 0) and the budget (total steps) before anything else.")
+
+
+def _flat_message(table: MetricsTable, name: str, r1: float, r3: float, corr: float,
+                  held: HeldOut) -> str:
+    kind = run_kind(table)
+    what = "return" if kind == "env" else "score (reward)"
+    advice = _advice(kind)
+    if held.improved is None:
+        verdict = ("Nothing was learned (no held-out evaluation to say otherwise: "
+                   + ("--eval-every N logs one" if kind != "env" else "--set eval_every=N logs one")
+                   + ").")
     else:
-        advice = ("Check that the reward can change with the actions (a constant or "
-                  "action-independent reward teaches nothing), the observation (does it carry "
-                  "what the task needs?), the learning rate (too small: clipfrac and "
-                  "approx_kl stay near 0) and the budget (total steps) before anything else.")
-    return [Finding(
-        code, "warning",
-        f"The {what} never moves: {name} has a median of {r1:.4g} in the first third of "
-        f"the run and {r3:.4g} in the last, with no trend (Spearman {corr:.2f}). "
-        f"Nothing was learned. {advice}",
-        [evidence(table, name, pos, ret, first_third=r1, last_third=r3, spearman=corr)])]
+        verdict = (f"The held-out evaluations did not rise either ({held.text}): nothing "
+                   "was learned.")
+    return (f"The {what} never moves: {name} has a median of {r1:.4g} in the first third of "
+            f"the run and {r3:.4g} in the last, with no trend (Spearman {corr:.2f}). "
+            f"{verdict} {advice}")
 
 
 def _running_median(y: np.ndarray, k: int = 5) -> np.ndarray:
@@ -166,14 +207,30 @@ def rule_return_collapse(table: MetricsTable, th: Thresholds) -> list[Finding]:
                                 after_drop_median=ka))
             kl_txt = (f" approx_kl had a median of {kb:.3g} on the plateau and {ka:.3g} "
                       "after the drop.")
+    share = budget_share(table)
+    short = share is not None and share[0] < SHORT_BUDGET
+    note = (f" This run trained {share[0]:.0%} of the default budget of {share[1]}: a "
+            "return still on its way up swings widely, so read this as a note."
+            if short else "")
     return [Finding(
-        "return-collapse", "warning",
+        "return-collapse", "info" if short else "warning",
         f"{name} reached a plateau of {peak:.4g} (iterations {table.labels[p0]}–"
         f"{table.labels[p1]}), then fell after iteration {table.labels[pos[last_high]]} and "
         f"stayed down: the median over the last {tail} points is {end:.4g}, "
         f"{drop:.0%} of what had been learned lost.{kl_txt} A policy that solved the task "
-        "was overwritten by later updates: the final policy is not the best one. Keep the "
-        "best policy with eval_every (best/, ppokit eval --best) or stop_at_return; look at "
-        "approx_kl, clipfrac and the entropy around the drop, and consider a lower or "
-        "annealed learning rate, fewer epochs or a target KL.",
+        "was overwritten by later updates: the final policy is not the best one. "
+        + KEEP_BEST[run_kind(table)] + " Look at approx_kl, clipfrac and the entropy around "
+        "the drop, and consider a lower or annealed learning rate, fewer epochs or a "
+        "target KL." + note,
         ev)]
+
+
+# how each kind of run keeps the policy from before a collapse
+KEEP_BEST = {
+    "env": "Keep the best policy with eval_every (best/, ppokit eval --best) or "
+           "stop_at_return.",
+    "lm": "Log the held-out score with --eval-every N (eval/score_mean) and keep the "
+          "checkpoint from before the drop (checkpoint_every; ppokit llm eval scores it).",
+    "agent": "Log held-out episodes with --eval-every N (eval/episode/solved_frac) and keep "
+             "the checkpoint from before the drop (checkpoint_every).",
+}

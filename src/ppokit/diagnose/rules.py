@@ -17,11 +17,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from .agent_rules import AGENT_RULES
+from .context import ceiling_from
 from .finding import MAX_POINTS, Finding, evidence, round_figure
 from .finding import iteration_numbers as _its
 from .lm_rules import LM_RULES, is_lm_run
 from .metrics import MetricsTable, as_number
 from .return_rules import (
+    return_metric,
     rule_kl_rising_return_flat,
     rule_return_collapse,
     rule_return_flat,
@@ -56,14 +58,25 @@ def rule_nonfinite(table: MetricsTable, th: Thresholds) -> list[Finding]:
         ev)]
 
 
+def clip_free(table: MetricsTable) -> bool:
+    """The algorithm has no clip (A2C, REINFORCE, PPO with a KL penalty): the trainer logs
+    ``clip_range`` as null every iteration, and its clip fraction is 0 by construction."""
+    return any("clip_range" in r for r in table.records) and not table.has("clip_range")
+
+
 def rule_clipfrac_zero(table: MetricsTable, th: Thresholds) -> list[Finding]:
     pos, cf = table.series("clipfrac", active_only=True)
-    if len(cf) < th.min_iterations:
+    if len(cf) < th.min_iterations or clip_free(table):
         return []
     med, q90 = float(np.median(cf)), float(np.quantile(cf, 0.9))
     if not (med < th.clipfrac_zero_median and q90 < th.clipfrac_zero_q90):
         return []
+    _, kl_all = table.series("approx_kl", active_only=True)
+    if len(kl_all) and float(np.median(kl_all)) >= th.clipfrac_zero_kl:
+        return []  # the policy does move each update: a small clip fraction is no stall
     collapse = _entropy_collapse(table, th)
+    if collapse is not None and solved(table, int(collapse.pos[collapse.k])):
+        return []  # settled on its best answer: a deterministic policy has nothing to move
     cause = "collapsed-policy" if collapse is not None else "small-steps"
     ev = [evidence(table, "clipfrac", pos, cf, median=med, q90=q90, cause=cause)]
     kpos, kl = table.series("approx_kl", active_only=True)
@@ -217,6 +230,34 @@ def rule_critic_mean_only(table: MetricsTable, th: Thresholds) -> list[Finding]:
                    spearman=v_corr)])]
 
 
+def rule_value_loss_divergence(table: MetricsTable, th: Thresholds) -> list[Finding]:
+    """The critic's loss on a scale no network fits (its last third's median above
+    ``value_loss_huge``: returns of thousands per step, unnormalised), or growing tenfold
+    over the run while explained variance stays near 0."""
+    vpos, vl = table.series("value_loss")
+    if len(vl) < th.min_iterations:
+        return []
+    v1, _, v3 = thirds(vl)
+    _, ev = table.series("explained_variance")
+    ev_med = float(np.median(ev)) if len(ev) else 0.0
+    rising = (spearman(vpos, vl) >= th.kl_rise_corr and v3 >= th.value_rise_factor
+              * max(v1, 1e-12) and ev_med < th.ev_near_zero)
+    if not (v3 >= th.value_loss_huge or rising):
+        return []
+    why = (f"its median over the last third is {v3:.3g}" if v3 >= th.value_loss_huge else
+           f"it grew from {v1:.3g} to {v3:.3g} over the run")
+    return [Finding(
+        "value-loss-divergence", "warning",
+        f"The value loss diverges: {why}, while explained variance has a median of "
+        f"{ev_med:.2f}. The critic cannot follow returns on this scale, its gradient "
+        "swamps the policy's (one optimiser, one max_grad_norm) and the advantages are "
+        "noise. " + ("Normalise or clip the scores (score_norm, score_clip) or scale the "
+                     "reward, and check vf_coef and critic_lr." if is_lm_run(table) else
+                     "Normalise the rewards (normalize_reward = true) or scale them, and "
+                     "check vf_coef and the learning rate."),
+        [evidence(table, "value_loss", vpos, vl, first_third=v1, last_third=v3)])]
+
+
 @dataclass
 class _Collapse:
     pos: np.ndarray       # record positions of the entropy series
@@ -264,10 +305,22 @@ def _kl_peak_before(table: MetricsTable, last_pos: int) -> tuple[int, float] | N
     return int(kpos[keep][i]), float(kl[keep][i])
 
 
+def solved(table: MetricsTable, by: int | None = None) -> bool:
+    """The return rose and its last third sits at the best value it reached — a task
+    solved, where a deterministic policy is the goal (:func:`context.ceiling_from`) —
+    and (with ``by``, a record position) it had reached that level by then."""
+    name = return_metric(table)
+    if name is None:
+        return False
+    pos, ret = table.series(name)
+    at = ceiling_from(ret)
+    return at is not None and (by is None or int(pos[at]) <= by)
+
+
 def rule_entropy_collapse(table: MetricsTable, th: Thresholds) -> list[Finding]:
     c = _entropy_collapse(table, th)
-    if c is None:
-        return []
+    if c is None or solved(table, int(c.pos[c.k])):
+        return []  # settling once the task is solved is the goal, not a collapse
     at = int(c.pos[c.k])
     peak = _kl_peak_before(table, at)
     ev = [evidence(table, "entropy", c.pos, c.values, start=c.start,
@@ -364,6 +417,8 @@ RULES: dict[str, tuple[Rule, str]] = {
     "early-stop-frequent": (rule_early_stop_frequent, "target-KL early stop fires most "
                             "iterations"),
     "critic-mean-only": (rule_critic_mean_only, "value loss falls, explained variance ≈ 0"),
+    "value-loss-divergence": (rule_value_loss_divergence, "value loss huge or growing "
+                              "tenfold, explained variance ≈ 0"),
     "entropy-collapse": (rule_entropy_collapse, "entropy collapses early"),
     "return-collapse": (rule_return_collapse, "return falls after a plateau and stays down"),
     "length-reward-coupling": (rule_length_reward_coupling, "LM: reward, KL and length rise "

@@ -27,6 +27,11 @@ class Thresholds:
     # how far each update moves the policy
     clipfrac_zero_median: float = 0.01
     clipfrac_zero_q90: float = 0.03
+    # ... and approx_kl's median below this (a step 100× too small moves the KL 10⁴×
+    # less: 2e-7 on CartPole; the built-in model's GRPO preset has a clip fraction of
+    # 0.009 over 24 iterations with approx_kl 1.4e-3, a healthy step; the recorded
+    # length-hacking run, stalled at the length cap, 1.4e-4)
+    clipfrac_zero_kl: float = 2e-4
     clipfrac_high_median: float = 0.3
     kl_high_median: float = 0.015
     kl_rise_corr: float = 0.5
@@ -41,6 +46,10 @@ class Thresholds:
     ev_q90_max: float = 0.2
     value_fall_corr: float = -0.5
     value_fall_factor: float = 0.5
+    # value-loss-divergence: CartPole's unnormalised value loss peaks near 10³ (returns
+    # ≤ 50 at gamma 0.98), LunarLander's near 10⁴; rewards of 10⁵ per step give 2·10¹¹
+    value_loss_huge: float = 1e6
+    value_rise_factor: float = 10.0
     # exploration, and metrics that move together
     entropy_collapse_frac: float = 0.1
     entropy_collapse_within: float = 0.5

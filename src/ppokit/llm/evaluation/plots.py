@@ -8,7 +8,7 @@ import io
 import math
 from pathlib import Path
 
-__all__ = ["is_llm_run", "plot_llm_runs"]
+__all__ = ["PANELS", "is_llm_run", "panels_with_data", "plot_llm_runs"]
 
 
 def is_llm_run(run_dir) -> bool:
@@ -27,9 +27,31 @@ def _series(recs: list[dict], key: str) -> tuple[list[float], list[float]]:
     return xs, ys
 
 
+# each panel: its title and the metrics that can fill it, the first one a run logs (an
+# agent run logs its episodes' truncated share, not the per-response one)
+PANELS = (("reward (weighted total)", ("score_mean", "episode/return_mean")),
+          ("KL to reference (nats)", ("kl_ref",)),
+          ("response length (tokens)", ("response_length_mean", "episode/tokens_mean")),
+          ("truncated share", ("truncated_frac", "episode/truncated_frac")))
+
+
+def panels_with_data(runs: dict) -> list[tuple[str, str]]:
+    """``(title, metric)`` of every panel of :data:`PANELS` that some run has points
+    for, with the first of its metrics that one logs: a panel without data is not
+    drawn."""
+    out = []
+    for label, keys in PANELS:
+        key = next((k for k in keys for recs in runs.values() if _series(recs, k)[0]),
+                   None)
+        if key is not None:
+            out.append((label, key))
+    return out
+
+
 def plot_llm_runs(run_dirs: list, out, title: str | None = None) -> Path:
-    """One figure of four panels over the runs' ``metrics.jsonl``; the image format
-    follows ``out``'s suffix. Written atomically."""
+    """One figure of up to four panels over the runs' ``metrics.jsonl`` (those with
+    data, :func:`panels_with_data`); the image format follows ``out``'s suffix. Written
+    atomically."""
     from ppokit.io.atomic import atomic_write_bytes
     from ppokit.io.metrics import read_metrics
     from ppokit.io.plots import figure_format
@@ -41,11 +63,13 @@ def plot_llm_runs(run_dirs: list, out, title: str | None = None) -> Path:
     import matplotlib.pyplot as plt
 
     runs = {str(d): read_metrics(d) for d in run_dirs}
-    panels = [("score_mean", "reward (weighted total)"), ("kl_ref", "KL to reference (nats)"),
-              ("response_length_mean", "response length (tokens)"),
-              ("truncated_frac", "truncated share")]
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
-    for ax, (key, label) in zip(axes.flat, panels):
+    panels = panels_with_data(runs) or [(PANELS[0][0], PANELS[0][1][0])]
+    cols = 2 if len(panels) > 1 else 1
+    rows = (len(panels) + 1) // 2
+    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 3.5 * rows), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.remove()
+    for ax, (label, key) in zip(axes.flat, panels):
         for name, recs in runs.items():
             ax.plot(*_series(recs, key), label=Path(name).name)
             if key == "score_mean" and len(runs) == 1:
@@ -54,7 +78,7 @@ def plot_llm_runs(run_dirs: list, out, title: str | None = None) -> Path:
                 if len(parts) > 1:
                     for k in parts:
                         ax.plot(*_series(recs, k), label=k, alpha=0.7)
-        ax.set_title(label)
+        ax.set_title(f"{label} ({key})" if key.startswith("episode/") else label)
         ax.set_xlabel("iteration")
         ax.grid(alpha=0.3)
     axes.flat[0].legend(loc="best", fontsize=8)
