@@ -25,6 +25,7 @@ def run_page(name: str, tmp_path, monkeypatch) -> dict:
 def test_from_sb3_runs_with_one_import_changed(tmp_path, monkeypatch):
     ns = run_page("from_sb3.md", tmp_path, monkeypatch)
     assert ns["total"] >= 195  # the loaded model balances the pole (CartPole's solved mark)
+    assert ns["mean_reward"] >= 150 and ns["std_reward"] >= 0  # evaluate_policy's
     assert (tmp_path / "ppo_cartpole" / "config.json").is_file()
     assert ns["model"].num_timesteps >= 20_000
     assert ns["agent"].num_timesteps >= 30_000  # learn(10_000) went on in the same run

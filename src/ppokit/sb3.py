@@ -16,6 +16,8 @@ What differs, on purpose:
 * ``save(path)`` writes a run directory (configuration and a verified checkpoint,
   safetensors and JSON: nothing in it is ever executed on ``load``), not a zip file of
   pickles, and never overwrites a directory that holds something;
+* :func:`evaluate_policy` plays whole episodes on separate copies of the environment,
+  each seeded (the run's seed + 1000000 + k), the same episodes ``ppokit eval`` plays;
 * a callback is ppokit's ``(metrics, agent) -> False | "stop" | None``; Stable-Baselines3's
   callback objects are refused with that said.
 """
@@ -27,7 +29,7 @@ from typing import Any
 
 from ppokit.errors import UsageError
 
-__all__ = ["PPO", "A2C"]
+__all__ = ["PPO", "A2C", "evaluate_policy"]
 
 # Stable-Baselines3's policy names: ppokit chooses the network from the observation space
 POLICY_NAMES = {"MlpPolicy": "mlp", "CnnPolicy": "cnn", "MultiInputPolicy": "multi_input"}
@@ -179,3 +181,57 @@ class A2C(_SB3Shaped):
     """A2C with Stable-Baselines3's calling conventions (see the module)."""
 
     algo = "a2c"
+
+
+def evaluate_policy(model: Any, env: Any, n_eval_episodes: int = 10,
+                    deterministic: bool = True, return_episode_rewards: bool = False):
+    """Stable-Baselines3's ``evaluate_policy``: ``(mean, std)`` of the undiscounted returns
+    of ``n_eval_episodes`` whole episodes of ``model`` (a :class:`PPO` / :class:`A2C` or a
+    :class:`ppokit.Agent`) on ``env`` (an id, an environment instance, a factory or a
+    ``gymnasium.vector.VectorEnv``); ``(returns, lengths)``, one per episode, with
+    ``return_episode_rewards``. An instance given is played as it is and not closed; the
+    other copies are built as training builds them
+    (:class:`ppokit.envs.source.InstanceEnvs`)."""
+    import dataclasses
+
+    import numpy as np
+
+    from ppokit.agent import Agent
+    from ppokit.algos.evaluate import evaluate_policy as play
+    from ppokit.api import env_maker
+    from ppokit.cliutil import in_range
+
+    agent = model._trained("evaluate_policy") if isinstance(model, _SB3Shaped) else model
+    if not isinstance(agent, Agent):
+        raise UsageError(f"model: expected a ppokit PPO/A2C model or a ppokit.Agent, got "
+                         f"{type(model).__name__}")
+    if not in_range(n_eval_episodes, True, 1, 10**6):
+        raise UsageError(f"n_eval_episodes: expected an integer in [1, 1000000], got "
+                         f"{n_eval_episodes!r}")
+    for name, flag in (("deterministic", deterministic),
+                       ("return_episode_rewards", return_episode_rewards)):
+        if not isinstance(flag, bool):
+            raise UsageError(f"{name}: expected True or False, got {flag!r}")
+    cfg = agent.cfg
+    if isinstance(env, str) and env != cfg.env_id:  # the run's env_kwargs are its own env's
+        cfg = dataclasses.replace(cfg, env_kwargs={})
+    lengths: list[int] = []
+    returns = play(agent.policy, cfg, episodes=n_eval_episodes, seed=cfg.seed + 1_000_000,
+                   deterministic=deterministic, obs_norm=agent.obs_norm,
+                   env=_evaluation_env(env, env_maker), lengths=lengths)
+    if return_episode_rewards:
+        return returns, lengths
+    return float(np.mean(returns)), float(np.std(returns))
+
+
+
+def _evaluation_env(env: Any, env_maker) -> Any:
+    """What builds the evaluation environments of ``env``; a user's instance is played as
+    it is, and left open (:class:`ppokit.envs.source.InstanceEnvs`)."""
+    import gymnasium as gym
+
+    if isinstance(env, gym.Env) and not isinstance(env, type):
+        from ppokit.envs.source import InstanceEnvs
+
+        return InstanceEnvs(env, keep_open=True)
+    return env_maker(env)

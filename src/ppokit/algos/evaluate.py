@@ -7,14 +7,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ppokit.envs import ObsNormalizer, env_for_run, make_vec
+from ppokit.envs import ObsNormalizer, make_vec
 from ppokit.envs.checked import label_of
 from ppokit.errors import UsageError, UserCodeError
-from ppokit.policies import policy_for_config
 
 from .acting import Memory, new_memory, policy_actions  # noqa: F401 (re-exported)
 from .config import TrainConfig
-from .runs import load_run_checkpoint
+from .runs import open_run, policy_from_checkpoint  # noqa: F401 (re-exported)
 
 # steps of one evaluation episode: an environment without an end is an error, not a hang
 MAX_EPISODE_STEPS = 10**6
@@ -24,45 +23,19 @@ __all__ = ["load_policy", "policy_from_checkpoint", "evaluate_policy", "evaluate
 
 
 def load_policy(run_dir: str | Path, env=None, where: str = "--env", *, best: bool = False):
-    """``(config, policy, obs_normalizer | None, env_maker)`` from a run's latest good
-    checkpoint. ``env`` is what the user passed again (an id or a factory): a factory run
-    and a ``module:Id`` run need it (:func:`ppokit.envs.env_for_run`); ``env_maker`` is what
-    builds the run's environments. ``best``: the best policy kept by the evaluations during
-    training (``best/``) instead of the newest checkpoint."""
-    cfg, tensors, arrays, _ = load_run_checkpoint(run_dir, best=best)
-    maker = env_for_run(cfg.env_id, cfg.env_source, env, where)
-    policy, norm, _ = policy_from_checkpoint(cfg, tensors, arrays, maker)
-    return cfg, policy, norm, maker
-
-
-def policy_from_checkpoint(cfg: TrainConfig, tensors: dict, arrays: dict, maker,
-                           spaces: tuple | None = None):
-    """``(policy, obs_normalizer | None, (observation_space, action_space))`` rebuilt from a
-    checkpoint's tensors and arrays, for ``spaces`` (the ones the checkpoint recorded,
-    :func:`ppokit.io.spaces.spaces_from_state`) or, when ``None`` (a checkpoint written
-    before spaces were recorded), those of one env ``maker`` builds."""
-    if spaces is None:
-        env = make_vec(maker, 1, vectorization="sync", env_kwargs=cfg.env_kwargs)
-        spaces = env.single_observation_space, env.single_action_space
-        env.close()
-    obs_space, act_space = spaces
-    policy = policy_for_config(cfg, obs_space, act_space)
-    try:
-        policy.load_state_dict(tensors["model"])
-        norm = None
-        if cfg.normalize_obs:
-            norm = ObsNormalizer(tuple(arrays["obs_norm"]["mean"].shape), cfg.clip_obs)
-            norm.load_state_dict(arrays["obs_norm"])
-    except (KeyError, RuntimeError, ValueError) as exc:
-        raise UsageError(f"run dir: the checkpoint does not fit {cfg.env_id}'s spaces "
-                         f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
-    policy.eval()
-    return policy, norm, (obs_space, act_space)
+    """``(config, policy, obs_normalizer | None, env_maker)`` of a run directory
+    (:func:`ppokit.algos.runs.open_run`: its newest intact checkpoint, or ``best/`` with
+    ``best``). ``env`` is what the user passed again (an id or a factory);
+    ``env_maker`` is what builds the run's environments."""
+    run = open_run(run_dir, env, where, best=best)
+    policy, norm, _ = run.policy()
+    return run.cfg, policy, norm, run.env
 
 
 def evaluate_policy(policy, cfg: TrainConfig, *, episodes: int = 10, seed: int = 0,
                     deterministic: bool = True, obs_norm: ObsNormalizer | None = None,
-                    batch: int = 16, env=None) -> list[float]:
+                    batch: int = 16, env=None, lengths: list[int] | None = None
+                    ) -> list[float]:
     """Undiscounted returns of ``episodes`` whole episodes (raw rewards; an Atari game is
     played whole, all lives, with unclipped rewards: the returns are game scores).
 
@@ -71,7 +44,8 @@ def evaluate_policy(policy, cfg: TrainConfig, *, episodes: int = 10, seed: int =
     factory) builds them instead of ``cfg.env_id``. The envs are separate copies (sync, or
     async when the run is), never a vectorised entry point, whose one generator for all
     copies would make episode k depend on the batch: so episode k is the episode a single
-    env reset with ``seed + k`` plays (what :mod:`.video` records).
+    env reset with ``seed + k`` plays (what :mod:`.video` records). ``lengths``: a list
+    that receives each episode's number of steps, in the same order.
     """
     maker = cfg.env_id if env is None else env
     if episodes < 1:
@@ -87,6 +61,7 @@ def evaluate_policy(policy, cfg: TrainConfig, *, episodes: int = 10, seed: int =
         space = env.single_action_space
         obs, _ = env.reset(seed=seed + len(returns))
         total = np.zeros(n)
+        length = np.zeros(n, np.int64)
         done = np.zeros(n, bool)
         memory = new_memory(policy, n)  # (an env that has finished plays on, not counted)
         steps = 0
@@ -95,6 +70,7 @@ def evaluate_policy(policy, cfg: TrainConfig, *, episodes: int = 10, seed: int =
                 a = policy_actions(policy, obs, space, obs_norm, deterministic, gen, memory)
                 obs, r, te, tr, _ = env.step(a)
                 total += np.where(done, 0.0, r)
+                length += ~done
                 done |= te | tr
                 steps += 1
                 if steps >= MAX_EPISODE_STEPS:
@@ -105,6 +81,8 @@ def evaluate_policy(policy, cfg: TrainConfig, *, episodes: int = 10, seed: int =
                         "limit: gymnasium.wrappers.TimeLimit or max_episode_steps)")
         env.close()
         returns.extend(total.tolist())
+        if lengths is not None:
+            lengths.extend(int(x) for x in length)
     return returns
 
 
