@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -164,3 +165,38 @@ def test_report_and_check_off_a_terminal_are_plain_text(capsys):
     out = buf.getvalue()
     assert "\nFAIL time-limit-terminated:\n" in out
     assert "    fix: " in out and "    explained: docs/checks.md, row time-limit-terminated" in out
+
+
+def test_sb3_verbose_writes_plain_lines_to_a_log_and_nothing_in_the_cwd(tmp_path, capsys,
+                                                                          monkeypatch):
+    import gc
+    import tempfile
+
+    from ppokit import PPO
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PPOKIT_LOG_EVERY", "0.000001")  # a line every iteration
+    small = dict(n_envs=2, n_steps=32, batch_size=64, tensorboard=False)
+    model = PPO("MlpPolicy", "CartPole-v1", verbose=1, **small).learn(128)
+    out = capsys.readouterr().out  # stdout, which is not a terminal here
+    lines = [x for x in out.splitlines() if x.startswith("ppo CartPole-v1: step ")]
+    assert len(lines) == 2 and lines[-1].startswith("ppo CartPole-v1: step 128/128 (100%)")
+    assert "\x1b[" not in out and "\r" not in out
+    PPO("MlpPolicy", "CartPole-v1", **small).learn(64)  # verbose=0: quiet
+    assert ": step " not in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []  # no runs/ in the working directory
+    rd = model.agent.run_dir
+    assert (rd / "metrics.jsonl").is_file()
+    assert rd.resolve().is_relative_to(Path(tempfile.gettempdir()).resolve())
+    model.save("m")  # what the user asks is written
+    assert (tmp_path / "m" / "config.json").is_file()
+    del model
+    gc.collect()
+    assert not rd.exists()  # the temporary run directory goes with the model
+    named = PPO("MlpPolicy", "CartPole-v1", tensorboard_log="tb", **small)
+    named.learn(64, tb_log_name="first")
+    (kept,) = (tmp_path / "tb").iterdir()
+    assert kept.name.startswith("first-") and (kept / "metrics.jsonl").is_file()
+    assert named.agent.run_dir.resolve() == kept.resolve()
+    PPO("MlpPolicy", "CartPole-v1", run_dir="mine", **small).learn(64)
+    assert (tmp_path / "mine" / "metrics.jsonl").is_file()

@@ -47,8 +47,10 @@ def test_sb3_shapes_refuse_what_they_cannot_honour(tmp_path):
     from ppokit import PPO
     from ppokit.errors import UsageError
 
-    with pytest.raises(UsageError, match="tensorboard_log"):
-        PPO("MlpPolicy", "CartPole-v1", tensorboard_log="tb")
+    with pytest.raises(UsageError, match="tensorboard_log: expected a directory"):
+        PPO("MlpPolicy", "CartPole-v1", tensorboard_log=3)
+    with pytest.raises(UsageError, match="tensorboard_log: the run directory is run_dir"):
+        PPO("MlpPolicy", "CartPole-v1", tensorboard_log="tb", run_dir="r")
     with pytest.raises(UsageError, match="policy: expected one of MlpPolicy"):
         PPO("LstmPolicy", "CartPole-v1")
     with pytest.raises(UsageError, match="policy_kwargs: 'features_extractor_kwargs'"):

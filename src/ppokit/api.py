@@ -130,7 +130,7 @@ def _resolve(env_id: str, algo: Any, total_steps: Any, env_kwargs: Any, env_sour
 
 def train(env, algo: str = "ppo", total_steps: int | None = None,
           run_dir: str | os.PathLike | None = None, callbacks: Iterable[Callable] = (),
-          env_kwargs: dict | None = None, progress: bool | None = None, *,
+          env_kwargs: dict | None = None, progress: Any = None, *,
           resume: bool = False, **config) -> Agent:
     """Train an agent and return it.
 
@@ -148,7 +148,8 @@ def train(env, algo: str = "ppo", total_steps: int | None = None,
     factory again, and no configuration may be given). ``callbacks``: functions
     ``(metrics, agent)`` called after every iteration; returning ``False`` or ``"stop"``
     ends training with a checkpoint. ``env_kwargs``: keyword arguments of a registered
-    environment. ``progress``: a progress bar (default: when stderr is a terminal).
+    environment. ``progress``: a progress bar (default: when stderr is a terminal); a text
+    stream (``sys.stdout``) receives it instead, as plain lines when it is not a terminal.
     ``**config``: any configuration key (``ppokit train --help``), e.g. ``seed=1``,
     ``n_envs=4``, ``learning_rate=1e-3``.
     """
