@@ -331,6 +331,13 @@ def _train_ranks(args, dp) -> int:
               f"{last['kl_ref']:.4f}  non_score_reward {last['non_score_reward']:.4f}  "
               f"length {last['response_length_mean']:.2f}  "
               f"({time.perf_counter() - t0:.1f} s)")
+        from .training.progress import PhaseSpeed
+
+        speed = PhaseSpeed()
+        for rec in recs:
+            speed.add(rec)
+        if speed.summary():
+            print(speed.summary())
     if not args.no_eval and getattr(tr, "agent", None) is not None:
         ev = tr.agent.evaluate(tr)  # the trained policy on held-out seeds
         print(f"held-out episodes: {cfg.n_eval_prompts}  solved "
