@@ -232,3 +232,17 @@ def test_sb3_verbose_writes_plain_lines_to_a_log_and_nothing_in_the_cwd(tmp_path
     assert named.agent.run_dir.resolve() == kept.resolve()
     PPO("MlpPolicy", "CartPole-v1", run_dir="mine", **small).learn(64)
     assert (tmp_path / "mine" / "metrics.jsonl").is_file()
+
+
+def test_make_test_installs_extras_that_exist_trl_among_them():
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    make = (root / "Makefile").read_text()
+    extras = re.search(r"^EXTRAS \?= (\S+)$", make, re.M).group(1).split(",")
+    known = tomllib.loads((root / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert set(extras) <= set(known), set(extras) - set(known)
+    assert "trl" in extras  # tests/test_llm_demo.py's TRL comparison runs under make test
+    (compile_line,) = [x for x in make.splitlines() if "compileall" in x and "$(PY)" in x]
+    assert "-W ignore" in compile_line  # third-party SyntaxWarnings are not printed
