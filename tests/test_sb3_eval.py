@@ -81,7 +81,15 @@ def test_a_factory_run_takes_an_id_an_instance_or_the_factory(tmp_path, capsys):
     assert main(["eval", str(rd)]) == 2
     assert "--env ID" in capsys.readouterr().err
     assert main(["eval", str(rd), "--env", "CartPole-v1", "--episodes", "2"]) == 0
-    assert json.loads((rd / "eval.json").read_text())["returns"] == ref["returns"]
+    assert capsys.readouterr().out.startswith("CartPole-v1: mean return ")
+    res = json.loads((rd / "eval.json").read_text())
+    assert res["returns"] == ref["returns"] and res["env_id"] == "CartPole-v1"
+    # an environment given that the policy does not fit is refused in one line
+    assert main(["eval", str(rd), "--env", "Acrobot-v1", "--episodes", "1"]) == 2
+    assert "env: the observation space of env 'Acrobot-v1' is Box of shape (6,); the policy " \
+        "was trained for Box of shape (4,)" in capsys.readouterr().err
+    with pytest.raises(UsageError, match="the policy was trained for Box of shape"):
+        ppokit.evaluate_policy(ppokit.load(rd), gym.make("MountainCar-v0"))
 
 
 def test_what_is_recorded_of_an_instance():

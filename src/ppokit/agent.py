@@ -213,10 +213,12 @@ class Agent:
         seed = self.cfg.seed + 1_000_000 if seed is None else seed
         rets = evaluate_policy(self.policy, self.cfg, episodes=episodes, seed=seed,
                                deterministic=deterministic, obs_norm=self.obs_norm,
-                               env=self._env)
+                               env=self._env,
+                               spaces=(self.observation_space, self.action_space))
         res = {"mean_return": float(np.mean(rets)), "std_return": float(np.std(rets)),
                "episodes": episodes, "returns": rets, "seed": seed,
-               "deterministic": deterministic, "env_id": self.cfg.env_id}
+               "deterministic": deterministic,
+               "env_id": self._env if isinstance(self._env, str) else self.cfg.env_id}
         if self._writable:
             from ppokit.io import RunLock
             from ppokit.io.atomic import atomic_write_text

@@ -253,7 +253,8 @@ def evaluate_policy(model: Any, env: Any, n_eval_episodes: int = 10,
     lengths: list[int] = []
     returns = play(agent.policy, cfg, episodes=n_eval_episodes, seed=cfg.seed + 1_000_000,
                    deterministic=deterministic, obs_norm=agent.obs_norm,
-                   env=_evaluation_env(env, env_maker), lengths=lengths)
+                   env=_evaluation_env(env, env_maker), lengths=lengths,
+                   spaces=(agent.observation_space, agent.action_space))
     if return_episode_rewards:
         return returns, lengths
     return float(np.mean(returns)), float(np.std(returns))

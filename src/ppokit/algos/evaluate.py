@@ -34,8 +34,8 @@ def load_policy(run_dir: str | Path, env=None, where: str = "--env", *, best: bo
 
 def evaluate_policy(policy, cfg: TrainConfig, *, episodes: int = 10, seed: int = 0,
                     deterministic: bool = True, obs_norm: ObsNormalizer | None = None,
-                    batch: int = 16, env=None, lengths: list[int] | None = None
-                    ) -> list[float]:
+                    batch: int = 16, env=None, lengths: list[int] | None = None,
+                    spaces: tuple | None = None) -> list[float]:
     """Undiscounted returns of ``episodes`` whole episodes (raw rewards; an Atari game is
     played whole, all lives, with unclipped rewards: the returns are game scores).
 
@@ -45,7 +45,9 @@ def evaluate_policy(policy, cfg: TrainConfig, *, episodes: int = 10, seed: int =
     async when the run is), never a vectorised entry point, whose one generator for all
     copies would make episode k depend on the batch: so episode k is the episode a single
     env reset with ``seed + k`` plays (what :mod:`.video` records). ``lengths``: a list
-    that receives each episode's number of steps, in the same order.
+    that receives each episode's number of steps, in the same order. ``spaces``: the
+    policy's ``(observation_space, action_space)``, which the environment must have (an
+    environment the user gives instead of the run's is checked against them).
     """
     maker = cfg.env_id if env is None else env
     if episodes < 1:
@@ -58,6 +60,8 @@ def evaluate_policy(policy, cfg: TrainConfig, *, episodes: int = 10, seed: int =
         # training=False: an Atari game is played whole, rewards unclipped (its score)
         env = make_vec(maker, n, vectorization=mode, autoreset="auto",
                        env_kwargs=cfg.env_kwargs, training=False)
+        if spaces is not None:
+            _check_fits(env, spaces, maker)
         space = env.single_action_space
         obs, _ = env.reset(seed=seed + len(returns))
         total = np.zeros(n)
@@ -86,6 +90,23 @@ def evaluate_policy(policy, cfg: TrainConfig, *, episodes: int = 10, seed: int =
     return returns
 
 
+def _check_fits(env, spaces: tuple, maker) -> None:
+    """A :class:`UsageError` (the vector env closed) unless ``env``'s single observation and
+    action spaces have the shapes and kinds of the policy's ``spaces``."""
+    got = (env.single_observation_space, env.single_action_space)
+    for what, want, have in zip(("observation", "action"), spaces, got):
+        if type(want) is not type(have) or want.shape != have.shape or \
+                getattr(want, "n", None) != getattr(have, "n", None):
+            env.close()
+            raise UsageError(f"env: the {what} space of {label_of(maker)} is "
+                             f"{_brief(have)}; the policy was trained for {_brief(want)}")
+
+
+def _brief(space) -> str:
+    text = str(space)
+    return text if len(text) <= 40 else f"{type(space).__name__} of shape {space.shape}"
+
+
 def evaluate_run(run_dir: str | Path, *, episodes: int = 10, seed: int | None = None,
                  deterministic: bool = True, env=None, best: bool = False,
                  video: str | Path | None = None) -> dict:
@@ -97,11 +118,16 @@ def evaluate_run(run_dir: str | Path, *, episodes: int = 10, seed: int | None = 
 
         check_video_dir(video)
         require_video_extra()
-    cfg, policy, norm, maker = load_policy(run_dir, env, best=best)
+    run = open_run(run_dir, env, best=best)
+    cfg, maker = run.cfg, run.env
+    policy, norm, spaces = run.policy()
     seed = cfg.seed + 1_000_000 if seed is None else seed
     rets = evaluate_policy(policy, cfg, episodes=episodes, seed=seed,
-                           deterministic=deterministic, obs_norm=norm, env=maker)
-    res = _result(rets, episodes, seed, deterministic, cfg.env_id)
+                           deterministic=deterministic, obs_norm=norm, env=maker,
+                           spaces=spaces)
+    # the environment played: the id given for a factory run, else the run's own
+    res = _result(rets, episodes, seed, deterministic,
+                  maker if isinstance(maker, str) else cfg.env_id)
     if video is not None:
         from .video import record_episodes
 
