@@ -90,6 +90,12 @@ def test_a_factory_run_takes_an_id_an_instance_or_the_factory(tmp_path, capsys):
         "was trained for Box of shape (4,)" in capsys.readouterr().err
     with pytest.raises(UsageError, match="the policy was trained for Box of shape"):
         ppokit.evaluate_policy(ppokit.load(rd), gym.make("MountainCar-v0"))
+    # and it continues on the id named, as on its factory
+    assert main(["train", "--resume", str(rd), "--env", "CartPole-v1", "--total-steps",
+                 "192", "--no-progress", "--eval-episodes", "0"]) == 0
+    agent = ppokit.load(rd, env="CartPole-v1").learn(64, progress=False)
+    assert agent.num_timesteps == 256
+    agent.close()
 
 
 def test_what_is_recorded_of_an_instance():

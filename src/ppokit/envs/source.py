@@ -22,7 +22,7 @@ from typing import Any
 from ppokit.errors import UsageError
 
 __all__ = ["GivenVectorEnv", "InstanceEnvs", "split_env_id", "import_env_module", "gym_id",
-           "env_for_run", "check_env_kwargs", "registered_id", "FACTORY"]
+           "env_for_run", "check_env_kwargs", "registered_id", "id_factory", "FACTORY"]
 
 FACTORY = "factory"  # TrainConfig.env_source of a run trained on a Python factory
 _IMPORTED: set[str] = set()  # modules the user named in this process
@@ -95,6 +95,21 @@ def env_for_run(env_id: str, env_source: str, given: Any, where: str
                              f"name it: pass --env {env_id} again (Python: env={env_id!r})")
         import_env_module(env_id, "--env")
     return env_id
+
+
+def id_factory(env_id: str) -> Callable[[], Any]:
+    """A factory of the registered ``env_id`` (its module imported already, when it names
+    one): what a factory run continues on when the user names an id instead, so that its
+    environments stay single copies built one by one, as the factory's were."""
+    import gymnasium as gym
+
+    gid = gym_id(env_id)
+
+    def make():
+        return gym.make(gid)
+
+    make.__qualname__ = env_id
+    return make
 
 
 _KW_MAX = 64 * 1024
