@@ -5,7 +5,7 @@ TORCH_VERSION ?= 2.13.0
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-EXTRAS ?= dev,box2d,mujoco,atari,minatar,envpool,tb,llm,lora,gguf,reasoning,textworld,verifiers,video,wandb,ray,tune
+EXTRAS ?= dev,box2d,mujoco,atari,minatar,envpool,tb,llm,lora,gguf,reasoning,textworld,verifiers,video,wandb,ray,tune,trl
 
 .PHONY: setup train test test-slow lint bench bench-learning-quick smollm2 clean
 
@@ -22,10 +22,11 @@ $(VENV)/.base: pyproject.toml setup.py Makefile
 # Everything the test suite exercises: the extras in EXTRAS, byte-compiled once here (the
 # suite starts hundreds of processes, each of which would otherwise compile what it
 # imports where byte-code is not written: 416 s of tests instead of 554 s, for 50 s here;
-# a package's file that does not compile, as some ship for other Pythons, is left as is).
+# a package's file that does not compile, as some ship for other Pythons, is left as is;
+# the warnings third-party files raise while compiling are not ours to print).
 $(VENV)/.installed: $(VENV)/.base
 	$(PIP) install -q --no-compile -e ".[$(EXTRAS)]"
-	$(PY) -m compileall -q -j 0 $(VENV)/lib > /dev/null || true  # (some packages ship files for other Pythons)
+	PYTHONWARNINGS=ignore $(PY) -W ignore -m compileall -q -j 0 $(VENV)/lib > /dev/null || true  # (some packages ship files for other Pythons)
 	touch $@
 
 # ppokit's compiled kernels (setup.py's C extension, built by `pip install -e .` above) are

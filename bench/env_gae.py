@@ -118,13 +118,13 @@ def _measure(n: int, t: int, repeats: int, rlox) -> None:
     c = 0.99 * 0.95 * (~end).float()
     runs: dict[str, list[float]] = {"gae": [], "loop": [], "scan alone": [],
                                     "NumPy scan": []}
-    scan_label = "C scan (what gae runs)" if native.available() is None else \
-        f"scan alone (NumPy: the native step is not built: {native.available()})"
+    scan_label = "C scan (what gae runs)" if native.available() else \
+        f"scan alone (NumPy: the native step is not built: {native.why_not()})"
     for _ in range(3):  # alternating rounds
         runs["gae"] += _time(lambda: gae(r, v, nv, term, end, 0.99, 0.95), repeats)
         runs["loop"] += _time(lambda: gae_reference(r, v, nv, term, end, 0.99, 0.95),
                               max(3, repeats // 3))
-        runs["scan alone"] += _time(lambda: kernels.reverse_scan(d, c) if native.available() is None
+        runs["scan alone"] += _time(lambda: kernels.reverse_scan(d, c) if native.available()
                                     else _reverse_scan_time(d, c), repeats)
         runs["NumPy scan"] += _time(lambda: _reverse_scan_time(d, c), repeats)
     diff = float((gae(r, v, nv, term, end, 0.99, 0.95)[0]

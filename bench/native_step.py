@@ -21,7 +21,7 @@ import torch
 from ppokit.algos.optim import Adam
 from ppokit.engine.flat import FlatParameters
 from ppokit.engine.fused import FusedStep
-from ppokit.engine.native import available
+from ppokit.engine.native import available, why_not
 from ppokit.engine.update import UpdateSpec
 from ppokit.policies.mlp import MLPActorCritic
 
@@ -49,8 +49,8 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--calls", type=int, default=200)
     a = ap.parse_args(argv)
-    if available() is not None:
-        raise SystemExit(f"bench.native_step: {available()}")
+    if not available():
+        raise SystemExit(f"bench.native_step: {why_not()}")
     torch.set_num_threads(1)
     print("| policy | hidden × rows | native µs | TorchScript µs | TorchScript ÷ native |")
     print("|---|---|---:|---:|---:|")

@@ -170,7 +170,8 @@ class _NotAFactory:
     (dict(lr=0.1), "ppokit.train: unknown key 'lr'; did you mean 'learning_rate'"),
     (dict(total_timesteps=10, total_steps=10), "total_timesteps: the same as total_steps"),
     (dict(total_steps=-1), "total_steps (total_timesteps): expected"),
-    (dict(progress="yes"), "progress: expected True, False or None"),
+    (dict(progress="yes"), "progress: expected True, False, None (a bar when stderr is a "
+                           "terminal) or a text stream"),
     (dict(callbacks=[1]), "callbacks: expected functions"),
     (dict(env_kwargs=[1]), "env_kwargs: expected a table"),
     (dict(resume=True), "resume: needs run_dir"),

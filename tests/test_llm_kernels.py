@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from ppokit.kernels import available
 from ppokit.kernels import decoder as kd
 
-pytestmark = pytest.mark.skipif(available() is not None or not kd.usable(torch.zeros(1)),
+pytestmark = pytest.mark.skipif(not available() or not kd.usable(torch.zeros(1)),
                                 reason="the compiled kernels are not built here")
 
 SETTINGS = settings(max_examples=40, deadline=None)

@@ -35,3 +35,36 @@ def test_disabled_prints_nothing():
     with Progress(3, 0, enabled=False, tty=False, every=0.0, stream=out) as bar:
         bar.advance(REC)
     assert out.getvalue() == ""
+
+
+TIMED = {**REC, "response_tokens": 600.0, "time_generation": 0.5, "time_scoring": 0.1,
+         "time_training": 0.4}
+
+
+def test_the_speed_of_each_phase_in_the_line():
+    out = io.StringIO()
+    with Progress(2, 0, tty=False, every=0.0, stream=out) as bar:
+        bar.advance(TIMED)
+        bar.advance({**TIMED, "response_tokens": 1400.0, "time_training": 1.4})
+    first, last = out.getvalue().splitlines()
+    assert "clip -  gen 1.2k tok/s  train 1.5k tok/s (gen 50% score 10% train 40%)  " \
+        "elapsed" in first, first
+    # over the iterations so far: 2000 tokens in 1 s of generation, 1.8 s of training
+    assert "gen 2.0k tok/s  train 1.1k tok/s (gen 33% score 7% train 60%)" in last, last
+    assert bar.speed.summary() == ("2,000 completion tokens: generation 2,000 tokens/s, "
+                                   "training 1,111 tokens/s; time in generation 33%, "
+                                   "scoring 7%, training 60%")
+
+
+def test_llm_train_prints_the_speed_in_its_summary(tmp_path, capsys, monkeypatch):
+    from ppokit.cli import main
+
+    monkeypatch.setenv("PPOKIT_LOG_EVERY", "0.000001")
+    assert main(["llm", "train", "--no-eval", "--iterations", "2", "--run-dir",
+                 str(tmp_path / "run"), "--set", "prompts_per_iter=2", "--set",
+                 "samples_per_prompt=2"]) == 0
+    out, err = capsys.readouterr()
+    lines = [x for x in err.splitlines() if x.startswith("llm train: iteration")]
+    assert len(lines) == 2 and all(" tok/s (gen " in x for x in lines), err
+    (summary,) = [x for x in out.splitlines() if "completion tokens: generation" in x]
+    assert "tokens/s, training " in summary and "time in generation " in summary

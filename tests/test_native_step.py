@@ -2,7 +2,9 @@
 minibatches and network shapes; its early stop, determinism and choice by the fused step;
 and that this install has it built."""
 
+import os
 import shutil
+import subprocess
 import sys
 
 import pytest
@@ -17,8 +19,8 @@ from ppokit.algos.trainer import update_spec
 from ppokit.engine import UpdateSpec, native
 from ppokit.engine.fused import FusedStep, reference_step
 
-needs_native = pytest.mark.skipif(native.available() is not None,
-                                  reason=f"native step unavailable: {native.available()}")
+needs_native = pytest.mark.skipif(not native.available(),
+                                  reason=f"native step unavailable: {native.why_not()}")
 
 
 def test_the_native_step_is_built_where_a_c_compiler_is():
@@ -26,7 +28,25 @@ def test_the_native_step_is_built_where_a_c_compiler_is():
     install that silently lost it would run the slower kernel without a word."""
     if sys.platform == "win32" or not (shutil.which("cc") or shutil.which("gcc")):
         pytest.skip("no C compiler on this machine")
-    assert native.available() is None
+    assert native.available() is True and native.why_not() is None
+
+
+def test_kernels_available_reads_as_an_answer(monkeypatch):
+    """``print(ppokit.kernels.available())`` prints True or False (never None); why_not()
+    says why not, and every caller follows the same switch."""
+    built = kernels.why_not() is None
+    assert kernels.available() is built and native.available() is built
+    monkeypatch.setenv("PPOKIT_NATIVE", "0")
+    assert kernels.available() is False and native.available() is False
+    assert kernels.why_not() == native.why_not() == "PPOKIT_NATIVE=0"
+    assert kernels.gae(*[torch.zeros(2, 3)] * 3, torch.zeros(2, 3, dtype=torch.bool),
+                       torch.zeros(2, 3, dtype=torch.bool), 0.99, 0.95) is None
+    with pytest.raises(RuntimeError, match="PPOKIT_NATIVE=0"):
+        kernels.auto_state()
+    out = subprocess.run([sys.executable, "-c", "import ppokit.kernels as k; "
+                          "print(k.available())"], capture_output=True, text=True,
+                         env={**os.environ, "PPOKIT_NATIVE": "0"}, check=True).stdout
+    assert out.strip() == "False"
 
 
 _setup = setup_policy

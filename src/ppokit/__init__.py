@@ -1,7 +1,8 @@
 """ppokit: policy-gradient reinforcement learning centred on PPO.
 
 ``ppokit.train``, ``ppokit.load`` and ``ppokit.Agent`` (:mod:`ppokit.api`), ``ppokit.PPO``
-and ``ppokit.A2C`` (Stable-Baselines3's calling conventions, :mod:`ppokit.sb3`), and
+and ``ppokit.A2C`` and ``ppokit.evaluate_policy`` (Stable-Baselines3's calling
+conventions, :mod:`ppokit.sb3`), and
 ``ppokit.check_env`` (:mod:`ppokit.checks.environment`), and
 ``ppokit.register_policy_loss`` / ``ppokit.register_advantage_estimator``
 (:mod:`ppokit.core.registry`) and ``ppokit.register_features_extractor``
@@ -12,8 +13,9 @@ on first use, so ``import ppokit`` stays light (no torch, no Gymnasium).
 
 __version__ = "0.1.0"
 
-__all__ = ["A2C", "Agent", "PPO", "check_env", "load", "register_advantage_estimator",
-           "register_features_extractor", "register_policy_loss", "train", "__version__"]
+__all__ = ["A2C", "Agent", "PPO", "check_env", "evaluate_policy", "load",
+           "register_advantage_estimator", "register_features_extractor",
+           "register_policy_loss", "train", "__version__"]
 
 
 def __dir__() -> list[str]:
@@ -26,7 +28,7 @@ def __getattr__(name: str):
         from . import api
 
         return getattr(api, name)
-    if name in ("PPO", "A2C"):
+    if name in ("PPO", "A2C", "evaluate_policy"):
         from . import sb3
 
         return getattr(sb3, name)

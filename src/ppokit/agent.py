@@ -19,13 +19,15 @@ from ppokit.errors import UsageError
 __all__ = ["Agent", "check_progress", "check_path", "log_line"]
 
 
-def check_progress(progress: Any) -> bool:
+def check_progress(progress: Any) -> Any:
+    """``True`` / ``False``, or the text stream that receives the progress (``progress=
+    sys.stdout``: a bar when it is a terminal, plain lines otherwise)."""
     if progress is None:
         return sys.stderr.isatty()
-    if not isinstance(progress, bool):
-        raise UsageError(f"progress: expected True, False or None (a bar when stderr is a "
-                         f"terminal), got {progress!r}")
-    return progress
+    if isinstance(progress, bool) or callable(getattr(progress, "write", None)):
+        return progress
+    raise UsageError(f"progress: expected True, False, None (a bar when stderr is a "
+                     f"terminal) or a text stream such as sys.stdout, got {progress!r}")
 
 
 def check_path(value: Any, name: str) -> Path:
@@ -211,10 +213,12 @@ class Agent:
         seed = self.cfg.seed + 1_000_000 if seed is None else seed
         rets = evaluate_policy(self.policy, self.cfg, episodes=episodes, seed=seed,
                                deterministic=deterministic, obs_norm=self.obs_norm,
-                               env=self._env)
+                               env=self._env,
+                               spaces=(self.observation_space, self.action_space))
         res = {"mean_return": float(np.mean(rets)), "std_return": float(np.std(rets)),
                "episodes": episodes, "returns": rets, "seed": seed,
-               "deterministic": deterministic, "env_id": self.cfg.env_id}
+               "deterministic": deterministic,
+               "env_id": self._env if isinstance(self._env, str) else self.cfg.env_id}
         if self._writable:
             from ppokit.io import RunLock
             from ppokit.io.atomic import atomic_write_text
@@ -274,7 +278,7 @@ class Agent:
         self._run(callbacks, show)
         return self
 
-    def _run(self, callbacks: tuple[Callable, ...], show: bool) -> None:
+    def _run(self, callbacks: tuple[Callable, ...], show: Any) -> None:
         tr = self._trainer
 
         def on_iteration(rec: dict):
@@ -295,7 +299,13 @@ class Agent:
                 if show:
                     from ppokit.algos.progress import train_with_progress
 
-                    train_with_progress(tr, stop, on_iteration=on_iteration)
+                    console = None
+                    if show is not True:  # a stream of the caller's (sys.stdout)
+                        from rich.console import Console
+
+                        console = Console(file=show)
+                    train_with_progress(tr, stop, on_iteration=on_iteration,
+                                        console=console)
                 else:
                     tr.train(on_iteration, stop=stop)
         except Interrupted as exc:

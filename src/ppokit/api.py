@@ -16,7 +16,8 @@ same guarantees (docs/training.md). An environment is a registered Gymnasium id,
 ``() -> gymnasium.Env``, or a ``gymnasium.vector.VectorEnv`` (trained as it is, its
 ``num_envs`` being the run's; evaluation builds single copies from its ``env_fns`` or
 registered spec). A factory or a vector env cannot be recorded in a run directory, so
-resuming or evaluating such a run needs it again: ``ppokit.load(path, env=make_env)``;
+resuming or evaluating such a run needs it again: ``ppokit.load(path, env=make_env)`` (an
+instance of one of Gymnasium's registered environments is recorded by its id instead);
 the run records its observation and action spaces, so ``ppokit.load(path)`` alone gives
 an agent that predicts.
 """
@@ -32,7 +33,7 @@ from ppokit.agent import Agent, check_path, check_progress, log_line
 from ppokit.cliutil import check_callbacks
 from ppokit.errors import UsageError
 
-__all__ = ["Agent", "train", "load"]
+__all__ = ["Agent", "train", "load", "env_maker"]
 
 _RENAMED = {"env_id": "env"}  # keyword -> the argument's name
 _ARG_OF = {"total_timesteps": "total_steps", "env_id": "env"}  # config key -> argument
@@ -65,6 +66,26 @@ def _env_arg(env: Any) -> tuple[Any, str, str]:
         return env, label, "factory"
     raise UsageError(f"env: expected a Gymnasium id or a factory () -> gymnasium.Env, got "
                      f"{type(env).__name__}")
+
+
+def _recorded_id(maker: Any, env_id: str, source: str, env_kwargs: Any):
+    """An instance of one of Gymnasium's registered environments is recorded by its id and
+    keyword arguments (:func:`ppokit.envs.source.registered_id`), so that loading and
+    evaluating the run need nothing more; training still steps the instance itself."""
+    from ppokit.envs.source import InstanceEnvs
+
+    if not isinstance(maker, InstanceEnvs) or maker.registered is None:
+        return env_id, source, env_kwargs
+    if env_kwargs:
+        raise UsageError("env_kwargs: apply to a registered id; an environment instance "
+                         "was made with its own arguments")
+    return maker.registered[0], "id", maker.registered[1]
+
+
+def env_maker(env: Any) -> Any:
+    """What builds environments from the ``env`` a user passes (an id, a factory, an
+    instance or a ``gymnasium.vector.VectorEnv``), checked as ``ppokit.train`` checks it."""
+    return _env_arg(env)[0]
 
 
 def _resolve(env_id: str, algo: Any, total_steps: Any, env_kwargs: Any, env_source: str,
@@ -109,7 +130,7 @@ def _resolve(env_id: str, algo: Any, total_steps: Any, env_kwargs: Any, env_sour
 
 def train(env, algo: str = "ppo", total_steps: int | None = None,
           run_dir: str | os.PathLike | None = None, callbacks: Iterable[Callable] = (),
-          env_kwargs: dict | None = None, progress: bool | None = None, *,
+          env_kwargs: dict | None = None, progress: Any = None, *,
           resume: bool = False, **config) -> Agent:
     """Train an agent and return it.
 
@@ -127,7 +148,8 @@ def train(env, algo: str = "ppo", total_steps: int | None = None,
     factory again, and no configuration may be given). ``callbacks``: functions
     ``(metrics, agent)`` called after every iteration; returning ``False`` or ``"stop"``
     ends training with a checkpoint. ``env_kwargs``: keyword arguments of a registered
-    environment. ``progress``: a progress bar (default: when stderr is a terminal).
+    environment. ``progress``: a progress bar (default: when stderr is a terminal); a text
+    stream (``sys.stdout``) receives it instead, as plain lines when it is not a terminal.
     ``**config``: any configuration key (``ppokit train --help``), e.g. ``seed=1``,
     ``n_envs=4``, ``learning_rate=1e-3``.
     """
@@ -141,8 +163,7 @@ def train(env, algo: str = "ppo", total_steps: int | None = None,
         raise UsageError(f"resume: expected True or False, got {resume!r}")
     fresh = False
     if resume:
-        from ppokit.algos import load_run_config
-        from ppokit.envs.source import env_for_run
+        from ppokit.algos.runs import open_run
 
         if run_dir is None:
             raise UsageError("resume: needs run_dir, the run directory to continue")
@@ -152,14 +173,14 @@ def train(env, algo: str = "ppo", total_steps: int | None = None,
         run_dir = check_path(run_dir, "run_dir")
         if not run_dir.is_dir():
             raise UsageError(f"run_dir: no such run directory {str(run_dir)!r}")
-        cfg = load_run_config(run_dir)
-        maker = env_for_run(cfg.env_id, cfg.env_source,
-                            maker if source == "factory" else env_id, "env")
+        run = open_run(run_dir, maker if source == "factory" else env_id, "env")
+        cfg, maker = run.cfg, run.env
     else:
         if not isinstance(algo, str):
             raise UsageError(f"algo: expected a string, got {algo!r}")
         if "policy" in config and not isinstance(config["policy"], str):
             config["policy"] = _extractor_name(config["policy"])
+        env_id, source, env_kwargs = _recorded_id(maker, env_id, source, env_kwargs)
         cfg = _resolve(env_id, algo, total_steps, env_kwargs, source, config, maker)
         if run_dir is None:
             run_dir = unique_run_dir("runs", f"{cfg.env_id}-{cfg.algo}-s{cfg.seed}")
@@ -210,16 +231,17 @@ def load(path: str | os.PathLike, env=None, *, best: bool = False) -> Agent:
     normaliser, read-only (safetensors and JSON only; nothing in the directory is imported
     or executed). The checkpoint records the observation and action spaces, so ``predict``
     needs no environment. ``env`` is what builds the run's environments for ``evaluate``
-    and ``learn``: a registered id needs nothing; a run trained on a factory needs it
-    again (``env=make_env``), and one trained on a ``"module:Id"`` needs the id named
-    again (``env="module:Id"``: imported because you name it here). Without it the agent
+    and ``learn`` (an id, a factory or an environment instance; what you give wins): a
+    registered id needs nothing, nor does a run trained on an instance of one of
+    Gymnasium's registered environments (Stable-Baselines3's ``gym.make("CartPole-v1")``:
+    the run records its id); a run trained on another factory needs it again
+    (``env=make_env``) or a registered id that builds the same environment, and one
+    trained on a ``"module:Id"`` needs the id named again (``env="module:Id"``: imported
+    because you name it here). Without it the agent
     predicts, and ``evaluate`` / ``learn`` say what to pass. ``best=True``: the best
     policy the evaluations during training kept (``best/``); its ``learn`` continues the
     run itself, from the newest checkpoint."""
-    from ppokit.algos.evaluate import policy_from_checkpoint
-    from ppokit.algos.runs import load_run_checkpoint
-    from ppokit.envs.source import env_for_run
-    from ppokit.io.spaces import SpaceDataError, spaces_from_state
+    from ppokit.algos.runs import open_run
 
     path = check_path(path, "path")
     if not path.is_dir():
@@ -228,21 +250,10 @@ def load(path: str | os.PathLike, env=None, *, best: bool = False) -> Agent:
         env = _env_arg(env)[0]  # refuses a class with the same message
     if not isinstance(best, bool):
         raise UsageError(f"best: expected True or False, got {best!r}")
-    cfg, tensors, arrays, st = load_run_checkpoint(path, best=best)
-    try:
-        recorded = spaces_from_state(st)
-    except SpaceDataError as exc:
-        raise UsageError(f"run dir: {path}'s checkpoint records unusable spaces ({exc})"
-                         ) from None
-    maker, missing = None, None
-    try:
-        maker = env_for_run(cfg.env_id, cfg.env_source, env, "env")
-    except UsageError as exc:
-        if env is not None or recorded is None:  # the spaces come from the env: needed
-            raise
-        missing = str(exc)  # said when evaluate or learn needs the environment
-    policy, norm, spaces = policy_from_checkpoint(cfg, tensors, arrays, maker, recorded)
-    agent = Agent(cfg, path, policy, norm, spaces, maker, checkpoint=(tensors, arrays, st),
-                  writable=False)
-    agent._env_missing = missing
+    # without the environment (a factory run's, not given again) the agent still predicts
+    run = open_run(path, env, "env", best=best, need_env=False)
+    policy, norm, spaces = run.policy()
+    agent = Agent(run.cfg, path, policy, norm, spaces, run.env,
+                  checkpoint=(run.tensors, run.arrays, run.state), writable=False)
+    agent._env_missing = run.env_missing
     return agent

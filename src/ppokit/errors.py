@@ -22,7 +22,7 @@ import os
 
 __all__ = ["UsageError", "UserCodeError", "Fault", "FAULT_EXIT", "debug_enabled",
            "with_suffix", "write_fault", "fault_remedy", "WRITE_FAULTS", "extra_hint",
-           "require_extra"]
+           "require_extra", "require_extras", "JOB_EXTRAS"]
 
 FAULT_EXIT = 74  # EX_IOERR
 # the write failures that are the machine's, not the user's input or ppokit's logic
@@ -39,15 +39,41 @@ def extra_hint(extra: str) -> str:
     return f"pip install 'ppokit[{extra}]'"
 
 
+# one extra per job that needs several (pyproject.toml defines each as their union)
+JOB_EXTRAS = {"smollm2": ("llm", "gguf")}
+
+
 def require_extra(modules: str | tuple[str, ...], extra: str, what: str) -> None:
     """A :class:`UsageError` naming ``what`` needs and how to install it, unless every
     module of ``modules`` can be imported."""
+    require_extras([(extra, (modules,) if isinstance(modules, str) else modules)], what)
+
+
+def require_extras(needs: list[tuple[str, tuple[str, ...]]], what: str) -> None:
+    """One :class:`UsageError` naming every extra of ``needs`` (``(extra, modules)``
+    pairs) that is missing, and one install line for them all (the job's extra of
+    :data:`JOB_EXTRAS` when they are its parts), unless every module can be imported."""
     import importlib.util
 
-    for mod in (modules,) if isinstance(modules, str) else modules:
-        if importlib.util.find_spec(mod) is None:
-            raise UsageError(f"{what} needs the {extra} extra: {extra_hint(extra)} ({mod} is "
-                             f"not installed)")
+    missing: dict[str, list[str]] = {}
+    for extra, modules in needs:
+        absent = [m for m in modules if importlib.util.find_spec(m) is None]
+        if absent:
+            missing[extra] = absent
+    if not missing:
+        return
+    names = list(missing)
+    mods = [m for absent in missing.values() for m in absent]
+    if len(names) == 1:
+        line, which = extra_hint(names[0]), f"the {names[0]} extra"
+    else:
+        job = next((j for j, parts in JOB_EXTRAS.items() if set(parts) == set(names)),
+                   ",".join(names))
+        line = extra_hint(job)
+        which = f"the {', '.join(names[:-1])} and {names[-1]} extras"
+    verb = "is" if len(mods) == 1 else "are"
+    raise UsageError(f"{what} needs {which}: {line} ({', '.join(mods)} {verb} not "
+                     "installed)")
 
 
 class UserCodeError(UsageError):

@@ -13,9 +13,15 @@ What differs, on purpose:
 * an environment instance is the first of the run's environments; the others are copies
   (``gymnasium.make(env.spec)`` for a registered one, else deep copies:
   :class:`ppokit.envs.source.InstanceEnvs`);
+* the run directory training writes is kept in a temporary directory (removed with the
+  model) unless you name one: ``run_dir=``, or ``tensorboard_log=DIR`` (then
+  ``DIR/TB_LOG_NAME-<time>``, with the TensorBoard scalars in it); ``verbose=1`` prints
+  the progress on stdout, plain lines when it is not a terminal;
 * ``save(path)`` writes a run directory (configuration and a verified checkpoint,
   safetensors and JSON: nothing in it is ever executed on ``load``), not a zip file of
   pickles, and never overwrites a directory that holds something;
+* :func:`evaluate_policy` plays whole episodes on separate copies of the environment,
+  each seeded (the run's seed + 1000000 + k), the same episodes ``ppokit eval`` plays;
 * a callback is ppokit's ``(metrics, agent) -> False | "stop" | None``; Stable-Baselines3's
   callback objects are refused with that said.
 """
@@ -23,11 +29,15 @@ What differs, on purpose:
 from __future__ import annotations
 
 import os
+import shutil
+import sys
+import tempfile
+import weakref
 from typing import Any
 
 from ppokit.errors import UsageError
 
-__all__ = ["PPO", "A2C"]
+__all__ = ["PPO", "A2C", "evaluate_policy"]
 
 # Stable-Baselines3's policy names: ppokit chooses the network from the observation space
 POLICY_NAMES = {"MlpPolicy": "mlp", "CnnPolicy": "cnn", "MultiInputPolicy": "multi_input"}
@@ -81,15 +91,17 @@ class _SB3Shaped:
         if device not in ("auto", "cpu"):
             raise UsageError(f"device: ppokit trains where torch puts its tensors; expected "
                              f"'auto' or 'cpu', got {device!r}")
-        if tensorboard_log is not None:
-            raise UsageError("tensorboard_log: ppokit writes its TensorBoard scalars into the "
-                             "run directory (tensorboard=True, the default); give "
-                             "run_dir=... to choose where")
+        if tensorboard_log is not None and (not isinstance(tensorboard_log, (str, os.PathLike))
+                                            or not str(tensorboard_log)):
+            raise UsageError(f"tensorboard_log: expected a directory, got {tensorboard_log!r}")
+        if tensorboard_log is not None and run_dir is not None:
+            raise UsageError("tensorboard_log: the run directory is run_dir; give one of them")
         if not isinstance(verbose, int) or isinstance(verbose, bool):
             raise UsageError(f"verbose: expected 0, 1 or 2, got {verbose!r}")
         self.env = env
         self.verbose = verbose
         self.run_dir = run_dir
+        self.tensorboard_log = tensorboard_log
         self.config = {**config, **_policy_kwargs(policy_kwargs), "policy": policy}
         if seed is not None:
             self.config["seed"] = seed
@@ -110,13 +122,37 @@ class _SB3Shaped:
                 raise UsageError("callback: a Stable-Baselines3 callback object; ppokit's "
                                  "callbacks are functions (metrics, agent) -> False | 'stop' "
                                  "| None, called after every iteration (docs/from_sb3.md)")
-        progress = True if progress_bar else (None if self.verbose else False)
+        # verbose: progress on stdout, as Stable-Baselines3's (plain lines in a log)
+        progress = True if progress_bar else (sys.stdout if self.verbose else False)
         if self.agent is None:
-            self.agent = train(self.env, self.algo, total_timesteps, run_dir=self.run_dir,
-                               callbacks=callbacks, progress=progress, **self.config)
+            run_dir, scratch = self._run_dir(tb_log_name)
+            try:
+                self.agent = train(self.env, self.algo, total_timesteps, run_dir=run_dir,
+                                   callbacks=callbacks, progress=progress, **self.config)
+            except BaseException:
+                if scratch is not None:
+                    shutil.rmtree(scratch, ignore_errors=True)
+                raise
+            if scratch is not None:  # removed with the agent; save() keeps what you ask
+                weakref.finalize(self.agent, shutil.rmtree, scratch, ignore_errors=True)
         else:
             self.agent.learn(total_timesteps, callbacks=callbacks, progress=progress)
         return self
+
+    def _run_dir(self, tb_log_name: str):
+        """``(run_dir, scratch)``: the directory the user named (``run_dir``, or a new
+        ``TB_LOG_NAME-<time>`` under ``tensorboard_log``), else one in a temporary
+        directory (``scratch``, removed with the agent): as Stable-Baselines3, a model
+        writes nothing in the working directory unless asked."""
+        from ppokit.io import unique_run_dir
+
+        if self.run_dir is not None:
+            return self.run_dir, None
+        if self.tensorboard_log is not None:
+            return unique_run_dir(self.tensorboard_log, tb_log_name or type(self).__name__
+                                  ), None
+        scratch = tempfile.mkdtemp(prefix="ppokit-")
+        return os.path.join(scratch, "run"), scratch
 
     # ------------------------------------------------------------------ acting
     def predict(self, observation, state=None, episode_start=None,
@@ -159,6 +195,7 @@ class _SB3Shaped:
         agent = load(path, env=env)
         model = cls.__new__(cls)
         model.env, model.verbose, model.run_dir = env, 0, agent.run_dir
+        model.tensorboard_log = None
         model.config, model.agent = {}, agent
         if agent.cfg.algo != cls.algo:
             raise UsageError(f"path: {path} holds a {agent.cfg.algo} run; load it with "
@@ -179,3 +216,58 @@ class A2C(_SB3Shaped):
     """A2C with Stable-Baselines3's calling conventions (see the module)."""
 
     algo = "a2c"
+
+
+def evaluate_policy(model: Any, env: Any, n_eval_episodes: int = 10,
+                    deterministic: bool = True, return_episode_rewards: bool = False):
+    """Stable-Baselines3's ``evaluate_policy``: ``(mean, std)`` of the undiscounted returns
+    of ``n_eval_episodes`` whole episodes of ``model`` (a :class:`PPO` / :class:`A2C` or a
+    :class:`ppokit.Agent`) on ``env`` (an id, an environment instance, a factory or a
+    ``gymnasium.vector.VectorEnv``); ``(returns, lengths)``, one per episode, with
+    ``return_episode_rewards``. An instance given is played as it is and not closed; the
+    other copies are built as training builds them
+    (:class:`ppokit.envs.source.InstanceEnvs`)."""
+    import dataclasses
+
+    import numpy as np
+
+    from ppokit.agent import Agent
+    from ppokit.algos.evaluate import evaluate_policy as play
+    from ppokit.api import env_maker
+    from ppokit.cliutil import in_range
+
+    agent = model._trained("evaluate_policy") if isinstance(model, _SB3Shaped) else model
+    if not isinstance(agent, Agent):
+        raise UsageError(f"model: expected a ppokit PPO/A2C model or a ppokit.Agent, got "
+                         f"{type(model).__name__}")
+    if not in_range(n_eval_episodes, True, 1, 10**6):
+        raise UsageError(f"n_eval_episodes: expected an integer in [1, 1000000], got "
+                         f"{n_eval_episodes!r}")
+    for name, flag in (("deterministic", deterministic),
+                       ("return_episode_rewards", return_episode_rewards)):
+        if not isinstance(flag, bool):
+            raise UsageError(f"{name}: expected True or False, got {flag!r}")
+    cfg = agent.cfg
+    if isinstance(env, str) and env != cfg.env_id:  # the run's env_kwargs are its own env's
+        cfg = dataclasses.replace(cfg, env_kwargs={})
+    lengths: list[int] = []
+    returns = play(agent.policy, cfg, episodes=n_eval_episodes, seed=cfg.seed + 1_000_000,
+                   deterministic=deterministic, obs_norm=agent.obs_norm,
+                   env=_evaluation_env(env, env_maker), lengths=lengths,
+                   spaces=(agent.observation_space, agent.action_space))
+    if return_episode_rewards:
+        return returns, lengths
+    return float(np.mean(returns)), float(np.std(returns))
+
+
+
+def _evaluation_env(env: Any, env_maker) -> Any:
+    """What builds the evaluation environments of ``env``; a user's instance is played as
+    it is, and left open (:class:`ppokit.envs.source.InstanceEnvs`)."""
+    import gymnasium as gym
+
+    if isinstance(env, gym.Env) and not isinstance(env, type):
+        from ppokit.envs.source import InstanceEnvs
+
+        return InstanceEnvs(env, keep_open=True)
+    return env_maker(env)

@@ -7,14 +7,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ppokit.envs import ObsNormalizer, env_for_run, make_vec
+from ppokit.envs import ObsNormalizer, make_vec
 from ppokit.envs.checked import label_of
 from ppokit.errors import UsageError, UserCodeError
-from ppokit.policies import policy_for_config
 
 from .acting import Memory, new_memory, policy_actions  # noqa: F401 (re-exported)
 from .config import TrainConfig
-from .runs import load_run_checkpoint
+from .runs import open_run, policy_from_checkpoint  # noqa: F401 (re-exported)
 
 # steps of one evaluation episode: an environment without an end is an error, not a hang
 MAX_EPISODE_STEPS = 10**6
@@ -24,45 +23,19 @@ __all__ = ["load_policy", "policy_from_checkpoint", "evaluate_policy", "evaluate
 
 
 def load_policy(run_dir: str | Path, env=None, where: str = "--env", *, best: bool = False):
-    """``(config, policy, obs_normalizer | None, env_maker)`` from a run's latest good
-    checkpoint. ``env`` is what the user passed again (an id or a factory): a factory run
-    and a ``module:Id`` run need it (:func:`ppokit.envs.env_for_run`); ``env_maker`` is what
-    builds the run's environments. ``best``: the best policy kept by the evaluations during
-    training (``best/``) instead of the newest checkpoint."""
-    cfg, tensors, arrays, _ = load_run_checkpoint(run_dir, best=best)
-    maker = env_for_run(cfg.env_id, cfg.env_source, env, where)
-    policy, norm, _ = policy_from_checkpoint(cfg, tensors, arrays, maker)
-    return cfg, policy, norm, maker
-
-
-def policy_from_checkpoint(cfg: TrainConfig, tensors: dict, arrays: dict, maker,
-                           spaces: tuple | None = None):
-    """``(policy, obs_normalizer | None, (observation_space, action_space))`` rebuilt from a
-    checkpoint's tensors and arrays, for ``spaces`` (the ones the checkpoint recorded,
-    :func:`ppokit.io.spaces.spaces_from_state`) or, when ``None`` (a checkpoint written
-    before spaces were recorded), those of one env ``maker`` builds."""
-    if spaces is None:
-        env = make_vec(maker, 1, vectorization="sync", env_kwargs=cfg.env_kwargs)
-        spaces = env.single_observation_space, env.single_action_space
-        env.close()
-    obs_space, act_space = spaces
-    policy = policy_for_config(cfg, obs_space, act_space)
-    try:
-        policy.load_state_dict(tensors["model"])
-        norm = None
-        if cfg.normalize_obs:
-            norm = ObsNormalizer(tuple(arrays["obs_norm"]["mean"].shape), cfg.clip_obs)
-            norm.load_state_dict(arrays["obs_norm"])
-    except (KeyError, RuntimeError, ValueError) as exc:
-        raise UsageError(f"run dir: the checkpoint does not fit {cfg.env_id}'s spaces "
-                         f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
-    policy.eval()
-    return policy, norm, (obs_space, act_space)
+    """``(config, policy, obs_normalizer | None, env_maker)`` of a run directory
+    (:func:`ppokit.algos.runs.open_run`: its newest intact checkpoint, or ``best/`` with
+    ``best``). ``env`` is what the user passed again (an id or a factory);
+    ``env_maker`` is what builds the run's environments."""
+    run = open_run(run_dir, env, where, best=best)
+    policy, norm, _ = run.policy()
+    return run.cfg, policy, norm, run.env
 
 
 def evaluate_policy(policy, cfg: TrainConfig, *, episodes: int = 10, seed: int = 0,
                     deterministic: bool = True, obs_norm: ObsNormalizer | None = None,
-                    batch: int = 16, env=None) -> list[float]:
+                    batch: int = 16, env=None, lengths: list[int] | None = None,
+                    spaces: tuple | None = None) -> list[float]:
     """Undiscounted returns of ``episodes`` whole episodes (raw rewards; an Atari game is
     played whole, all lives, with unclipped rewards: the returns are game scores).
 
@@ -71,7 +44,10 @@ def evaluate_policy(policy, cfg: TrainConfig, *, episodes: int = 10, seed: int =
     factory) builds them instead of ``cfg.env_id``. The envs are separate copies (sync, or
     async when the run is), never a vectorised entry point, whose one generator for all
     copies would make episode k depend on the batch: so episode k is the episode a single
-    env reset with ``seed + k`` plays (what :mod:`.video` records).
+    env reset with ``seed + k`` plays (what :mod:`.video` records). ``lengths``: a list
+    that receives each episode's number of steps, in the same order. ``spaces``: the
+    policy's ``(observation_space, action_space)``, which the environment must have (an
+    environment the user gives instead of the run's is checked against them).
     """
     maker = cfg.env_id if env is None else env
     if episodes < 1:
@@ -84,9 +60,12 @@ def evaluate_policy(policy, cfg: TrainConfig, *, episodes: int = 10, seed: int =
         # training=False: an Atari game is played whole, rewards unclipped (its score)
         env = make_vec(maker, n, vectorization=mode, autoreset="auto",
                        env_kwargs=cfg.env_kwargs, training=False)
+        if spaces is not None:
+            _check_fits(env, spaces, maker)
         space = env.single_action_space
         obs, _ = env.reset(seed=seed + len(returns))
         total = np.zeros(n)
+        length = np.zeros(n, np.int64)
         done = np.zeros(n, bool)
         memory = new_memory(policy, n)  # (an env that has finished plays on, not counted)
         steps = 0
@@ -95,6 +74,7 @@ def evaluate_policy(policy, cfg: TrainConfig, *, episodes: int = 10, seed: int =
                 a = policy_actions(policy, obs, space, obs_norm, deterministic, gen, memory)
                 obs, r, te, tr, _ = env.step(a)
                 total += np.where(done, 0.0, r)
+                length += ~done
                 done |= te | tr
                 steps += 1
                 if steps >= MAX_EPISODE_STEPS:
@@ -105,7 +85,26 @@ def evaluate_policy(policy, cfg: TrainConfig, *, episodes: int = 10, seed: int =
                         "limit: gymnasium.wrappers.TimeLimit or max_episode_steps)")
         env.close()
         returns.extend(total.tolist())
+        if lengths is not None:
+            lengths.extend(int(x) for x in length)
     return returns
+
+
+def _check_fits(env, spaces: tuple, maker) -> None:
+    """A :class:`UsageError` (the vector env closed) unless ``env``'s single observation and
+    action spaces have the shapes and kinds of the policy's ``spaces``."""
+    got = (env.single_observation_space, env.single_action_space)
+    for what, want, have in zip(("observation", "action"), spaces, got):
+        if type(want) is not type(have) or want.shape != have.shape or \
+                getattr(want, "n", None) != getattr(have, "n", None):
+            env.close()
+            raise UsageError(f"env: the {what} space of {label_of(maker)} is "
+                             f"{_brief(have)}; the policy was trained for {_brief(want)}")
+
+
+def _brief(space) -> str:
+    text = str(space)
+    return text if len(text) <= 40 else f"{type(space).__name__} of shape {space.shape}"
 
 
 def evaluate_run(run_dir: str | Path, *, episodes: int = 10, seed: int | None = None,
@@ -119,11 +118,16 @@ def evaluate_run(run_dir: str | Path, *, episodes: int = 10, seed: int | None = 
 
         check_video_dir(video)
         require_video_extra()
-    cfg, policy, norm, maker = load_policy(run_dir, env, best=best)
+    run = open_run(run_dir, env, best=best)
+    cfg, maker = run.cfg, run.env
+    policy, norm, spaces = run.policy()
     seed = cfg.seed + 1_000_000 if seed is None else seed
     rets = evaluate_policy(policy, cfg, episodes=episodes, seed=seed,
-                           deterministic=deterministic, obs_norm=norm, env=maker)
-    res = _result(rets, episodes, seed, deterministic, cfg.env_id)
+                           deterministic=deterministic, obs_norm=norm, env=maker,
+                           spaces=spaces)
+    # the environment played: the id given for a factory run, else the run's own
+    res = _result(rets, episodes, seed, deterministic,
+                  maker if isinstance(maker, str) else cfg.env_id)
     if video is not None:
         from .video import record_episodes
 

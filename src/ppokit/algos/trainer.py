@@ -68,6 +68,7 @@ from ppokit.envs import (
     ObsNormalizer,
     RewardScaler,
 )
+from ppokit.envs.source import id_factory
 from ppokit.envs.vec import training_vec
 from ppokit.errors import UsageError
 from ppokit.io.atomic import atomic_write_text
@@ -113,7 +114,7 @@ class Trainer(RunLifecycle):
     ``log`` receives one-line human messages (resume notices); the per-iteration
     ``on_iteration(metrics)`` callback drives progress displays. ``env`` builds the
     environments instead of ``config.env_id``: a factory ``() -> gymnasium.Env`` (required
-    when ``config.env_source`` is ``factory``: a run directory cannot record one).
+    when ``config.env_source`` is ``factory``, unless an id is named again on resume).
     """
 
     def __init__(self, config: TrainConfig, run_dir: str | Path, *, resume: bool = False,
@@ -123,6 +124,8 @@ class Trainer(RunLifecycle):
         self.run_dir = Path(run_dir)
         self.log = log
         self.env = None
+        if c.env_source == "factory" and resume and isinstance(env, str):
+            env = id_factory(env)  # a factory run resumed on an id the user names
         if c.env_source == "factory" and not callable(env):
             raise UsageError("env: this run trains on an environment factory, which a run "
                              "directory cannot record; pass the factory (env=make_env)")

@@ -68,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ppokit.algos import Trainer, load_run_config, resolve_config
+    from ppokit.algos import Trainer, resolve_config
     from ppokit.algos.config import parse_sets
     from ppokit.algos.progress import train_with_progress
     from ppokit.io import GracefulStop, Interrupted, unique_run_dir
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--eval-episodes: expected an integer in [0, 1000000], got "
                          f"{args.eval_episodes}")
 
-    from ppokit.envs.source import env_for_run, import_env_module
+    from ppokit.envs.source import import_env_module
 
     flags = {"env_id": args.env_id, "algo": args.algo, "total_timesteps": args.total_timesteps,
              "seed": args.seed, "n_envs": args.n_envs,
@@ -113,10 +113,12 @@ def run(args: argparse.Namespace) -> int:
         if is_llm_run_dir(run_dir):
             raise UsageError(f"--resume: {run_dir} is a language-model run: continue it with "
                              f"`ppokit llm train --resume {run_dir}`")
-        cfg = load_run_config(run_dir)
+        from ppokit.algos.runs import open_run
+
         # a module:Id is imported only because it is named here again, never because the
         # checkpoint says so
-        env = env_for_run(cfg.env_id, cfg.env_source, args.env_id, "--resume")
+        saved = open_run(run_dir, args.env_id, "--resume")
+        cfg, env = saved.cfg, saved.env
     else:
         toml_values = read_toml(args.config, "train") if args.config else {}
         cfg = resolve_config(toml_values=toml_values, overrides=parse_sets(args.sets),

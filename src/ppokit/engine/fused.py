@@ -52,7 +52,7 @@ from ppokit.threads import usable_cores
 
 from .flat import FlatParameters
 from .native import NATIVE_MAX_WIDTH, NativeStep
-from .native import available as native_available
+from .native import why_not as native_why_not
 from .update import STAT_KEYS, Forward, UpdateSpec, eager_minibatch_step, spec_fields
 
 __all__ = ["FusedStep", "supports", "reference_step", "policy_forward", "KERNEL_STAT_KEYS"]
@@ -524,7 +524,7 @@ class FusedStep:
         self.pick = FasterOfTwo() if timed else None
         self.native: NativeStep | None = None
         if backend in ("auto", "native"):
-            why = native_available()
+            why = native_why_not()
             if why is None and not (getattr(optimizer, "flat", None) is flat
                                     and hasattr(optimizer, "exp_avg")):
                 why = "the optimiser is not ppokit's Adam over the flat buffers"

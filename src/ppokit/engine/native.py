@@ -35,10 +35,15 @@ __all__ = ["available", "NativeStep", "NATIVE_MAX_WIDTH"]
 # 256 — 1.1-1.4x, 512 — 0.84x (there torch's MKL matrix products beat these loops).
 NATIVE_MAX_WIDTH = 256
 
-def available() -> str | None:
-    """``None`` when the native step can run, else why not (:func:`ppokit.kernels.available`:
-    the extension is not built, or ``PPOKIT_NATIVE=0``)."""
+def available() -> bool:
+    """Whether the native step can run here (:func:`ppokit.kernels.available`)."""
     return kernels.available()
+
+
+def why_not() -> str | None:
+    """``None`` when the native step can run, else why not (:func:`ppokit.kernels.why_not`:
+    the extension is not built, or ``PPOKIT_NATIVE=0``)."""
+    return kernels.why_not()
 
 
 def _offset(t: torch.Tensor, base: torch.Tensor) -> int:
@@ -62,8 +67,8 @@ class NativeStep:
 
     def __init__(self, policy: nn.Module, actor: list[nn.Linear], critic: list[nn.Linear],
                  flat, optimizer, opts: dict):
-        if available() is not None:
-            raise RuntimeError(f"native step: {available()}")
+        if not available():
+            raise RuntimeError(f"native step: {why_not()}")
         base = flat.data
         covered = sum(m.weight.numel() + m.bias.numel() for m in actor + critic)
         log_std = getattr(policy, "log_std", None) if not opts["categorical"] else None

@@ -22,7 +22,7 @@ from typing import Any
 from ppokit.errors import UsageError
 
 __all__ = ["GivenVectorEnv", "InstanceEnvs", "split_env_id", "import_env_module", "gym_id",
-           "env_for_run", "check_env_kwargs", "FACTORY"]
+           "env_for_run", "check_env_kwargs", "registered_id", "id_factory", "FACTORY"]
 
 FACTORY = "factory"  # TrainConfig.env_source of a run trained on a Python factory
 _IMPORTED: set[str] = set()  # modules the user named in this process
@@ -70,17 +70,21 @@ def env_for_run(env_id: str, env_source: str, given: Any, where: str
                 ) -> str | Callable[[], Any]:
     """What builds the environments of a run read from a run directory (its checkpoint's
     ``env_id`` / ``env_source``) given what the user passed again (``given``: an id, a
-    factory, or None). A factory run needs its factory; a ``module:Id`` run needs the id
-    named again, which is then imported; a registered id works as it is."""
+    factory, or None). What the user gives wins: a factory always, an id over a factory
+    run's label. A factory run needs its factory (or an id) again; a ``module:Id`` run
+    needs the id named again, which is then imported; a registered id works as it is."""
     if callable(given):
         return given
     if given is not None and not isinstance(given, str):
         raise UsageError(f"{where}: expected an environment id or a factory, got "
                          f"{type(given).__name__}")
     if env_source == FACTORY:
-        raise UsageError(f"{where}: this run was trained on an environment factory "
-                         f"({env_id}), which a run directory cannot record; pass the factory "
-                         "again (Python: env=make_env)")
+        if given is None:
+            raise UsageError(f"{where}: this run was trained on an environment factory "
+                             f"({env_id}), which a run directory cannot record; pass the "
+                             "factory again (Python: env=make_env), or the id of a registered "
+                             "environment that builds the same environment (--env ID)")
+        return import_env_module(given, where)  # the user's id wins over the label
     mod, _ = split_env_id(env_id)
     if given is not None and given != env_id:
         raise UsageError(f"{where}: the run was trained on {env_id!r}, not {given!r}")
@@ -91,6 +95,21 @@ def env_for_run(env_id: str, env_source: str, given: Any, where: str
                              f"name it: pass --env {env_id} again (Python: env={env_id!r})")
         import_env_module(env_id, "--env")
     return env_id
+
+
+def id_factory(env_id: str) -> Callable[[], Any]:
+    """A factory of the registered ``env_id`` (its module imported already, when it names
+    one): what a factory run continues on when the user names an id instead, so that its
+    environments stay single copies built one by one, as the factory's were."""
+    import gymnasium as gym
+
+    gid = gym_id(env_id)
+
+    def make():
+        return gym.make(gid)
+
+    make.__qualname__ = env_id
+    return make
 
 
 _KW_MAX = 64 * 1024
@@ -105,17 +124,20 @@ class InstanceEnvs:
     environments) is ``gymnasium.make(env.spec)`` when the instance was made from a
     registered id — the same id, keyword arguments and wrappers — and otherwise a deep copy
     of the instance as it was given (taken before training touches it). ``label``: the
-    registered id (so its preset applies), else the class name."""
+    registered id (so its preset applies), else the class name. ``keep_open``: closing
+    the environments built leaves the instance itself open (it is the user's)."""
 
-    def __init__(self, env: Any):
+    def __init__(self, env: Any, *, keep_open: bool = False):
         import copy
 
-        self.env = env
+        self.env = _kept_open(env) if keep_open else env
         spec = getattr(env, "spec", None)
         self.spec = spec if spec is not None and getattr(spec, "id", None) else None
         name = self.spec.id if self.spec is not None else type(env.unwrapped).__name__
         self.label = name
         self.__qualname__ = name
+        # (id, env_kwargs) when gymnasium.make(id, **env_kwargs) builds this environment
+        self.registered = registered_id(self.spec)
         self._used = False
         self._template, self._copy_error = None, None
         if self.spec is None:
@@ -141,6 +163,45 @@ class InstanceEnvs:
                              "needs one environment per n_envs and for evaluation: pass a "
                              "factory (env=lambda: MyEnv()) or n_envs=1 with eval_episodes=0")
         return copy.deepcopy(self._template)
+
+
+def _kept_open(env: Any) -> Any:
+    """``env`` seen through a wrapper whose ``close`` leaves it open."""
+    import gymnasium as gym
+
+    class KeptOpen(gym.Wrapper):
+        def close(self):
+            pass
+
+    return KeptOpen(env)
+
+
+def registered_id(spec: Any) -> tuple[str, dict[str, Any]] | None:
+    """``(id, env_kwargs)`` of an environment's ``spec`` when it is one of Gymnasium's own
+    registered environments made without further wrappers (``gymnasium.make(id,
+    **env_kwargs)`` builds the same environment, in any process), else ``None``: a run
+    trained on such an instance records the id, so loading and evaluating it need nothing
+    more. ``render_mode`` is left out (evaluation does not render). Another package's
+    environment (an Atari game: its id means ppokit's preprocessing) stays a factory."""
+    import gymnasium as gym
+
+    if spec is None or getattr(spec, "additional_wrappers", ()) or \
+            not str(getattr(spec, "entry_point", "")).startswith("gymnasium."):
+        return None
+    try:
+        reg = gym.spec(spec.id)
+    except Exception:  # noqa: BLE001 - not registered here: kept as a factory
+        return None
+    if reg.entry_point != spec.entry_point or reg.max_episode_steps != spec.max_episode_steps \
+            or split_env_id(spec.id)[0] is not None:
+        return None
+    missing = object()
+    kwargs = {k: v for k, v in (spec.kwargs or {}).items()
+              if k != "render_mode" and reg.kwargs.get(k, missing) != v}
+    try:
+        return spec.id, check_env_kwargs(kwargs)
+    except UsageError:
+        return None
 
 
 class GivenVectorEnv:

@@ -13,8 +13,8 @@ which :func:`ppokit.core.token_gae` runs); and the language-model decoder's elem
 steps — RMS norm, the rotary embedding, the SiLU-gated product, forward and backward —
 for the fused forward on the CPU (:mod:`ppokit.kernels.decoder`). The extension is
 optional: where it is not built (no C compiler at install time) or is turned off
-(``PPOKIT_NATIVE=0`` in the environment), :func:`available` says why, and each caller runs
-its torch or NumPy path.
+(``PPOKIT_NATIVE=0`` in the environment), :func:`available` is False, :func:`why_not` says
+why, and each caller runs its torch or NumPy path.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import os
 import numpy as np
 import torch
 
-__all__ = ["auto_state", "available", "decoder_op", "has_decoder", "gae", "token_gae",
-           "reverse_scan", "ppo_step", "sample", "sample_scratch", "pixels_last",
+__all__ = ["auto_state", "available", "why_not", "decoder_op", "has_decoder", "gae",
+           "token_gae", "reverse_scan", "ppo_step", "sample", "sample_scratch", "pixels_last",
            "scratch_floats", "tanh_", "lstm_forward", "lstm_backward", "lstm_scratch"]
 
 try:
@@ -37,9 +37,14 @@ except ImportError as e:  # pragma: no cover - depends on the install
                 "with a C compiler present (`pip install -e .` / `make setup`)")
 
 
-def available() -> str | None:
-    """``None`` when the compiled kernels can run, else why not (``PPOKIT_NATIVE=0`` in the
-    environment turns them off)."""
+def available() -> bool:
+    """Whether the compiled kernels can run here (:func:`why_not` says why not)."""
+    return why_not() is None
+
+
+def why_not() -> str | None:
+    """``None`` when the compiled kernels can run, else why not: the extension is not built,
+    or ``PPOKIT_NATIVE=0`` in the environment turns them off."""
     if os.environ.get("PPOKIT_NATIVE", "1") == "0":
         return "PPOKIT_NATIVE=0"
     return _WHY_NOT
@@ -57,8 +62,8 @@ def auto_state() -> dict[str, int]:
     ``steps`` taken that way, ``beside`` of them with the critic posted to the worker,
     ``missed`` of those the worker did not keep up with, ``serial_left`` steps before the
     worker is tried again, ``backoff`` the length of the next pause."""
-    if available() is not None:
-        raise RuntimeError(available())
+    if not available():
+        raise RuntimeError(why_not())
     keys = ("steps", "beside", "missed", "serial_left", "backoff")
     return dict(zip(keys, _c.auto_state()))
 
@@ -80,7 +85,7 @@ def decoder_op(*args) -> None:
 def has_decoder() -> bool:
     """Whether the decoder's compiled steps can run (an extension built before they existed
     lacks them)."""
-    return available() is None and hasattr(_c, "decoder")
+    return available() and hasattr(_c, "decoder")
 
 
 def lstm_forward(*args) -> None:
@@ -114,7 +119,7 @@ def pixels_last(frames: np.ndarray) -> np.ndarray | None:
     memory is ``N, H, W, C`` (each pixel's channels side by side: the layout the CNN
     computes in), or None where the extension is not available or ``frames`` is not such
     an array (the caller then uses torch's copy, the same bytes)."""
-    if (available() is not None or not isinstance(frames, np.ndarray)
+    if (not available() or not isinstance(frames, np.ndarray)
             or frames.dtype != np.uint8 or frames.ndim != 4 or not frames.flags.c_contiguous
             or not hasattr(_c, "interleave")):  # (an extension built before it existed)
         return None
@@ -128,8 +133,8 @@ def pixels_last(frames: np.ndarray) -> np.ndarray | None:
 def tanh_(x: torch.Tensor) -> torch.Tensor:
     """The native step's tanh, in place on a contiguous float32 CPU tensor (``x`` is
     returned): ``1 - 2 / (1 + e^{2u})``, absolute error about 1e-7."""
-    if available() is not None:
-        raise RuntimeError(available())
+    if not available():
+        raise RuntimeError(why_not())
     if x.dtype != torch.float32 or x.device.type != "cpu" or not x.is_contiguous():
         raise ValueError("tanh_: expected a contiguous float32 CPU tensor")
     _c.tanh(x.data_ptr(), x.numel())
@@ -142,7 +147,7 @@ def reverse_scan(x: torch.Tensor, a: torch.Tensor) -> torch.Tensor | None:
     plain loop's order (the same bits as :func:`ppokit.core.advantage.gae_reference`'s
     loop); ``None`` when the kernels are not available or the inputs do not qualify (the
     caller then scans another way)."""
-    if (available() is not None or x.dtype not in (torch.float32, torch.float64)
+    if (not available() or x.dtype not in (torch.float32, torch.float64)
             or a.dtype != x.dtype or a.shape != x.shape or x.ndim not in (1, 2)
             or x.device.type != "cpu" or a.device.type != "cpu"):
         return None
@@ -164,7 +169,7 @@ def gae(rewards, values, next_values, terminated, episode_end, gamma: float,
     ``None`` when the inputs do not qualify or fail a check — the caller's checked path then
     computes, or raises the error that names the argument. The results are the same bits
     as :func:`ppokit.core.gae_reference`'s loop."""
-    if available() is not None:
+    if not available():
         return None
     r, v, nv, term, end = rewards, values, next_values, terminated, episode_end
     if not all(isinstance(t, torch.Tensor) for t in (r, v, nv, term, end)):
@@ -196,7 +201,7 @@ def token_gae(r: torch.Tensor, v: torch.Tensor, m: torch.Tensor, boot: torch.Ten
     :func:`ppokit.core.token_gae_reference`), row by row. ``None`` when the
     inputs do not qualify or a reward or value at an action is not finite (the caller's
     path then raises the error naming it)."""
-    if (available() is not None or r.dtype not in (torch.float32, torch.float64)
+    if (not available() or r.dtype not in (torch.float32, torch.float64)
             or r.ndim != 2 or v.dtype != r.dtype or v.shape != r.shape
             or m.dtype != torch.bool or m.shape != r.shape
             or any(t.device.type != "cpu" for t in (r, v, m))):

@@ -152,11 +152,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_tool_arguments(sub)
 
 def run(args) -> int:
-    from ppokit.errors import require_extra
+    from ppokit.errors import require_extras
 
-    require_extra(("transformers", "tokenizers"), "llm", f"ppokit llm {args.llm_command}")
-    if args.llm_command == "fetch" and not getattr(args, "list", False):
-        require_extra("gguf", "gguf", "ppokit llm fetch")
+    needs = [("llm", ("transformers", "tokenizers"))]
+    model = getattr(args, "model", None)
+    if args.llm_command == "fetch" and not getattr(args, "list", False) or \
+            isinstance(model, str) and model.lower().endswith(".gguf"):
+        needs.append(("gguf", ("gguf",)))  # every extra the command needs, in one message
+    require_extras(needs, f"ppokit llm {args.llm_command}")
     from .modeling.models import quiet_transformers
     from .training.guards import check_cli_args
 
@@ -328,6 +331,13 @@ def _train_ranks(args, dp) -> int:
               f"{last['kl_ref']:.4f}  non_score_reward {last['non_score_reward']:.4f}  "
               f"length {last['response_length_mean']:.2f}  "
               f"({time.perf_counter() - t0:.1f} s)")
+        from .training.progress import PhaseSpeed
+
+        speed = PhaseSpeed()
+        for rec in recs:
+            speed.add(rec)
+        if speed.summary():
+            print(speed.summary())
     if not args.no_eval and getattr(tr, "agent", None) is not None:
         ev = tr.agent.evaluate(tr)  # the trained policy on held-out seeds
         print(f"held-out episodes: {cfg.n_eval_prompts}  solved "

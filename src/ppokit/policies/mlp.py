@@ -63,7 +63,7 @@ class NumpySampler:
         self.policy = policy
         self.kind = policy.kind
         self.relu = any(isinstance(m, nn.ReLU) for m in policy.actor)
-        why = kernels.available()
+        why = kernels.why_not()
         if native and why is not None:
             raise ValueError(f"NumpySampler(native=True): {why}")
         lins = [m for m in policy.actor if isinstance(m, nn.Linear)]

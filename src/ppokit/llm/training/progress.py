@@ -3,7 +3,10 @@
 On a terminal, a rich progress bar with the figures people watch and the elapsed and
 remaining time. Off a terminal (CI logs, ``nohup``, ``| tee``) a bar cannot redraw, so one
 plain line is printed every ``every`` seconds (``PPOKIT_LOG_EVERY``, 30; and after the last
-iteration) with the same figures: never a half-rendered bar.
+iteration) with the same figures: never a half-rendered bar. The figures include the speed,
+as the environment trainer shows its steps/s: completion tokens per second of generation
+and of training, and the share of the time in generation, scoring and training, over the
+iterations so far (:class:`PhaseSpeed`; each iteration's own are in ``metrics.jsonl``).
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ from __future__ import annotations
 import sys
 import time
 
-__all__ = ["Progress", "recipe_line"]
+__all__ = ["Progress", "PhaseSpeed", "recipe_line"]
+
+PHASES = ("generation", "scoring", "training")  # an iteration's parts, timed by the trainer
 
 
 def _figures(rec: dict) -> str:
@@ -19,6 +24,58 @@ def _figures(rec: dict) -> str:
     return (f"score {rec['score_mean']:.3f}  kl_ref {rec['kl_ref']:.3f}  "
             f"len {rec['response_length_mean']:.1f}  clip "
             + ("-" if clip is None else f"{clip:.3f}"))
+
+
+def _rate(x: float) -> str:
+    return f"{x / 1000:.1f}k" if x >= 1000 else f"{x:.0f}"
+
+
+class PhaseSpeed:
+    """Tokens per second of generation and of training, and the share of the time each
+    phase took, over the iterations :meth:`add` has seen (the records' ``response_tokens``
+    and ``time_generation`` / ``time_scoring`` / ``time_training``)."""
+
+    def __init__(self):
+        self.tokens = 0.0
+        self.time = dict.fromkeys(PHASES, 0.0)
+
+    def add(self, rec: dict) -> None:
+        if "response_tokens" not in rec or any(f"time_{p}" not in rec for p in PHASES):
+            return
+        self.tokens += float(rec["response_tokens"])
+        for p in PHASES:
+            self.time[p] += float(rec[f"time_{p}"])
+
+    def per_s(self, phase: str) -> float | None:
+        t = self.time[phase]
+        return self.tokens / t if t > 0 else None
+
+    def shares(self) -> dict[str, float] | None:
+        total = sum(self.time.values())
+        return {p: t / total for p, t in self.time.items()} if total > 0 else None
+
+    def line(self) -> str:
+        """``gen 1.2k tok/s  train 850 tok/s (gen 61% score 4% train 35%)``; ``""``
+        before any timed iteration."""
+        shares = self.shares()
+        if shares is None:
+            return ""
+        gen, train = self.per_s("generation"), self.per_s("training")
+        return (f"gen {'-' if gen is None else _rate(gen)} tok/s  train "
+                f"{'-' if train is None else _rate(train)} tok/s (gen "
+                f"{shares['generation']:.0%} score {shares['scoring']:.0%} train "
+                f"{shares['training']:.0%})")
+
+    def summary(self) -> str:
+        """The final summary's sentence: ``""`` before any timed iteration."""
+        shares = self.shares()
+        if shares is None:
+            return ""
+        gen, train = self.per_s("generation"), self.per_s("training")
+        return (f"{self.tokens:,.0f} completion tokens: generation {gen or 0:,.0f} tokens/s, "
+                f"training {train or 0:,.0f} tokens/s; time in generation "
+                f"{shares['generation']:.0%}, scoring {shares['scoring']:.0%}, training "
+                f"{shares['training']:.0%}")
 
 
 def _clock(s: float) -> str:
@@ -44,6 +101,7 @@ class Progress:
         self._p = None
         self._t0 = self._last = None
         self._done = start
+        self.speed = PhaseSpeed()  # over this process's iterations
 
     def __enter__(self):
         if self.enabled and self.tty:
@@ -69,15 +127,17 @@ class Progress:
         if not self.enabled:
             return
         self._done += 1
+        self.speed.add(rec)
+        figures = "  ".join(x for x in (_figures(rec), self.speed.line()) if x)
         if self._p is not None:
-            self._p.update(self._task, advance=1, description=_figures(rec))
+            self._p.update(self._task, advance=1, description=figures)
             return
         now = time.monotonic()
         if now - self._last >= self.every or self._done >= self.total:
             self._last = now
             elapsed = now - self._t0
             rate = elapsed / max(self._done - self.start, 1)
-            print(f"llm train: iteration {self._done}/{self.total}  {_figures(rec)}  "
+            print(f"llm train: iteration {self._done}/{self.total}  {figures}  "
                   f"elapsed {_clock(elapsed)}  remaining "
                   f"{_clock(rate * (self.total - self._done))}", file=self.stream, flush=True)
 
