@@ -130,6 +130,10 @@ def task_row(t: Task, recs: list[dict], refs: list[dict], random_score: float | 
     return out
 
 
+def cpu_hours(rows: list[dict]) -> float:
+    return sum(r["wall_per_m"] * r["budget"] / 1e6 * r["n"] for r in rows) / 3600
+
+
 def render(rows: list[dict], sources: dict, pending: list[Task]) -> str:
     lines = ["| task | policy | budget | ppokit mean [95 % CI] (n) | reference: mean ± std (n), "
              "budget | ratio | within | 90 % of ref: steps / wall s | wall s / 1M steps |",
@@ -161,7 +165,7 @@ def render(rows: list[dict], sources: dict, pending: list[Task]) -> str:
     lines.append("")
     lines.append(f"Tasks with results: {len(rows)}; with a reference: {len(with_ref)}, of "
                  f"which within or above every reference: {ok}. CPU hours spent on the "
-                 f"results above: {sum(r['wall_per_m'] * r['budget'] / 1e6 * r['n'] for r in rows) / 3600:.1f}.")
+                 f"results above: {cpu_hours(rows):.1f}.")
     if pending:
         lines.append("Tasks without results yet: " + ", ".join(t.name for t in pending) + ".")
     return "\n".join(lines)

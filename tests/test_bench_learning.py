@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from bench import learning as L
 from bench.learning_table import mean_curve, quick_verdicts, t_interval, time_to, write_table
 from bench.learning_tasks import QUICK, TASKS, Quick, Task, slug, task

@@ -346,16 +346,16 @@ def test_nb1_sigterm_during_the_exit_finalizers_ends_quietly(tmp_path):
 
 
 def test_nb1_the_signal_handler_raises_only_while_a_command_runs(monkeypatch):
-    from ppokit import cli
+    from ppokit import supervise
 
-    monkeypatch.setattr(cli, "_ENDING", type(cli._ENDING)())
+    monkeypatch.setattr(supervise, "ENDING", type(supervise.ENDING)())
     with pytest.raises(SystemExit) as exc:
-        cli.stop_by_signal(signal.SIGTERM)
+        supervise.stop_by_signal(signal.SIGTERM)
     assert exc.value.code == 143
     exits = []
-    monkeypatch.setattr(cli.os, "_exit", exits.append)
-    cli._ENDING.set()
-    cli.stop_by_signal(signal.SIGTERM)  # no exception: the process ends at once
+    monkeypatch.setattr(supervise.os, "_exit", exits.append)
+    supervise.ENDING.set()
+    supervise.stop_by_signal(signal.SIGTERM)  # no exception: the process ends at once
     assert exits == [143]
 
 

@@ -97,23 +97,8 @@ def _run_command(name: str, module, args) -> int:
         return 130
 
 
-_ENDING = threading.Event()  # main() has returned: the interpreter's exit is under way
-
-
-def stop_by_signal(signum: int) -> None:
-    """End the process for ``signum`` (status 128 + signum): by ``SystemExit`` while a
-    command runs, so that the cleanup that undoes a start not finished runs; at once and
-    quietly once :func:`main` has returned, when the exit's own finalizers (``atexit``,
-    torch.distributed's) run — an exception raised in one of those is only printed, as a
-    traceback of an ignored exception, and the finalizer goes on."""
-    if not _ENDING.is_set():
-        raise SystemExit(128 + signum)
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(128 + signum)
+from ppokit import supervise  # noqa: E402
+from ppokit.supervise import stop_by_signal  # noqa: E402,F401 (re-exported)
 
 
 def _terminate(signum, frame) -> None:
@@ -141,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return _main_own(argv)
         finally:
-            _ENDING.set()  # a signal from now on ends the process quietly (stop_by_signal)
+            supervise.ENDING.set()  # a signal from now on ends the process quietly (stop_by_signal)
     return _main_own(argv)
 
 

@@ -72,7 +72,7 @@ def supervisor_token() -> str:
     return f"{pid}:{_start_time(pid) or ''}"
 
 
-def _set_parent_death_signal(sig: int) -> bool:
+def set_parent_death_signal(sig: int) -> bool:
     """Ask Linux to send ``sig`` to this process when its parent thread ends."""
     if not sys.platform.startswith("linux"):
         return False
@@ -89,6 +89,25 @@ def _stop_self() -> None:
     os.kill(os.getpid(), PARENT_GONE)
 
 
+ENDING = threading.Event()  # main() has returned: the interpreter's exit is under way
+
+
+def stop_by_signal(signum: int) -> None:
+    """End the process for ``signum`` (status 128 + signum): by ``SystemExit`` while a
+    command runs, so that the cleanup that undoes a start not finished runs; at once and
+    quietly once :func:`main` has returned, when the exit's own finalizers (``atexit``,
+    torch.distributed's) run — an exception raised in one of those is only printed, as a
+    traceback of an ignored exception, and the finalizer goes on."""
+    if not ENDING.is_set():
+        raise SystemExit(128 + signum)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(128 + signum)
+
+
 def _parent_gone(signum, frame) -> None:
     """The launcher has ended: stop as at a first SIGTERM (later repeats are ignored)."""
     from ppokit.io.signals import request_stop, training
@@ -97,8 +116,6 @@ def _parent_gone(signum, frame) -> None:
     if training():
         request_stop(signal.SIGTERM)  # a checkpoint at the iteration boundary, then 143
         return
-    from ppokit.cli import stop_by_signal
-
     stop_by_signal(signal.SIGTERM)  # not training yet: nothing to keep
 
 
@@ -141,7 +158,7 @@ def follow_supervisor() -> None:
     start = start or None
     if threading.current_thread() is threading.main_thread():
         signal.signal(PARENT_GONE, _parent_gone)
-    if os.getppid() == pid and _set_parent_death_signal(PARENT_GONE):
+    if os.getppid() == pid and set_parent_death_signal(PARENT_GONE):
         if os.getppid() != pid:  # the launcher died before prctl: nothing would tell us
             _stop_self()
         return

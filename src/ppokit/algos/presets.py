@@ -163,9 +163,9 @@ MINATAR_PREFIX = "MinAtar/"
 # net_arch (a Dict's features, an image's and a flag's say, need a hidden layer to be
 # combined), nor Atari's bf16 trunk; and ReLU hidden layers after the CNN, as the CNN
 # itself has (tanh units saturate on the CNN's unbounded features: the image-and-flag
-# task stalled at 0.75 with tanh, reached 1.0 with ReLU). Without them a CNN of ~0.9M parameters took the
-# generic settings' 320 Adam steps per 2,048 samples: approx_kl 0.2-1.3 per update, the
-# return swinging instead of converging (docs/benchmarks.md: the small-image tasks).
+# task stalled at 0.75 with tanh, reached 1.0 with ReLU). Without them a CNN of ~0.9M
+# parameters took the generic settings' 320 Adam steps per 2,048 samples: approx_kl
+# 0.2-0.5 per update, the return stalling near 0.7 (docs/benchmarks.md: the image family).
 _NOT_INHERITED = ("total_timesteps", "policy", "net_arch", "precision")
 SMALL_IMAGE_PRESET: dict[str, Any] = {
     **{k: v for k, v in MINATAR_PRESET.items() if k not in _NOT_INHERITED},

@@ -13,7 +13,7 @@ from .vec import autoreset_mode_of, check_env_id, env_state, load_env_state, mak
 register_pomdps()
 register_sight()
 
-__all__ = ["HideVelocity", "ObsNormalizer", "POMDP_IDS", "RewardScaler", "RunningMeanStd", "SIGHT_IDS",
-           "autoreset_mode_of", "check_env_id", "check_env_kwargs", "env_for_run", "env_state",
-           "import_env_module", "load_env_state", "make_vec", "register_pomdps", "register_sight",
-           "split_env_id"]
+__all__ = ["HideVelocity", "ObsNormalizer", "POMDP_IDS", "RewardScaler", "RunningMeanStd",
+           "SIGHT_IDS", "autoreset_mode_of", "check_env_id", "check_env_kwargs", "env_for_run",
+           "env_state", "import_env_module", "load_env_state", "make_vec", "register_pomdps",
+           "register_sight", "split_env_id"]

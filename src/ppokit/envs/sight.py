@@ -5,9 +5,9 @@ observation), and a MultiBinary action. Registered in ppokit's Gymnasium namespa
 
 * ``ppokit/ImageSide-v0``: a 32×32 RGB image (uint8, ``H×W×C``) of dim noise with a
   bright 4×4 block somewhere in its left or right half, in one of the three colour planes;
-  the action (Discrete 2) names the side. Eight choices an episode, each worth 1/8: a policy that reads the image scores
-  1.0, one that guesses 0.5. 32 pixels is below the Nature CNN's 36, so ``policy=auto``
-  gives it the small-image CNN.
+  the action (Discrete 2) names the side. Eight choices an episode, each worth 1/8: a
+  policy that reads the image scores 1.0, one that guesses 0.5. 32 pixels is below the
+  Nature CNN's 36, so ``policy=auto`` gives it the small-image CNN.
 * ``ppokit/ImageFlag-v0``: a Dict of the same image (``"image"``) and a flag
   (``"flag"``, Discrete 2); the right action is the side when the flag is 0 and the other
   side when it is 1. The image alone scores 0.5, as does the flag alone: only a policy

@@ -106,7 +106,7 @@ def _limit_memory(extra: int) -> None:
 def _serve(conn: Connection, parent: int, tools: dict[str, Callable]) -> None:
     """The worker's loop: answer each ``(name, args, kwargs, limit)`` with
     :func:`call_tool`'s tuple until the pipe closes or the parent is gone."""
-    from ppokit.supervise import _set_parent_death_signal
+    from ppokit.supervise import set_parent_death_signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the trainer decides what a Ctrl-C does
     for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
@@ -115,7 +115,7 @@ def _serve(conn: Connection, parent: int, tools: dict[str, Callable]) -> None:
         os.setpgid(0, 0)
     except OSError:
         pass
-    _set_parent_death_signal(signal.SIGKILL)
+    set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != parent:  # the trainer ended before prctl
         return
     _limit_memory(WORKER_MEMORY)
