@@ -181,8 +181,16 @@ class Runner:
                 p.send_signal(signal.SIGTERM)
 
     def run(self, pairs: list[tuple[Task, int]]) -> list[Path]:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+        for sig in saved:
             signal.signal(sig, self._stop)
+        try:
+            return self._run(pairs)
+        finally:
+            for sig, handler in saved.items():
+                signal.signal(sig, handler)
+
+    def _run(self, pairs: list[tuple[Task, int]]) -> list[Path]:
         todo = [(t, s) for t, s in pairs if not self._has_result(t, s)]
         skipped = len(pairs) - len(todo)
         if skipped:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -148,6 +149,7 @@ def test_runner_trains_evaluates_writes_and_then_skips(tmp_path):
     longer = dataclasses.replace(t, steps=4096)  # another budget: trained again
     assert L.Runner(out, results, jobs=1, log=log.append).run([(longer, 0)]) == done
     assert json.loads(done[0].read_text())["budget"] == 4096
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
 
 
 def test_a_run_with_a_checkpoint_resumes(tmp_path):
