@@ -210,6 +210,11 @@ def _ci(ev: dict, key: str) -> str:
 
 
 def _print_eval(ev: dict) -> None:
+    if "n_episodes" in ev:  # an agent run
+        from .evaluation.agent_eval import agent_eval_lines
+
+        print("\n".join(agent_eval_lines(ev)))
+        return
     print(f"held-out prompts: {ev['n_prompts']}  (temperature {ev['temperature']}; score: the "
           "weighted sum of the rewards per completion, mean [95 % interval])")
     print(f"  trained   score_mean {ev['score_mean']:.4f}{_ci(ev, 'score_mean')}   length "
@@ -346,10 +351,9 @@ def _train_ranks(args, dp) -> int:
         if speed.summary():
             print(speed.summary())
     if not args.no_eval and getattr(tr, "agent", None) is not None:
-        ev = tr.agent.evaluate(tr)  # the trained policy on held-out seeds
-        print(f"held-out episodes: {cfg.n_eval_prompts}  solved "
-              f"{ev['eval/episode/solved_frac']:.3f}  return "
-              f"{ev['eval/episode/return_mean']:.3f}  turns {ev['eval/episode/turns_mean']:.2f}")
+        # the trained policy and the reference on held-out seeds, as `ppokit llm eval`
+        _print_eval(evaluate_lm_run(run_dir, env=cfg.env, tools=cfg.tools,
+                                    log=lambda m: print(m, file=sys.stderr)))
     elif not args.no_eval:
         if cfg.prompts is not None and not getattr(tr, "eval_rows", True):
             print("no held-out evaluation: no prompts were held out (eval_fraction=0 and no "
@@ -406,11 +410,6 @@ def _eval(args) -> int:
                          seed=args.seed, reward=reward, reward_model=args.reward_model,
                          env=args.env, tools=",".join(args.tools) if args.tools else None,
                          log=lambda m: print(m, file=sys.stderr))
-    if "n_episodes" in ev:
-        from .evaluation.agent_eval import agent_eval_lines
-
-        print("\n".join(agent_eval_lines(ev)))
-    else:
-        _print_eval(ev)
+    _print_eval(ev)
     print(f"wrote {os.path.join(args.run_dir, 'eval.json')}")
     return 0
