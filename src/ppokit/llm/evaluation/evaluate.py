@@ -1,5 +1,6 @@
 """Held-out evaluation: score the trained policy and the reference (warm-start) policy on
-the same prompts with the same sampling settings and seed."""
+the same prompts with the same sampling settings and seed (an agent run's held-out
+episodes: :mod:`.agent_eval`)."""
 
 from __future__ import annotations
 
