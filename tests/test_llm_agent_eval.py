@@ -209,9 +209,9 @@ def test_an_environment_given_in_python_is_passed_again(tmp_path, capsys):
     from ppokit.llm import evaluate_lm_run, train_agent
 
     rd = tmp_path / "py"
-    train_agent(Countdown, run_dir=rd, tools=[add], iterations=1, prompts_per_iter=2,
-                samples_per_prompt=2, max_turns=3, time_limit=0, sft_steps=1,
-                n_eval_prompts=6, tool_format="compact", log=lambda *a: None)
+    run = train_agent(Countdown, run_dir=rd, tools=[add], iterations=1, prompts_per_iter=2,
+                      samples_per_prompt=2, max_turns=3, time_limit=0, sft_steps=1,
+                      n_eval_prompts=6, tool_format="compact", log=lambda *a: None)
     capsys.readouterr()
     assert main(["llm", "eval", str(rd)]) == 2
     err = capsys.readouterr().err
@@ -223,6 +223,7 @@ def test_an_environment_given_in_python_is_passed_again(tmp_path, capsys):
     _check_against_episodes(ev)
     again = evaluate_lm_run(str(rd), env=Countdown, tools=[add], log=lambda *a: None)
     assert again["episodes"] == ev["episodes"]  # seeded sampling, greedy: the same episodes
+    assert run.evaluate() == ev  # the run train_agent returns plays the same
 
 
 def test_mean_interval_of_counts_is_not_a_proportion():
