@@ -192,3 +192,27 @@ def test_default_budget_is_llm_trains():
     from ppokit.llm.training.config import LLMConfig
 
     assert LM_DEFAULT_ITERATIONS == LLMConfig().iterations
+
+
+def test_held_out_reads_an_agent_runs_eval_json(tmp_path):
+    """ppokit llm eval of an agent run writes the return and solved rate against the
+    reference (greedy and sampled): a rise in any of them is held-out evidence, a fall
+    in all is not; the prompt-run keys are not looked for."""
+    from ppokit.diagnose.context import held_out
+
+    recs = [{"iteration": i + 1, "score_mean": 0.2, "kl_ref": 0.01, "episode/return_mean": 0.2,
+             "episode/solved_frac": 0.3, "tool/calls_per_episode": 0.0} for i in range(6)]
+    up = {"return_mean": 0.3, "reference_return_mean": 0.29, "greedy_return_mean": 0.6,
+          "reference_greedy_return_mean": 0.2, "solved_frac": 0.5,
+          "reference_solved_frac": 0.5, "greedy_solved_frac": 0.7,
+          "reference_greedy_solved_frac": 0.4}
+    h = held_out(read_metrics_table(write_run(tmp_path / "up", recs, up)))
+    assert h.improved is True and "greedy_return_mean 0.2 → 0.6" in h.text
+    assert "solved_frac 0.5 → 0.5" in h.text
+    down = {k: (0.1 if k.startswith("reference_") else 0.0) for k in up}
+    h = held_out(read_metrics_table(write_run(tmp_path / "down", recs, down)))
+    assert h.improved is False and "eval.json: greedy_return_mean 0.1 → 0" in h.text
+    # a prompt run's keys in an agent run's eval.json are not what it is judged by
+    lm_keys = {"score_mean": 0.9, "reference_score_mean": 0.1}
+    assert held_out(read_metrics_table(write_run(tmp_path / "lm", recs, lm_keys))).improved \
+        is None

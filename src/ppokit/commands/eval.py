@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
     if is_llm_run_dir(run_dir):
         raise UsageError(f"{run_dir} is a language-model run: evaluate it with `ppokit llm "
                          f"eval {run_dir}` (naming its --reward again if it was trained "
-                         "with a reward function)")
+                         "with a reward function, an agent run's --env module:Id and "
+                         "--tools)")
     if args.video is not None:
         from ppokit.algos.video import check_video_dir, require_video_extra
 

@@ -160,16 +160,19 @@ def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return (max(0.0, c - h), min(1.0, c + h))
 
 
-def mean_interval(values, z: float = 1.96) -> tuple[float, float]:
+def mean_interval(values, z: float = 1.96, *, binary: bool | None = None
+                  ) -> tuple[float, float]:
     """A 95 % interval of the mean of ``values`` (a list of numbers): Wilson's for 0/1
-    values (an accuracy), else the normal approximation ``mean ± z·s/√n``."""
+    values (an accuracy), else the normal approximation ``mean ± z·s/√n``. ``binary``
+    False: the normal approximation whatever the values (a count, such as turns, that
+    happens to be 0 or 1 everywhere is not a proportion)."""
     import math
 
     xs = [float(v) for v in values]
     n = len(xs)
     if n == 0:
         return (math.nan, math.nan)
-    if all(x in (0.0, 1.0) for x in xs):
+    if binary is not False and all(x in (0.0, 1.0) for x in xs):
         return wilson_interval(int(sum(xs)), n, z)
     m = sum(xs) / n
     s = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1)) if n > 1 else 0.0

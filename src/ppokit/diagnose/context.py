@@ -6,10 +6,10 @@
 * :func:`held_out`: whether the held-out evaluations say the policy improved — the
   ``eval/...`` rows of ``metrics.jsonl`` (``eval_every``; an environment run logs
   ``eval_return_mean``), the run's ``eval.json`` (a language-model run's policy against
-  its reference, greedy and sampled; an environment run's deterministic return against
-  the training return it started from) and whether ``best/`` exists. A training score
-  that sits still while the held-out score rises is sampling noise, not a run that
-  learned nothing.
+  its reference, greedy and sampled: its score, an agent run's return and solved rate;
+  an environment run's deterministic return against the training return it started
+  from) and whether ``best/`` exists. A training score that sits still while the
+  held-out score rises is sampling noise, not a run that learned nothing.
 * :func:`at_ceiling`: the return rose and then sat at the best value it ever reached
   (a task solved early): entropy that falls then is the policy settling on its answer.
 
@@ -42,6 +42,12 @@ HELD_OUT_SERIES = {
     "lm": ("eval/score_mean",),
     "agent": ("eval/episode/return_mean", "eval/episode/solved_frac"),
     "env": ("eval_return_mean",),
+}
+# what eval.json holds of the policy against its reference (``reference_`` + the key),
+# by run kind (``ppokit llm eval``: src/ppokit/llm/evaluation/evaluate.py, agent_eval.py)
+EVAL_JSON_KEYS = {
+    "lm": ("greedy_score_mean", "score_mean"),
+    "agent": ("greedy_return_mean", "return_mean", "greedy_solved_frac", "solved_frac"),
 }
 # a held-out change counts when it is this share of the larger end (or of the spread)
 HELD_OUT_GAIN = 0.1
@@ -89,9 +95,8 @@ def _from_eval_json(table: MetricsTable, kind: str) -> HeldOut | None:
     ev = table.side.get("eval") or {}
     pairs = []
     if kind in ("lm", "agent"):
-        for pol, ref in (("greedy_score_mean", "reference_greedy_score_mean"),
-                         ("score_mean", "reference_score_mean")):
-            a, b = as_number(ev.get(ref)), as_number(ev.get(pol))
+        for pol in EVAL_JSON_KEYS[kind]:
+            a, b = as_number(ev.get("reference_" + pol)), as_number(ev.get(pol))
             if a is not None and b is not None:
                 pairs.append((pol, a, b))
     else:

@@ -175,8 +175,10 @@ def train_agent(env, model=None, algo: str = "grpo", tokenizer=None, tools=(), r
         policy, tok = model, _prepare_tokenizer(tokenizer)
     elif model is not None and not resume:
         policy, tok = load_lm(os.fspath(model))
-    return _run(cfg, run_dir, "agent", progress, log, policy=policy, tokenizer=tok,
-                resume=resume, callbacks=callbacks, env=None if named is not None else env)
+    run = _run(cfg, run_dir, "agent", progress, log, policy=policy, tokenizer=tok,
+               resume=resume, callbacks=callbacks, env=None if named is not None else env)
+    run._agent = {"env": env, "tools": tools or None}  # what LLMRun.evaluate plays with
+    return run
 
 
 def _prepare_tokenizer(tok):
@@ -196,6 +198,7 @@ class LLMRun:
         self.history = history
         self.run_dir = Path(trainer.run_dir)
         self.config = trainer.cfg
+        self._agent: dict | None = None  # an agent run's env and tools (train_agent)
 
     @property
     def model(self):
@@ -229,9 +232,18 @@ class LLMRun:
                  seed: int = 1234) -> dict:
         """Score the trained policy and the reference on ``dataset`` (default: the held-out
         rows) with the run's rewards: ``score_mean``, ``reward/NAME`` and the same with
-        ``reference_`` in front, over the same prompts, sampling settings and seed."""
-        from .evaluation.evaluate import score_policy
+        ``reference_`` in front, over the same prompts, sampling settings and seed. An
+        agent run: its held-out episodes, as ``ppokit llm eval`` plays them
+        (docs/agents.md; ``RUN_DIR/eval.json`` written)."""
+        from .evaluation.evaluate import evaluate_lm_run, score_policy
         from .inputs.data import load_rows
+
+        if self._agent is not None:
+            if dataset is not None:
+                raise UsageError("evaluate: an agent run plays its held-out seeds; it takes "
+                                 "no dataset")
+            return evaluate_lm_run(str(self.run_dir), temperature=temperature, seed=seed,
+                                   log=lambda m: None, **self._agent)
 
         rows = self._tr.eval_rows if dataset is None else load_rows(dataset, "dataset")
         if not rows:

@@ -138,9 +138,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    "plot (default: runs/compare-<time>)")
 
     p = sub.add_parser("eval", help="score the trained and the reference policy on held-out "
-                       "prompts; writes RUN_DIR/eval.json")
+                       "prompts (an agent run: held-out episodes); writes RUN_DIR/eval.json")
     p.add_argument("run_dir")
-    p.add_argument("--n-prompts", type=int, help="number of held-out prompts (default: config)")
+    p.add_argument("--n-prompts", "--n-episodes", dest="n_prompts", type=int,
+                   help="number of held-out prompts, or an agent run's held-out episodes "
+                        "(default: config)")
     p.add_argument("--temperature", type=float, help="sampling temperature (default: training's)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--reward", metavar="MODULE:FUNCTION", action="append",
@@ -148,6 +150,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "directory never names code that ppokit imports)")
     p.add_argument("--reward-model", metavar="DIR",
                    help="the reward model the run was trained with")
+    p.add_argument("--env", metavar="MODULE:ID", help="an agent run's environment from a "
+                   "module of yours, named again (a run directory never names code that "
+                   "ppokit imports)")
+    p.add_argument("--tools", metavar="MODULE:FUNCTION", action="append",
+                   help="an agent run's tools, named again, repeatable")
 
     add_tool_arguments(sub)
 
@@ -203,6 +210,11 @@ def _ci(ev: dict, key: str) -> str:
 
 
 def _print_eval(ev: dict) -> None:
+    if "n_episodes" in ev:  # an agent run
+        from .evaluation.agent_eval import agent_eval_lines
+
+        print("\n".join(agent_eval_lines(ev)))
+        return
     print(f"held-out prompts: {ev['n_prompts']}  (temperature {ev['temperature']}; score: the "
           "weighted sum of the rewards per completion, mean [95 % interval])")
     print(f"  trained   score_mean {ev['score_mean']:.4f}{_ci(ev, 'score_mean')}   length "
@@ -339,10 +351,9 @@ def _train_ranks(args, dp) -> int:
         if speed.summary():
             print(speed.summary())
     if not args.no_eval and getattr(tr, "agent", None) is not None:
-        ev = tr.agent.evaluate(tr)  # the trained policy on held-out seeds
-        print(f"held-out episodes: {cfg.n_eval_prompts}  solved "
-              f"{ev['eval/episode/solved_frac']:.3f}  return "
-              f"{ev['eval/episode/return_mean']:.3f}  turns {ev['eval/episode/turns_mean']:.2f}")
+        # the trained policy and the reference on held-out seeds, as `ppokit llm eval`
+        _print_eval(evaluate_lm_run(run_dir, env=cfg.env, tools=cfg.tools,
+                                    log=lambda m: print(m, file=sys.stderr)))
     elif not args.no_eval:
         if cfg.prompts is not None and not getattr(tr, "eval_rows", True):
             print("no held-out evaluation: no prompts were held out (eval_fraction=0 and no "
@@ -396,8 +407,9 @@ def _eval(args) -> int:
         raise UsageError(f"RUN_DIR: no such directory {args.run_dir!r}")
     reward = ",".join(args.reward) if args.reward else None
     ev = evaluate_lm_run(args.run_dir, n_prompts=args.n_prompts, temperature=args.temperature,
-                      seed=args.seed, reward=reward, reward_model=args.reward_model,
-                      log=lambda m: print(m, file=sys.stderr))
+                         seed=args.seed, reward=reward, reward_model=args.reward_model,
+                         env=args.env, tools=",".join(args.tools) if args.tools else None,
+                         log=lambda m: print(m, file=sys.stderr))
     _print_eval(ev)
     print(f"wrote {os.path.join(args.run_dir, 'eval.json')}")
     return 0

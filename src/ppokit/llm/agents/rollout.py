@@ -29,7 +29,7 @@ from .conversation import Episode, Renderer, pad_left
 from .env import CheckedTextEnv
 from .tools import ToolSet
 
-__all__ = ["play", "to_rollout", "EpisodeBatch", "episode_stats", "mean_stats"]
+__all__ = ["play", "to_rollout", "EpisodeBatch", "episode_stats", "mean_stats", "solved"]
 
 
 def play(envs: list[CheckedTextEnv], seeds: list[int], renderer: Renderer,
@@ -113,22 +113,27 @@ def episode_stats(eps: list[Episode]) -> dict:
     ``tool/..._frac`` ones: fractions of the batch's calls, 0 without calls)."""
     n = len(eps)
     calls = sum(ep.tool_calls for ep in eps)
-    solved = [ep for ep in eps if ep.terminated and ep.score > 0]
+    won = [ep for ep in eps if solved(ep)]
     out = {"episode/turns_mean": statistics.fmean(ep.turns for ep in eps),
            "episode/tokens_mean": statistics.fmean(len(ep.ids) - ep.prompt_len for ep in eps),
            "episode/return_mean": statistics.fmean(ep.score for ep in eps),
            "episode/terminated_frac": sum(ep.terminated for ep in eps) / n,
            "episode/truncated_frac": sum(ep.truncated for ep in eps) / n,
-           "episode/solved_frac": len(solved) / n,
+           "episode/solved_frac": len(won) / n,
            "env/obs_truncated_frac": sum(ep.obs_truncated for ep in eps) / n,
            "tool/calls_per_episode": calls / n,
            "tool/failed_per_episode": sum(ep.tool_failures for ep in eps) / n}
     for key, attr in (("error", "tool_errors"), ("timeout", "tool_timeouts"),
                       ("truncated", "tool_cut")):
         out[f"tool/{key}_frac"] = sum(getattr(ep, attr) for ep in eps) / calls if calls else 0.0
-    if solved:
-        out["episode/turns_solved_mean"] = statistics.fmean(ep.turns for ep in solved)
+    if won:
+        out["episode/turns_solved_mean"] = statistics.fmean(ep.turns for ep in won)
     return out
+
+
+def solved(ep: Episode) -> bool:
+    """An episode that reached its end (terminated) with a positive return."""
+    return ep.terminated and ep.score > 0
 
 
 def mean_stats(parts: list[dict]) -> dict:

@@ -1,5 +1,6 @@
 """Held-out evaluation: score the trained policy and the reference (warm-start) policy on
-the same prompts with the same sampling settings and seed."""
+the same prompts with the same sampling settings and seed (an agent run's held-out
+episodes: :mod:`.agent_eval`)."""
 
 from __future__ import annotations
 
@@ -68,20 +69,17 @@ def score_policy(model, tokenizer, prompts: list, reward_fn, *, max_new_tokens: 
 
 def evaluate_lm_run(run_dir: str, *, n_prompts: int | None = None, temperature: float | None = None,
                  seed: int = 1234, greedy: bool = True, log=print, reward: str | None = None,
-                 reward_model: str | None = None, reward_fn=None) -> dict:
+                 reward_model: str | None = None, reward_fn=None, env=None, tools=None) -> dict:
     """Score ``RUN_DIR``'s trained policy (its newest intact checkpoint) and its reference
-    on the run's held-out prompts; write ``RUN_DIR/eval.json`` and return it.
+    on the run's held-out prompts; write ``RUN_DIR/eval.json`` and return it. An agent run
+    (``env`` set) plays held-out episodes instead (:mod:`.agent_eval`).
 
     Only the run's own files are read. A run trained with a reward function or a reward
     model gets it from the caller (``reward`` / ``reward_model`` / ``reward_fn``), never
-    from the run directory."""
-    import copy
+    from the run directory; likewise an agent run's environment module and tools
+    (``env`` / ``tools``)."""
+    from ppokit.io import RunLock
 
-    from ppokit.io import RunLock, check_tree, find_checkpoint, load_checkpoint
-    from ppokit.io.checkpoint import no_checkpoint_message
-
-    from ..inputs.reward_setup import check_reward_named_again
-    from ..modeling.models import load_lm, load_policy_state, wrap_lora
     from ..training.runfiles import config_from_run
 
     if not os.path.isdir(run_dir):
@@ -92,64 +90,108 @@ def evaluate_lm_run(run_dir: str, *, n_prompts: int | None = None, temperature: 
         raise UsageError(f"--temperature: expected a finite number >= 0, got {temperature}")
     with RunLock(run_dir, "eval"):
         cfg = config_from_run(run_dir, n_eval_prompts=n_prompts, reward=reward,
-                              reward_model=reward_model)
+                              reward_model=reward_model,
+                              env=env if isinstance(env, str) else None)
         if cfg.env is not None:
-            raise UsageError(f"RUN_DIR: {run_dir} is an agent run (env {cfg.env}); its "
-                             "held-out episodes are logged as eval/episode/... with "
-                             "eval_every and printed after `ppokit llm train` "
-                             "(docs/agents.md); `ppokit llm eval` scores prompt runs")
-        ckpt, damaged = find_checkpoint(os.path.join(run_dir, "checkpoints"), log=log)
-        if ckpt is None:
-            raise UsageError(no_checkpoint_message(run_dir, damaged))
-        tensors, _, state = load_checkpoint(ckpt)
-        check_reward_named_again(cfg, state.get("config"), reward_fn)
-        ref_dir = os.path.join(run_dir, "reference")
-        if not os.path.isdir(ref_dir) or os.path.islink(ref_dir):
-            raise UsageError(f"eval: {run_dir!r} has no reference/ directory")
-        check_tree(ref_dir, "run dir")
-        from ppokit.plugins import reading_run
+            from ..training.runfiles import UNNAMED
+            from .agent_eval import evaluate_agent_run
 
-        with reading_run():  # evaluating needs no loss or estimator of the user's
-            rcfg = cfg.resolved()
-        holder = _EvalSetup(rcfg, run_dir, reward_fn)
-        reference, tok = load_lm(ref_dir)
-        reference.eval()
-        policy = copy.deepcopy(reference)
-        if rcfg.lora_r > 0:
-            policy = wrap_lora(policy, rcfg.lora_r, rcfg.lora_alpha)
-        try:
-            load_policy_state(policy, tensors["policy"], lora=rcfg.lora_r > 0)
-        except (KeyError, RuntimeError, ValueError) as exc:
-            raise UsageError(f"eval: checkpoint {ckpt} does not fit the run's reference "
-                             f"model ({type(exc).__name__})") from None
-        if rcfg.lora_r > 0:
-            policy = policy.merge_and_unload()
-        policy.eval()
-        temp = rcfg.temperature if temperature is None else temperature
-        kw = {"max_new_tokens": holder.max_new_tokens, "seed": seed}
-        out = {"run_dir": run_dir, "checkpoint": ckpt.name, "n_prompts": len(holder.prompts),
-               "temperature": temp}
-        pol = score_policy(policy, tok, holder.prompts, holder.reward_fn, temperature=temp,
-                           **kw)
-        ref = score_policy(reference, tok, holder.prompts, holder.reward_fn, temperature=temp,
-                           **kw)
-        per = {k: pol[k] for k in pol if k.startswith("reward/")}
-        per.update({"reference_" + k: ref[k] for k in ref if k.startswith("reward/")})
-        out.update(per)
-        out.update({"score_mean": pol["score_mean"], "reference_score_mean": ref["score_mean"],
-                    "score_ci95": pol["score_ci95"], "reference_score_ci95": ref["score_ci95"],
-                    "response_length_mean": pol["response_length_mean"],
-                    "reference_response_length_mean": ref["response_length_mean"],
-                    "truncated_frac": pol["truncated_frac"],
-                    "reference_truncated_frac": ref["truncated_frac"]})
-        if greedy:
-            for key, model in (("greedy", policy), ("reference_greedy", reference)):
-                res = score_policy(model, tok, holder.prompts, holder.reward_fn,
-                                   temperature=0.0, **kw)
-                out[f"{key}_score_mean"] = res["score_mean"]
-                out[f"{key}_score_ci95"] = res["score_ci95"]
-        out["samples"] = [{"prompt": p, "completion": c} for p, c in pol["samples"]]
+            if reward or reward_model or reward_fn is not None:
+                raise UsageError(f"--reward: {run_dir} is an agent run (env "
+                                 f"{cfg.env.removeprefix(UNNAMED)}); its rewards are its "
+                                 "environment's")
+            out = evaluate_agent_run(run_dir, cfg, env=env, tools=tools, temperature=temperature,
+                                     seed=seed, greedy=greedy, log=log)
+        else:
+            if env is not None or tools is not None:
+                raise UsageError(f"--{'env' if env is not None else 'tools'}: {run_dir} is a "
+                                 "prompt run, not an agent run (it has no environment)")
+            out = _evaluate_prompts(run_dir, cfg, temperature=temperature, seed=seed,
+                                    greedy=greedy, log=log, reward_fn=reward_fn)
         atomic_write_text(os.path.join(run_dir, "eval.json"), json.dumps(out, indent=2) + "\n")
+    return out
+
+
+def run_checkpoint(run_dir: str, log=print):
+    """``(path, tensors, state)`` of the run's newest intact checkpoint."""
+    from ppokit.io import find_checkpoint, load_checkpoint
+    from ppokit.io.checkpoint import no_checkpoint_message
+
+    ckpt, damaged = find_checkpoint(os.path.join(run_dir, "checkpoints"), log=log)
+    if ckpt is None:
+        raise UsageError(no_checkpoint_message(run_dir, damaged))
+    return (ckpt, *load_checkpoint(ckpt)[::2])
+
+
+def resolved_for_eval(cfg):
+    """The configuration resolved; evaluating needs no loss or estimator of the user's."""
+    from ppokit.plugins import reading_run
+
+    with reading_run():
+        return cfg.resolved()
+
+
+def eval_models(run_dir: str, rcfg, tensors: dict, ckpt):
+    """``(policy, reference, tokenizer)``: the run's reference (its starting policy, from
+    ``reference/``) and the checkpoint's policy (LoRA merged), both in eval mode."""
+    import copy
+
+    from ppokit.io import check_tree
+
+    from ..modeling.models import load_lm, load_policy_state, wrap_lora
+
+    ref_dir = os.path.join(run_dir, "reference")
+    if not os.path.isdir(ref_dir) or os.path.islink(ref_dir):
+        raise UsageError(f"eval: {run_dir!r} has no reference/ directory")
+    check_tree(ref_dir, "run dir")
+    reference, tok = load_lm(ref_dir)
+    reference.eval()
+    policy = copy.deepcopy(reference)
+    if rcfg.lora_r > 0:
+        policy = wrap_lora(policy, rcfg.lora_r, rcfg.lora_alpha)
+    try:
+        load_policy_state(policy, tensors["policy"], lora=rcfg.lora_r > 0)
+    except (KeyError, RuntimeError, ValueError) as exc:
+        raise UsageError(f"eval: checkpoint {ckpt} does not fit the run's reference "
+                         f"model ({type(exc).__name__})") from None
+    if rcfg.lora_r > 0:
+        policy = policy.merge_and_unload()
+    policy.eval()
+    return policy, reference, tok
+
+
+def _evaluate_prompts(run_dir: str, cfg, *, temperature, seed: int, greedy: bool, log,
+                      reward_fn) -> dict:
+    """``eval.json`` of a prompt run (:func:`evaluate_lm_run`)."""
+    from ..inputs.reward_setup import check_reward_named_again
+
+    ckpt, tensors, state = run_checkpoint(run_dir, log)
+    check_reward_named_again(cfg, state.get("config"), reward_fn)
+    rcfg = resolved_for_eval(cfg)
+    holder = _EvalSetup(rcfg, run_dir, reward_fn)
+    policy, reference, tok = eval_models(run_dir, rcfg, tensors, ckpt)
+    temp = rcfg.temperature if temperature is None else temperature
+    kw = {"max_new_tokens": holder.max_new_tokens, "seed": seed}
+    out = {"run_dir": run_dir, "checkpoint": ckpt.name, "n_prompts": len(holder.prompts),
+           "temperature": temp}
+    pol = score_policy(policy, tok, holder.prompts, holder.reward_fn, temperature=temp, **kw)
+    ref = score_policy(reference, tok, holder.prompts, holder.reward_fn, temperature=temp, **kw)
+    per = {k: pol[k] for k in pol if k.startswith("reward/")}
+    per.update({"reference_" + k: ref[k] for k in ref if k.startswith("reward/")})
+    out.update(per)
+    out.update({"score_mean": pol["score_mean"], "reference_score_mean": ref["score_mean"],
+                "score_ci95": pol["score_ci95"], "reference_score_ci95": ref["score_ci95"],
+                "response_length_mean": pol["response_length_mean"],
+                "reference_response_length_mean": ref["response_length_mean"],
+                "truncated_frac": pol["truncated_frac"],
+                "reference_truncated_frac": ref["truncated_frac"]})
+    if greedy:
+        for key, model in (("greedy", policy), ("reference_greedy", reference)):
+            res = score_policy(model, tok, holder.prompts, holder.reward_fn,
+                               temperature=0.0, **kw)
+            out[f"{key}_score_mean"] = res["score_mean"]
+            out[f"{key}_score_ci95"] = res["score_ci95"]
+    out["samples"] = [{"prompt": p, "completion": c} for p, c in pol["samples"]]
     return out
 
 
