@@ -56,7 +56,7 @@ def make_engine(tr, name: str, model_dir: str) -> RolloutEngine:
     from .vllm_engine import VllmEngine
 
     engine = VllmEngine(model_dir, precision=cfg.sampler_precision, seed=cfg.seed,
-                        tokenizer=tr.tok, trainer_precision=cfg.precision)
+                        tokenizer=tr.tok)
     if tr.is_main:
         tr.log(f"rollout engine: vllm (started in {engine.start_s:.1f} s)")
     return engine

@@ -38,13 +38,10 @@ class VllmEngine(RolloutEngine):
     name = "vllm"
     trainer_logprobs = False
 
-    def __init__(self, model_dir: str, *, precision: str, seed: int, tokenizer,
-                 trainer_precision: str | None = None):
+    def __init__(self, model_dir: str, *, precision: str, seed: int, tokenizer):
         from vllm import LLM
 
         self.precision = precision
-        # the probe's tolerance: the looser of the engine's and the trainer's formats
-        self.tolerance = "bf16" if "bf16" in (precision, trainer_precision) else "fp32"
         name, self.dtype = DTYPES[precision]
         extra = {} if torch.cuda.is_available() else {"kv_cache_memory_bytes": KV_CACHE_BYTES}
         t = time.perf_counter()
@@ -97,7 +94,8 @@ class VllmEngine(RolloutEngine):
         """The probe's gap to the trainer ``tr``'s policy; :class:`EngineOutOfSync` beyond
         the tolerance."""
         stats = probe_gap(self.probe_logprobs(), trainer_probe_logprobs(tr, self.probe))
-        check_probe(stats, self.tolerance, self.name)
+        formats = (self.precision, getattr(getattr(tr, "cfg", None), "precision", "fp32"))
+        check_probe(stats, "bf16" if "bf16" in formats else "fp32", self.name)
         return stats
 
     def prepare(self, tr) -> dict:
