@@ -68,7 +68,8 @@ def test_vllm_logprobs_match_the_trainers_on_the_same_tokens(run):
 def test_training_iterations_push_the_weights_and_pass_the_probe(run):
     before = [p.detach().clone() for p in run.policy.parameters()]
     recs = [run.train_iteration() for _ in range(2)]
-    moved = max(float((p - b).abs().max()) for p, b in zip(run.policy.parameters(), before))
+    moved = max(float((p.detach() - b).abs().max())
+                for p, b in zip(run.policy.parameters(), before))
     assert moved > 0
     for rec in recs:
         assert rec["engine_probe_abs_max"] <= PROBE_TOLERANCE["fp32"][1]

@@ -17,6 +17,7 @@ the processed distribution (after the temperature), as ppokit's sampler gives.
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -39,6 +40,7 @@ class VllmEngine(RolloutEngine):
     trainer_logprobs = False
 
     def __init__(self, model_dir: str, *, precision: str, seed: int, tokenizer):
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # (its INFO: every step)
         from vllm import LLM
 
         self.precision = precision
