@@ -64,7 +64,6 @@ def test_tokens_from_an_engine_take_the_samplers_layout(model, tok):
     """Each row's drawn tokens (EOS included) and log-probs, rebuilt: the very rollout the
     sampler returned, EOS-ended and truncated rows alike."""
     ref = _sample(model, tok, seed=1)
-    assert ref.truncated.any() or True
     p = ref.prompt_len
     tokens = [ref.input_ids[b, p:][ref.action_mask[b, p:]].tolist() for b in range(4)]
     logps = [ref.logp[b, p:][ref.action_mask[b, p:]].tolist() for b in range(4)]
