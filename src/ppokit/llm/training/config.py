@@ -21,6 +21,7 @@ from ppokit.settings import (
 )
 from ppokit.settings import parse_sets as parse_set_items
 
+from ..engines.settings import EngineSettings
 from ..inputs.task import TASKS, make_task
 from .guards import check_rollout_memory, reward_weights
 from .presets import (  # noqa: F401 (re-exported)
@@ -50,10 +51,10 @@ AGENT_TURN_TOKENS = {"builtin": 8, "pretrained": 128}  # an agent run's max_new_
 
 
 @dataclass(frozen=True)
-class LLMConfig:
+class LLMConfig(EngineSettings):
     """Token-level RLHF settings, with the names Stable-Baselines3 and the environment
-    trainer use for every shared quantity. ``None`` means "the algorithm preset's value";
-    each field's ``metadata["help"]`` is its documentation (and the ``--help`` text)."""
+    trainer use for every shared quantity (the rollout engine's: :class:`EngineSettings`).
+    ``None``: the preset's value; ``metadata["help"]``: a field's documentation (--help)."""
 
     algo: str | None = setting(None, "algorithm preset: ppo | grpo | dr-grpo | rloo | "
                                "reinforce++ | gspo | cispo | dapo (docs/llm_algorithms.md; "
@@ -391,7 +392,6 @@ FLAGS_BOOL = tuple(f.name for f in fields(LLMConfig) if f.type in ("bool", "bool
 
 def _fail(name: str, what: str, value=None, *, show: bool = False):
     fail(name, what, value, show=show)
-
 
 
 def _check_fields(cfg: LLMConfig) -> None:

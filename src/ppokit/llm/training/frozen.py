@@ -45,9 +45,10 @@ def _frozen_pass(tr, roll: TokenRollout):
     return old["logp"], ref, values_after
 
 def old_from_sampler(tr, roll: TokenRollout) -> bool:
-    """The old log-probs are the sampler's (no forward pass of the trainer)."""
+    """The old log-probs are the sampler's (no forward pass of the trainer): asked for, and
+    the rollout engine's log-probs are the trainer's own computation (ppokit's sampler)."""
     return (tr.cfg.old_logprobs == "sampler" and roll.logp is not None
-            and not tr.shared_critic)
+            and not tr.shared_critic and tr.engine.trainer_logprobs)
 
 
 def probe_logprobs(tr, roll: TokenRollout):

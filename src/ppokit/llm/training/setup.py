@@ -26,6 +26,7 @@ from ppokit.io import (
 )
 from ppokit.io.checkpoint import no_checkpoint_message
 
+from ..engines import engine_name, make_engine
 from ..inputs.reward_setup import check_reward_named_again, reward_set
 from ..inputs.task import make_task
 from ..modeling.models import (
@@ -96,6 +97,9 @@ def setup(tr, cfg, policy, tokenizer, reference, reward_fn, resume: bool,
                                            split_rows(list(train_rows), cfg.eval_fraction))
     else:
         tr.train_rows, tr.eval_rows = prompt_sets(cfg)
+    # the rollout engine named before any model work (vllm missing: a usage error now)
+    engine = engine_name(cfg, world=tr.world, agent=tr.agent is not None,
+                         builtin=cfg.model is None and policy is None)
     if tr.rewards is not None:
         columns = sorted({k for r in (tr.train_rows or [tr.task.row(
             tr.task.heldout_prompts(1)[0])]) for k in r})
@@ -176,6 +180,7 @@ def setup(tr, cfg, policy, tokenizer, reference, reward_fn, resume: bool,
         tr.log(warning)
     tr.max_new_tokens = cfg.max_new_tokens or (tr.task.max_new_tokens if tr.task
                                                  else 64)
+    tr.engine = make_engine(tr, engine, ref_dir)  # what samples the completions
     if tr.rewards is not None:
         tr.probe_rewards()
     if tr.train_rows is not None and not resume:  # (said once the start has succeeded)

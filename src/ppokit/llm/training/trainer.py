@@ -75,7 +75,6 @@ from ..modeling.positions import distinct_prompts
 from ..modeling.rollout import (
     TokenRollout,
     encode_prompts,
-    generate,
     sequence_logprobs,
     shift_to_tokens,
 )
@@ -228,11 +227,11 @@ class TokenTrainer(RunLifecycle):
         return self._generate(ids, mask, temperature, None, generator)
 
     def _generate(self, ids, mask, temperature, model, generator) -> TokenRollout:
-        return generate(model or self.policy, ids, mask, max_new_tokens=self.max_new_tokens,
-                        eos_token_id=self.tok.eos_token_id, pad_token_id=self.tok.pad_token_id,
-                        temperature=self.cfg.temperature if temperature is None else temperature,
-                        generator=self.gen if generator is None else generator,
-                        all_done=self._all_done if self.fsdp else None)
+        return self.engine.generate(  # the rollout engine (ppokit.llm.engines)
+            ids, mask, max_new_tokens=self.max_new_tokens, eos_token_id=self.tok.eos_token_id,
+            pad_token_id=self.tok.pad_token_id, model=model,
+            temperature=self.cfg.temperature if temperature is None else temperature,
+            generator=self.gen if generator is None else generator)
 
     def frozen_forward(self, roll: TokenRollout):
         """Old log-probs, reference log-probs, critic values (:mod:`.frozen`)."""
@@ -366,6 +365,7 @@ class TokenTrainer(RunLifecycle):
         if self.rewards is not None:
             self.rewards.when = f"iteration {self.iteration + 1}"
         t0 = time.perf_counter()
+        served = self.engine.prepare(self)  # the engine serves the policy's weights
         if self.agent is not None:  # episodes in a text environment (llm/agents/)
             got = self.agent.collect(self)
         else:
@@ -408,7 +408,7 @@ class TokenTrainer(RunLifecycle):
         self.iteration += 1
         self.elapsed += t3 - t0
         rec = {"iteration": self.iteration, **lab.stats, **got.stats, **mismatch, **upd,
-               "beta": beta,
+               **served, "beta": beta,
                "tokens_per_s_generation": ntok / max(t1 - t0, 1e-9),
                "tokens_per_s_scoring": ntok / max(t2 - t1, 1e-9),
                "tokens_per_s_training": ntok / max(t3 - t2, 1e-9),
@@ -510,7 +510,7 @@ class TokenTrainer(RunLifecycle):
 
     def close(self) -> None:
         """Close the metrics files and the agent's tools; release the run dir's lock."""
-        for w in (self.metrics, getattr(self, "samples", None), getattr(self, "agent", None)):
+        for w in (self.metrics, *(getattr(self, k, None) for k in ("samples", "agent", "engine"))):
             if callable(getattr(w, "close", None)):
                 w.close()
         self.rundir.close()

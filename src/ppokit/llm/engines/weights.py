@@ -1,0 +1,99 @@
+"""The policy's weights as an engine with its own copy serves them, and the probe that
+proves it does.
+
+:func:`served_weights` names the policy's tensors as the model's own checkpoint does
+(transformers' names), with LoRA adapters merged in (``W + scale · B A``, computed per
+layer; the policy itself is left as it is). An engine loads them in place.
+
+The probe (:func:`probe_gap`): one fixed short token sequence, scored by the engine and by
+the trainer's policy; their log-probs of its tokens must agree within
+:data:`PROBE_TOLERANCE`. An engine that kept an older copy of the weights — a push that
+never arrived, adapters that never reached the sampler, a cache computed under the old
+weights — fails it, and training stops with :class:`EngineOutOfSync`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..modeling.rollout import sequence_logprobs
+
+__all__ = ["served_weights", "probe_ids", "trainer_probe_logprobs", "probe_gap",
+           "check_probe", "EngineOutOfSync", "PROBE_TEXT", "PROBE_TOLERANCE"]
+
+PROBE_TEXT = ("A rollout engine must serve the weights the trainer holds: "
+              "12 + 30 = 42, and the quick brown fox jumps over the lazy dog.")
+# (mean, max) of |log p_engine − log p_trainer| over the probe's tokens, in nats, by the
+# looser of the engine's and the trainer's number formats. On SmolLM2-135M a bfloat16 vLLM
+# against the float32 trainer differs by rounding alone by 0.03–0.06 on average and
+# 0.13–0.24 at most (docs/real_models.md#rollout-engines); a float32 one on the tiny test
+# model by less than 1e-6.
+PROBE_TOLERANCE = {"bf16": (0.1, 0.5), "fp32": (0.01, 0.1)}
+
+
+class EngineOutOfSync(RuntimeError):
+    """The engine does not serve the policy's current weights."""
+
+
+def served_weights(policy, dtype: torch.dtype | None = None) -> list[tuple[str, torch.Tensor]]:
+    """``[(name, tensor)]``: every weight of ``policy`` under its checkpoint name, LoRA
+    adapters merged (a peft model's base layers carry the merged value under the plain
+    layer's name), in ``dtype`` (default: as they are). No gradient; the policy is not
+    changed."""
+    base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+    deltas = {}
+    for name, module in base.named_modules():
+        get = getattr(module, "get_delta_weight", None)
+        adapters = getattr(module, "active_adapters", None)
+        if get is not None and adapters and not getattr(module, "merged", False):
+            with torch.no_grad():
+                deltas[f"{name}.base_layer.weight"] = sum(
+                    get(a) for a in adapters if a in getattr(module, "lora_A", {}))
+    out = []
+    with torch.no_grad():
+        for name, p in base.named_parameters():
+            if ".lora_" in name:
+                continue
+            t = p.detach()
+            if name in deltas:
+                t = t + deltas[name].to(t.dtype)
+            out.append((name.replace(".base_layer.", "."),
+                        t if dtype is None else t.to(dtype)))
+    return out
+
+
+def probe_ids(tokenizer) -> list[int]:
+    """The probe's token ids (BOS first when the tokenizer has one)."""
+    ids = tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]
+    bos = tokenizer.bos_token_id
+    return ([bos] if bos is not None and (not ids or ids[0] != bos) else []) + list(ids)
+
+
+@torch.no_grad()
+def trainer_probe_logprobs(tr, ids: list[int], precision: str | None = None) -> torch.Tensor:
+    """``[len(ids) - 1]``: the policy's log-prob of each probe token after the first (at
+    temperature 1; in ``precision``, default the trainer's own)."""
+    x = torch.tensor([ids], dtype=torch.long)
+    with tr.autocast(precision):
+        lp = sequence_logprobs(tr.policy, x, torch.ones_like(x))["logp"]
+    return lp[0, 1:].float()
+
+
+def probe_gap(engine_logp, trainer_logp) -> dict:
+    """``engine_probe_abs_mean`` / ``_max``: how far the engine's log-probs of the probe's
+    tokens are from the trainer's (nats)."""
+    gap = (torch.as_tensor(engine_logp, dtype=torch.float32) - trainer_logp.detach().float()).abs()
+    return {"engine_probe_abs_mean": float(gap.mean()), "engine_probe_abs_max": float(gap.max())}
+
+
+def check_probe(stats: dict, precision: str, engine: str) -> None:
+    """:class:`EngineOutOfSync` when the probe's gap (:func:`probe_gap`) is beyond
+    :data:`PROBE_TOLERANCE` for an engine running in ``precision``."""
+    mean_tol, max_tol = PROBE_TOLERANCE[precision]
+    mean, worst = stats["engine_probe_abs_mean"], stats["engine_probe_abs_max"]
+    if mean > mean_tol or worst > max_tol:
+        raise EngineOutOfSync(
+            f"rollout engine {engine}: the engine does not serve the updated weights: its "
+            f"log-probs of the probe sequence differ from the trainer's by {mean:.4f} nats "
+            f"per token on average (at most {worst:.4f}), beyond the {precision} tolerance "
+            f"({mean_tol:g} on average, {max_tol:g} at most)")

@@ -1,0 +1,101 @@
+"""vLLM as the rollout engine (ppokit.llm.engines.vllm_engine), on a tiny Llama: its
+log-probs against the trainer's on the same tokens, the weights pushed after an update,
+and the probe that fails when they are not. Runs only where vLLM is installed (`make
+vllm`: .venv-vllm/bin/python -m pytest tests/test_llm_vllm_engine.py); vLLM starts its
+engine in processes of its own, once for the module."""
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from ppokit.llm.engines import EngineOutOfSync  # noqa: E402
+from ppokit.llm.engines.vllm_engine import VllmEngine  # noqa: E402
+from ppokit.llm.engines.weights import PROBE_TOLERANCE  # noqa: E402
+from ppokit.llm.modeling.models import build_char_tokenizer, build_tiny_model  # noqa: E402
+from ppokit.llm.modeling.rollout import sequence_logprobs  # noqa: E402
+from ppokit.llm.training.trainer import LLMConfig, TokenTrainer  # noqa: E402
+
+
+def _model(tok):
+    # vLLM's CPU attention takes heads of 32 dimensions or more (the built-in's are 16)
+    return build_tiny_model(tok, hidden=128, heads=2, layers=2, intermediate=256,
+                            max_positions=128, seed=0)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A GRPO trainer on the reverse task, full fine-tuning, sampling with vLLM (float32
+    in both, so that the tolerance is tight and an update is far beyond it)."""
+    tok = build_char_tokenizer()
+    cfg = LLMConfig(rollout_engine="vllm", algo="grpo", prompts_per_iter=4,
+                    samples_per_prompt=4, max_new_tokens=12, iterations=3, lora_r=0,
+                    learning_rate=3e-3, checkpoint_every=1000, time_limit=0)
+    tr = TokenTrainer(cfg, str(tmp_path_factory.mktemp("vllm") / "run"), policy=_model(tok),
+                      tokenizer=tok, log=lambda *a: None)
+    yield tr
+    tr.close()
+
+
+def test_the_run_samples_with_vllm(run):
+    assert isinstance(run.engine, VllmEngine) and not run.engine.trainer_logprobs
+    assert run.cfg.old_logprobs == "sampler"  # asked for, yet recomputed (engine's numerics)
+
+
+def test_vllm_logprobs_match_the_trainers_on_the_same_tokens(run):
+    """The log-prob vLLM gives each token it drew against the trainer's forward over the
+    same sequences, at the run's temperature: float32 on both sides, within the float32
+    tolerance of the probe (per token, not only on average)."""
+    run.engine.prepare(run)
+    prompts = [run.prompt_text(r) for r in run.sample_rows(4)]
+    roll = run.rollout([p for p in prompts for _ in range(2)])
+    assert roll.action_mask.any(1).all() and roll.logp is not None
+    t = run.cfg.temperature
+    with torch.no_grad():
+        ours = sequence_logprobs(run.policy, roll.input_ids, roll.attention_mask,
+                                 temperature=t)["logp"]
+    gap = (ours - roll.logp)[roll.action_mask].abs()
+    mean_tol, max_tol = PROBE_TOLERANCE["fp32"]
+    assert float(gap.mean()) <= mean_tol and float(gap.max()) <= max_tol, gap.max()
+    # the tokens themselves: EOS ends a row, nothing is generated after it
+    eos = run.tok.eos_token_id
+    for b in range(roll.input_ids.shape[0]):
+        gen = roll.input_ids[b][roll.action_mask[b]].tolist()
+        assert eos not in gen[:-1]
+        assert bool(roll.truncated[b]) == (gen[-1] != eos)
+
+
+def test_training_iterations_push_the_weights_and_pass_the_probe(run):
+    before = [p.detach().clone() for p in run.policy.parameters()]
+    recs = [run.train_iteration() for _ in range(2)]
+    moved = max(float((p.detach() - b).abs().max())
+                for p, b in zip(run.policy.parameters(), before))
+    assert moved > 0
+    for rec in recs:
+        assert rec["engine_probe_abs_max"] <= PROBE_TOLERANCE["fp32"][1]
+        assert rec["engine_sync_s"] > 0
+        assert "mismatch_k3_mean" in rec  # the trainer's own old log-probs, vs the engine's
+    # the last update is not in the engine until the next iteration's push
+    with pytest.raises(EngineOutOfSync):
+        run.engine.check(run)
+    assert run.engine.prepare(run)["engine_probe_abs_mean"] <= PROBE_TOLERANCE["fp32"][0]
+
+
+def test_the_probe_fails_when_the_weights_are_not_pushed(run):
+    """An update the engine never receives: the probe sees it and training stops with a
+    clear error; pushing the weights makes the probe pass again."""
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(0)
+        for p in run.policy.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    with pytest.raises(EngineOutOfSync, match="does not serve the updated weights"):
+        run.engine.check(run)
+    real_push, run.engine.push = run.engine.push, lambda policy: None
+    try:
+        with pytest.raises(EngineOutOfSync):
+            run.train_iteration()
+    finally:
+        run.engine.push = real_push
+    run.engine.push(run.policy)
+    stats = run.engine.check(run)
+    assert stats["engine_probe_abs_max"] <= PROBE_TOLERANCE["fp32"][1]
