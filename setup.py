@@ -6,8 +6,9 @@ decoder's elementwise steps.
 Everything else is in pyproject.toml. The extension is optional: where it does not build
 (no C compiler, a compiler without GCC's vector extensions), ppokit installs without it
 and each caller runs its torch or NumPy path (``ppokit.kernels.why_not()`` says why).
-``PPOKIT_GENERIC=1`` in the environment at build time compiles every kernel in its
-portable form only (no AVX-512/AVX2 clones, no AVX-512 paths).
+``PPOKIT_ISA`` in the environment at build time chooses the vector paths compiled in:
+``avx512`` (the default: AVX-512, AVX2 and the baseline, chosen at load time), ``avx2``
+(no AVX-512) or ``generic`` (every kernel's portable loop alone; for tests).
 """
 
 import glob
@@ -18,8 +19,10 @@ from setuptools import Extension, setup
 
 flags = [] if sys.platform == "win32" else ["-O3", "-fno-math-errno", "-Wno-psabi",
                                             "-fvisibility=hidden"]
-if os.environ.get("PPOKIT_GENERIC") == "1":
-    flags.append("-DPPOKIT_GENERIC")
+isa = os.environ.get("PPOKIT_ISA", "avx512")
+if isa not in ("avx512", "avx2", "generic"):
+    sys.exit(f"PPOKIT_ISA: expected avx512, avx2 or generic, got {isa!r}")
+flags += {"avx512": [], "avx2": ["-DPPOKIT_NO_AVX512"], "generic": ["-DPPOKIT_GENERIC"]}[isa]
 sources = sorted(glob.glob("src/ppokit/kernels/*.c"))
 
 setup(ext_modules=[Extension("ppokit.kernels._c", sources, depends=["src/ppokit/kernels/kernels.h"],

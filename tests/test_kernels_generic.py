@@ -1,4 +1,4 @@
-"""The extension built with every wider path compiled out (``PPOKIT_GENERIC=1``: no
+"""The extension built with every wider path compiled out (``PPOKIT_ISA=generic``: no
 AVX-512/AVX2 clones, no AVX-512 code paths) passes the same reference tests as the build
 this machine runs. The installed build (the dispatching one, where the compiler has
 GCC's target clones) is what every other test already exercises."""
@@ -26,7 +26,7 @@ REFERENCE_TESTS = ["tests/test_native_step.py", "tests/test_core_gae_fast.py",
                     or not (shutil.which("cc") or shutil.which("gcc")),
                     reason="needs the compiled kernels and a C compiler")
 def test_the_generic_build_passes_every_kernels_reference_tests(tmp_path):
-    env = {**os.environ, "PPOKIT_GENERIC": "1"}
+    env = {**os.environ, "PPOKIT_ISA": "generic"}
     build = subprocess.run(
         [sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(tmp_path / "lib"),
          "--build-temp", str(tmp_path / "tmp")], cwd=ROOT, env=env, capture_output=True,
@@ -40,15 +40,15 @@ def test_the_generic_build_passes_every_kernels_reference_tests(tmp_path):
                     ignore=shutil.ignore_patterns("_c.*.so", "_c.*.pyd", "__pycache__"))
     shutil.copy(built[0], pkg / "kernels")
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "src"), "OMP_NUM_THREADS": "1",
-           "PPOKIT_EXPECT_GENERIC": "1"}
+           "PPOKIT_EXPECT_ISA": "generic"}
     env.pop("PPOKIT_NATIVE", None)
     env.pop("PPOKIT_NATIVE_OFF", None)
     probe = subprocess.run(
         [sys.executable, "-c", "import ppokit.kernels as k; print(k.__file__, "
-         "k.build()['generic'], k.available())"],
+         "k.build()['isa'], k.available())"],
         env=env, capture_output=True, text=True, check=True, cwd=tmp_path).stdout.split()
-    assert probe == [str(pkg / "kernels" / "__init__.py"), "True", "True"]
-    assert kernels.build()["generic"] is False  # the installed one dispatches
+    assert probe == [str(pkg / "kernels" / "__init__.py"), "generic", "True"]
+    assert kernels.build()["isa"] == "avx512"  # the installed one dispatches
     tests = [str(ROOT / t) for t in REFERENCE_TESTS]
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                           "-n", "0", "--rootdir", str(ROOT), *tests],

@@ -77,13 +77,14 @@ def why_not(kernel: str | None = None) -> str | None:
     return None
 
 
-def build() -> dict[str, bool]:
-    """How the extension was built and what this CPU offers it: ``generic`` (built with
-    ``PPOKIT_GENERIC=1``: the portable loops only), ``avx512f`` and ``avx512bf16`` (the CPU
-    has them; a non-generic build then runs its AVX-512 clones and paths)."""
+def build() -> dict:
+    """How the extension was built and what this CPU offers it: ``isa`` — the vector paths
+    compiled in (``"avx512"``: AVX-512, AVX2 and the baseline, chosen at load time, the
+    default; ``"avx2"``: no AVX-512; ``"generic"``: the portable loops alone; setup.py's
+    ``PPOKIT_ISA``) — and ``avx512f`` / ``avx512bf16``, whether this CPU has them."""
     if _c is None:
         raise RuntimeError(_WHY_NOT)
-    return dict(zip(("generic", "avx512f", "avx512bf16"), _c.build()))
+    return dict(zip(("isa", "avx512f", "avx512bf16"), _c.build()))
 
 
 def ppo_step(*args) -> int:

@@ -34,16 +34,24 @@
 /* One build runs the widest vector unit the machine has, chosen once at load time:
  * MULTIVERSION functions are compiled for AVX-512, AVX2 and the baseline, and PPOKIT_X86
  * code paths (tanh_avx512 in mlp.c, the AVX512-BF16 gated product in decoder.c) are taken
- * where the CPU reports the instructions. Built with -DPPOKIT_GENERIC, neither exists:
- * every kernel runs its portable loop (tests/test_kernels_generic.py builds it that way
- * and holds every kernel to its reference again). */
+ * where the CPU reports the instructions. Two other builds exist for tests and
+ * measurements (setup.py's PPOKIT_ISA): -DPPOKIT_NO_AVX512 keeps the AVX2 and baseline
+ * clones only and no AVX-512 path; -DPPOKIT_GENERIC compiles every kernel's portable loop
+ * alone (tests/test_kernels_generic.py holds every kernel to its reference that way). The
+ * portable loops are for correctness, not speed: GCC splits the 64-byte vectors into
+ * pieces the baseline instruction set has, several times slower than the AVX2 clone. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) \
     && !defined(PPOKIT_GENERIC)
+#ifdef PPOKIT_NO_AVX512
+#define MULTIVERSION __attribute__((target_clones("avx2,fma", "default")))
+#else
 #define MULTIVERSION __attribute__((target_clones("avx512f", "avx2,fma", "default")))
+#endif
 #else
 #define MULTIVERSION
 #endif
-#if defined(__GNUC__) && defined(__x86_64__) && !defined(PPOKIT_GENERIC)
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(PPOKIT_GENERIC) \
+    && !defined(PPOKIT_NO_AVX512)
 #define PPOKIT_X86 1
 #else
 #define PPOKIT_X86 0

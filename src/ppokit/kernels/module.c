@@ -47,9 +47,9 @@ int get_buf(PyObject *o, Py_buffer *b, char fmt, int64_t n, const char *what)
     return 0;
 }
 
-/* build() -> (generic, avx512f, avx512bf16): whether this build has only the portable
- * loops (PPOKIT_GENERIC), and which of the wider paths this CPU would take in a build that
- * has them */
+/* build() -> (isa, avx512f, avx512bf16): the vector paths this build has ("generic": the
+ * portable loops only, "avx2": no AVX-512, "avx512": all), and which of the wider paths
+ * this CPU offers */
 static PyObject *py_build(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
@@ -58,23 +58,24 @@ static PyObject *py_build(PyObject *self, PyObject *const *args, Py_ssize_t narg
         PyErr_SetString(PyExc_TypeError, "build() takes no arguments");
         return NULL;
     }
-#ifdef PPOKIT_GENERIC
-    const int generic = 1;
+#if defined(PPOKIT_GENERIC)
+    const char *isa = "generic";
+#elif defined(PPOKIT_NO_AVX512)
+    const char *isa = "avx2";
 #else
-    const int generic = 0;
+    const char *isa = "avx512";
 #endif
 #if defined(__GNUC__) && defined(__x86_64__)
     const int f = __builtin_cpu_supports("avx512f"), bf = __builtin_cpu_supports("avx512bf16");
 #else
     const int f = 0, bf = 0;
 #endif
-    return Py_BuildValue("(OOO)", generic ? Py_True : Py_False, f ? Py_True : Py_False,
-                         bf ? Py_True : Py_False);
+    return Py_BuildValue("(sOO)", isa, f ? Py_True : Py_False, bf ? Py_True : Py_False);
 }
 
 static PyMethodDef methods[] = {
     {"build", (PyCFunction)(void (*)(void))py_build, METH_FASTCALL,
-     "Whether the build is generic, and the CPU's wider paths."},
+     "The vector paths of this build, and the CPU's wider ones."},
     {"lstm_fwd", (PyCFunction)(void (*)(void))py_lstm_fwd, METH_FASTCALL,
      "A single-layer LSTM over [S, L] sequences, forward."},
     {"lstm_bwd", (PyCFunction)(void (*)(void))py_lstm_bwd, METH_FASTCALL,
