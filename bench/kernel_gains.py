@@ -77,7 +77,7 @@ def _compile_decoder_steps() -> None:
     import torch
     import torch.nn.functional as F
 
-    from ppokit.llm.modeling import fused
+    from ppokit.llm.modeling import fused_layers as fused
 
     os.environ["PPOKIT_NATIVE_OFF"] = "decoder"
 
