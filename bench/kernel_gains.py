@@ -11,10 +11,13 @@ a machine without AVX-512 runs).
 (inductor's CPU code) in place of the C kernel: the alternative a hand-written kernel must
 beat to stay.
 
-Every measurement is a fresh process (one torch thread) timing the same fixed work; the
+Every measurement is a fresh process (one torch thread) doing the same fixed work; the
 variants alternate round by round so that drift in the machine's speed falls on all of
-them. Prints one row per (workload, kernel): the median seconds of each variant and the
-median of the per-round ratios ``off ÷ on`` (the gain: above 1 the kernel pays) and
+them. What is timed is the process's CPU seconds (user + system, its threads and any
+environment subprocesses included): on a machine shared with other jobs that counts the
+work itself, where wall time counts the other jobs too (each row also gives the wall
+seconds). Prints one row per (workload, kernel): the median CPU seconds of each variant and
+the median of the per-round ratios ``off ÷ on`` (the gain: above 1 the kernel pays) and
 ``no-AVX-512 ÷ on``. ``ppokit.kernels`` lists the kernels; docs/performance.md keeps the
 table.
 """
@@ -47,8 +50,17 @@ WORKLOADS = {
 }
 
 
-def _work(name: str) -> float:
-    """Run one workload in this process; returns its seconds."""
+def _work(name: str) -> dict:
+    """Run one workload in this process: its CPU and wall seconds."""
+    t = os.times()
+    w0 = time.perf_counter()
+    _run(name)
+    u = os.times()
+    return {"cpu": (u.user - t.user) + (u.system - t.system) + (u.children_user - t.children_user)
+            + (u.children_system - t.children_system), "wall": time.perf_counter() - w0}
+
+
+def _run(name: str) -> None:
     import torch
 
     torch.set_num_threads(1)
@@ -56,19 +68,16 @@ def _work(name: str) -> float:
         from ppokit.llm.evaluation.bench import bench_trainer
 
         if name == "decoder-compiled":
-            _compile_decoder_steps()
-        # seconds per iteration after one warm-up (which pays for any compilation)
-        return bench_trainer("grpo", iterations=3, model_size="10m")["seconds_per_iteration"]
+            _compile_decoder_steps()  # (its compilation is part of the work timed)
+        bench_trainer("grpo", iterations=3, model_size="10m")
+        return
     import ppokit
 
     env, steps = {"cartpole": ("CartPole-v1", 100_000),
                   "lstm": ("ppokit/CartPoleNoVel-v1", 20_000),
                   "atari": ("ALE/Breakout-v5", 8_192)}[name]
     with tempfile.TemporaryDirectory() as d:
-        t0 = time.perf_counter()
-        ppokit.train(env, total_steps=steps, run_dir=Path(d) / "run", seed=0,
-                     progress=False)
-        return time.perf_counter() - t0
+        ppokit.train(env, total_steps=steps, run_dir=Path(d) / "run", seed=0, progress=False)
 
 
 def _compile_decoder_steps() -> None:
@@ -118,7 +127,7 @@ def _avx2_tree(tmp: Path) -> Path:
     return src
 
 
-def _measure(workload: str, off: str | None, src: Path | None) -> float:
+def _measure(workload: str, off: str | None, src: Path | None) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("PPOKIT_NATIVE", None)
     env.pop("PPOKIT_NATIVE_OFF", None)
@@ -131,15 +140,16 @@ def _measure(workload: str, off: str | None, src: Path | None) -> float:
     if out.returncode != 0:
         raise SystemExit(f"bench.kernel_gains: {workload} (off: {off}) failed:\n"
                          f"{out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])["seconds"]
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _cols(xs: list[float], on: list[float]) -> str:
-    """``median seconds | median per-round ratio to on``, or dashes when not measured."""
+def _cols(xs: list[dict], on: list[dict]) -> str:
+    """``median CPU seconds | median per-round ratio to on``, or dashes when not
+    measured."""
     if not xs:
         return "— | —"
-    return (f"{statistics.median(xs):.2f} | "
-            f"{statistics.median(x / n for x, n in zip(xs, on)):.2f}")
+    return (f"{statistics.median(x['cpu'] for x in xs):.2f} | "
+            f"{statistics.median(x['cpu'] / n['cpu'] for x, n in zip(xs, on)):.2f}")
 
 
 def main(argv=None) -> None:
@@ -153,7 +163,7 @@ def main(argv=None) -> None:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker:
-        print(json.dumps({"seconds": _work(a.worker)}))
+        print(json.dumps(_work(a.worker)))
         return
     from ppokit import kernels
 
@@ -167,8 +177,8 @@ def main(argv=None) -> None:
           f"load average {os.getloadavg()[0]:.1f} at the start")
     with tempfile.TemporaryDirectory() as tmp:
         src = _avx2_tree(Path(tmp)) if a.no_avx512 else None
-        print("| workload | kernel | on s | off s | off ÷ on | no AVX-512 s | ÷ on "
-              "| compiled s | compiled ÷ on |")
+        print("| workload | kernel | on: CPU s (wall s) | off: CPU s | off ÷ on | no AVX-512: "
+              "CPU s | ÷ on | compiled: CPU s | ÷ on |")
         print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
         for w in names:
             what, kernels_of = WORKLOADS[w]
@@ -181,7 +191,8 @@ def main(argv=None) -> None:
                         gen.append(_measure(w, None, src))
                     if a.compiled and w == "decoder":
                         comp.append(_measure("decoder-compiled", None, None))
-                print(f"| {w} | {k} | {statistics.median(on):.2f} | "
+                print(f"| {w} | {k} | {statistics.median(x['cpu'] for x in on):.2f} "
+                      f"({statistics.median(x['wall'] for x in on):.2f}) | "
                       f"{_cols(off, on)} | {_cols(gen, on)} | {_cols(comp, on)} |", flush=True)
         print("\nworkloads: " + "; ".join(f"{w}: {WORKLOADS[w][0]}" for w in names))
 
