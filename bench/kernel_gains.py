@@ -1,8 +1,9 @@
 """What each compiled kernel buys on the work it serves: a whole training run (or, for the
 decoder, whole language-model iterations) with the kernel on, with it off
 (``PPOKIT_NATIVE_OFF=NAME``: the caller's torch or NumPy path), and, with
-``--no-avx512``, on the extension built without its AVX-512 paths (``PPOKIT_ISA=avx2``: what
-a machine without AVX-512 runs).
+``--no-avx512``, in the form a CPU without AVX-512 would run (the extension built with
+``PPOKIT_ISA=avx2``, its 16-float-vector kernels forced on with ``PPOKIT_NATIVE_WIDE=1``:
+ppokit turns those off on such a CPU, ``ppokit.kernels.WIDE``, and this column is why).
 
     python -m bench.kernel_gains [--workloads cartpole,lstm,atari,decoder] [--rounds 3]
                                  [--no-avx512] [--compiled]
@@ -135,6 +136,7 @@ def _measure(workload: str, off: str | None, src: Path | None) -> dict:
         env["PPOKIT_NATIVE_OFF"] = off
     if src is not None:
         env["PYTHONPATH"] = str(src)
+        env["PPOKIT_NATIVE_WIDE"] = "1"
     out = subprocess.run([sys.executable, "-m", "bench.kernel_gains", "--worker", workload],
                          cwd=ROOT, env=env, capture_output=True, text=True)
     if out.returncode != 0:
@@ -177,7 +179,7 @@ def main(argv=None) -> None:
           f"load average {os.getloadavg()[0]:.1f} at the start")
     with tempfile.TemporaryDirectory() as tmp:
         src = _avx2_tree(Path(tmp)) if a.no_avx512 else None
-        print("| workload | kernel | on: CPU s (wall s) | off: CPU s | off ÷ on | no AVX-512: "
+        print("| workload | kernel | on: CPU s (wall s) | off: CPU s | off ÷ on | AVX2 form: "
               "CPU s | ÷ on | compiled: CPU s | ÷ on |")
         print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
         for w in names:

@@ -63,6 +63,8 @@ def test_the_actor_and_the_step_follow_their_names(monkeypatch):
 
 
 def test_an_unknown_name_is_an_error_that_lists_the_names(monkeypatch):
+    with pytest.raises(ValueError, match="unknown kernel 'gea'"):
+        kernels.available("gea")
     monkeypatch.setenv("PPOKIT_NATIVE_OFF", "gea")
     with pytest.raises(ValueError, match="unknown kernel gea .*step, actor, gae"):
         kernels.available("gae")
@@ -74,3 +76,29 @@ def test_build_says_how_the_extension_was_built():
     assert set(info) == {"isa", "avx512f", "avx512bf16"}
     assert isinstance(info["avx512f"], bool) and isinstance(info["avx512bf16"], bool)
     assert info["isa"] == os.environ.get("PPOKIT_EXPECT_ISA", "avx512")
+
+
+def test_the_wide_kernels_run_only_where_the_cpu_has_avx512(monkeypatch):
+    """Without AVX-512 the 16-float-vector kernels (step, actor, lstm, decoder) are slower
+    than their torch paths, so they are off there and say why; the others stay on."""
+    monkeypatch.setattr(kernels, "_WIDE_OK", None)
+    monkeypatch.setattr(kernels, "build",
+                        lambda: {"isa": "avx512", "avx512f": False, "avx512bf16": False})
+    for name in kernels.WIDE:
+        assert kernels.available(name) is False
+        assert "needs AVX-512" in kernels.why_not(name)
+    assert kernels.available("gae") is True and kernels.available("pixels") is True
+    assert native.available() is False
+    pol = make_policy(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(3))
+    assert NumpySampler(pol).native is False
+    monkeypatch.setenv("PPOKIT_NATIVE_WIDE", "1")
+    assert all(kernels.available(name) for name in kernels.WIDE)
+    monkeypatch.delenv("PPOKIT_NATIVE_WIDE")
+    monkeypatch.setattr(kernels, "_WIDE_OK", None)  # an AVX2 build on an AVX-512 CPU
+    monkeypatch.setattr(kernels, "build",
+                        lambda: {"isa": "avx2", "avx512f": True, "avx512bf16": True})
+    assert kernels.available("step") is False
+    monkeypatch.setattr(kernels, "_WIDE_OK", None)  # the portable build the tests use
+    monkeypatch.setattr(kernels, "build",
+                        lambda: {"isa": "generic", "avx512f": False, "avx512bf16": False})
+    assert kernels.available("step") is True

@@ -31,7 +31,7 @@ import os
 import numpy as np
 import torch
 
-__all__ = ["KERNELS", "auto_state", "available", "build", "why_not", "decoder_op",
+__all__ = ["KERNELS", "WIDE", "auto_state", "available", "build", "why_not", "decoder_op",
            "has_decoder", "gae", "token_gae", "reverse_scan", "ppo_step", "sample",
            "sample_scratch", "pixels_last",
            "scratch_floats", "tanh_", "lstm_forward", "lstm_backward", "lstm_scratch"]
@@ -47,6 +47,13 @@ except ImportError as e:  # pragma: no cover - depends on the install
 
 #: the kernels by name (module doc), as ``PPOKIT_NATIVE_OFF`` names them
 KERNELS = ("step", "actor", "gae", "lstm", "pixels", "decoder")
+#: the kernels written on 16-float vectors: fast where the CPU has AVX-512, and several
+#: times slower than their torch path where it does not (GCC then keeps the vectors in
+#: memory, in 16-byte pieces: the native step took 1.2 ms per minibatch in its AVX2 form
+#: against 58 µs in its AVX-512 form and about 250 µs for the TorchScript kernel;
+#: ``python -m bench.kernel_gains --no-avx512``), so they run only where it has it
+#: (``PPOKIT_NATIVE_WIDE=1`` runs them anyway)
+WIDE = ("step", "actor", "lstm", "decoder")
 
 
 def available(kernel: str | None = None) -> bool:
@@ -58,7 +65,10 @@ def available(kernel: str | None = None) -> bool:
 def why_not(kernel: str | None = None) -> str | None:
     """``None`` when the compiled kernels (or the one named) can run, else why not: the
     extension is not built, ``PPOKIT_NATIVE=0`` in the environment turns them all off, or
-    ``PPOKIT_NATIVE_OFF`` names this one. An unknown name there is a ValueError."""
+    ``PPOKIT_NATIVE_OFF`` names this one, or it is one of the :data:`WIDE` kernels and
+    the CPU lacks AVX-512. An unknown name is a ValueError."""
+    if kernel is not None and kernel not in KERNELS:
+        raise ValueError(f"ppokit.kernels: unknown kernel {kernel!r}")
     if os.environ.get("PPOKIT_NATIVE", "1") == "0":
         return "PPOKIT_NATIVE=0"
     if _WHY_NOT is not None:
@@ -70,11 +80,29 @@ def why_not(kernel: str | None = None) -> str | None:
         if unknown:
             raise ValueError(f"PPOKIT_NATIVE_OFF: unknown kernel {', '.join(unknown)} "
                              f"(expected names from {', '.join(KERNELS)})")
-        if kernel is not None and kernel not in KERNELS:
-            raise ValueError(f"ppokit.kernels: unknown kernel {kernel!r}")
         if kernel in names:
             return f"PPOKIT_NATIVE_OFF={off}"
+    if kernel in WIDE and not _wide_ok():
+        return (f"the {kernel} kernel needs AVX-512, which this CPU (or this build of the "
+                "extension) lacks; torch's path is faster there (PPOKIT_NATIVE_WIDE=1 "
+                "runs it anyway)")
     return None
+
+
+def _wide_ok() -> bool:
+    """Whether the 16-float-vector kernels (:data:`WIDE`) should run: the build has its
+    AVX-512 forms and the CPU runs them, or the build is the portable one the reference
+    tests use, or ``PPOKIT_NATIVE_WIDE=1``."""
+    global _WIDE_OK
+    if os.environ.get("PPOKIT_NATIVE_WIDE") == "1":
+        return True
+    if _WIDE_OK is None:  # (the build and the CPU do not change while the process runs)
+        info = build()
+        _WIDE_OK = info["isa"] == "generic" or (info["isa"] == "avx512" and info["avx512f"])
+    return _WIDE_OK
+
+
+_WIDE_OK: bool | None = None
 
 
 def build() -> dict:
