@@ -31,7 +31,7 @@ $(VENV)/.installed: $(VENV)/.base
 
 # ppokit's compiled kernels (setup.py's C extension, built by `pip install -e .` above) are
 # rebuilt when their source changes.
-$(VENV)/.native: $(VENV)/.base src/ppokit/kernels/_c.c setup.py
+$(VENV)/.native: $(VENV)/.base $(wildcard src/ppokit/kernels/*.c src/ppokit/kernels/*.h) setup.py
 	$(PIP) install -q --no-compile --no-deps -e .
 	touch $@
 

@@ -54,7 +54,21 @@ def read_search(path: str) -> SearchSpace:
 def parse_search(data: dict, where: str) -> SearchSpace:
     """Check the tables of a search file (``data``: its parsed TOML); every problem is one
     :class:`UsageError` line starting with ``where``."""
-    from ppokit.algos.config import TrainConfig, unknown_key, valid_keys
+    from typing import get_type_hints
+
+    from ppokit.algos.config import TrainConfig
+
+    tables = _tables(data, where)
+    hints = get_type_hints(TrainConfig)
+    params = {k: _search_param(k, spec, hints.get(k), f"{where}: [search] {k}")
+              for k, spec in tables["search"].items()}
+    return SearchSpace(params, dict(tables["fixed"]), _tune_options(tables["tune"], where))
+
+
+def _tables(data, where: str) -> dict[str, dict]:
+    """The three tables of a search file, each a dict; [search] names keys to search,
+    [search] and [fixed] only configuration keys, and no key is in both."""
+    from ppokit.algos.config import unknown_key, valid_keys
 
     if not isinstance(data, dict):
         raise UsageError(f"{where}: expected tables [search], [fixed], [tune]")
@@ -71,9 +85,6 @@ def parse_search(data: dict, where: str) -> SearchSpace:
     if not tables["search"]:
         raise UsageError(f"{where}: [search] names no key to search (e.g. learning_rate = "
                          "{low = 1e-4, high = 1e-2, log = true})")
-    from typing import get_type_hints
-
-    hints = get_type_hints(TrainConfig)
     for name in ("search", "fixed"):
         for k in tables[name]:
             if k not in valid_keys():
@@ -81,53 +92,57 @@ def parse_search(data: dict, where: str) -> SearchSpace:
     both = sorted(set(tables["search"]) & set(tables["fixed"]))
     if both:
         raise UsageError(f"{where}: {both[0]!r} is both searched and fixed")
-    params = {}
-    for k, spec in tables["search"].items():
-        w = f"{where}: [search] {k}"
-        if not isinstance(spec, dict):
-            raise UsageError(f"{w}: expected a table such as {{low = 1e-4, high = 1e-2}} or "
-                             f"{{choices = [...]}}, got {spec!r:.60}")
-        bad = sorted(set(spec) - SPEC_FIELDS)
-        if bad:
-            raise UsageError(f"{w}: unknown field {bad[0]!r} (expected low, high, log, step "
-                             "or choices)")
-        if "choices" in spec:
-            if set(spec) != {"choices"}:
-                raise UsageError(f"{w}: choices cannot be combined with low/high/log/step")
-            ch = spec["choices"]
-            if not isinstance(ch, list) or not ch:
-                raise UsageError(f"{w}: choices must be a non-empty list, got {ch!r:.60}")
-            params[k] = {"choices": ch}
-            continue
-        if "low" not in spec or "high" not in spec:
-            raise UsageError(f"{w}: needs low and high (or choices)")
-        lo, hi, log, step = spec["low"], spec["high"], spec.get("log", False), spec.get("step")
-        if not (_num(lo) and _num(hi)):
-            raise UsageError(f"{w}: low and high must be finite numbers, got {lo!r}, {hi!r}")
-        if not lo < hi:
-            raise UsageError(f"{w}: low must be below high, got low = {lo}, high = {hi}")
-        if not isinstance(log, bool):
-            raise UsageError(f"{w}: log must be true or false, got {log!r}")
-        if log and lo <= 0:
-            raise UsageError(f"{w}: log = true needs low > 0, got {lo}")
-        if step is not None and (not _num(step) or step <= 0):
-            raise UsageError(f"{w}: step must be a positive number, got {step!r}")
-        if step is not None and log:
-            raise UsageError(f"{w}: step and log = true cannot be combined")
-        t = hints[k]
-        if t is int:
-            if not all(isinstance(v, int) for v in (lo, hi)) or \
-                    (step is not None and not isinstance(step, int)):
-                raise UsageError(f"{w}: {k} is an integer key; low, high and step must be "
-                                 f"integers")
-            params[k] = {"low": lo, "high": hi, "log": log, "step": step, "int": True}
-        elif t is float or t == (float | None):
-            params[k] = {"low": float(lo), "high": float(hi), "log": log,
-                         "step": None if step is None else float(step), "int": False}
-        else:
-            raise UsageError(f"{w}: {k} is not a number; search it with choices = [...]")
+    return tables
+
+
+def _search_param(k: str, spec, t, w: str) -> dict:
+    """One [search] entry (``spec``) of the configuration key ``k`` of type ``t``, checked:
+    ``{"choices": [...]}`` or a range ``{"low", "high", "log", "step", "int"}``."""
+    if not isinstance(spec, dict):
+        raise UsageError(f"{w}: expected a table such as {{low = 1e-4, high = 1e-2}} or "
+                         f"{{choices = [...]}}, got {spec!r:.60}")
+    bad = sorted(set(spec) - SPEC_FIELDS)
+    if bad:
+        raise UsageError(f"{w}: unknown field {bad[0]!r} (expected low, high, log, step "
+                         "or choices)")
+    if "choices" in spec:
+        if set(spec) != {"choices"}:
+            raise UsageError(f"{w}: choices cannot be combined with low/high/log/step")
+        ch = spec["choices"]
+        if not isinstance(ch, list) or not ch:
+            raise UsageError(f"{w}: choices must be a non-empty list, got {ch!r:.60}")
+        return {"choices": ch}
+    if "low" not in spec or "high" not in spec:
+        raise UsageError(f"{w}: needs low and high (or choices)")
+    lo, hi, log, step = spec["low"], spec["high"], spec.get("log", False), spec.get("step")
+    if not (_num(lo) and _num(hi)):
+        raise UsageError(f"{w}: low and high must be finite numbers, got {lo!r}, {hi!r}")
+    if not lo < hi:
+        raise UsageError(f"{w}: low must be below high, got low = {lo}, high = {hi}")
+    if not isinstance(log, bool):
+        raise UsageError(f"{w}: log must be true or false, got {log!r}")
+    if log and lo <= 0:
+        raise UsageError(f"{w}: log = true needs low > 0, got {lo}")
+    if step is not None and (not _num(step) or step <= 0):
+        raise UsageError(f"{w}: step must be a positive number, got {step!r}")
+    if step is not None and log:
+        raise UsageError(f"{w}: step and log = true cannot be combined")
+    if t is int:
+        if not all(isinstance(v, int) for v in (lo, hi)) or \
+                (step is not None and not isinstance(step, int)):
+            raise UsageError(f"{w}: {k} is an integer key; low, high and step must be "
+                             f"integers")
+        return {"low": lo, "high": hi, "log": log, "step": step, "int": True}
+    if t is float or t == (float | None):
+        return {"low": float(lo), "high": float(hi), "log": log,
+                "step": None if step is None else float(step), "int": False}
+    raise UsageError(f"{w}: {k} is not a number; search it with choices = [...]")
+
+
+def _tune_options(table: dict, where: str) -> dict:
+    """The [tune] table over :data:`TUNE_KEYS`' defaults, checked."""
     tune = dict(TUNE_KEYS)
-    for k, v in tables["tune"].items():
+    for k, v in table.items():
         w = f"{where}: [tune] {k}"
         if k not in TUNE_KEYS:
             raise UsageError(f"{where}: [tune] unknown key {k!r} (expected "
@@ -141,7 +156,7 @@ def parse_search(data: dict, where: str) -> SearchSpace:
                                                or not lo <= v <= 2**31):
             raise UsageError(f"{w}: expected an integer >= {lo}, got {v!r:.60}")
         tune[k] = v
-    return SearchSpace(params, dict(tables["fixed"]), tune)
+    return tune
 
 
 def check_values(space: SearchSpace, base: dict[str, Any], where: str) -> None:

@@ -147,121 +147,164 @@ def _eps(value: float) -> float:
 def render(name: str, args: argparse.Namespace | None = None) -> str:
     """The printed output of demo ``name`` (``args`` holds its options; defaults if None)."""
     a = args if args is not None else argparse.Namespace()
+    fn = _RENDER.get(name)
+    if fn is None:
+        raise UsageError(f"unknown demo {name!r}; known: {', '.join(DEMOS)}")
+    return fn(lambda key, default: getattr(a, key, default))
 
-    def opt(key, default):
-        return getattr(a, key, default)
 
-    if name == "gae":
-        from .gae import fixed_trajectory, format_fixed_trajectory
+# each demo's output from ``opt(key, default)``, its options read and checked
+def _gae(opt) -> str:
+    from .gae import fixed_trajectory, format_fixed_trajectory
 
-        return format_fixed_trajectory(fixed_trajectory())
-    if name == "bias-variance":
-        from .gae import bias_variance, format_bias_variance
+    return format_fixed_trajectory(fixed_trajectory())
 
-        return format_bias_variance(bias_variance(
-            seed=_at_least(opt("seed", 7), 0, "--seed"),
-            episodes=_at_most(_at_least(opt("episodes", 20000), 2, "--episodes"), 2_000_000,
-                              "--episodes"),
-            sigma=_nonnegative(opt("sigma", 0.8), "--sigma"),
-            critic_scale=_finite(opt("critic_scale", 1.0), "--critic-scale")))
-    if name == "clip":
-        from .clip import format_clip
 
-        return format_clip(_eps(opt("eps", 0.2)))
-    if name == "bandit":
-        from .bandit import format_bandit
+def _bias_variance(opt) -> str:
+    from .gae import bias_variance, format_bias_variance
 
-        tkl = opt("target_kl", None)
-        return format_bandit(epochs=_at_most(_at_least(opt("epochs", 40), 1, "--epochs"),
-                                             100_000, "--epochs"),
-                             lr=_positive(opt("lr", 0.3), "--lr"), eps=_eps(opt("eps", 0.2)),
-                             target_kl=None if tkl is None else _positive(tkl, "--target-kl"))
-    if name == "baseline":
-        from .baseline import format_baseline
+    return format_bias_variance(bias_variance(
+        seed=_at_least(opt("seed", 7), 0, "--seed"),
+        episodes=_at_most(_at_least(opt("episodes", 20000), 2, "--episodes"), 2_000_000,
+                          "--episodes"),
+        sigma=_nonnegative(opt("sigma", 0.8), "--sigma"),
+        critic_scale=_finite(opt("critic_scale", 1.0), "--critic-scale")))
 
-        return format_baseline(seed=_at_least(opt("seed", 0), 0, "--seed"),
-                               draws=_at_most(_at_least(opt("draws", 2000), 2, "--draws"),
-                                              1_000_000, "--draws"),
-                               n_seeds=_at_most(_at_least(opt("seeds", 50), 2, "--seeds"),
-                                                10_000, "--seeds"))
-    if name == "optimal-baseline":
-        from .optimal_baseline import format_optimal_baseline
 
-        return format_optimal_baseline(
-            offset=_bounded(opt("offset", 5.0), 1e6, "--offset"),
-            reward_sd=_bounded(_nonnegative(opt("reward_sd", 0.0), "--reward-sd"), 1e6,
-                               "--reward-sd"))
-    if name == "reward-to-go":
-        from .reward_to_go import format_reward_to_go
+def _clip(opt) -> str:
+    from .clip import format_clip
 
-        gamma = _finite(opt("gamma", 1.0), "--gamma")
-        if not 0 <= gamma <= 1:
-            raise UsageError(f"--gamma: expected a number in [0, 1], got {gamma}")
-        return format_reward_to_go(
-            gamma=gamma, seed=_at_least(opt("seed", 0), 0, "--seed"),
-            episodes=_at_most(_at_least(opt("episodes", 20000), 2, "--episodes"), 2_000_000,
-                              "--episodes"))
-    if name == "learned-baseline":
-        from .learned_baseline import format_learned_baseline
+    return format_clip(_eps(opt("eps", 0.2)))
 
-        alpha = _finite(opt("alpha", 0.05), "--alpha")
-        if not 0 < alpha <= 1:
-            raise UsageError(f"--alpha: expected a number in (0, 1], got {alpha}")
-        n_seeds = _at_least(opt("seeds", 50), 2, "--seeds")
-        steps = _at_least(opt("steps", 400), 2, "--steps")
-        if n_seeds * steps > 2_000_000:
-            raise UsageError(f"--seeds x --steps: expected at most 2000000 pulls in all, got "
-                             f"{n_seeds} x {steps}")
-        return format_learned_baseline(
-            n_seeds=n_seeds, steps=steps, alpha=alpha,
-            offset=_bounded(opt("offset", 5.0), 1e6, "--offset"),
-            eta=_bounded(_positive(opt("eta", 0.1), "--eta"), 1e3, "--eta"),
-            v0=_bounded(opt("v0", 0.0), 1e6, "--v0"))
-    if name == "kl":
-        from .kl import format_kl
 
-        return format_kl()
-    if name == "kl-vs-clip":
-        from .kl_vs_clip import format_kl_vs_clip
+def _bandit(opt) -> str:
+    from .bandit import format_bandit
 
-        return format_kl_vs_clip(_eps(opt("eps", 0.2)))
-    if name == "rlhf-objective":
-        from .rlhf import format_rlhf
+    tkl = opt("target_kl", None)
+    return format_bandit(epochs=_at_most(_at_least(opt("epochs", 40), 1, "--epochs"),
+                                         100_000, "--epochs"),
+                         lr=_positive(opt("lr", 0.3), "--lr"), eps=_eps(opt("eps", 0.2)),
+                         target_kl=None if tkl is None else _positive(tkl, "--target-kl"))
 
-        return format_rlhf()
-    if name == "reward-hacking":
-        import sys
 
-        iterations = _at_least(opt("iterations", 100), 1, "--iterations")
-        beta = _positive(opt("beta", 0.5), "--beta")
-        from ppokit.errors import require_extra
+def _baseline(opt) -> str:
+    from .baseline import format_baseline
 
-        require_extra(("transformers", "tokenizers"), "llm", "ppokit demo reward-hacking")
-        from ppokit.llm import run_reward_hacking_demo
+    return format_baseline(seed=_at_least(opt("seed", 0), 0, "--seed"),
+                           draws=_at_most(_at_least(opt("draws", 2000), 2, "--draws"),
+                                          1_000_000, "--draws"),
+                           n_seeds=_at_most(_at_least(opt("seeds", 50), 2, "--seeds"),
+                                            10_000, "--seeds"))
 
-        summary = run_reward_hacking_demo(
-            opt("out", "runs/demo-reward-hacking"), iterations=iterations, beta=beta,
-            seed=opt("seed", 0), log=lambda m: print(m, file=sys.stderr, flush=True))
-        lines = [f"{'run':<10}{'RM reward':>22}{'true score':>22}{'length':>22}{'kl_ref':>22}"]
-        for run_name, row in summary["runs"].items():
-            cells = "".join(f"{row[k]['start']:>10.3f} -> {row[k]['end']:<8.3f}" for k in
-                            ("score_mean", "true_score_mean", "response_length_mean", "kl_ref"))
-            lines.append(f"{run_name:<10}{cells}")
-        lines.append(f"reward model held-out pair accuracy {summary['rm']['eval_accuracy']:.3f}; "
-                     f"figure {summary.get('figure')}")
-        return "\n".join(lines)
-    if name == "figures":
-        from .figures import write_figures
 
-        out = opt("out", None)
-        if not out:
-            raise UsageError("--out: a directory is required")
-        try:
-            paths = write_figures(out)
-        except OSError as exc:
-            raise UsageError(f"--out: cannot write figures into {out!r}: {exc}") from exc
-        return "\n".join(f"wrote {p} ({p.stat().st_size / 1024:.0f} KiB)" for p in paths)
-    raise UsageError(f"unknown demo {name!r}; known: {', '.join(DEMOS)}")
+def _optimal_baseline(opt) -> str:
+    from .optimal_baseline import format_optimal_baseline
+
+    return format_optimal_baseline(
+        offset=_bounded(opt("offset", 5.0), 1e6, "--offset"),
+        reward_sd=_bounded(_nonnegative(opt("reward_sd", 0.0), "--reward-sd"), 1e6,
+                           "--reward-sd"))
+
+
+def _reward_to_go(opt) -> str:
+    from .reward_to_go import format_reward_to_go
+
+    gamma = _finite(opt("gamma", 1.0), "--gamma")
+    if not 0 <= gamma <= 1:
+        raise UsageError(f"--gamma: expected a number in [0, 1], got {gamma}")
+    return format_reward_to_go(
+        gamma=gamma, seed=_at_least(opt("seed", 0), 0, "--seed"),
+        episodes=_at_most(_at_least(opt("episodes", 20000), 2, "--episodes"), 2_000_000,
+                          "--episodes"))
+
+
+def _learned_baseline(opt) -> str:
+    from .learned_baseline import format_learned_baseline
+
+    alpha = _finite(opt("alpha", 0.05), "--alpha")
+    if not 0 < alpha <= 1:
+        raise UsageError(f"--alpha: expected a number in (0, 1], got {alpha}")
+    n_seeds = _at_least(opt("seeds", 50), 2, "--seeds")
+    steps = _at_least(opt("steps", 400), 2, "--steps")
+    if n_seeds * steps > 2_000_000:
+        raise UsageError(f"--seeds x --steps: expected at most 2000000 pulls in all, got "
+                         f"{n_seeds} x {steps}")
+    return format_learned_baseline(
+        n_seeds=n_seeds, steps=steps, alpha=alpha,
+        offset=_bounded(opt("offset", 5.0), 1e6, "--offset"),
+        eta=_bounded(_positive(opt("eta", 0.1), "--eta"), 1e3, "--eta"),
+        v0=_bounded(opt("v0", 0.0), 1e6, "--v0"))
+
+
+def _kl(opt) -> str:
+    from .kl import format_kl
+
+    return format_kl()
+
+
+def _kl_vs_clip(opt) -> str:
+    from .kl_vs_clip import format_kl_vs_clip
+
+    return format_kl_vs_clip(_eps(opt("eps", 0.2)))
+
+
+def _rlhf_objective(opt) -> str:
+    from .rlhf import format_rlhf
+
+    return format_rlhf()
+
+
+def _reward_hacking(opt) -> str:
+    import sys
+
+    iterations = _at_least(opt("iterations", 100), 1, "--iterations")
+    beta = _positive(opt("beta", 0.5), "--beta")
+    from ppokit.errors import require_extra
+
+    require_extra(("transformers", "tokenizers"), "llm", "ppokit demo reward-hacking")
+    from ppokit.llm import run_reward_hacking_demo
+
+    summary = run_reward_hacking_demo(
+        opt("out", "runs/demo-reward-hacking"), iterations=iterations, beta=beta,
+        seed=opt("seed", 0), log=lambda m: print(m, file=sys.stderr, flush=True))
+    lines = [f"{'run':<10}{'RM reward':>22}{'true score':>22}{'length':>22}{'kl_ref':>22}"]
+    for run_name, row in summary["runs"].items():
+        cells = "".join(f"{row[k]['start']:>10.3f} -> {row[k]['end']:<8.3f}" for k in
+                        ("score_mean", "true_score_mean", "response_length_mean", "kl_ref"))
+        lines.append(f"{run_name:<10}{cells}")
+    lines.append(f"reward model held-out pair accuracy {summary['rm']['eval_accuracy']:.3f}; "
+                 f"figure {summary.get('figure')}")
+    return "\n".join(lines)
+
+
+def _figures(opt) -> str:
+    from .figures import write_figures
+
+    out = opt("out", None)
+    if not out:
+        raise UsageError("--out: a directory is required")
+    try:
+        paths = write_figures(out)
+    except OSError as exc:
+        raise UsageError(f"--out: cannot write figures into {out!r}: {exc}") from exc
+    return "\n".join(f"wrote {p} ({p.stat().st_size / 1024:.0f} KiB)" for p in paths)
+
+
+_RENDER = {
+    "gae": _gae,
+    "bias-variance": _bias_variance,
+    "clip": _clip,
+    "bandit": _bandit,
+    "baseline": _baseline,
+    "optimal-baseline": _optimal_baseline,
+    "reward-to-go": _reward_to_go,
+    "learned-baseline": _learned_baseline,
+    "kl": _kl,
+    "kl-vs-clip": _kl_vs_clip,
+    "rlhf-objective": _rlhf_objective,
+    "reward-hacking": _reward_hacking,
+    "figures": _figures,
+}
 
 
 def run(args: argparse.Namespace) -> int:

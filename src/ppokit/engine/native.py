@@ -4,7 +4,7 @@
 autograd, as one TorchScript graph. On the small networks PPO is run with on classic
 control (two 64-wide layers), that graph still spends most of its time between its eighty
 or so operations (one dispatch each) and in the optimiser's separate call.
-``ppokit/kernels/_c.c`` writes the same step out as loops over float32 buffers — the
+``ppokit/kernels/ppo_step.c`` writes the same step out as loops over float32 buffers — the
 forward and backward of both networks, the losses, the gradient-norm clipping and Adam —
 in one function: no allocation, no dispatch, no threads.
 
@@ -37,13 +37,13 @@ NATIVE_MAX_WIDTH = 256
 
 def available() -> bool:
     """Whether the native step can run here (:func:`ppokit.kernels.available`)."""
-    return kernels.available()
+    return kernels.available("step")
 
 
 def why_not() -> str | None:
     """``None`` when the native step can run, else why not (:func:`ppokit.kernels.why_not`:
     the extension is not built, or ``PPOKIT_NATIVE=0``)."""
-    return kernels.why_not()
+    return kernels.why_not("step")
 
 
 def _offset(t: torch.Tensor, base: torch.Tensor) -> int:
@@ -63,7 +63,7 @@ class NativeStep:
     updated in place. ``parallel``: True runs the critic's branch on the extension's worker
     thread beside the actor's, False before it on the calling thread, ``"auto"`` beside it
     while the worker keeps up and before it while it does not (another process holding the
-    second core: ``_c.c`` says how it is told); the same bits every way."""
+    second core: ``ppo_step.c`` says how it is told); the same bits every way."""
 
     def __init__(self, policy: nn.Module, actor: list[nn.Linear], critic: list[nn.Linear],
                  flat, optimizer, opts: dict):

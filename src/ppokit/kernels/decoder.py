@@ -1,4 +1,4 @@
-"""The decoder's elementwise steps in C (``_c.c``, ``decoder``), for ppokit's fused forward
+"""The decoder's elementwise steps in C (``decoder.c``), for ppokit's fused forward
 (:mod:`ppokit.llm.modeling.fused`): RMS norm with its cast to the projections' format, the
 rotary embedding with the split of the fused query/key/value product, and the SiLU-gated
 product of the MLP, each as an autograd function whose forward and backward are one pass

@@ -25,7 +25,7 @@ def supports(module: nn.Module, x: torch.Tensor, h0: torch.Tensor) -> bool:
     """Whether :func:`lstm` can run ``module`` (an ``nn.LSTM``) on ``x`` from ``h0``: one
     layer, batch-first, one direction, biases, no projection, float32 on the CPU, the
     kernels built."""
-    return (available() and isinstance(module, nn.LSTM) and module.num_layers == 1
+    return (available("lstm") and isinstance(module, nn.LSTM) and module.num_layers == 1
             and module.batch_first and not module.bidirectional and module.bias
             and module.proj_size == 0 and x.dim() == 3 and x.dtype == torch.float32
             and x.device.type == "cpu" and h0.dtype == torch.float32

@@ -63,7 +63,7 @@ class NumpySampler:
         self.policy = policy
         self.kind = policy.kind
         self.relu = any(isinstance(m, nn.ReLU) for m in policy.actor)
-        why = kernels.why_not()
+        why = kernels.why_not("actor")
         if native and why is not None:
             raise ValueError(f"NumpySampler(native=True): {why}")
         lins = [m for m in policy.actor if isinstance(m, nn.Linear)]

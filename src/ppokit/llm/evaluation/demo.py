@@ -34,38 +34,15 @@ def run_reward_hacking_demo(out_dir: str = "runs/demo-reward-hacking", *, iterat
     mean of the last tenth of the iterations."""
     import torch
 
-    from ..inputs.prefs import builtin_pairs, split_pairs
-    from ..inputs.task import ReverseTask, reverse_score
-    from ..modeling.models import (
-        build_char_tokenizer,
-        build_tiny_model,
-        quiet_transformers,
-        save_policy,
-    )
-    from ..training.rm import build_reward_model, save_reward_model, train_reward_model
-    from ..training.sft import builtin_sft
+    from ..inputs.task import reverse_score
+    from ..modeling.models import quiet_transformers
     from ..training.trainer import LLMConfig, TokenTrainer
 
     quiet_transformers()
     os.makedirs(out_dir, exist_ok=True)
     t0 = time.perf_counter()
-    task = ReverseTask()
-    tok = build_char_tokenizer()
-    warm = build_tiny_model(tok, seed=seed)
-    log("1/3 warm start: SFT on noisy demonstrations")
-    builtin_sft(task, warm, tok, steps=sft_steps, seed=seed)
-    warm_dir = os.path.join(out_dir, "warm_start")
-    save_policy(warm, tok, warm_dir)
-
-    log(f"2/3 reward model on {n_pairs} pairs from a labeller preferring the longer answer "
-        f"{prefer_longer:.0%} of the time")
-    train_p, eval_p = split_pairs(builtin_pairs(n_pairs, seed=seed, prefer_longer=prefer_longer),
-                                  0.1, seed)
-    rm, rm_tok = build_reward_model(None, seed=seed)
-    rm_info = train_reward_model(rm, rm_tok, train_p, eval_p, epochs=2, seed=seed)
-    rm_dir = os.path.join(out_dir, "reward_model")
-    save_reward_model(rm, rm_tok, rm_dir, rm_info)
-    log(f"   held-out pair accuracy {rm_info['eval_accuracy']:.3f}")
+    warm_dir = _warm_start(out_dir, seed, sft_steps, log)
+    rm_dir, rm_info = _reward_model(out_dir, n_pairs, prefer_longer, seed, log)
 
     def true_score(prompts, completions):
         s = reverse_score(prompts, completions)
@@ -88,17 +65,8 @@ def run_reward_hacking_demo(out_dir: str = "runs/demo-reward-hacking", *, iterat
         tr = TokenTrainer(cfg, os.path.join(out_dir, name), log=log, monitors=[true_score])
         recs = tr.train(progress=progress)
         runs[name] = recs
-    summary = {"rm": rm_info, "seconds": time.perf_counter() - t0, "runs": {}}
-    for name, recs in runs.items():
-        k = max(1, len(recs) // 10)
-        first, last = recs[:1], recs[-k:]
-
-        def avg(rs, key):
-            return sum(r[key] for r in rs) / len(rs)
-
-        summary["runs"][name] = {
-            key: {"start": avg(first, key), "end": avg(last, key)}
-            for key in ("score_mean", "true_score_mean", "response_length_mean", "kl_ref")}
+    summary = {"rm": rm_info, "seconds": time.perf_counter() - t0,
+               "runs": {name: _start_end(recs) for name, recs in runs.items()}}
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     log(f"{'run':<10}{'RM reward':>20}{'true score':>20}{'length':>18}{'kl_ref':>18}")
@@ -110,6 +78,52 @@ def run_reward_hacking_demo(out_dir: str = "runs/demo-reward-hacking", *, iterat
         summary["figure"] = _plot(runs, os.path.join(out_dir, "reward_hacking.png"))
         log(f"figure: {summary['figure']}")
     return summary
+
+
+def _warm_start(out_dir: str, seed: int, sft_steps: int, log) -> str:
+    """Step 1: the built-in model fine-tuned on noisy demonstrations; its directory."""
+    from ..inputs.task import ReverseTask
+    from ..modeling.models import build_char_tokenizer, build_tiny_model, save_policy
+    from ..training.sft import builtin_sft
+
+    tok = build_char_tokenizer()
+    warm = build_tiny_model(tok, seed=seed)
+    log("1/3 warm start: SFT on noisy demonstrations")
+    builtin_sft(ReverseTask(), warm, tok, steps=sft_steps, seed=seed)
+    warm_dir = os.path.join(out_dir, "warm_start")
+    save_policy(warm, tok, warm_dir)
+    return warm_dir
+
+
+def _reward_model(out_dir: str, n_pairs: int, prefer_longer: float, seed: int,
+                  log) -> tuple[str, dict]:
+    """Step 2: a reward model trained on pairs from a labeller who prefers longer answers;
+    its directory and training summary."""
+    from ..inputs.prefs import builtin_pairs, split_pairs
+    from ..training.rm import build_reward_model, save_reward_model, train_reward_model
+
+    log(f"2/3 reward model on {n_pairs} pairs from a labeller preferring the longer answer "
+        f"{prefer_longer:.0%} of the time")
+    train_p, eval_p = split_pairs(builtin_pairs(n_pairs, seed=seed, prefer_longer=prefer_longer),
+                                  0.1, seed)
+    rm, rm_tok = build_reward_model(None, seed=seed)
+    rm_info = train_reward_model(rm, rm_tok, train_p, eval_p, epochs=2, seed=seed)
+    rm_dir = os.path.join(out_dir, "reward_model")
+    save_reward_model(rm, rm_tok, rm_dir, rm_info)
+    log(f"   held-out pair accuracy {rm_info['eval_accuracy']:.3f}")
+    return rm_dir, rm_info
+
+
+def _start_end(recs: list[dict]) -> dict:
+    """Each figure of a run at its start (the first iteration) and end (the mean of the
+    last tenth of the iterations)."""
+    k = max(1, len(recs) // 10)
+
+    def avg(rs, key):
+        return sum(r[key] for r in rs) / len(rs)
+
+    return {key: {"start": avg(recs[:1], key), "end": avg(recs[-k:], key)}
+            for key in ("score_mean", "true_score_mean", "response_length_mean", "kl_ref")}
 
 
 def _plot(runs: dict, path: str) -> str:

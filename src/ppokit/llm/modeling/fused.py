@@ -56,21 +56,20 @@ autocast, and callers that want hidden states (a critic sharing the policy's bod
 from __future__ import annotations
 
 import os
-import weakref
 
 import torch
 import torch.nn.functional as F
 
 from ppokit.kernels import decoder as decoder_kernels
 
-from .fused_weights import adapter_parts, apply_product, cast, layer_weights, product, unwrap
+from .fused_layers import decoder_layers, formats, output_head, rope_tables
+from .fused_weights import adapter_parts, layer_weights, product, unwrap
 
 __all__ = ["ENV_VAR", "FusedSampler", "fused_logits", "unsupported_reason"]
 
 ENV_VAR = "PPOKIT_FUSED_FORWARD"
 _ARCHS = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 _STATIC_ROPE = ("default", "linear", "llama3")
-_tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def unsupported_reason(model) -> str | None:
@@ -146,89 +145,6 @@ def fused_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     with torch.autocast(dev, enabled=False):
         return _forward(model, input_ids, attention_mask.long(), prompt_len, low, min_prompts,
                         logits_from)
-
-
-def _rope_tables(rot, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """``cos``, ``sin`` ``[n, head_dim]`` in float32, each row the values transformers'
-    rotary module computes for that position (the same float32 operations)."""
-    have = _tables.get(rot)
-    if have is not None and have[0].shape[0] >= n and have[0].device == device:
-        return have
-    n = max(n, int(getattr(rot, "max_seq_len_cached", 0) or 0))
-    freqs = torch.arange(n, device=device)[:, None].float() * rot.inv_freq.to(device).float()
-    emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos() * rot.attention_scaling, emb.sin() * rot.attention_scaling
-    _tables[rot] = (cos, sin)
-    return cos, sin
-
-
-def _rms(h: torch.Tensor, norm) -> torch.Tensor:
-    var = h.pow(2).mean(-1, keepdim=True)
-    return norm.weight * (h * torch.rsqrt(var + norm.variance_epsilon))
-
-
-def _formats(device_type: str, low):
-    """``(projection dtype, attention dtype)`` under autocast format ``low`` (None: off):
-    attention in float32 on the CPU (as ppokit/llm/modeling/precision.py gives transformers'
-    forward there), elsewhere in the autocast format, as autocast would run it."""
-    act = torch.float32 if low is None else low
-    att = torch.float32 if low is None or device_type == "cpu" else low
-    return act, att
-
-
-def _decoder(h, layers, cos, sin, heads: tuple[int, int, int], act, att, attend):
-    """The decoder layers on hidden states ``h`` ``[..., D]`` (float32): ``layers`` from
-    :func:`layer_weights`, rotary ``cos``/``sin`` broadcastable to ``[..., heads, hd]``,
-    ``attend(i, q, k, v, scale)`` the attention of layer ``i`` (q ``[..., H, hd]``, k and v
-    ``[..., KV, hd]``, in ``att``) returning ``[..., H·hd]``."""
-    for i, (n1, scale, qkv_w, o_w, n2, gu_w, d_w) in enumerate(layers):
-        q, k, v = _split_rotate(apply_product(_norm(h, n1, act), qkv_w), cos, sin, heads, att)
-        o = attend(i, q, k, v, scale)
-        h = h + apply_product(cast(o, act), o_w)
-        h = h + apply_product(_gated(apply_product(_norm(h, n2, act), gu_w), act), d_w)
-    return h
-
-
-# Each of the three steps below runs as one compiled pass where ppokit.kernels.decoder
-# applies (the CPU, float32 or bfloat16: the same values, see its docstring), else as the
-# torch formula beside it.
-def _norm(h, norm, act):
-    """RMS norm of ``h`` in the projections' format ``act``."""
-    out = decoder_kernels.rms_norm(h, norm.weight, norm.variance_epsilon, act)
-    return cast(_rms(h, norm), act) if out is None else out
-
-
-def _split_rotate(qkv, cos, sin, heads, att):
-    """The fused product's columns as ``q``, ``k``, ``v`` in ``att``, q and k rotated."""
-    H, KV, hd = heads
-    if att == torch.float32:
-        out = decoder_kernels.rotary_split(qkv, cos, sin, heads)
-        if out is not None:
-            return out
-    q, k, v = qkv.view(*qkv.shape[:-1], H + 2 * KV, hd).split([H, KV, KV], -2)
-    return _rotate(q, cos, sin).to(att), _rotate(k, cos, sin).to(att), v.to(att)
-
-
-def _gated(gate_up, act):
-    """``silu(gate) * up`` in ``act``."""
-    out = decoder_kernels.gated(gate_up) if gate_up.dtype == act else None
-    if out is None:
-        gate, up = gate_up.chunk(2, -1)
-        out = cast(F.silu(gate) * up, act)
-    return out
-
-
-def _head(model, h, act, weights=None):
-    """The final norm and the output head (``weights``: its :func:`product` pair, made here
-    when not given)."""
-    model = unwrap(model)
-    return apply_product(cast(_rms(h, model.model.norm), act),
-                         weights or product([model.lm_head], act))
-
-
-def _rotate(t, cos, sin):
-    half = t.shape[-1] // 2
-    return (t * cos) + (torch.cat((-t[..., half:], t[..., :half]), dim=-1) * sin)
 
 
 ROOT_MIN = 4  # a common prefix shorter than this is computed with each prompt
@@ -424,23 +340,23 @@ def _forward(model, ids, mask, prompt_len, low, min_prompts=0, logits_from=0):
     H = cfg.num_attention_heads
     KV = getattr(cfg, "num_key_value_heads", None) or H
     hd = body.layers[0].self_attn.head_dim
-    cos_t, sin_t = _rope_tables(body.rotary_emb, int(lay.pos.max()) + 1, ids.device)
+    cos_t, sin_t = rope_tables(body.rotary_emb, int(lay.pos.max()) + 1, ids.device)
     cos, sin = cos_t[lay.pos][:, None, :], sin_t[lay.pos][:, None, :]
-    act, att = _formats(ids.device.type, low)
+    act, att = formats(ids.device.type, low)
 
     def attend(_, q, k, v, scale):
         out = lay.attend_compiled(q, k, v, scale, H)
         return lay.attend(q, k, v, scale, H, KV)[0] if out is None else out
 
-    h = _decoder(body.embed_tokens(lay.tok), layer_weights(model, act), cos, sin,
+    h = decoder_layers(body.embed_tokens(lay.tok), layer_weights(model, act), cos, sin,
                  (H, KV, hd), act, att, attend)
     # the output head only where logits are wanted (positions logits_from .. L-1)
     k, D = logits_from, h.shape[-1]
-    tail = _head(model, h[lay.nr + lay.nh:].view(B, lay.T, D)[:, max(k - p, 0):], act)
+    tail = output_head(model, h[lay.nr + lay.nh:].view(B, lay.T, D)[:, max(k - p, 0):], act)
     if not lay.U or k >= p:
         return tail
     prompts = h[lay.nr:lay.nr + lay.nh].view(lay.U, lay.hp, D)[:, k - lay.off:]
-    return torch.cat([_head(model, prompts, act)[inv], tail], 1)
+    return torch.cat([output_head(model, prompts, act)[inv], tail], 1)
 
 
 class FusedSampler:
@@ -454,7 +370,7 @@ class FusedSampler:
     def __init__(self, model, capacity: int, device):
         dev = torch.device(device).type
         low = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
-        self.act, self.att = _formats(dev, low)
+        self.act, self.att = formats(dev, low)
         model = unwrap(model)
         body, cfg = model.model, model.config
         self.model, self.body, self.cap = model, body, capacity
@@ -464,13 +380,13 @@ class FusedSampler:
         # cast (and LoRA adapters merged) once per sampling call, not at every step
         self.layers = list(layer_weights(model, self.act, merge=True))
         self.head_w = product([unwrap(model).lm_head], self.act)
-        self.cos, self.sin = _rope_tables(body.rotary_emb, capacity + 1, torch.device(device))
+        self.cos, self.sin = rope_tables(body.rotary_emb, capacity + 1, torch.device(device))
         self.k = self.v = self.keymask = None
         self.n = 0
 
     def _layer_io(self, h, pos, attend):
         cos, sin = self.cos[pos].unsqueeze(-2), self.sin[pos].unsqueeze(-2)
-        return _decoder(h, self.layers, cos, sin, (self.H, self.KV, self.hd), self.act,
+        return decoder_layers(h, self.layers, cos, sin, (self.H, self.KV, self.hd), self.act,
                         self.att, attend)
 
     @torch.no_grad()
@@ -521,7 +437,7 @@ class FusedSampler:
         h = self._layer_io(self.body.embed_tokens(lay.tok), lay.pos, attend)
         self.n = P
         last = h[lay.nr:lay.nr + lay.nh].view(U, lay.hp, -1)[:, -1]
-        return _head(self.model, last, self.act, self.head_w)[rows]
+        return output_head(self.model, last, self.act, self.head_w)[rows]
 
     @torch.no_grad()
     def step(self, tok, pos, alive):
@@ -556,4 +472,4 @@ class FusedSampler:
 
         h = self._layer_io(self.body.embed_tokens(tok), pos, attend)
         self.n = n + 1
-        return _head(self.model, h, self.act, self.head_w)
+        return output_head(self.model, h, self.act, self.head_w)
