@@ -86,9 +86,10 @@ _SPEC_SUPPORT: dict[str, object] = {
 }
 
 
-def supports(spec: UpdateSpec, policy: nn.Module) -> str | None:
+def supports(spec: UpdateSpec, policy: nn.Module, masked: bool = False) -> str | None:
     """``None`` when the fused step computes this spec's update for this policy, else the
-    reason why not. A spec field this backend does not know is an error."""
+    reason why not (``masked``: the rollouts carry action masks, which the kernels do not
+    apply). A spec field this backend does not know is an error."""
     unknown = [f for f in spec_fields() if f not in _SPEC_SUPPORT]
     if unknown:
         raise RuntimeError(f"fused step: UpdateSpec fields {unknown} are not covered by "
@@ -98,6 +99,8 @@ def supports(spec: UpdateSpec, policy: nn.Module) -> str | None:
         v = getattr(spec, name)
         if allowed is not _ANY and v not in allowed:
             return f"{name}={v}"
+    if masked:
+        return "action masks (the masked logits run in the eager step)"
     if getattr(policy, "recurrent", False):
         return "a recurrent policy (its sequences run in the eager step)"
     if not isinstance(policy, MLPActorCritic):
@@ -125,7 +128,11 @@ def policy_forward(policy: nn.Module) -> Callable[[dict], Forward]:
     """The environment trainer's forward adapter: the policy evaluated on a minibatch's
     observations and actions."""
     def forward(rows: dict) -> Forward:
-        logp, ent, v = policy.evaluate(rows["obs"], rows["actions"])
+        masks = rows.get("action_masks")  # (rollouts of an env that gives masks)
+        if masks is None:
+            logp, ent, v = policy.evaluate(rows["obs"], rows["actions"])
+        else:
+            logp, ent, v = policy.evaluate(rows["obs"], rows["actions"], masks)
         return Forward(logp, ent, v)
     return forward
 

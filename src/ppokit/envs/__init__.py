@@ -2,8 +2,10 @@
 come from (registered ids, ``module:Id``, factories), and ppokit's own partially observable
 tasks (``ppokit/CartPoleNoVel-v1``, ``ppokit/PendulumNoVel-v1``) and the learning benchmark's
 small known-answer tasks (``ppokit/ImageSide-v0``, ``ppokit/ImageFlag-v0``,
-``ppokit/CopyBits-v0``), registered on import."""
+``ppokit/CopyBits-v0``) and the task action masks make learnable
+(``ppokit/MaskedChoice-v0``), registered on import."""
 
+from .choices import CHOICE_IDS, MaskedChoice, register_choices
 from .normalize import ObsNormalizer, RewardScaler, RunningMeanStd
 from .pomdp import POMDP_IDS, HideVelocity, register_pomdps
 from .sight import SIGHT_IDS, register_sight
@@ -12,8 +14,10 @@ from .vec import autoreset_mode_of, check_env_id, env_state, load_env_state, mak
 
 register_pomdps()
 register_sight()
+register_choices()
 
-__all__ = ["HideVelocity", "ObsNormalizer", "POMDP_IDS", "RewardScaler", "RunningMeanStd",
-           "SIGHT_IDS", "autoreset_mode_of", "check_env_id", "check_env_kwargs", "env_for_run",
-           "env_state", "import_env_module", "load_env_state", "make_vec", "register_pomdps",
+__all__ = ["CHOICE_IDS", "HideVelocity", "MaskedChoice", "ObsNormalizer", "POMDP_IDS",
+           "RewardScaler", "RunningMeanStd", "SIGHT_IDS", "autoreset_mode_of", "check_env_id",
+           "check_env_kwargs", "env_for_run", "env_state", "import_env_module",
+           "load_env_state", "make_vec", "register_choices", "register_pomdps",
            "register_sight", "split_env_id"]

@@ -45,6 +45,7 @@ from gymnasium import spaces
 from torch import nn
 
 from ppokit.core.registry import Registry
+from ppokit.envs.masks import MASK_KEY
 from ppokit.errors import UserCodeError
 
 __all__ = ["is_image_space", "image_layout", "ImageCNN", "NatureCNN", "SmallImageCNN",
@@ -368,6 +369,9 @@ class MultiInputEncoder(nn.Module):
         for key in sorted(space.spaces):
             sub = space.spaces[key]
             size = int(spaces.flatdim(sub))
+            if key == MASK_KEY:  # the action mask is applied to the logits, not read
+                start += size
+                continue
             if is_image_space(sub):
                 self.cnns[key] = image_cnn(sub, channels, image_features)
                 kind, out = "image", image_features

@@ -1,0 +1,46 @@
+"""Whether a run's environments give action masks, found once when the trainer is set up
+(:func:`mask_source_for`), and the masks of the observations evaluation plays
+(:class:`EvalMasks`). Where masks come from: :mod:`ppokit.envs.masks`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ppokit.envs.checked import label_of
+from ppokit.envs.masks import MaskSource, find_mask_source
+from ppokit.errors import UsageError
+
+__all__ = ["mask_source_for", "EvalMasks"]
+
+
+def mask_source_for(cfg, env, maker, log: Callable[[str], None]) -> MaskSource | None:
+    """The :class:`MaskSource` of the training envs ``env`` (``None``: they give no masks).
+    The envs are reset once to see the reset's info (every run resets them again, with its
+    seed, before collecting). Masks need the feed-forward policy on local envs."""
+    if cfg.vectorization == "ray":
+        return None  # (the environments live in Ray actors)
+    _, info = env.reset(seed=cfg.seed)
+    src = find_mask_source(env, info, label_of(maker))
+    if src is None:
+        return None
+    if getattr(cfg, "recurrent", "none") != "none":
+        raise UsageError(f"recurrent: the environment gives action masks ({src.where}), "
+                         "which the LSTM policy does not apply; use recurrent=none")
+    log(f"{src.where}: the policy samples, scores and learns over the allowed actions only")
+    return src
+
+
+class EvalMasks:
+    """The action masks of the observations an evaluation plays (``None`` where the env
+    gives none, or ``use`` is false): :meth:`read` after each reset and step, with the
+    envs that have finished (their masks are not used) allowed any action."""
+
+    def __init__(self, env, info: dict | None, maker, use: bool = True):
+        self.src = find_mask_source(env, info, label_of(maker)) if use else None
+
+    def read(self, obs, info: dict | None, done: np.ndarray | None = None):
+        if self.src is None:
+            return None
+        return self.src.read(obs, info, dummy=done)
