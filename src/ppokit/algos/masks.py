@@ -44,3 +44,22 @@ class EvalMasks:
         if self.src is None:
             return None
         return self.src.read(obs, info, dummy=done)
+
+
+def given_masks(action_masks, obs: np.ndarray, observation_space, action_space):
+    """The ``[n, W]`` bool tensor of masks for a batch of ``n`` flat observations ``obs``
+    acted on by ``predict``: ``action_masks`` as given (one mask, or one per observation),
+    else the observations' own ``"action_mask"`` entries where the space has that key;
+    ``None`` when there are none."""
+    import torch
+
+    from ppokit.envs.masks import check_masks, mask_columns
+
+    n = obs.shape[0]
+    if action_masks is None:
+        cols = mask_columns(observation_space)
+        if cols is None:
+            return None
+        action_masks = obs.reshape(n, -1)[:, cols[0]:cols[1]]
+    return torch.from_numpy(check_masks(action_masks, n, action_space, "predict",
+                                        "action_masks"))

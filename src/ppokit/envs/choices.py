@@ -1,8 +1,8 @@
 """A task that invalid-action masking makes learnable, registered as
 ``ppokit/MaskedChoice-v0`` when ``ppokit.envs`` is imported.
 
-Each of the ``steps`` (20) steps of an episode offers ``choices`` (4) of the ``actions``
-(32) actions, a new set every step, drawn from the environment's own generator. The
+Each step offers ``choices`` (4) of the ``actions`` (32) actions, a new set every step,
+drawn from the environment's own generator; an episode is truncated after ``steps`` (20). The
 observation is a one-hot class ``x`` of ``classes`` (4); the set offered always holds one
 action ``a`` with ``a % classes == x`` (reward 1; the other allowed actions: 0). Any action
 not offered is catastrophic: reward −1 and the episode ends. The set offered is not in the
@@ -90,7 +90,7 @@ class MaskedChoice(gym.Env):
         self.t += 1
         self._draw()
         obs, info = self._out()
-        return obs, reward, self.t >= self.steps, False, info
+        return obs, reward, False, self.t >= self.steps, info  # (time runs out)
 
 
 class MaskedChoiceMethod(MaskedChoice):
