@@ -321,3 +321,20 @@ def test_check_env_cli_reports_a_broken_mask_in_one_line(tmp_path, capsys):
     line = [x for x in out.splitlines() if x.startswith("FAIL  action-mask")]
     assert len(line) == 1 and "a broken mask at step 2" in line[0]
     assert "allows no action (entry 1)" in out
+
+
+# -- what masking changes --------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1])
+def test_masking_is_what_makes_the_choice_task_learnable(tmp_path, seed):
+    # with masks: from about 9 (sampling among the allowed actions) to near the most
+    # there is, 20; without: any action is forbidden 7 times in 8, episodes end at once
+    got = {}
+    for way in ("method", "none"):
+        agent = ppokit.train(CHOICE, "ppo", 20_000, run_dir=tmp_path / way, seed=seed,
+                             n_envs=8, n_steps=64, env_kwargs={"masks": way}, progress=False)
+        # (each run's evaluation envs are its own: with and without masks)
+        got[way] = ppokit.evaluate_policy(agent, CHOICE, n_eval_episodes=20)[0]
+    assert got["method"] >= 17.0, got
+    assert got["none"] <= 1.0, got
