@@ -74,7 +74,8 @@ class LyingMask(MultiPick):
 
 class DiscreteInfoMask(gym.Env):
     """Discrete(6) with ``start=1``; ``info["action_mask"]`` allows the actions whose index
-    has the parity of the step; the observation is the step's parity."""
+    has the parity of the step; the observation is the step's parity. Episodes of 6 to 11
+    steps (drawn at reset), reward 1 a step; a forbidden action raises."""
 
     def __init__(self):
         self.action_space = spaces.Discrete(6, start=1)
@@ -88,6 +89,7 @@ class DiscreteInfoMask(gym.Env):
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
         self.t = 0
+        self.limit = 6 + int(self.np_random.integers(6))
         return self._out()
 
     def step(self, action):
@@ -95,4 +97,4 @@ class DiscreteInfoMask(gym.Env):
             raise ValueError(f"action {action} is not allowed")
         self.t += 1
         obs, info = self._out()
-        return obs, 1.0, False, self.t >= 10, info
+        return obs, 1.0, False, self.t >= self.limit, info

@@ -276,12 +276,30 @@ def test_evaluation_applies_the_masks_unless_told_not_to(tmp_path):
 
 
 def test_info_masks_on_a_discrete_space_with_a_start(tmp_path):
-    # DiscreteInfoMask raises on a forbidden action; its actions start at 1
-    agent = ppokit.train(lambda: M.DiscreteInfoMask(), "ppo", 256, run_dir=tmp_path / "d", n_envs=2,
-                         n_steps=64, progress=False)
+    # DiscreteInfoMask raises on a forbidden action; its actions start at 1. Evaluation's
+    # episodes end at different steps: the envs that finished play on, masked too
+    agent = ppokit.train(lambda: M.DiscreteInfoMask(), "ppo", 256, run_dir=tmp_path / "d",
+                         n_envs=2, n_steps=64, progress=False)
     assert agent.num_timesteps == 256
-    assert ppokit.evaluate_policy(agent, lambda: M.DiscreteInfoMask(),
-                                  n_eval_episodes=3) == (10.0, 0.0)
+    rets, lengths = ppokit.evaluate_policy(agent, lambda: M.DiscreteInfoMask(),
+                                           n_eval_episodes=8, return_episode_rewards=True,
+                                           deterministic=False)
+    assert rets == [float(n) for n in lengths] and len(set(lengths)) > 1
+
+
+@pytest.mark.parametrize("way", ["method", "info"])
+def test_async_envs_give_their_masks_as_sync_ones_do(tmp_path, way):
+    runs = {}
+    for mode in ("sync", "async"):
+        tr, _ = _trainer(tmp_path, mode, vectorization=mode, n_envs=2, total_timesteps=128,
+                         env_kwargs={"masks": way})
+        try:
+            assert tr.mask_source.kind == way
+            tr.train()
+        finally:
+            tr.close()
+        runs[mode] = _metrics(tmp_path / mode)
+    assert len(runs["sync"]) == 2 and runs["sync"] == runs["async"]
 
 
 # -- ppokit check --env ---------------------------------------------------------------------

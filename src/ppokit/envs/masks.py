@@ -62,12 +62,13 @@ def check_masks(m, n: int, space, label: str = "env", where: str = "action masks
             raise UserCodeError(f"{label}: {where}: expected booleans or 0/1, got values "
                                 f"of {a.dtype} outside 0/1")
         a = a != 0
-    if dummy is not None and dummy.any():
-        a = a.copy()
-        a[dummy] = True
     ends = np.cumsum(segs)
     for head, (stop, k) in enumerate(zip(ends, segs)):
         empty = ~a[:, stop - k:stop].any(1)
+        if dummy is not None and (empty & dummy).any():
+            a = a.copy()  # (a row whose action is ignored: any action will do)
+            a[empty & dummy, stop - k:stop] = True
+            empty &= ~dummy
         if empty.any():
             which = f" (entry {head})" if len(segs) > 1 else ""
             raise UserCodeError(f"{label}: {where}: the mask of env {int(np.argmax(empty))} "
@@ -160,11 +161,10 @@ def _has_method(env) -> bool:
     call = getattr(base, "call", None)
     if call is None:
         return False
-    try:
-        call(MASK_METHOD)
-    except AttributeError:
+    try:  # (asked without calling it: a failed call ends an async env's workers)
+        return all(call("has_wrapper_attr", MASK_METHOD))
+    except Exception:  # noqa: BLE001 - a vector env whose call cannot answer: no method
         return False
-    return True
 
 
 def find_mask_source(env, info: dict | None, label: str = "env") -> MaskSource | None:
