@@ -6,7 +6,7 @@ same one the token trainer uses: ``n_epochs`` passes of shuffled minibatches, lo
 ``ppokit.core``, global gradient clipping, optimiser step, target-KL early stop) → one line
 of metrics → a checkpoint every ``checkpoint_every`` iterations. This module owns only what
 is the environment trainer's: collecting, estimating advantages, the forward adapter
-(:func:`ppokit.engine.fused.policy_forward`) and the run directory.
+(:func:`ppokit.engine.forward.policy_forward`) and the run directory.
 
 The minibatch step that runs by default is the fused one (:mod:`ppokit.engine.fused`)
 whenever it supports the update spec and the policy; it falls back to the eager step
@@ -94,7 +94,6 @@ __all__ = ["Trainer", "load_run_config", "load_run_checkpoint", "RETURN_WINDOW"]
 
 RETURN_WINDOW = 100  # finished training episodes in the summary's mean return (as SB3)
 EVAL_SEED_OFFSET = 3_000_000  # evaluations during training: episode seeds seed + this + k
-
 
 
 def update_spec(c: TrainConfig) -> UpdateSpec:

@@ -51,9 +51,10 @@ from ppokit.policies.mlp import MLPActorCritic
 from ppokit.threads import usable_cores
 
 from .flat import FlatParameters
+from .forward import policy_forward, reference_step
 from .native import NATIVE_MAX_WIDTH, NativeStep
 from .native import why_not as native_why_not
-from .update import STAT_KEYS, Forward, UpdateSpec, eager_minibatch_step, spec_fields
+from .update import STAT_KEYS, UpdateSpec, spec_fields
 
 __all__ = ["FusedStep", "supports", "reference_step", "policy_forward", "KERNEL_STAT_KEYS"]
 
@@ -122,27 +123,6 @@ def supports(spec: UpdateSpec, policy: nn.Module, masked: bool = False) -> str |
             if not isinstance(m, (nn.Linear, nn.Tanh, nn.ReLU)):
                 return f"layer {type(m).__name__}"
     return None
-
-
-def policy_forward(policy: nn.Module) -> Callable[[dict], Forward]:
-    """The environment trainer's forward adapter: the policy evaluated on a minibatch's
-    observations and actions."""
-    def forward(rows: dict) -> Forward:
-        masks = rows.get("action_masks")  # (rollouts of an env that gives masks)
-        if masks is None:
-            logp, ent, v = policy.evaluate(rows["obs"], rows["actions"])
-        else:
-            logp, ent, v = policy.evaluate(rows["obs"], rows["actions"], masks)
-        return Forward(logp, ent, v)
-    return forward
-
-
-def reference_step(spec: UpdateSpec, policy: nn.Module, optimizer, mb: dict, *,
-                   clip_range: float, kl_limit: float | None = None):
-    """The eager minibatch step the fused one is held to (no trainer object involved)."""
-    params = [p for p in policy.parameters() if p.requires_grad]
-    return eager_minibatch_step(spec, policy_forward(policy), optimizer, params, mb,
-                                clip_range=clip_range, kl_limit=kl_limit)
 
 
 # --------------------------------------------------------------------------- the kernel

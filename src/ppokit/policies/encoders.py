@@ -26,7 +26,8 @@ critic MLPs read.
   per key, in sorted key order — the image trunk above for an image of any size (256
   features, as the combined extractor most users know), the flattened values for a vector
   ``Box``, one-hot for a ``Discrete`` (and each of a ``MultiDiscrete``'s entries), the bits
-  of a ``MultiBinary`` — concatenated.
+  of a ``MultiBinary`` — concatenated. The ``"action_mask"`` key, an environment's action
+  mask (:mod:`ppokit.envs.masks`), is not an input: it masks the logits instead.
 
 Dictionary observations are stored flat in rollouts (Gymnasium's ``spaces.flatten``: each
 key's values, one-hot for discrete ones, concatenated in sorted key order); the
