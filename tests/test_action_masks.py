@@ -356,3 +356,19 @@ def test_masking_is_what_makes_the_choice_task_learnable(tmp_path, seed):
         got[way] = ppokit.evaluate_policy(agent, CHOICE, n_eval_episodes=20)[0]
     assert got["method"] >= 17.0, got
     assert got["none"] <= 1.0, got
+
+
+def test_train_cli_names_a_broken_mask_in_one_line_with_exit_2(tmp_path, capsys, monkeypatch):
+    from ppokit.cli import main
+
+    (tmp_path / "empty_mask_env.py").write_text(
+        "import gymnasium as gym\nfrom _mask_envs import EmptyMask\n"
+        "gym.register('EmptyMask-v0', entry_point=EmptyMask)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code = main(["train", "--env", "empty_mask_env:EmptyMask-v0", "--total-steps", "2048",
+                 "--no-progress", "--run-dir", str(tmp_path / "run")])
+    err = [x for x in capsys.readouterr().err.splitlines() if "error" in x]
+    assert code == 2 and len(err) == 1
+    assert "env 'empty_mask_env:EmptyMask-v0': action masks from action_masks(): the mask " \
+        "of env 0 allows no action (entry 1)" in err[0]
+    assert not (tmp_path / "run").exists()  # nothing was saved: nothing left behind

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ppokit.envs.checked import label_of
-from ppokit.envs.masks import MaskSource, find_mask_source
+from ppokit.envs.masks import MASK_KEY, MaskSource, find_mask_source, mask_columns
 from ppokit.errors import UsageError
 
 __all__ = ["mask_source_for", "EvalMasks"]
@@ -18,9 +18,14 @@ __all__ = ["mask_source_for", "EvalMasks"]
 def mask_source_for(cfg, env, maker, log: Callable[[str], None]) -> MaskSource | None:
     """The :class:`MaskSource` of the training envs ``env`` (``None``: they give no masks).
     The envs are reset once to see the reset's info (every run resets them again, with its
-    seed, before collecting). Masks need the feed-forward policy on local envs."""
-    if cfg.vectorization == "ray":
-        return None  # (the environments live in Ray actors)
+    seed, before collecting). Masks need the feed-forward policy on local envs (Ray's
+    actors apply none: an observation's mask key is refused there)."""
+    if cfg.vectorization == "ray":  # (the environments live in Ray actors)
+        if mask_columns(env.single_observation_space) is not None:
+            raise UsageError(f'vectorization: the observation has an "{MASK_KEY}" key, '
+                             "and the Ray actors' collection applies no action masks; use "
+                             "sync or async")
+        return None
     _, info = env.reset(seed=cfg.seed)
     src = find_mask_source(env, info, label_of(maker))
     if src is None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from gymnasium import spaces
 
-from ppokit.envs.masks import KINDS, MASK_KEY, MASK_METHOD, check_masks
+from ppokit.envs.masks import KINDS, env_mask, mask_kind
 from ppokit.errors import UserCodeError
 
 from .result import CheckResult, failed, passed, skipped
@@ -24,33 +24,6 @@ __all__ = ["mask_kind", "env_mask", "allowed_action", "check_action_masks", "MAS
 MASK_STEPS = 200
 NAME, CRITERION = "action-mask", "every action mask has the action space's shape, allows an " \
     "action, and the env accepts the allowed actions"
-
-
-def mask_kind(env, obs, info) -> str | None:
-    """How ``env`` (one ``gymnasium.Env``) gives its masks, from a reset's ``obs`` and
-    ``info``: ``obs``, ``method``, ``info`` or ``None``."""
-    if isinstance(obs, dict) and MASK_KEY in obs:
-        return "obs"
-    try:
-        if callable(env.get_wrapper_attr(MASK_METHOD)):
-            return "method"
-    except AttributeError:
-        pass
-    return "info" if isinstance(info, dict) and MASK_KEY in info else None
-
-
-def env_mask(env, kind: str, obs, info, where: str = "env") -> np.ndarray:
-    """The ``[W]`` bool mask of ``env``'s current state (checked: a
-    :class:`UserCodeError` in one line when it is broken)."""
-    if kind == "obs":
-        raw = obs.get(MASK_KEY) if isinstance(obs, dict) else None
-    elif kind == "method":
-        raw = env.get_wrapper_attr(MASK_METHOD)()
-    else:
-        raw = info.get(MASK_KEY) if isinstance(info, dict) else None
-    if raw is None:
-        raise UserCodeError(f"{where}: action masks from {KINDS[kind]}: missing at a step")
-    return check_masks(raw, 1, env.action_space, where, f"action masks from {KINDS[kind]}")[0]
 
 
 def allowed_action(space, mask: np.ndarray | None, rng: np.random.Generator):

@@ -27,7 +27,7 @@ from gymnasium import spaces
 from ppokit.errors import UserCodeError
 
 __all__ = ["MASK_KEY", "MASK_METHOD", "MaskSource", "find_mask_source", "check_masks",
-           "mask_columns"]
+           "mask_columns", "mask_kind", "env_mask"]
 
 MASK_KEY = "action_mask"
 MASK_METHOD = "action_masks"
@@ -187,3 +187,32 @@ def find_mask_source(env, info: dict | None, label: str = "env") -> MaskSource |
                             f"action space is {_brief(env.single_action_space)}: masks apply "
                             "to Discrete and MultiDiscrete actions")
     return MaskSource(env, kind, label)
+
+
+# --------------------------------------------------------------- one environment
+
+def mask_kind(env, obs, info) -> str | None:
+    """How ``env`` (one ``gymnasium.Env``) gives its masks, from a reset's ``obs`` and
+    ``info``: ``obs``, ``method``, ``info`` or ``None``."""
+    if isinstance(obs, dict) and MASK_KEY in obs:
+        return "obs"
+    try:
+        if callable(env.get_wrapper_attr(MASK_METHOD)):
+            return "method"
+    except AttributeError:
+        pass
+    return "info" if isinstance(info, dict) and MASK_KEY in info else None
+
+
+def env_mask(env, kind: str, obs, info, where: str = "env") -> np.ndarray:
+    """The ``[W]`` bool mask of ``env``'s current state (checked: a
+    :class:`UserCodeError` in one line when it is broken)."""
+    if kind == "obs":
+        raw = obs.get(MASK_KEY) if isinstance(obs, dict) else None
+    elif kind == "method":
+        raw = env.get_wrapper_attr(MASK_METHOD)()
+    else:
+        raw = info.get(MASK_KEY) if isinstance(info, dict) else None
+    if raw is None:
+        raise UserCodeError(f"{where}: action masks from {KINDS[kind]}: missing at a step")
+    return check_masks(raw, 1, env.action_space, where, f"action masks from {KINDS[kind]}")[0]
