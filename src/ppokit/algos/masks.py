@@ -18,15 +18,16 @@ __all__ = ["mask_source_for", "EvalMasks"]
 def mask_source_for(cfg, env, maker, log: Callable[[str], None]) -> MaskSource | None:
     """The :class:`MaskSource` of the training envs ``env`` (``None``: they give no masks).
     The envs are reset once to see the reset's info (every run resets them again, with its
-    seed, before collecting). Masks need the feed-forward policy on local envs (Ray's
-    actors apply none: an observation's mask key is refused there)."""
+    seed, before collecting; EnvPool's are not). Masks need the feed-forward policy on local
+    envs (Ray's actors apply none: an observation's mask key is refused there)."""
     if cfg.vectorization == "ray":  # (the environments live in Ray actors)
         if mask_columns(env.single_observation_space) is not None:
             raise UsageError(f'vectorization: the observation has an "{MASK_KEY}" key, '
                              "and the Ray actors' collection applies no action masks; use "
                              "sync or async")
         return None
-    _, info = env.reset(seed=cfg.seed)
+    # (EnvPool's envs give no masks, and a second reset would move its generator on)
+    info = None if cfg.vectorization == "envpool" else env.reset(seed=cfg.seed)[1]
     src = find_mask_source(env, info, label_of(maker))
     if src is None:
         return None
@@ -39,8 +40,8 @@ def mask_source_for(cfg, env, maker, log: Callable[[str], None]) -> MaskSource |
 
 class EvalMasks:
     """The action masks of the observations an evaluation plays (``None`` where the env
-    gives none, or ``use`` is false): :meth:`read` after each reset and step, with the
-    envs that have finished (their masks are not used) allowed any action."""
+    gives none, or ``use`` is false): :meth:`read` after each reset and step; an env that
+    has finished (its actions are not counted) may give a mask that allows nothing."""
 
     def __init__(self, env, info: dict | None, maker, use: bool = True):
         self.src = find_mask_source(env, info, label_of(maker)) if use else None
