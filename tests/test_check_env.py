@@ -19,7 +19,8 @@ from ppokit.cli import main
 
 ENV_CODES = ["env-api", "env-exception", "time-limit-terminated", "obs-outside-space",
              "env-nonfinite", "obs-scale", "reward-scale", "seed-determinism",
-             "reset-options", "info-keys", "action-bounds", "step-after-end", "env-speed"]
+             "reset-options", "info-keys", "action-bounds", "step-after-end", "env-speed",
+             "action-mask"]
 
 
 def flagged(report) -> dict[str, str]:

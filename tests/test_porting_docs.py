@@ -30,6 +30,9 @@ def test_from_sb3_runs_with_one_import_changed(tmp_path, monkeypatch):
     assert ns["model"].num_timesteps >= 20_000
     assert ns["agent"].num_timesteps >= 30_000  # learn(10_000) went on in the same run
     assert ns["same"].num_timesteps == ns["agent"].num_timesteps
+    # MaskablePPO: learned with the masks (most is 20), nothing without them
+    assert ns["with_masks"] >= 17 and ns["without"] <= 2
+    assert (tmp_path / "ppo_mask" / "config.json").is_file()
 
 
 def test_from_trl_runs_and_the_reward_rises(tmp_path, monkeypatch):

@@ -1,8 +1,8 @@
 """ppokit: policy-gradient reinforcement learning centred on PPO.
 
-``ppokit.train``, ``ppokit.load`` and ``ppokit.Agent`` (:mod:`ppokit.api`), ``ppokit.PPO``
-and ``ppokit.A2C`` and ``ppokit.evaluate_policy`` (Stable-Baselines3's calling
-conventions, :mod:`ppokit.sb3`), and
+``ppokit.train``, ``ppokit.load`` and ``ppokit.Agent`` (:mod:`ppokit.api`), ``ppokit.PPO``,
+``ppokit.A2C``, ``ppokit.MaskablePPO`` and ``ppokit.evaluate_policy`` (Stable-Baselines3's
+and sb3-contrib's calling conventions, :mod:`ppokit.sb3`), and
 ``ppokit.check_env`` (:mod:`ppokit.checks.environment`), and
 ``ppokit.register_policy_loss`` / ``ppokit.register_advantage_estimator``
 (:mod:`ppokit.core.registry`) and ``ppokit.register_features_extractor``
@@ -13,7 +13,7 @@ on first use, so ``import ppokit`` stays light (no torch, no Gymnasium).
 
 __version__ = "0.1.0"
 
-__all__ = ["A2C", "Agent", "PPO", "check_env", "evaluate_policy", "load",
+__all__ = ["A2C", "Agent", "MaskablePPO", "PPO", "check_env", "evaluate_policy", "load",
            "register_advantage_estimator", "register_features_extractor",
            "register_policy_loss", "train", "__version__"]
 
@@ -28,7 +28,7 @@ def __getattr__(name: str):
         from . import api
 
         return getattr(api, name)
-    if name in ("PPO", "A2C", "evaluate_policy"):
+    if name in ("PPO", "A2C", "MaskablePPO", "evaluate_policy"):
         from . import sb3
 
         return getattr(sb3, name)

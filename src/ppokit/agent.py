@@ -88,8 +88,8 @@ class Agent:
         return bool(self._trainer is not None and self._trainer.stopped_early)
 
     # ------------------------------------------------------------------ acting
-    def predict(self, observation, state=None, episode_start=None, deterministic: bool = True
-                ) -> tuple[np.ndarray, Any]:
+    def predict(self, observation, state=None, episode_start=None, deterministic: bool = True,
+                action_masks=None) -> tuple[np.ndarray, Any]:
         """``(action, state)`` for one observation or a batch ``[n, *obs_shape]`` (NumPy).
 
         The run's observation normalisation is applied (its statistics are not updated);
@@ -105,6 +105,11 @@ class Agent:
         is the actor's ``(h, c)``, NumPy arrays ``[n_lstm_layers, n, lstm_hidden_size]``.
         For the other policies ``state`` is returned as it was given. A ``Dict``
         observation is a dict of arrays (one observation, or ``[n, ...]`` per key).
+
+        ``action_masks`` (Discrete and MultiDiscrete actions; :mod:`ppokit.envs.masks`):
+        the allowed actions, one mask or ``[n, W]``, booleans or 0/1; only those are
+        picked. A ``Dict`` observation with an ``"action_mask"`` key is masked by it
+        when ``action_masks`` is not given.
         """
         import torch
         from gymnasium import spaces
@@ -136,13 +141,17 @@ class Agent:
         t = torch.as_tensor(obs)
         if getattr(self.policy, "recurrent", False):
             return self._predict_recurrent(t, state, episode_start, deterministic, batched)
+        from ppokit.algos.masks import given_masks
+
+        m = given_masks(action_masks, obs, self.observation_space, self.action_space)
+        extra = () if m is None else (m,)
         with torch.inference_mode():
             if deterministic:
-                a = self.policy.deterministic_action(t)
+                a = self.policy.deterministic_action(t, *extra)
             else:
                 if self._gen is None:
                     self._gen = torch.Generator().manual_seed(self.cfg.seed + 2_000_000)
-                a = self.policy.act(t, self._gen)[0]
+                a = self.policy.act(t, self._gen, *extra)[0]
         a = env_actions(a.numpy(), self.action_space)
         return (a if batched else _one(a, self.action_space)), state
 

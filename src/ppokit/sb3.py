@@ -24,6 +24,13 @@ What differs, on purpose:
   each seeded (the run's seed + 1000000 + k), the same episodes ``ppokit eval`` plays;
 * a callback is ppokit's ``(metrics, agent) -> False | "stop" | None``; Stable-Baselines3's
   callback objects are refused with that said.
+
+``MaskablePPO`` is sb3-contrib's name for PPO with invalid-action masks. ppokit's ``PPO``
+applies the masks an environment gives by itself (an ``action_masks()`` method, as
+sb3-contrib's ``ActionMasker`` provides, ``info["action_mask"]`` or an ``"action_mask"``
+observation key: :mod:`ppokit.envs.masks`), so ``MaskablePPO`` is ``PPO`` under that name,
+with ``predict(obs, action_masks=...)`` and ``evaluate_policy(..., use_masking=...)``
+taking what sb3-contrib's take.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ from typing import Any
 
 from ppokit.errors import UsageError
 
-__all__ = ["PPO", "A2C", "evaluate_policy"]
+__all__ = ["PPO", "A2C", "MaskablePPO", "evaluate_policy"]
 
 # Stable-Baselines3's policy names: ppokit chooses the network from the observation space
 POLICY_NAMES = {"MlpPolicy": "mlp", "CnnPolicy": "cnn", "MultiInputPolicy": "multi_input"}
@@ -156,10 +163,13 @@ class _SB3Shaped:
 
     # ------------------------------------------------------------------ acting
     def predict(self, observation, state=None, episode_start=None,
-                deterministic: bool = False):
-        """``(action, state)``, as Stable-Baselines3's (sampled unless ``deterministic``)."""
+                deterministic: bool = False, action_masks=None):
+        """``(action, state)``, as Stable-Baselines3's (sampled unless ``deterministic``);
+        ``action_masks``: the allowed actions, as sb3-contrib's ``MaskablePPO`` takes them
+        (:meth:`ppokit.Agent.predict`)."""
         return self._trained("predict").predict(observation, state, episode_start,
-                                                deterministic=deterministic)
+                                                deterministic=deterministic,
+                                                action_masks=action_masks)
 
     @property
     def policy(self):
@@ -218,15 +228,24 @@ class A2C(_SB3Shaped):
     algo = "a2c"
 
 
+class MaskablePPO(PPO):
+    """sb3-contrib's ``MaskablePPO``: PPO over the actions the environment's masks allow
+    (see the module)."""
+
+
 def evaluate_policy(model: Any, env: Any, n_eval_episodes: int = 10,
-                    deterministic: bool = True, return_episode_rewards: bool = False):
+                    deterministic: bool = True, return_episode_rewards: bool = False,
+                    reward_threshold: float | None = None, warn: bool = True,
+                    use_masking: bool = True):
     """Stable-Baselines3's ``evaluate_policy``: ``(mean, std)`` of the undiscounted returns
     of ``n_eval_episodes`` whole episodes of ``model`` (a :class:`PPO` / :class:`A2C` or a
     :class:`ppokit.Agent`) on ``env`` (an id, an environment instance, a factory or a
     ``gymnasium.vector.VectorEnv``); ``(returns, lengths)``, one per episode, with
     ``return_episode_rewards``. An instance given is played as it is and not closed; the
     other copies are built as training builds them
-    (:class:`ppokit.envs.source.InstanceEnvs`)."""
+    (:class:`ppokit.envs.source.InstanceEnvs`). ``use_masking`` (sb3-contrib's): apply the
+    action masks the environment gives; ``reward_threshold``: an error when the mean return
+    is below it; ``warn`` is accepted and unused (every episode is counted whole)."""
     import dataclasses
 
     import numpy as np
@@ -243,8 +262,9 @@ def evaluate_policy(model: Any, env: Any, n_eval_episodes: int = 10,
     if not in_range(n_eval_episodes, True, 1, 10**6):
         raise UsageError(f"n_eval_episodes: expected an integer in [1, 1000000], got "
                          f"{n_eval_episodes!r}")
-    for name, flag in (("deterministic", deterministic),
-                       ("return_episode_rewards", return_episode_rewards)):
+    for name, flag in (("deterministic", deterministic), ("warn", warn),
+                       ("return_episode_rewards", return_episode_rewards),
+                       ("use_masking", use_masking)):
         if not isinstance(flag, bool):
             raise UsageError(f"{name}: expected True or False, got {flag!r}")
     cfg = agent.cfg
@@ -254,10 +274,15 @@ def evaluate_policy(model: Any, env: Any, n_eval_episodes: int = 10,
     returns = play(agent.policy, cfg, episodes=n_eval_episodes, seed=cfg.seed + 1_000_000,
                    deterministic=deterministic, obs_norm=agent.obs_norm,
                    env=_evaluation_env(env, env_maker), lengths=lengths,
-                   spaces=(agent.observation_space, agent.action_space))
+                   spaces=(agent.observation_space, agent.action_space),
+                   use_masking=use_masking)
+    mean = float(np.mean(returns))
+    if reward_threshold is not None and not mean >= reward_threshold:
+        raise AssertionError(f"mean return {mean:.2f} is below the threshold "
+                             f"{reward_threshold:.2f}")
     if return_episode_rewards:
         return returns, lengths
-    return float(np.mean(returns)), float(np.std(returns))
+    return mean, float(np.std(returns))
 
 
 

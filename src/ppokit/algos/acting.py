@@ -30,13 +30,15 @@ def new_memory(policy, n: int) -> Memory | None:
 
 
 def policy_actions(policy, obs, space, obs_norm, deterministic: bool, gen,
-                   memory: Memory | None = None) -> np.ndarray:
+                   memory: Memory | None = None, masks: np.ndarray | None = None
+                   ) -> np.ndarray:
     """Actions ``[n, *space.shape]`` of ``policy`` for a batch of raw observations
     ``[n, ...]``: the run's normalisation applied, the most likely / mean action or a
     sample, as actions of ``space`` (:func:`ppokit.policies.actions.env_actions`: start
     offsets added, Box actions clipped; the one place evaluation and video recording
     take actions).
-    A recurrent policy needs its ``memory`` (:func:`new_memory`), which is carried on."""
+    A recurrent policy needs its ``memory`` (:func:`new_memory`), which is carried on.
+    ``masks``: ``[n, W]`` bool action masks (:mod:`ppokit.envs.masks`), or ``None``."""
     o = obs if obs_norm is None else obs_norm(obs)
     o = torch.as_tensor(np.asarray(o, np.float32))
     if is_recurrent(policy):
@@ -46,5 +48,7 @@ def policy_actions(policy, obs, space, obs_norm, deterministic: bool, gen,
                                          deterministic, gen)
         memory.episode_start[:] = False
     else:
-        a = policy.deterministic_action(o) if deterministic else policy.act(o, gen)[0]
+        extra = () if masks is None else (torch.from_numpy(masks),)
+        a = (policy.deterministic_action(o, *extra) if deterministic
+             else policy.act(o, gen, *extra)[0])
     return env_actions(a.numpy(), space)

@@ -13,6 +13,7 @@ from ppokit.errors import UsageError, UserCodeError
 
 from .acting import Memory, new_memory, policy_actions  # noqa: F401 (re-exported)
 from .config import TrainConfig
+from .masks import EvalMasks
 from .runs import open_run, policy_from_checkpoint  # noqa: F401 (re-exported)
 
 # steps of one evaluation episode: an environment without an end is an error, not a hang
@@ -35,7 +36,7 @@ def load_policy(run_dir: str | Path, env=None, where: str = "--env", *, best: bo
 def evaluate_policy(policy, cfg: TrainConfig, *, episodes: int = 10, seed: int = 0,
                     deterministic: bool = True, obs_norm: ObsNormalizer | None = None,
                     batch: int = 16, env=None, lengths: list[int] | None = None,
-                    spaces: tuple | None = None) -> list[float]:
+                    spaces: tuple | None = None, use_masking: bool = True) -> list[float]:
     """Undiscounted returns of ``episodes`` whole episodes (raw rewards; an Atari game is
     played whole, all lives, with unclipped rewards: the returns are game scores).
 
@@ -48,6 +49,8 @@ def evaluate_policy(policy, cfg: TrainConfig, *, episodes: int = 10, seed: int =
     that receives each episode's number of steps, in the same order. ``spaces``: the
     policy's ``(observation_space, action_space)``, which the environment must have (an
     environment the user gives instead of the run's is checked against them).
+    An environment that gives action masks (:mod:`ppokit.envs.masks`) has them applied
+    unless ``use_masking`` is false.
     """
     maker = cfg.env_id if env is None else env
     if episodes < 1:
@@ -63,7 +66,8 @@ def evaluate_policy(policy, cfg: TrainConfig, *, episodes: int = 10, seed: int =
         if spaces is not None:
             _check_fits(env, spaces, maker)
         space = env.single_action_space
-        obs, _ = env.reset(seed=seed + len(returns))
+        obs, info = env.reset(seed=seed + len(returns))
+        masks = EvalMasks(env, info, maker, use_masking)
         total = np.zeros(n)
         length = np.zeros(n, np.int64)
         done = np.zeros(n, bool)
@@ -71,8 +75,9 @@ def evaluate_policy(policy, cfg: TrainConfig, *, episodes: int = 10, seed: int =
         steps = 0
         with torch.inference_mode():
             while not done.all():
-                a = policy_actions(policy, obs, space, obs_norm, deterministic, gen, memory)
-                obs, r, te, tr, _ = env.step(a)
+                a = policy_actions(policy, obs, space, obs_norm, deterministic, gen, memory,
+                                   masks.read(obs, info, done))
+                obs, r, te, tr, info = env.step(a)
                 total += np.where(done, 0.0, r)
                 length += ~done
                 done |= te | tr

@@ -6,7 +6,7 @@ same one the token trainer uses: ``n_epochs`` passes of shuffled minibatches, lo
 ``ppokit.core``, global gradient clipping, optimiser step, target-KL early stop) → one line
 of metrics → a checkpoint every ``checkpoint_every`` iterations. This module owns only what
 is the environment trainer's: collecting, estimating advantages, the forward adapter
-(:func:`ppokit.engine.fused.policy_forward`) and the run directory.
+(:func:`ppokit.engine.forward.policy_forward`) and the run directory.
 
 The minibatch step that runs by default is the fused one (:mod:`ppokit.engine.fused`)
 whenever it supports the update spec and the policy; it falls back to the eager step
@@ -84,6 +84,7 @@ from ppokit.rollout import Collector, RecurrentCollector, Rollout, recurrent_for
 
 from . import checkpoints
 from .config import TrainConfig, check_memory
+from .masks import mask_source_for
 from .optim import Adam
 from .runs import BEST_DIR, load_run_checkpoint, load_run_config  # noqa: F401 (re-exported)
 
@@ -93,7 +94,6 @@ __all__ = ["Trainer", "load_run_config", "load_run_checkpoint", "RETURN_WINDOW"]
 
 RETURN_WINDOW = 100  # finished training episodes in the summary's mean return (as SB3)
 EVAL_SEED_OFFSET = 3_000_000  # evaluations during training: episode seeds seed + this + k
-
 
 
 def update_spec(c: TrainConfig) -> UpdateSpec:
@@ -185,7 +185,9 @@ class Trainer(RunLifecycle):
             self.log(note)
         self.spec = update_spec(c)
         self.flat = None
-        self.fused_reason = "fast=false" if not c.fast else supports(self.spec, self.policy)
+        self.mask_source = mask_source_for(c, self.env, self.env_maker, self.log)
+        self.fused_reason = "fast=false" if not c.fast else supports(
+            self.spec, self.policy, masked=self.mask_source is not None)
         if self.fused_reason is None:
             # flat parameter storage, created before the optimiser, the sampler and the
             # checkpoint code see the parameters (the fused step works on it)
@@ -220,7 +222,8 @@ class Trainer(RunLifecycle):
             self.collector = collector(self.env, self.policy, generator=self.sample_gen,
                                        obs_normalizer=self.obs_norm,
                                        reward_scaler=self.reward_scaler,
-                                       use_critic=c.use_critic, fast=c.fast)
+                                       use_critic=c.use_critic, fast=c.fast,
+                                       mask_source=self.mask_source)
         self.kl_ctl = (AdaptiveKLController(c.kl_coef, c.kl_target)
                        if self.spec.kl_anchor == "old" else None)
         self._fused = None

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
+from ppokit.envs.masks import env_mask, mask_kind
 from ppokit.errors import UsageError, extra_hint
 
 from .acting import new_memory, policy_actions
@@ -127,15 +128,17 @@ def record_episodes(policy, cfg, maker, out: str | os.PathLike, *, episodes: int
             space = env.action_space
             with torch.inference_mode():
                 for k in range(episodes):
-                    obs, _ = env.reset(seed=seed + k)
+                    obs, info = env.reset(seed=seed + k)
                     total, done = 0.0, False
                     memory = new_memory(policy, 1)
+                    kind = mask_kind(env, obs, info)  # the env's action masks, if any
                     while not done:
+                        m = None if kind is None else env_mask(env, kind, obs, info)[None]
                         a = policy_actions(policy, np.asarray(obs)[None], space, obs_norm,
-                                           deterministic, gen, memory)[0]
+                                           deterministic, gen, memory, m)[0]
                         if isinstance(space, spaces.Discrete):
                             a = a.item()
-                        obs, r, te, tr, _ = env.step(a)
+                        obs, r, te, tr, info = env.step(a)
                         total += float(r)
                         done = bool(te or tr)
                     returns.append(total)

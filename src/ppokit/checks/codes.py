@@ -30,6 +30,7 @@ GROUPS: dict[str, dict[str, str]] = {
         "action-bounds": "Box action bounds a Gaussian policy can cover",
         "step-after-end": "step() after an episode ended refuses or reports the end",
         "env-speed": "steps per second, and the vectorisation it suggests",
+        "action-mask": "action masks well formed, never empty, their actions accepted",
     },
     "language model: token layout (ppokit check --lm / --model DIR)": {
         "token-action-mask": "action mask on generated tokens only",

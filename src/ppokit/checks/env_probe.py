@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from gymnasium import spaces
 
+from .env_masks import allowed_action, env_mask, mask_kind
+
 __all__ = ["Leaf", "Episode", "Trace", "probe", "leaves_of", "AFTER_END_STEPS",
            "MAX_FEATURES"]
 
@@ -224,6 +226,17 @@ def _policy_action(space: spaces.Space, rng: np.random.Generator):
     return space.sample()
 
 
+def _mask_or_none(env, kind: str | None, obs, info):
+    """The current state's action mask, ``None`` without one or when it is broken (the
+    ``action-mask`` check reports that)."""
+    if kind is None:
+        return None
+    try:
+        return env_mask(env, kind, obs, info)
+    except Exception:  # noqa: BLE001 - reported by check_action_masks
+        return None
+
+
 def probe(env, *, steps: int = 5000, seconds: float = 30.0, seed: int = 0) -> Trace:
     """Step ``env`` (a ``gymnasium.Env``) as the module documentation says."""
     leaves = leaves_of(env.observation_space)
@@ -252,13 +265,18 @@ def probe(env, *, steps: int = 5000, seconds: float = 30.0, seed: int = 0) -> Tr
         return trace
     rec.obs(obs, 0, 0, False, "reset")
     rec.info(info, "reset")
+    kind = mask_kind(env, obs, info)  # an env with action masks is sent allowed actions
     t, ret, disc = 0, 0.0, 0.0
     while trace.steps < steps:
         if time.perf_counter() - t_start > seconds:
             trace.stopped_by = "seconds"
             break
-        action = (act_space.sample() if trace.steps < steps // 2
-                  else _policy_action(act_space, rng))
+        mask = _mask_or_none(env, kind, obs, info)
+        if mask is not None:
+            action = allowed_action(act_space, mask, rng)
+        else:
+            action = (act_space.sample() if trace.steps < steps // 2
+                      else _policy_action(act_space, rng))
         t0 = time.perf_counter()
         try:
             out = env.step(action)

@@ -107,6 +107,7 @@ def check_env(env: str | Callable[[], Any] | Any, *, env_kwargs: dict | None = N
     """Run the environment checks (see the module documentation) and return the report:
     ``report.ok`` is False when a check FAILs; ``report.warned`` names the WARNs."""
     from .env_checks import check_action_bounds, check_api, trace_checks
+    from .env_masks import check_action_masks
     from .env_probe import probe
     from .env_replay import check_determinism, check_reset_options
 
@@ -126,6 +127,7 @@ def check_env(env: str | Callable[[], Any] | Any, *, env_kwargs: dict | None = N
             run = {r.name: r for r in trace_checks(trace, info)}
             determinism = check_determinism(built, seed, _replay_steps(trace, seconds))
             options = check_reset_options(built, seed, determinism.passed is not False)
+            masks = check_action_masks(built, seed)
     finally:
         if owned:
             try:
@@ -136,5 +138,5 @@ def check_env(env: str | Callable[[], Any] | Any, *, env_kwargs: dict | None = N
                run["obs-outside-space"], run["env-nonfinite"], run["obs-scale"],
                run["reward-scale"], determinism, options, run["info-keys"],
                check_action_bounds(built.action_space), run["step-after-end"],
-               run["env-speed"]]
+               run["env-speed"], masks]
     return CheckReport(label, results)

@@ -51,9 +51,10 @@ from ppokit.policies.mlp import MLPActorCritic
 from ppokit.threads import usable_cores
 
 from .flat import FlatParameters
+from .forward import policy_forward, reference_step
 from .native import NATIVE_MAX_WIDTH, NativeStep
 from .native import why_not as native_why_not
-from .update import STAT_KEYS, Forward, UpdateSpec, eager_minibatch_step, spec_fields
+from .update import STAT_KEYS, UpdateSpec, spec_fields
 
 __all__ = ["FusedStep", "supports", "reference_step", "policy_forward", "KERNEL_STAT_KEYS"]
 
@@ -86,9 +87,10 @@ _SPEC_SUPPORT: dict[str, object] = {
 }
 
 
-def supports(spec: UpdateSpec, policy: nn.Module) -> str | None:
+def supports(spec: UpdateSpec, policy: nn.Module, masked: bool = False) -> str | None:
     """``None`` when the fused step computes this spec's update for this policy, else the
-    reason why not. A spec field this backend does not know is an error."""
+    reason why not (``masked``: the rollouts carry action masks, which the kernels do not
+    apply). A spec field this backend does not know is an error."""
     unknown = [f for f in spec_fields() if f not in _SPEC_SUPPORT]
     if unknown:
         raise RuntimeError(f"fused step: UpdateSpec fields {unknown} are not covered by "
@@ -98,6 +100,8 @@ def supports(spec: UpdateSpec, policy: nn.Module) -> str | None:
         v = getattr(spec, name)
         if allowed is not _ANY and v not in allowed:
             return f"{name}={v}"
+    if masked:
+        return "action masks (the masked logits run in the eager step)"
     if getattr(policy, "recurrent", False):
         return "a recurrent policy (its sequences run in the eager step)"
     if not isinstance(policy, MLPActorCritic):
@@ -119,23 +123,6 @@ def supports(spec: UpdateSpec, policy: nn.Module) -> str | None:
             if not isinstance(m, (nn.Linear, nn.Tanh, nn.ReLU)):
                 return f"layer {type(m).__name__}"
     return None
-
-
-def policy_forward(policy: nn.Module) -> Callable[[dict], Forward]:
-    """The environment trainer's forward adapter: the policy evaluated on a minibatch's
-    observations and actions."""
-    def forward(rows: dict) -> Forward:
-        logp, ent, v = policy.evaluate(rows["obs"], rows["actions"])
-        return Forward(logp, ent, v)
-    return forward
-
-
-def reference_step(spec: UpdateSpec, policy: nn.Module, optimizer, mb: dict, *,
-                   clip_range: float, kl_limit: float | None = None):
-    """The eager minibatch step the fused one is held to (no trainer object involved)."""
-    params = [p for p in policy.parameters() if p.requires_grad]
-    return eager_minibatch_step(spec, policy_forward(policy), optimizer, params, mb,
-                                clip_range=clip_range, kl_limit=kl_limit)
 
 
 # --------------------------------------------------------------------------- the kernel

@@ -133,6 +133,10 @@ class InstanceEnvs:
         self.env = _kept_open(env) if keep_open else env
         spec = getattr(env, "spec", None)
         self.spec = spec if spec is not None and getattr(spec, "id", None) else None
+        if self.spec is not None and any(
+                w.kwargs is None for w in getattr(self.spec, "additional_wrappers", ())):
+            self.spec = None  # a wrapper gymnasium.make cannot rebuild (sb3-contrib's
+            # ActionMasker): the copies are deep copies of the instance
         name = self.spec.id if self.spec is not None else type(env.unwrapped).__name__
         self.label = name
         self.__qualname__ = name

@@ -319,6 +319,14 @@ class LeanSyncVectorEnv(SyncVectorEnv):
                 self._truncations.copy(), infos)
 
 
+def keep_step_infos(env: VectorEnv) -> None:
+    """Have ``env`` batch its sub-environments' per-step infos again where it is a
+    :class:`LeanSyncVectorEnv` (an env that reports its action masks there needs them)."""
+    base = env.unwrapped
+    if isinstance(base, LeanSyncVectorEnv):
+        base.__class__ = SyncVectorEnv
+
+
 # --------------------------------------------------------------------------- env state
 
 def _enc(v):
@@ -358,8 +366,14 @@ def _load_plain(obj, state: dict) -> None:
             setattr(obj, k, _dec(v))
 
 
+# environments whose whole state is numpy arrays, scalars and a numpy generator:
+# Gymnasium's classic control and ppokit's own small tasks
+_PLAIN_STATE_MODULES = ("gymnasium.envs.classic_control", "ppokit.envs.sight",
+                        "ppokit.envs.choices")
+
+
 def _is_classic(env) -> bool:
-    return type(env).__module__.startswith("gymnasium.envs.classic_control")
+    return type(env).__module__.startswith(_PLAIN_STATE_MODULES)
 
 
 def env_state(env: VectorEnv) -> dict | None:

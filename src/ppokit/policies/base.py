@@ -32,6 +32,10 @@ Shapes:
 * ``logp``, ``entropy``, ``value``: ``[B]`` float32. For MultiDiscrete the heads are
   independent: ``logp`` and ``entropy`` are sums over heads.
 
+Action masks: ppokit's MLP actor-critic also takes ``action_masks`` (``[B, W]`` bool,
+:mod:`ppokit.policies.masking`) in ``act``, ``evaluate``, ``log_prob`` and
+``deterministic_action``; the masked actions then have probability 0 in each.
+
 ``generator``, when given, is the only source of randomness used for sampling, which is
 what makes runs reproducible and resumable (its state is saved with the checkpoint).
 """

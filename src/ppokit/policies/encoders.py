@@ -26,7 +26,8 @@ critic MLPs read.
   per key, in sorted key order — the image trunk above for an image of any size (256
   features, as the combined extractor most users know), the flattened values for a vector
   ``Box``, one-hot for a ``Discrete`` (and each of a ``MultiDiscrete``'s entries), the bits
-  of a ``MultiBinary`` — concatenated.
+  of a ``MultiBinary`` — concatenated. The ``"action_mask"`` key, an environment's action
+  mask (:mod:`ppokit.envs.masks`), is not an input: it masks the logits instead.
 
 Dictionary observations are stored flat in rollouts (Gymnasium's ``spaces.flatten``: each
 key's values, one-hot for discrete ones, concatenated in sorted key order); the
@@ -45,6 +46,7 @@ from gymnasium import spaces
 from torch import nn
 
 from ppokit.core.registry import Registry
+from ppokit.envs.masks import MASK_KEY
 from ppokit.errors import UserCodeError
 
 __all__ = ["is_image_space", "image_layout", "ImageCNN", "NatureCNN", "SmallImageCNN",
@@ -368,6 +370,9 @@ class MultiInputEncoder(nn.Module):
         for key in sorted(space.spaces):
             sub = space.spaces[key]
             size = int(spaces.flatdim(sub))
+            if key == MASK_KEY:  # the action mask is applied to the logits, not read
+                start += size
+                continue
             if is_image_space(sub):
                 self.cnns[key] = image_cnn(sub, channels, image_features)
                 kind, out = "image", image_features

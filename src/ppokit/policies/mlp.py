@@ -16,6 +16,8 @@ from torch import nn
 
 from ppokit import kernels
 
+from .masking import mask_logits, sample_masked
+
 Tensor = torch.Tensor
 
 __all__ = ["MLPActorCritic", "NumpySampler", "make_policy", "resolve_policy", "ACTIVATIONS"]
@@ -239,20 +241,32 @@ class MLPActorCritic(nn.Module):
     def value(self, obs: Tensor) -> Tensor:
         return self._run(self.critic, self._critic_features(obs)).squeeze(-1)
 
-    def act(self, obs: Tensor, generator: torch.Generator | None = None
-            ) -> tuple[Tensor, Tensor, Tensor]:
+    def act(self, obs: Tensor, generator: torch.Generator | None = None,
+            action_masks: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         x = self._features(obs)
-        out = self._run(self.actor, x)
+        out = self._masked(self._run(self.actor, x), action_masks)
         value = self._run(self.critic, self._critic_features(obs, x)).squeeze(-1)
-        a, logp = self._sample(out, generator)
+        a, logp = self._sample(out, generator, action_masks is not None)
         return a, logp, value
 
-    def _sample(self, out: Tensor, generator: torch.Generator | None
+    def _masked(self, out: Tensor, action_masks: Tensor | None) -> Tensor:
+        """The head's output with the masked actions' logits replaced
+        (:mod:`ppokit.policies.masking`); unchanged without masks."""
+        if action_masks is None:
+            return out
+        if self.kind not in ("categorical", "multicategorical"):
+            raise ValueError(f"action masks: a {self.kind} head takes none (Discrete and "
+                             "MultiDiscrete actions only)")
+        return mask_logits(out, action_masks)
+
+    def _sample(self, out: Tensor, generator: torch.Generator | None, masked: bool = False
                 ) -> tuple[Tensor, Tensor]:
-        """``(action, logp)`` sampled from the head's output ``out`` (logits / means)."""
+        """``(action, logp)`` sampled from the head's output ``out`` (logits / means;
+        ``masked``: logits already masked, sampled so that no masked action is picked)."""
+        draw = sample_masked if masked else _sample_categorical
         if self.kind == "categorical":
             logp_all = out.log_softmax(-1)
-            a = _sample_categorical(logp_all, generator)
+            a = draw(logp_all, generator)
             return a.squeeze(-1), logp_all.gather(-1, a).squeeze(-1)
         if self.kind == "gaussian":
             std = self.log_std.exp()
@@ -267,7 +281,7 @@ class MLPActorCritic(nn.Module):
         acts, logps = [], []
         for lg in self._split(out):
             lp = lg.log_softmax(-1)
-            a = _sample_categorical(lp, generator)
+            a = draw(lp, generator)
             acts.append(a)
             logps.append(lp.gather(-1, a))
         return torch.cat(acts, -1), torch.cat(logps, -1).sum(-1)
@@ -299,16 +313,20 @@ class MLPActorCritic(nn.Module):
             ent = ent - (lp.exp() * lp).sum(-1)
         return logp, ent
 
-    def evaluate(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def evaluate(self, obs: Tensor, actions: Tensor, action_masks: Tensor | None = None
+                 ) -> tuple[Tensor, Tensor, Tensor]:
         x = self._features(obs)
-        logp, ent = self._logp_entropy(self.actor(x), actions)
+        logp, ent = self._logp_entropy(self._masked(self.actor(x), action_masks), actions)
         return logp, ent, self.critic(self._critic_features(obs, x)).squeeze(-1)
 
-    def log_prob(self, obs: Tensor, actions: Tensor) -> Tensor:
-        return self._logp_entropy(self.actor(self._features(obs)), actions)[0]
+    def log_prob(self, obs: Tensor, actions: Tensor, action_masks: Tensor | None = None
+                 ) -> Tensor:
+        out = self._masked(self.actor(self._features(obs)), action_masks)
+        return self._logp_entropy(out, actions)[0]
 
-    def deterministic_action(self, obs: Tensor) -> Tensor:
-        return self._mode(self.actor(self._features(obs)))
+    def deterministic_action(self, obs: Tensor, action_masks: Tensor | None = None
+                             ) -> Tensor:
+        return self._mode(self._masked(self.actor(self._features(obs)), action_masks))
 
     def _mode(self, out: Tensor) -> Tensor:
         """The most likely action (argmax / mean) of the head's output ``out``."""

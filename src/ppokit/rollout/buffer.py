@@ -14,6 +14,8 @@ Fields (all ``[T, N, ...]``, time-major; row ``t`` is the transition taken from 
                    SAME_STEP truncation, of the last next-state for ``t = T − 1``
 ``valid``          False for the dummy step that follows an episode end in NEXT_STEP mode
                    (ignored action, reward 0); such rows are never trained on
+``action_masks``   ``[T, N, W]`` bool, the action mask the action was sampled under
+                   (``None``: the env gives no masks; :mod:`ppokit.envs.masks`)
 =================  =====================================================================
 
 :meth:`Rollout.compute_advantages` fills ``advantages`` and ``returns`` (value targets
@@ -49,6 +51,7 @@ class Rollout:
     valid: Tensor
     advantages: Tensor | None = None
     returns: Tensor | None = None
+    action_masks: Tensor | None = None
 
     @property
     def num_steps(self) -> int:
@@ -91,7 +94,10 @@ class Rollout:
         # element-by-element copy)
         rows = None if keep.all() else torch.nonzero(keep).squeeze(1)
         out = {}
-        for name in ("obs", "actions", "logp", "values", "advantages", "returns"):
+        names = ("obs", "actions", "logp", "values", "advantages", "returns")
+        if self.action_masks is not None:
+            names += ("action_masks",)
+        for name in names:
             t = getattr(self, name)
             t = t.reshape(-1, *t.shape[2:])
             out[name] = t if rows is None else take_rows(t, rows)

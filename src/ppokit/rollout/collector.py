@@ -26,6 +26,15 @@ then computed in one batched torch pass over the window, with the parameters tha
 the actions. Otherwise each step calls ``policy.act`` (any :class:`ppokit.policies.Policy`),
 the reference path. Both record the same quantities.
 
+Action masks
+------------
+With a ``mask_source`` (:class:`ppokit.envs.masks.MaskSource`: the env gives masks in its
+observation, an ``action_masks()`` method or its infos) the mask of each observation is
+read when the observation arrives, passed to ``policy.act`` and stored with the step
+(``Rollout.action_masks``), so that the update scores each action under the mask it was
+sampled under. Masked steps always take the ``policy.act`` path (the NumPy actor has no
+mask). The mask of the current observation is part of :meth:`Collector.state_dict`.
+
 ``ppokit.core.gae`` then bootstraps truncations from ``next_values`` and stops the carry at
 ``episode_end`` (two masks). Episode returns and lengths are measured on raw rewards.
 
@@ -90,8 +99,10 @@ class Collector:
     def __init__(self, env: VectorEnv, policy, *, generator: torch.Generator | None = None,
                  obs_normalizer: ObsNormalizer | None = None,
                  reward_scaler: RewardScaler | None = None, use_critic: bool = True,
-                 fast: bool = False):
+                 fast: bool = False, mask_source=None):
         self.env = env
+        self.mask_source = mask_source
+        self.masks: np.ndarray | None = None  # [N, W] bool: the current observation's
         self.policy = policy
         self.generator = generator
         self.obs_norm = obs_normalizer
@@ -146,7 +157,9 @@ class Collector:
         return raw.astype(np.float32, order="C")  # (a vector env may return a transpose)
 
     def reset(self, seed: int | None = None) -> None:
-        raw, _ = self.env.reset(seed=seed)
+        raw, info = self.env.reset(seed=seed)
+        if self.mask_source is not None:
+            self.masks = self.mask_source.read(raw, info)
         self.obs = torch.from_numpy(self._prep_obs(raw, update=True))
         self.pending[:] = False
         self.ep_return[:] = 0.0
@@ -158,7 +171,8 @@ class Collector:
         return self.policy.value(obs)
 
     def _numpy_sampler(self) -> NumpySampler | None:
-        if not self.fast or not NumpySampler.supports(self.policy):
+        if (not self.fast or self.mask_source is not None
+                or not NumpySampler.supports(self.policy)):
             return None
         if self._sampler is None or self._sampler.policy is not self.policy:
             self._sampler = NumpySampler(self.policy)
@@ -219,6 +233,8 @@ class Collector:
         term = np.zeros((n_steps, n), bool)
         end = np.zeros((n_steps, n), bool)
         valid = np.ones((n_steps, n), bool)
+        masked = self.mask_source is not None
+        mask_buf = np.empty((n_steps, *self.masks.shape), bool) if masked else None
         fixes: list[tuple[int, np.ndarray, np.ndarray]] = []  # truncations (SAME_STEP)
         next_step = self.mode == AutoresetMode.NEXT_STEP
         scaler = self.reward_scaler
@@ -239,7 +255,13 @@ class Collector:
                 if sampler is not None:
                     sampler(o, noise[t], out=act_buf[t])
                 else:
-                    action, logp, value = self.policy.act(torch.from_numpy(o), self.generator)
+                    if masked:
+                        mask_buf[t] = self.masks
+                        action, logp, value = self.policy.act(
+                            torch.from_numpy(o), self.generator, torch.from_numpy(self.masks))
+                    else:
+                        action, logp, value = self.policy.act(torch.from_numpy(o),
+                                                              self.generator)
                     act_buf[t] = action.numpy().reshape(act_buf.shape[1:])
                     logp_buf[t] = logp.numpy()
                     if self.use_critic:
@@ -247,6 +269,8 @@ class Collector:
                 raw, r, te, tr, info = self.env.step(self.to_env(act_buf[t]))
                 te, done, r, ok, pending, real_end = self._two_masks(te, tr, r, pending,
                                                                      next_step)
+                if masked:  # (a step whose action the env ignores may allow nothing)
+                    self.masks = self.mask_source.read(raw, info, dummy=pending)
                 if ok is not None:
                     valid[t] = ok
                 term[t] = te
@@ -287,7 +311,8 @@ class Collector:
         return Rollout(obs=obs_t, actions=act_t, logp=logp_t, values=values_t,
                        rewards=torch.from_numpy(rew), terminated=torch.from_numpy(term),
                        episode_end=torch.from_numpy(end), next_values=next_values,
-                       valid=torch.from_numpy(valid))
+                       valid=torch.from_numpy(valid),
+                       action_masks=None if mask_buf is None else torch.from_numpy(mask_buf))
 
     def pop_finished(self) -> list[tuple[float, int]]:
         out, self.finished = self.finished, []
@@ -295,8 +320,11 @@ class Collector:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, np.ndarray]:
-        return {"obs": self.obs.numpy().copy(), "pending": self.pending.copy(),
-                "ep_return": self.ep_return.copy(), "ep_length": self.ep_length.copy()}
+        out = {"obs": self.obs.numpy().copy(), "pending": self.pending.copy(),
+               "ep_return": self.ep_return.copy(), "ep_length": self.ep_length.copy()}
+        if self.masks is not None:
+            out["action_masks"] = self.masks.copy()
+        return out
 
     def load_state_dict(self, d: dict) -> None:
         obs = np.asarray(d["obs"])
@@ -305,3 +333,5 @@ class Collector:
         self.pending = np.asarray(d["pending"], bool).copy()
         self.ep_return = np.asarray(d["ep_return"], np.float64).copy()
         self.ep_length = np.asarray(d["ep_length"], np.int64).copy()
+        if self.mask_source is not None:
+            self.masks = np.asarray(d["action_masks"], bool).copy()
