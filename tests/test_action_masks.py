@@ -7,6 +7,7 @@ bypassed by name, predict / evaluation / MaskablePPO, broken masks named in one 
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -372,3 +373,33 @@ def test_train_cli_names_a_broken_mask_in_one_line_with_exit_2(tmp_path, capsys,
     assert "env 'empty_mask_env:EmptyMask-v0': action masks from action_masks(): the mask " \
         "of env 0 allows no action (entry 1)" in err[0]
     assert not (tmp_path / "run").exists()  # nothing was saved: nothing left behind
+
+
+@pytest.mark.parametrize("env_cls, kind", [(M.MultiPick, "action_masks()"),
+                                           (M.DiscreteInfoMask, 'info["action_mask"]')])
+def test_ray_actors_refuse_an_env_that_gives_masks(env_cls, kind):
+    """Ray's actors collect without masks: an env giving them by method or by info is
+    refused in one line (seen on one local copy), not trained as if it gave none."""
+    from types import SimpleNamespace
+
+    from ppokit.algos.masks import mask_source_for
+    from ppokit.envs.vec import training_vec
+
+    cfg = SimpleNamespace(vectorization="ray", seed=0, autoreset_mode="auto", env_kwargs=None)
+    env = training_vec(env_cls, 2, vectorization="sync")
+    try:
+        with pytest.raises(UsageError, match=rf"vectorization: .*{re.escape(kind)}.* Ray "
+                                             r"actors' collection applies no action masks"):
+            mask_source_for(cfg, env, env_cls, print)
+    finally:
+        env.close()
+    import gymnasium as gym
+
+    def plain():
+        return gym.make("CartPole-v1")
+
+    env = training_vec(plain, 2, vectorization="sync")
+    try:
+        assert mask_source_for(cfg, env, plain, print) is None  # no masks: Ray as before
+    finally:
+        env.close()

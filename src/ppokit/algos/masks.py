@@ -21,10 +21,7 @@ def mask_source_for(cfg, env, maker, log: Callable[[str], None]) -> MaskSource |
     seed, before collecting; EnvPool's are not). Masks need the feed-forward policy on local
     envs (Ray's actors apply none: an observation's mask key is refused there)."""
     if cfg.vectorization == "ray":  # (the environments live in Ray actors)
-        if mask_columns(env.single_observation_space) is not None:
-            raise UsageError(f'vectorization: the observation has an "{MASK_KEY}" key, '
-                             "and the Ray actors' collection applies no action masks; use "
-                             "sync or async")
+        _refuse_masks_on_ray(cfg, env, maker)
         return None
     # (EnvPool's envs give no masks, and a second reset would move its generator on)
     info = None if cfg.vectorization == "envpool" else env.reset(seed=cfg.seed)[1]
@@ -36,6 +33,29 @@ def mask_source_for(cfg, env, maker, log: Callable[[str], None]) -> MaskSource |
                          "which the LSTM policy does not apply; use recurrent=none")
     log(f"{src.where}: the policy samples, scores and learns over the allowed actions only")
     return src
+
+
+def _refuse_masks_on_ray(cfg, env, maker) -> None:
+    """Ray's actors collect without masks: an env that gives them (an observation key, an
+    ``action_masks()`` method, ``info["action_mask"]`` — the last two seen on one local
+    copy of the env) is refused rather than trained as if it gave none."""
+    where = None
+    if mask_columns(env.single_observation_space) is not None:
+        where = f'the observation has an "{MASK_KEY}" key'
+    else:
+        from ppokit.envs.vec import training_vec
+
+        probe = training_vec(maker, 1, vectorization="sync", autoreset=cfg.autoreset_mode,
+                             env_kwargs=cfg.env_kwargs)
+        try:
+            src = find_mask_source(probe, probe.reset(seed=cfg.seed)[1], label_of(maker))
+        finally:
+            probe.close()
+        if src is not None:
+            where = f"{label_of(maker)} gives {src.where}"
+    if where is not None:
+        raise UsageError(f"vectorization: {where}, and the Ray actors' collection applies "
+                         "no action masks; use sync or async")
 
 
 class EvalMasks:
