@@ -182,18 +182,18 @@ def differences(cfg, args) -> list[str]:
     old = ("a separate no-grad pass" if args.num_iterations > 1
            or args.steps_per_generation > args.gradient_accumulation_steps
            else "the training pass's, detached")
-    ref_ours = ("the policy with its adapters off" if lora else "a frozen copy"
-                + (" (linear weights in bfloat16)" if cfg.precision == "bf16" else ""))
-    ref_trl = "the model with its adapters off" if lora else "a second model loaded from disk"
     rows = [("gradient checkpointing", "off", "off (row TRL) / on (row TRL ckpt, "
              "TRL's default)"),
             ("old log-probs", "the sampler's" if cfg.old_logprobs == "sampler"
              else "a separate no-grad pass", old),
-            ("reference log-probs", ref_ours, ref_trl),
             ("sampling", "its own sampler, each group's prompt computed once",
              "transformers' generate, each completion's prompt computed"),
             ("forward", "its fused forward (llm/modeling/fused.py)",
              "transformers' forward (attention as the model's configuration gives: sdpa)")]
+    if not lora:  # with LoRA both take the model with its adapters off
+        rows.append(("reference log-probs", "a frozen copy" + (
+            " (linear weights in bfloat16)" if cfg.precision == "bf16" else ""),
+            "a second model loaded from disk"))
     if cfg.kl_estimator != "k3":
         rows.append(("KL loss estimator", cfg.kl_estimator, "k3"))
     if cfg.guard_kl:
