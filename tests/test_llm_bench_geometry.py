@@ -4,6 +4,7 @@ as by ppokit, for every configuration the bench runs (the built-in and 10M model
 bf16 and fp32, the pretrained-model bench at 8 and 4 prompts, TRL with gradient
 checkpointing off and on), read from the bench's own configuration objects."""
 
+import dataclasses
 import types
 
 import pytest
@@ -15,7 +16,9 @@ from ppokit.llm.evaluation.bench_real import real_config  # noqa: E402
 from ppokit.llm.evaluation.bench_trl import (  # noqa: E402
     TRL_RUNS,
     check_geometry,
+    differences,
     ppokit_geometry,
+    precision_notes,
     trl_args,
     trl_geometry,
     trl_record,
@@ -88,3 +91,26 @@ def test_trl_run_generates_once_per_timed_iteration_counted():
     assert r["cpu_seconds_per_iteration"] > 0
     # two passes over 8 completions in minibatches of 4
     assert r["optimizer_steps_per_iteration"] == ppokit_geometry(cfg)["optimizer_steps"] == 4
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_the_printed_differences_name_what_each_side_does_its_own_way(name, tmp_path):
+    cfg = CONFIGS[name][0]().resolved()
+    lines = differences(cfg, trl_args(cfg, str(tmp_path), ITERATIONS, False))
+    names = [x.split(" - ")[0].strip() for x in lines]
+    assert names[:2] == ["gradient checkpointing", "old log-probs"]
+    assert "TRL: a separate no-grad pass" in lines[1]  # 2 steps per generation, 1 accumulated
+    assert "KL loss estimator" not in names  # k3 on both sides
+    # with LoRA both take the reference as the adapters switched off: not a difference
+    assert ("reference log-probs" in names) is (cfg.lora_r == 0)
+    assert ("divergence guard" in names) is (cfg.guard_kl > 0)
+    notes = precision_notes(cfg.precision)
+    if cfg.precision == "bf16":  # one line per side, each saying what runs in which format
+        assert [x.split(" (")[0] for x in notes] == ["bf16 in TRL", "bf16 in ppokit"]
+        assert "sdpa attention in bfloat16" in notes[0]
+        assert "and attention in float32" in notes[1]
+    else:
+        assert notes == [x for x in notes if "float32 on both sides" in x] and notes
+    other = dataclasses.replace(cfg, kl_estimator="k2")
+    assert "  KL loss estimator - ppokit: k2; TRL: k3" in differences(
+        other, trl_args(other, str(tmp_path), ITERATIONS, False))
