@@ -175,7 +175,7 @@ def _trl_run(tmp, cfg, task, tok, iterations, model_size, gradient_checkpointing
 
     from ..inputs.task import reverse_score
     from ..modeling.models import save_policy
-    from .bench_trl import step_clock, train_trl_timed, trl_args, trl_record
+    from .bench_trl import trl_args, trl_record
 
     try:
         model_dir = f"{tmp}/model"
@@ -198,6 +198,50 @@ def _trl_run(tmp, cfg, task, tok, iterations, model_size, gradient_checkpointing
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return trl_record(trainer, ends, cpus, calls, rss_start)
+
+
+def step_clock():
+    """A TRL callback that records the wall clock and the process time after each
+    optimiser step (``.t``, ``.cpu``)."""
+    from transformers import TrainerCallback
+
+    class Clock(TrainerCallback):
+        def __init__(self):
+            self.t, self.cpu = [], []
+
+        def on_step_end(self, args, state, control, **kw):  # noqa: ARG002
+            self.t.append(time.perf_counter())
+            self.cpu.append(time.process_time())
+
+    return Clock()
+
+
+def train_trl_timed(trainer, clock) -> tuple[list, list, dict, float]:
+    """Run TRL's ``trainer`` (with ``clock``, a :func:`step_clock`, among its callbacks),
+    timing where its time goes: its sampling call, and sampling + the reward, old and
+    reference log-prob passes (once per generation); the rest is training. Returns
+    ``(wall clock marks, process time marks, each call's duration, rss at start)``."""
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)  # keep the log dicts off stdout
+    calls = {"_generate": [], "_generate_and_score_completions": []}
+    for name, times in calls.items():
+        if hasattr(trainer, name):
+            setattr(trainer, name, timing_wrapper(getattr(trainer, name), times))
+    rss_start = rss_mb()
+    t0, c0 = time.perf_counter(), time.process_time()
+    trainer.train()
+    return [t0] + clock.t, [c0] + clock.cpu, calls, rss_start
+
+
+def timing_wrapper(fn, times: list):
+    def run(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            times.append(time.perf_counter() - t0)
+    return run
 
 
 def run_bench(batch: int = 64, length: int = 4096, iterations: int = 5,

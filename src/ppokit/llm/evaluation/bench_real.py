@@ -31,8 +31,15 @@ import torch
 
 from ppokit.errors import UsageError
 
-from .bench import median_record, peak_rss_mb, timed_iterations, with_trl
-from .bench_trl import TRL_RUNS, step_clock, train_trl_timed, trl_args, trl_record
+from .bench import (
+    median_record,
+    peak_rss_mb,
+    step_clock,
+    timed_iterations,
+    train_trl_timed,
+    with_trl,
+)
+from .bench_trl import TRL_RUNS, trl_args, trl_record
 
 __all__ = ["GEOMETRY", "real_config", "bench_ppokit_real", "bench_trl_real", "run_real_bench",
            "matmul_peak_gflops", "token_flops"]

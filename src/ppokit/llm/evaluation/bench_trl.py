@@ -23,11 +23,9 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 
 __all__ = ["TRL_RUNS", "LOSS_TYPES", "ppokit_geometry", "trl_geometry", "check_geometry",
-           "trl_args", "step_clock", "train_trl_timed", "trl_record", "timing_wrapper",
-           "precision_notes", "differences", "comparison_table"]
+           "trl_args", "trl_record", "precision_notes", "differences", "comparison_table"]
 
 # (row label, gradient_checkpointing): each round runs TRL once per entry
 TRL_RUNS = (("TRL", False), ("TRL ckpt", True))
@@ -85,42 +83,6 @@ def trl_args(cfg, out_dir: str, iterations: int, gradient_checkpointing: bool):
     return args
 
 
-def step_clock():
-    """A TRL callback that records the wall clock and the process time after each
-    optimiser step (``.t``, ``.cpu``)."""
-    from transformers import TrainerCallback
-
-    class Clock(TrainerCallback):
-        def __init__(self):
-            self.t, self.cpu = [], []
-
-        def on_step_end(self, args, state, control, **kw):  # noqa: ARG002
-            self.t.append(time.perf_counter())
-            self.cpu.append(time.process_time())
-
-    return Clock()
-
-
-def train_trl_timed(trainer, clock) -> tuple[list, list, dict, float]:
-    """Run TRL's ``trainer`` (with ``clock``, a :func:`step_clock`, among its callbacks),
-    timing where its time goes: its sampling call, and sampling + the reward, old and
-    reference log-prob passes (once per generation); the rest is training. Returns
-    ``(wall clock marks, process time marks, each call's duration, rss at start)``."""
-    from transformers.trainer_callback import PrinterCallback
-
-    from .bench import rss_mb
-
-    trainer.remove_callback(PrinterCallback)  # keep the log dicts off stdout
-    calls = {"_generate": [], "_generate_and_score_completions": []}
-    for name, times in calls.items():
-        if hasattr(trainer, name):
-            setattr(trainer, name, timing_wrapper(getattr(trainer, name), times))
-    rss_start = rss_mb()
-    t0, c0 = time.perf_counter(), time.process_time()
-    trainer.train()
-    return [t0] + clock.t, [c0] + clock.cpu, calls, rss_start
-
-
 def trl_record(trainer, ends: list, cpus: list, calls: dict, rss_start: float) -> dict:
     """TRL's timing of one run: a cycle every :func:`trl_geometry` optimiser steps
     (``ends``: the wall clock at the start and after each step; ``cpus``: the process
@@ -149,16 +111,6 @@ def trl_record(trainer, ends: list, cpus: list, calls: dict, rss_start: float) -
         out["time_scoring"] = statistics.median(b - a for a, b in zip(gen, gen_score))
         out["time_training"] = max(sec - statistics.median(gen_score), 0.0)
     return out
-
-
-def timing_wrapper(fn, times: list):
-    def run(*args, **kwargs):
-        t0 = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            times.append(time.perf_counter() - t0)
-    return run
 
 
 def precision_notes(precision: str) -> list[str]:
