@@ -36,7 +36,8 @@ def test_trainer_benchmark_reports_each_phase():
 
 
 def test_benchmark_side_runs_in_its_own_process_and_the_table_gives_trl_over_ppokit():
-    from ppokit.llm.evaluation.bench import comparison_table, in_own_process
+    from ppokit.llm.evaluation.bench import in_own_process
+    from ppokit.llm.evaluation.bench_trl import comparison_table
 
     t = in_own_process("bench_trainer", algo="grpo", iterations=1, prompts_per_iter=2)
     assert t["sequences_per_iter"] == 8 and t["peak_rss_mb"] >= t["rss_start_mb"] > 0
@@ -44,16 +45,19 @@ def test_benchmark_side_runs_in_its_own_process_and_the_table_gives_trl_over_ppo
            "seconds_per_iteration": 3 * t["seconds_per_iteration"],
            "tokens_per_s_total": t["tokens_per_s_total"] / 3,
            "completion_tokens_per_iteration": t["tokens_per_s_total"] * t["seconds_per_iteration"]}
-    table = comparison_table(t, trl)
+    ckpt = {**trl, "seconds_per_iteration": 4 * t["seconds_per_iteration"],
+            "tokens_per_s_total": t["tokens_per_s_total"] / 4}
+    table = comparison_table(t, {"TRL": trl, "TRL ckpt": ckpt})
     assert "2.00x" in table.splitlines()[2]  # generation: TRL took twice as long
     end = next(x for x in table.splitlines() if "end to end" in x)
-    assert end.endswith("3.00x")
-    assert next(x for x in table.splitlines() if "tokens / s" in x).endswith(
-        "3.00x (ppokit/TRL)")
+    assert end.split()[-3:] == ["3.00x", f"{ckpt['seconds_per_iteration']:.3f}", "4.00x"]
+    assert next(x for x in table.splitlines() if "tokens per s" in x).endswith(
+        "TRL 3.00x, TRL ckpt 4.00x")
 
 
 def test_bench_rounds_tabulate_each_figures_median():
-    from ppokit.llm.evaluation.bench import comparison_table, median_record
+    from ppokit.llm.evaluation.bench import median_record
+    from ppokit.llm.evaluation.bench_trl import comparison_table
 
     runs = [{"algo": "grpo", "seconds_per_iteration": s, "time_training": s / 2,
              "tokens_per_s_total": 100 / s, "cpu_seconds_per_iteration": s}
@@ -62,20 +66,9 @@ def test_bench_rounds_tabulate_each_figures_median():
     assert m["algo"] == "grpo" and m["seconds_per_iteration"] == 1.5
     assert m["time_training"] == 0.75 and m["tokens_per_s_total"] == 100 / 1.5
     trl = {**m, "seconds_per_iteration": 3.0, "completion_tokens_per_iteration": 100}
-    table = comparison_table(m, trl, rounds=3)
+    table = comparison_table(m, {"TRL": trl}, rounds=3)
     assert "medians of 3 runs" in table.splitlines()[0]
     assert next(x for x in table.splitlines() if "end to end" in x).endswith("2.00x")
-
-
-def test_trl_grpo_comparison_runs_when_trl_is_installed():
-    import pytest
-
-    pytest.importorskip("trl")
-    from ppokit.llm.evaluation.bench import bench_trl_grpo
-
-    r = bench_trl_grpo(iterations=1, prompts_per_iter=4, samples_per_prompt=2)
-    assert r["sequences_per_iter"] == 8 and r["tokens_per_s_total"] > 0
-    assert r["cpu_seconds_per_iteration"] > 0
 
 
 def test_the_10m_benchmark_model_is_a_qwen2_of_about_ten_million_parameters():

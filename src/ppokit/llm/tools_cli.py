@@ -75,10 +75,14 @@ def add_tool_arguments(sub) -> None:
                    help="with --model: the chat task whose prompts both train on")
     p.add_argument("--precision", default="bf16", choices=("bf16", "fp32"),
                    help="number format of both libraries' forward passes: bf16 (TRL's "
-                        "default bf16=True; ppokit's precision=bf16) or fp32 (both float32)")
+                        "default bf16=True; ppokit's precision=bf16; the printed table says "
+                        "what each does in it) or fp32 (both float32)")
+    p.add_argument("--prompts-per-iter", type=int, default=None,
+                   help="with --model: prompts per iteration (default 8; 4 samples each)")
     p.add_argument("--rounds", type=int, default=None,
-                   help="pairs of runs (ppokit, then TRL, each in a fresh process) whose "
-                        "medians the comparison prints (default 3 with TRL installed, else 1)")
+                   help="rounds of runs (ppokit, then TRL with gradient checkpointing off "
+                        "and on, each in a fresh process) whose medians the comparison "
+                        "prints (default 3 with TRL installed, else 1)")
 
 
 def _sft(args) -> int:
@@ -191,9 +195,15 @@ def _bench(args) -> int:
         from .evaluation.bench_real import run_real_bench
 
         run_real_bench(args.model, task=args.task, iterations=args.iterations or 3,
-                       rounds=3 if args.rounds is None else args.rounds)
+                       rounds=3 if args.rounds is None else args.rounds,
+                       prompts_per_iter=args.prompts_per_iter)
         return 0
 
+    if args.prompts_per_iter is not None:
+        from ppokit.errors import UsageError
+
+        raise UsageError("--prompts-per-iter: taken with --model only (the built-in "
+                         "bench uses the grpo preset's 16 prompts)")
     run_bench(batch=args.batch, length=args.length, iterations=args.iterations or 5,
               algo=args.algo,
               model_size=args.model_size, precision=args.precision, rounds=args.rounds)

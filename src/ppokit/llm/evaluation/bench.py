@@ -20,7 +20,7 @@ import torch
 from ..training.guards import check_bench_args, check_int
 
 __all__ = ["bench_token_gae", "bench_trainer", "bench_trl_grpo", "run_bench",
-           "build_bench_model", "MODEL_SIZES"]
+           "build_bench_model", "trainer_config", "MODEL_SIZES", "TRL_MATCH"]
 
 MODEL_SIZES = ("tiny", "10m")
 
@@ -110,15 +110,25 @@ def bench_token_gae(batch: int = 64, length: int = 4096, repeats: int = 3) -> di
             "speedup": t_loop / t_vec, "max_abs_diff": float((a1 - a2).abs().max())}
 
 
+# ppokit's settings in the TRL comparison besides the preset's: TRL's KL term (k3)
+TRL_MATCH = {"kl_estimator": "k3"}
+
+
+def trainer_config(algo: str = "grpo", iterations: int = 5, **overrides):
+    """The token trainer's configuration the bench times (before resolution)."""
+    from ..training.trainer import LLMConfig
+
+    return replace(LLMConfig(algo=algo, iterations=iterations, checkpoint_every=10**9),
+                   **overrides)
+
+
 def bench_trainer(algo: str = "grpo", iterations: int = 5, model_size: str = "tiny",
                   **overrides) -> dict:
     from ..modeling.models import build_char_tokenizer
-    from ..training.trainer import LLMConfig
 
     tok = build_char_tokenizer()
     model = build_bench_model(model_size, tok)
-    cfg = replace(LLMConfig(algo=algo, iterations=iterations, checkpoint_every=10**9),
-                  **overrides)
+    cfg = trainer_config(algo, iterations, **overrides)
     tr, recs, cpu, rss_start = timed_iterations(cfg, iterations, policy=model, tokenizer=tok)
     out = {"algo": algo, "sequences_per_iter": tr.cfg.prompts_per_iter * tr.cfg.samples_per_prompt}
     for phase in ("generation", "scoring", "training"):
@@ -135,36 +145,37 @@ def bench_trainer(algo: str = "grpo", iterations: int = 5, model_size: str = "ti
     return out
 
 
-def bench_trl_grpo(iterations: int = 5, prompts_per_iter: int = 16,
-                   samples_per_prompt: int = 4, max_new_tokens: int | None = None,
-                   model_size: str = "tiny", precision: str = "bf16") -> dict:
-    """TRL's GRPO trainer on the same tiny model, task and batch geometry as ppokit's
-    ``grpo`` preset: 64 completions per generation, 4 optimiser steps of 32 completions each
-    (``steps_per_generation`` 2 x ``num_iterations`` 2), k3 KL loss with beta 0.02, plain
-    sampling at temperature 1; ``precision`` bf16 is TRL's default (``bf16=True``: the
-    model's forward under bfloat16 autocast), fp32 sets ``bf16=False``. Returns seconds and
-    completion tokens per generation cycle."""
+def bench_trl_grpo(iterations: int = 5, model_size: str = "tiny", precision: str = "bf16",
+                   gradient_checkpointing: bool = False, **overrides) -> dict:
+    """TRL's GRPO trainer on the same model, task and batch geometry as ppokit's ``grpo``
+    preset with :data:`TRL_MATCH` (``overrides``: more of its settings, such as
+    ``prompts_per_iter``), configured by :func:`ppokit.llm.evaluation.bench_trl.trl_args`:
+    with the built-in model's defaults 64 completions per generation and 4 optimiser steps
+    of 32 (``steps_per_generation`` 2 x ``num_iterations`` 2) timed as one iteration, k3
+    KL loss with beta 0.02, plain sampling at temperature 1; ``precision`` bf16 is TRL's
+    ``bf16=True`` (bench_trl.precision_notes), fp32 sets ``bf16=False``. Returns seconds
+    and completion tokens per generation cycle."""
     from ..inputs.task import ReverseTask
     from ..modeling.models import build_char_tokenizer
 
-    task = ReverseTask()
-    tok = build_char_tokenizer()
+    cfg = trainer_config("grpo", iterations, precision=precision, **TRL_MATCH,
+                         **overrides).resolved()
     tmp = tempfile.mkdtemp(prefix="ppokit-trl-")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # deprecations inside TRL's stack
-        return _trl_run(tmp, task, tok, iterations, prompts_per_iter, samples_per_prompt,
-                        max_new_tokens, model_size, precision)
+        return _trl_run(tmp, cfg, ReverseTask(), build_char_tokenizer(), iterations,
+                        model_size, gradient_checkpointing)
 
 
-def _trl_run(tmp, task, tok, iterations, prompts_per_iter, samples_per_prompt, max_new_tokens,
-             model_size="tiny", precision="bf16"):
+def _trl_run(tmp, cfg, task, tok, iterations, model_size, gradient_checkpointing):
     import random
 
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     from ..inputs.task import reverse_score
     from ..modeling.models import save_policy
+    from .bench_trl import trl_args, trl_record
 
     try:
         model_dir = f"{tmp}/model"
@@ -180,22 +191,13 @@ def _trl_run(tmp, task, tok, iterations, prompts_per_iter, samples_per_prompt, m
             return reverse_score([q.removeprefix(bos) for q in prompts], completions)
 
         clock = step_clock()
-        n = prompts_per_iter * samples_per_prompt
-        steps_per_cycle = 4
-        cfg = GRPOConfig(output_dir=f"{tmp}/out", per_device_train_batch_size=n // 2,
-                         steps_per_generation=2, num_iterations=2,
-                         num_generations=samples_per_prompt,
-                         max_completion_length=max_new_tokens or task.max_new_tokens,
-                         max_steps=steps_per_cycle * (iterations + 1), learning_rate=2e-4,
-                         beta=0.02, temperature=1.0, top_p=1.0, top_k=0, logging_steps=1,
-                         report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True,
-                         bf16=precision == "bf16")
-        trainer = GRPOTrainer(model=model_dir, reward_funcs=reward, args=cfg, train_dataset=ds,
+        args = trl_args(cfg, f"{tmp}/out", iterations, gradient_checkpointing)
+        trainer = GRPOTrainer(model=model_dir, reward_funcs=reward, args=args, train_dataset=ds,
                               processing_class=tok, callbacks=[clock])
         ends, cpus, calls, rss_start = train_trl_timed(trainer, clock)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return trl_record(trainer, ends, cpus, calls, steps_per_cycle, n, rss_start)
+    return trl_record(trainer, ends, cpus, calls, rss_start)
 
 
 def step_clock():
@@ -217,8 +219,8 @@ def step_clock():
 def train_trl_timed(trainer, clock) -> tuple[list, list, dict, float]:
     """Run TRL's ``trainer`` (with ``clock``, a :func:`step_clock`, among its callbacks),
     timing where its time goes: its sampling call, and sampling + the reward, old and
-    reference log-prob passes (once per generation cycle); the rest is training. Returns
-    ``(wall clock marks, process time marks, the calls' end times, rss at start)``."""
+    reference log-prob passes (once per generation); the rest is training. Returns
+    ``(wall clock marks, process time marks, each call's duration, rss at start)``."""
     from transformers.trainer_callback import PrinterCallback
 
     trainer.remove_callback(PrinterCallback)  # keep the log dicts off stdout
@@ -230,31 +232,6 @@ def train_trl_timed(trainer, clock) -> tuple[list, list, dict, float]:
     t0, c0 = time.perf_counter(), time.process_time()
     trainer.train()
     return [t0] + clock.t, [c0] + clock.cpu, calls, rss_start
-
-
-def trl_record(trainer, ends: list, cpus: list, calls: dict, steps: int, n: int,
-               rss_start: float) -> dict:
-    """TRL's timing of one run: a cycle every ``steps`` optimiser steps (``ends``: the wall
-    clock at the start and after each step; ``cpus``: the process time likewise), the first
-    one the warm-up; completion tokens from its log; the phases from ``calls`` (the times
-    at which its generation and its scoring returned)."""
-    def per_cycle(marks):
-        return [marks[i + steps] - marks[i] for i in range(0, len(marks) - steps, steps)][1:]
-
-    lengths = [h["completions/mean_length"] for h in trainer.state.log_history
-               if "completions/mean_length" in h][1:]
-    sec = statistics.median(per_cycle(ends))
-    toks = statistics.mean(lengths) * n
-    out = {"seconds_per_iteration": sec, "completion_tokens_per_iteration": toks,
-           "tokens_per_s_total": toks / sec, "sequences_per_iter": n,
-           "cpu_seconds_per_iteration": statistics.median(per_cycle(cpus)),
-           "rss_start_mb": rss_start}
-    gen, gen_score = calls["_generate"][1:], calls["_generate_and_score_completions"][1:]
-    if gen and len(gen) == len(gen_score):  # the first cycle is the warm-up
-        out["time_generation"] = statistics.median(gen)
-        out["time_scoring"] = statistics.median(b - a for a, b in zip(gen, gen_score))
-        out["time_training"] = max(sec - statistics.median(gen_score), 0.0)
-    return out
 
 
 def timing_wrapper(fn, times: list):
@@ -270,20 +247,13 @@ def timing_wrapper(fn, times: list):
 def run_bench(batch: int = 64, length: int = 4096, iterations: int = 5,
               algo: str = "grpo", model_size: str = "tiny", precision: str = "bf16",
               rounds: int | None = None) -> dict:
-    """``ppokit llm bench``. With TRL installed (and ``grpo``), ``rounds`` pairs of runs,
-    ppokit then TRL, each in a fresh process (default 3): the table gives each figure's
-    median over the rounds, and each round's end-to-end ratio is printed, so that a drift
-    of the machine's speed during one run shows instead of deciding the result."""
+    """``ppokit llm bench``. With TRL installed (and ``grpo``), ``rounds`` rounds of runs,
+    ppokit then TRL with gradient checkpointing off and on (bench_trl.TRL_RUNS), each in a
+    fresh process (default 3): the table gives each figure's median over the rounds, and
+    each round's end-to-end ratios are printed, so that a drift of the machine's speed
+    during one run shows instead of deciding the result."""
     check_bench_args(batch=batch, length=length, iterations=iterations, algo=algo)
-    if model_size not in MODEL_SIZES:
-        from ppokit.errors import UsageError
-
-        raise UsageError(f"--model-size: expected one of {', '.join(MODEL_SIZES)}, got "
-                         f"{model_size!r}")
-    if precision not in ("bf16", "fp32"):
-        from ppokit.errors import UsageError
-
-        raise UsageError(f"--precision: expected bf16 or fp32, got {precision!r}")
+    _check_choices(model_size, precision)
     compare = importlib.util.find_spec("trl") is not None and algo == "grpo"
     if rounds is not None:
         check_int("--rounds", rounds, 1, 100)
@@ -293,16 +263,17 @@ def run_bench(batch: int = 64, length: int = 4096, iterations: int = 5,
           f"position loop {g['loop_s'] * 1e3:.1f} ms  (x{g['speedup']:.1f}; max |diff| "
           f"{g['max_abs_diff']:.2e})")
     kw = {"iterations": iterations, "model_size": model_size, "precision": precision}
-    ours, theirs = [], []
+    ours, theirs = [], {}
     for r in range(rounds):
         if compare:  # each side in its own process: its own peak memory and settings
-            # the KL loss term TRL's GRPOTrainer computes (k3), so both do the same work
-            ours.append(in_own_process("bench_trainer", algo=algo, kl_estimator="k3", **kw))
-            theirs.append(in_own_process("bench_trl_grpo", **kw))
-            if rounds > 1:
-                a, b = ours[-1]["seconds_per_iteration"], theirs[-1]["seconds_per_iteration"]
-                print(f"round {r + 1}/{rounds}: ppokit {a:.3f} s/iteration, TRL {b:.3f}: "
-                      f"TRL/ppokit {b / a:.2f}x")
+            from .bench_trl import TRL_RUNS
+
+            ours.append(in_own_process("bench_trainer", algo=algo, **TRL_MATCH, **kw))
+            for label, ckpt in TRL_RUNS:
+                theirs.setdefault(label, []).append(in_own_process(
+                    "bench_trl_grpo", gradient_checkpointing=ckpt, **kw))
+            print(round_line(r, rounds, ours[-1], {k: v[-1] for k, v in theirs.items()}),
+                  flush=True)
         else:
             ours.append(bench_trainer(algo, iterations, model_size=model_size,
                                       precision=precision))
@@ -323,21 +294,68 @@ def run_bench(batch: int = 64, length: int = 4096, iterations: int = 5,
     if algo != "grpo":
         print("the TRL comparison runs with --algo grpo only")
         return res
-    trl_res = with_trl(res, t, ours, theirs, rounds)
-    res["ratio"] = t["tokens_per_s_total"] / trl_res["tokens_per_s_total"]
-    res["cpu_ratio"] = trl_res["cpu_seconds_per_iteration"] / t["cpu_seconds_per_iteration"]
+    cfg = trainer_config("grpo", iterations, precision=precision, **TRL_MATCH).resolved()
+    with_trl(res, t, ours, theirs, rounds, cfg, iterations)
     return res
 
 
-def with_trl(res: dict, t: dict, ours: list[dict], theirs: list[dict], rounds: int) -> dict:
-    """TRL's median record into ``res`` (``trl``) with each round's ratio of seconds per
-    iteration (``round_ratios``), and the side-by-side table printed; returns the record."""
-    trl_res = median_record(theirs)
-    res["trl"] = trl_res
-    res["round_ratios"] = [b["seconds_per_iteration"] / a["seconds_per_iteration"]
-                           for a, b in zip(ours, theirs)]
-    print(comparison_table(t, trl_res, rounds))
-    return trl_res
+def _check_choices(model_size: str, precision: str) -> None:
+    from ppokit.errors import UsageError
+
+    if model_size not in MODEL_SIZES:
+        raise UsageError(f"--model-size: expected one of {', '.join(MODEL_SIZES)}, got "
+                         f"{model_size!r}")
+    if precision not in ("bf16", "fp32"):
+        raise UsageError(f"--precision: expected bf16 or fp32, got {precision!r}")
+
+
+def round_line(r: int, rounds: int, ours: dict, theirs: dict[str, dict]) -> str:
+    """One round's seconds per iteration of each side and TRL / ppokit of each TRL run."""
+    a = ours["seconds_per_iteration"]
+    return (f"round {r + 1}/{rounds}: ppokit {a:.3f} s/iteration, " + ", ".join(
+        f"{k} {v['seconds_per_iteration']:.3f} ({v['seconds_per_iteration'] / a:.2f}x)"
+        for k, v in theirs.items()))
+
+
+def with_trl(res: dict, t: dict, ours: list[dict], theirs: dict[str, list[dict]],
+             rounds: int, cfg, iterations: int) -> None:
+    """Each TRL run's median record into ``res["trl"]`` (label -> record), each round's
+    TRL / ppokit in seconds per iteration (``round_ratios``), TRL / ppokit of the medians
+    (``ratios``) and ppokit / TRL in completion tokens per second (``token_ratios``); the
+    geometry, what differs (``cfg``: ppokit's resolved configuration, and TRL's
+    configuration the runs derived from it), what the number format means on each side
+    and the side-by-side table printed."""
+    from .bench_trl import (
+        check_geometry,
+        comparison_table,
+        differences,
+        precision_notes,
+        trl_args,
+    )
+
+    trl = {k: median_record(v) for k, v in theirs.items()}
+    res["trl"] = trl
+    res["round_ratios"] = {k: [b["seconds_per_iteration"] / a["seconds_per_iteration"]
+                               for a, b in zip(ours, v)] for k, v in theirs.items()}
+    res["ratios"] = {k: v["seconds_per_iteration"] / t["seconds_per_iteration"]
+                     for k, v in trl.items()}
+    res["token_ratios"] = {k: t["tokens_per_s_total"] / v["tokens_per_s_total"]
+                           for k, v in trl.items()}
+    print(comparison_table(t, trl, rounds))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        args = trl_args(cfg, tempfile.gettempdir(), iterations, False)
+    geo = check_geometry(cfg, args)
+    gens = ", ".join(f"{k} {v['generations_per_iteration']:.2f}" for k, v in trl.items())
+    print(f"per timed iteration, both sides: {geo['completions']} completions generated "
+          f"({cfg.prompts_per_iter} prompts x {cfg.samples_per_prompt}), "
+          f"{geo['optimizer_steps']} optimiser steps of {cfg.batch_size} sequences; TRL "
+          f"generations counted per timed iteration: {gens}")
+    print("\n".join(precision_notes(cfg.precision)))
+    print("what differs (the rest is shared: prompts, group size, completion cap, "
+          "temperature, learning rate, clip range, KL weight, gradient clipping, loss "
+          "aggregation, number format):")
+    print("\n".join(differences(cfg, args)))
 
 
 def timed_iterations(cfg, iterations: int, **trainer_kw):
@@ -372,38 +390,3 @@ def median_record(recs: list[dict]) -> dict:
             vals = [r[k] for r in recs if isinstance(r.get(k), (int, float))]
             out[k] = statistics.median(vals)
     return out
-
-
-def comparison_table(t: dict, trl: dict, rounds: int = 1) -> str:
-    """ppokit and TRL side by side: seconds per iteration by phase (wall), end-to-end
-    tokens/s, CPU seconds, memory, and TRL / ppokit for each time (above 1: ppokit is
-    faster); ``rounds`` > 1: each figure the median over that many runs."""
-    title = "TRL GRPOTrainer vs ppokit, same model, prompts and batch geometry"
-    if rounds > 1:
-        title += f" (medians of {rounds} runs each)"
-    rows = [f"{title:<66}",
-            f"  {'':<30}{'ppokit':>10}{'TRL':>10}{'TRL/ppokit':>12}"]
-
-    def line(label, a, b, fmt="{:.3f}", ratio=True):
-        if a is None or b is None:
-            return
-        r = f"{b / a:.2f}x" if ratio and a > 0 else ""
-        rows.append(f"  {label:<30}{fmt.format(a):>10}{fmt.format(b):>10}{r:>12}")
-
-    for phase in ("generation", "scoring", "training"):
-        line(f"{phase} (s/iteration)", t.get(f"time_{phase}"), trl.get(f"time_{phase}"))
-    line("end to end (s/iteration)", t["seconds_per_iteration"], trl["seconds_per_iteration"])
-    line("CPU seconds / iteration", t["cpu_seconds_per_iteration"],
-         trl["cpu_seconds_per_iteration"])
-    # each library's policy learns while it is timed, so the completions it samples (and
-    # the work per iteration) drift apart: tokens/s divides that out
-    line("completion tokens / iteration", t["tokens_per_s_total"] * t["seconds_per_iteration"],
-         trl["completion_tokens_per_iteration"], "{:.0f}", ratio=False)
-    line("completion tokens / s", t["tokens_per_s_total"], trl["tokens_per_s_total"],
-         "{:.0f}", ratio=False)
-    rows[-1] += f"{t['tokens_per_s_total'] / trl['tokens_per_s_total']:>11.2f}x (ppokit/TRL)"
-    line("RSS before training (MiB)", t.get("rss_start_mb"), trl.get("rss_start_mb"), "{:.0f}",
-         ratio=False)
-    line("peak RSS (MiB)", t.get("peak_rss_mb"), trl.get("peak_rss_mb"), "{:.0f}", ratio=False)
-    return "\n".join(rows)
-

@@ -4,14 +4,17 @@ model, side by side.
 Both train GRPO on the same model, the same prompts (a chat task of
 :mod:`ppokit.llm.inputs.chat_tasks`, rendered by the model's own chat template), the same group
 size, completion cap, sampling temperature, update geometry (one pass over each
-generation's completions in two minibatches, one optimiser step each), loss
-(sequence mean of token means), KL term to the reference (k3, β 0.02), learning rate,
-gradient clipping and LoRA adapters (rank 16, α 32, every linear layer of the decoder), in
-float32 (on a CPU without native bfloat16 both run far slower in bfloat16). Each runs in a
-fresh process, ppokit then TRL, for ``rounds`` pairs; the table gives each figure's median
-and each round's ratio is printed. What each library then does its own way is its speed:
-ppokit's fused forward and sampler, old log-probs from the sampler, the reference as the
-adapters switched off; TRL's generate, its old-log-prob pass and its reference pass.
+generation's completions in two minibatches, one optimiser step each: one TRL generation
+per timed ppokit iteration, :mod:`ppokit.llm.evaluation.bench_trl`), loss (sequence mean of
+token means), KL term to the reference (TRL's k3 on both sides, β 0.02; ppokit's training
+default is k2), learning rate, gradient clipping and LoRA adapters (rank 16, α 32, every
+linear layer of the decoder), in float32 (on a CPU without native bfloat16 both run far
+slower in bfloat16). Each runs in a fresh process, ppokit then TRL with gradient
+checkpointing off and then on (TRL's default), for ``rounds`` rounds; the table gives each
+figure's median and each round's ratios are printed, with every setting that differs.
+What each library then does its own way is its speed: ppokit's fused forward and sampler,
+old log-probs from the sampler, the reference as the adapters switched off, the divergence
+guard; TRL's generate, its old-log-prob pass and its reference pass.
 """
 
 from __future__ import annotations
@@ -29,15 +32,16 @@ import torch
 from ppokit.errors import UsageError
 
 from .bench import (
+    median_record,
     peak_rss_mb,
     step_clock,
     timed_iterations,
     train_trl_timed,
-    trl_record,
     with_trl,
 )
+from .bench_trl import TRL_RUNS, trl_args, trl_record
 
-__all__ = ["GEOMETRY", "bench_ppokit_real", "bench_trl_real", "run_real_bench",
+__all__ = ["GEOMETRY", "real_config", "bench_ppokit_real", "bench_trl_real", "run_real_bench",
            "matmul_peak_gflops", "token_flops"]
 
 # the shared settings (TRL's names in the comments)
@@ -52,6 +56,7 @@ GEOMETRY = {
     "max_grad_norm": 1.0,
     "lora_r": 16,
     "lora_alpha": 32.0,
+    "kl_estimator": "k3",       # TRL's KL term (ppokit's default is k2)
 }
 
 
@@ -96,19 +101,27 @@ def _fractions(out: dict, flops: dict, n_epochs: int, peak: float) -> None:
         out[f"peak_fraction_{phase}"] = gf / peak
 
 
-def bench_ppokit_real(model_dir: str, task: str = "numbers", iterations: int = 3) -> dict:
-    """ppokit's GRPO on ``model_dir`` with :data:`GEOMETRY`: seconds and completion
-    tokens per iteration by phase (medians after one warm-up iteration)."""
+def real_config(model_dir: str, task: str = "numbers", iterations: int = 3,
+                prompts_per_iter: int | None = None):
+    """ppokit's configuration of the comparison (before resolution): GRPO on ``model_dir``
+    with :data:`GEOMETRY` (``prompts_per_iter``: another number of prompts), the
+    completions of one iteration in two minibatches."""
     from ..training.config import LLMConfig
 
-    g = GEOMETRY
-    cfg = LLMConfig(algo="grpo", model=model_dir, task=task, iterations=iterations + 1,
-                    checkpoint_every=10**9, agg="seq-mean-token-mean",
-                    batch_size=g["prompts_per_iter"] * g["samples_per_prompt"] // 2,
-                    **{k: v for k, v in g.items()})
+    g = dict(GEOMETRY, prompts_per_iter=prompts_per_iter or GEOMETRY["prompts_per_iter"])
+    return LLMConfig(algo="grpo", model=model_dir, task=task, iterations=iterations + 1,
+                     checkpoint_every=10**9, agg="seq-mean-token-mean",
+                     batch_size=g["prompts_per_iter"] * g["samples_per_prompt"] // 2, **g)
+
+
+def bench_ppokit_real(model_dir: str, task: str = "numbers", iterations: int = 3,
+                      prompts_per_iter: int | None = None) -> dict:
+    """ppokit's GRPO on ``model_dir`` with :func:`real_config`: seconds and completion
+    tokens per iteration by phase (medians after one warm-up iteration)."""
+    cfg = real_config(model_dir, task, iterations, prompts_per_iter)
     tr, recs, cpu, rss_start = timed_iterations(cfg, iterations)
     flops = token_flops(tr.policy)
-    out = {"sequences_per_iter": g["prompts_per_iter"] * g["samples_per_prompt"]}
+    out = {"sequences_per_iter": tr.cfg.prompts_per_iter * tr.cfg.samples_per_prompt}
     for phase in ("generation", "scoring", "training"):
         out[f"time_{phase}"] = statistics.median(r[f"time_{phase}"] for r in recs)
         out[f"tokens_per_s_{phase}"] = statistics.median(r[f"tokens_per_s_{phase}"]
@@ -121,47 +134,39 @@ def bench_ppokit_real(model_dir: str, task: str = "numbers", iterations: int = 3
     out["cpu_seconds_per_iteration"] = statistics.median(cpu)
     out["rss_start_mb"] = rss_start
     out["peak_gflops"] = matmul_peak_gflops()
-    _fractions(out, flops, g["n_epochs"], out["peak_gflops"])
+    _fractions(out, flops, tr.cfg.n_epochs, out["peak_gflops"])
     return out
 
 
-def bench_trl_real(model_dir: str, task: str = "numbers", iterations: int = 3) -> dict:
-    """TRL's ``GRPOTrainer`` on ``model_dir`` with :data:`GEOMETRY` (``loss_type="grpo"``,
-    ``bf16=False``, a PEFT ``LoraConfig``): seconds per generation cycle (four optimiser
-    steps, one ppokit iteration) and the share of its sampling and scoring."""
+def bench_trl_real(model_dir: str, task: str = "numbers", iterations: int = 3,
+                   prompts_per_iter: int | None = None,
+                   gradient_checkpointing: bool = False) -> dict:
+    """TRL's ``GRPOTrainer`` on ``model_dir`` configured from :func:`real_config` by
+    :func:`ppokit.llm.evaluation.bench_trl.trl_args` (``loss_type="grpo"``, ``bf16=False``,
+    a PEFT ``LoraConfig`` of the same rank): seconds per generation cycle (one ppokit
+    iteration: two optimiser steps) and the share of its sampling and scoring."""
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     from ..inputs.chat_tasks import exact_answer
     from ..inputs.task import make_task
 
-    g = GEOMETRY
+    cfg = real_config(model_dir, task, iterations, prompts_per_iter).resolved()
     t = make_task(task)
-    rows = [t.row(p) for p in t.train_prompts(4096, random.Random(0))]
-    ds = Dataset.from_list(rows)
+    ds = Dataset.from_list([t.row(p) for p in t.train_prompts(4096, random.Random(0))])
 
     def correct(completions, answer, **_):
         return exact_answer(completions, answer)
 
     tmp = tempfile.mkdtemp(prefix="ppokit-trl-")
-    clock, steps = step_clock(), 4
-    n = g["prompts_per_iter"] * g["samples_per_prompt"]
+    clock = step_clock()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            args = GRPOConfig(
-                output_dir=f"{tmp}/out", per_device_train_batch_size=n // 2,
-                steps_per_generation=2, num_iterations=g["n_epochs"],
-                num_generations=g["samples_per_prompt"],
-                max_completion_length=g["max_new_tokens"], max_steps=steps * (iterations + 1),
-                learning_rate=g["learning_rate"], beta=g["kl_coef"], loss_type="grpo",
-                temperature=g["temperature"], top_p=1.0, top_k=0,
-                max_grad_norm=g["max_grad_norm"], logging_steps=1, report_to=[],
-                use_cpu=True, save_strategy="no", disable_tqdm=True, bf16=False,
-                lr_scheduler_type="constant", warmup_steps=0)
-            lora = LoraConfig(r=g["lora_r"], lora_alpha=g["lora_alpha"], lora_dropout=0.0,
+            args = trl_args(cfg, f"{tmp}/out", iterations, gradient_checkpointing)
+            lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
                               target_modules="all-linear", task_type="CAUSAL_LM")
             tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
             trainer = GRPOTrainer(model=model_dir, reward_funcs=correct, args=args,
@@ -170,7 +175,7 @@ def bench_trl_real(model_dir: str, task: str = "numbers", iterations: int = 3) -
             ends, cpus, calls, rss_start = train_trl_timed(trainer, clock)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return trl_record(trainer, ends, cpus, calls, steps, n, rss_start)
+    return trl_record(trainer, ends, cpus, calls, rss_start)
 
 
 def _child(fn_name: str, threads: int, kwargs: dict) -> dict:
@@ -189,9 +194,9 @@ def _own_process(fn_name: str, **kwargs) -> dict:
 
 
 def run_real_bench(model: str, task: str = "numbers", iterations: int = 3,
-                   rounds: int = 3) -> dict:
+                   rounds: int = 3, prompts_per_iter: int | None = None) -> dict:
     """The side-by-side comparison (module docstring); prints the table and returns the
-    medians, each round's ratio and the end-to-end ratio."""
+    medians, each round's ratios and the end-to-end ratios of each TRL run."""
     import importlib.util
 
     from ..modeling.fetch import resolve_model
@@ -199,28 +204,29 @@ def run_real_bench(model: str, task: str = "numbers", iterations: int = 3,
 
     check_int("--iterations", iterations, 1, 1000)
     check_int("--rounds", rounds, 1, 100)
+    if prompts_per_iter is not None:
+        check_int("--prompts-per-iter", prompts_per_iter, 1, 4096)
     model_dir = resolve_model(model)
     if not os.path.isdir(model_dir):
         raise UsageError(f"--model: {model!r} is not a model directory or a fetched model")
     have_trl = all(importlib.util.find_spec(m) is not None for m in ("trl", "peft"))
-    ours, theirs = [], []
+    kw = {"model_dir": model_dir, "task": task, "iterations": iterations,
+          "prompts_per_iter": prompts_per_iter}
+    ours, theirs = [], {}
     for r in range(rounds):
-        ours.append(_own_process("bench_ppokit_real", model_dir=model_dir, task=task,
-                                 iterations=iterations))
+        ours.append(_own_process("bench_ppokit_real", **kw))
         line = f"round {r + 1}/{rounds}: ppokit {ours[-1]['seconds_per_iteration']:.2f} s/iteration"
-        if have_trl:
-            theirs.append(_own_process("bench_trl_real", model_dir=model_dir, task=task,
-                                       iterations=iterations))
-            ratio = theirs[-1]["seconds_per_iteration"] / ours[-1]["seconds_per_iteration"]
-            line += f", TRL {theirs[-1]['seconds_per_iteration']:.2f}: TRL/ppokit {ratio:.2f}x"
+        for label, ckpt in TRL_RUNS if have_trl else ():
+            rec = _own_process("bench_trl_real", gradient_checkpointing=ckpt, **kw)
+            theirs.setdefault(label, []).append(rec)
+            line += (f", {label} {rec['seconds_per_iteration']:.2f} "
+                     f"({rec['seconds_per_iteration'] / ours[-1]['seconds_per_iteration']:.2f}x)")
         print(line, flush=True)
-    from .bench import median_record
-
     t = median_record(ours)
-    g = GEOMETRY
-    print(f"GRPO on {model} ({task} task; {g['prompts_per_iter']} prompts x "
-          f"{g['samples_per_prompt']} samples, up to {g['max_new_tokens']} tokens; LoRA r "
-          f"{g['lora_r']}; float32; torch threads {torch.get_num_threads()}; medians of "
+    cfg = real_config(model_dir, task, iterations, prompts_per_iter).resolved()
+    print(f"GRPO on {model} ({task} task; {cfg.prompts_per_iter} prompts x "
+          f"{cfg.samples_per_prompt} samples, up to {cfg.max_new_tokens} tokens; LoRA r "
+          f"{cfg.lora_r}; float32; torch threads {torch.get_num_threads()}; medians of "
           f"{rounds} rounds of {iterations} iterations):")
     print(f"  float32 matrix-multiply peak of this machine: {t['peak_gflops']:.0f} GFLOP/s")
     for phase in ("generation", "scoring", "training"):
@@ -232,7 +238,5 @@ def run_real_bench(model: str, task: str = "numbers", iterations: int = 3,
         print("trl (and peft) are not installed: the TRL comparison is skipped "
               "(pip install 'ppokit[bench]')")
         return res
-    trl_res = with_trl(res, t, ours, theirs, rounds)
-    res["ratio"] = trl_res["seconds_per_iteration"] / t["seconds_per_iteration"]
-    res["token_ratio"] = t["tokens_per_s_total"] / trl_res["tokens_per_s_total"]
+    with_trl(res, t, ours, theirs, rounds, cfg, iterations)
     return res
