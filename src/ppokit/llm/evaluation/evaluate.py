@@ -11,6 +11,7 @@ from ppokit.errors import UsageError
 from ppokit.io.atomic import atomic_write_text
 
 from ..training.heldout import score_policy
+from .runmodels import eval_models, resolved_for_eval, run_checkpoint
 
 __all__ = ["score_policy", "evaluate_lm_run"]
 
@@ -58,54 +59,6 @@ def evaluate_lm_run(run_dir: str, *, n_prompts: int | None = None, temperature: 
                                     greedy=greedy, log=log, reward_fn=reward_fn)
         atomic_write_text(os.path.join(run_dir, "eval.json"), json.dumps(out, indent=2) + "\n")
     return out
-
-
-def run_checkpoint(run_dir: str, log=print):
-    """``(path, tensors, state)`` of the run's newest intact checkpoint."""
-    from ppokit.io import find_checkpoint, load_checkpoint
-    from ppokit.io.checkpoint import no_checkpoint_message
-
-    ckpt, damaged = find_checkpoint(os.path.join(run_dir, "checkpoints"), log=log)
-    if ckpt is None:
-        raise UsageError(no_checkpoint_message(run_dir, damaged))
-    return (ckpt, *load_checkpoint(ckpt)[::2])
-
-
-def resolved_for_eval(cfg):
-    """The configuration resolved; evaluating needs no loss or estimator of the user's."""
-    from ppokit.plugins import reading_run
-
-    with reading_run():
-        return cfg.resolved()
-
-
-def eval_models(run_dir: str, rcfg, tensors: dict, ckpt):
-    """``(policy, reference, tokenizer)``: the run's reference (its starting policy, from
-    ``reference/``) and the checkpoint's policy (LoRA merged), both in eval mode."""
-    import copy
-
-    from ppokit.io import check_tree
-
-    from ..modeling.models import load_lm, load_policy_state, wrap_lora
-
-    ref_dir = os.path.join(run_dir, "reference")
-    if not os.path.isdir(ref_dir) or os.path.islink(ref_dir):
-        raise UsageError(f"eval: {run_dir!r} has no reference/ directory")
-    check_tree(ref_dir, "run dir")
-    reference, tok = load_lm(ref_dir)
-    reference.eval()
-    policy = copy.deepcopy(reference)
-    if rcfg.lora_r > 0:
-        policy = wrap_lora(policy, rcfg.lora_r, rcfg.lora_alpha)
-    try:
-        load_policy_state(policy, tensors["policy"], lora=rcfg.lora_r > 0)
-    except (KeyError, RuntimeError, ValueError) as exc:
-        raise UsageError(f"eval: checkpoint {ckpt} does not fit the run's reference "
-                         f"model ({type(exc).__name__})") from None
-    if rcfg.lora_r > 0:
-        policy = policy.merge_and_unload()
-    policy.eval()
-    return policy, reference, tok
 
 
 def _evaluate_prompts(run_dir: str, cfg, *, temperature, seed: int, greedy: bool, log,
