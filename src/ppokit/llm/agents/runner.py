@@ -22,7 +22,7 @@ import torch
 from ppokit.errors import UserCodeError
 
 from ..labelling.batching import IterationBatch
-from ..training.sft import nll_steps
+from ..modeling.tuning import nll_steps
 from .bounds import CHARS_PER_TOKEN, first_episode, respond, tool_replies
 from .conversation import Episode, Renderer
 from .env import CheckedTextEnv, text_env_factory

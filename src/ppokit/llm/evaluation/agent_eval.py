@@ -60,7 +60,7 @@ def evaluate_agent_run(run_dir: str, cfg, *, env=None, tools=None,
     (:func:`ppokit.llm.training.runfiles.config_from_run`)."""
     from ..agents.runner import EVAL_SEED_OFFSET
     from ..training.setup import make_agent
-    from .evaluate import eval_models, resolved_for_eval, run_checkpoint
+    from .runmodels import eval_models, resolved_for_eval, run_checkpoint
 
     cfg = named_again(run_dir, cfg, env, tools)
     ckpt, tensors, _ = run_checkpoint(run_dir, log)

@@ -7,64 +7,13 @@ from __future__ import annotations
 import json
 import os
 
-import torch
-
 from ppokit.errors import UsageError
 from ppokit.io.atomic import atomic_write_text
 
-from ..modeling.rollout import encode_prompts, generate
+from ..training.heldout import score_policy
+from .runmodels import eval_models, resolved_for_eval, run_checkpoint
 
 __all__ = ["score_policy", "evaluate_lm_run"]
-
-
-@torch.no_grad()
-def score_policy(model, tokenizer, prompts: list, reward_fn, *, max_new_tokens: int,
-                 temperature: float = 1.0, seed: int = 0, batch_size: int = 128,
-                 per_sample: bool = False) -> dict:
-    """Mean score (and each reward function's mean, ``reward/NAME``), mean response
-    length and truncated share of one policy on ``prompts`` (prompt rows, or plain
-    strings); ``reward_fn``: a :class:`ppokit.llm.inputs.rewards.RewardSet`, a reward function or
-    a list of them. ``per_sample``: also ``scores``, ``truncated`` (one per prompt, in
-    order) and ``per_function`` (``{name: [n]}``, NaN where a function returned None)."""
-    from ..inputs.data import render_prompt
-    from ..inputs.reward_setup import reward_arguments
-    from ..inputs.rewards import RewardSet, per_function_stats
-
-    rewards = reward_fn if isinstance(reward_fn, RewardSet) else RewardSet(
-        list(reward_fn) if isinstance(reward_fn, (list, tuple)) else [reward_fn])
-    rows = [{"prompt": p} if isinstance(p, str) else p for p in prompts]
-    gen = torch.Generator().manual_seed(seed)
-    scores, lengths, trunc, samples, per_all = [], [], [], [], {}
-    for i in range(0, len(rows), batch_size):
-        chunk = rows[i:i + batch_size]
-        texts = [render_prompt(tokenizer, r["prompt"]) for r in chunk]
-        ids, mask = encode_prompts(tokenizer, texts)
-        roll = generate(model, ids, mask, max_new_tokens=max_new_tokens,
-                        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                        temperature=temperature, generator=gen)
-        decoded = [tokenizer.decode(r, skip_special_tokens=True) for r in roll.response_ids]
-        _, kwargs = reward_arguments(chunk, decoded, roll.response_ids)
-        total, per = rewards(kwargs.pop("prompts"), kwargs.pop("completions"),
-                             kwargs.pop("completion_ids"), kwargs)
-        scores += total.tolist()
-        for k, v in per.items():
-            per_all.setdefault(k, []).append(v)
-        lengths += roll.lengths.tolist()
-        trunc += roll.truncated.tolist()
-        samples += list(zip(texts, decoded))
-    n = len(scores)
-    per_all = {k: torch.cat(v) for k, v in per_all.items()}
-    stats = per_function_stats(per_all)
-    from ppokit.core.stats import mean_interval
-
-    out = {"score_mean": sum(scores) / n, "score_ci95": list(mean_interval(scores)),
-           "response_length_mean": sum(lengths) / n,
-           "truncated_frac": sum(trunc) / n, "samples": samples[:8], "n": n,
-           **{k: v for k, v in stats.items() if not k.endswith("_std")}}
-    if per_sample:
-        out.update(scores=scores, truncated=[bool(t) for t in trunc],
-                   per_function={k: v.tolist() for k, v in per_all.items()})
-    return out
 
 
 def evaluate_lm_run(run_dir: str, *, n_prompts: int | None = None, temperature: float | None = None,
@@ -110,54 +59,6 @@ def evaluate_lm_run(run_dir: str, *, n_prompts: int | None = None, temperature: 
                                     greedy=greedy, log=log, reward_fn=reward_fn)
         atomic_write_text(os.path.join(run_dir, "eval.json"), json.dumps(out, indent=2) + "\n")
     return out
-
-
-def run_checkpoint(run_dir: str, log=print):
-    """``(path, tensors, state)`` of the run's newest intact checkpoint."""
-    from ppokit.io import find_checkpoint, load_checkpoint
-    from ppokit.io.checkpoint import no_checkpoint_message
-
-    ckpt, damaged = find_checkpoint(os.path.join(run_dir, "checkpoints"), log=log)
-    if ckpt is None:
-        raise UsageError(no_checkpoint_message(run_dir, damaged))
-    return (ckpt, *load_checkpoint(ckpt)[::2])
-
-
-def resolved_for_eval(cfg):
-    """The configuration resolved; evaluating needs no loss or estimator of the user's."""
-    from ppokit.plugins import reading_run
-
-    with reading_run():
-        return cfg.resolved()
-
-
-def eval_models(run_dir: str, rcfg, tensors: dict, ckpt):
-    """``(policy, reference, tokenizer)``: the run's reference (its starting policy, from
-    ``reference/``) and the checkpoint's policy (LoRA merged), both in eval mode."""
-    import copy
-
-    from ppokit.io import check_tree
-
-    from ..modeling.models import load_lm, load_policy_state, wrap_lora
-
-    ref_dir = os.path.join(run_dir, "reference")
-    if not os.path.isdir(ref_dir) or os.path.islink(ref_dir):
-        raise UsageError(f"eval: {run_dir!r} has no reference/ directory")
-    check_tree(ref_dir, "run dir")
-    reference, tok = load_lm(ref_dir)
-    reference.eval()
-    policy = copy.deepcopy(reference)
-    if rcfg.lora_r > 0:
-        policy = wrap_lora(policy, rcfg.lora_r, rcfg.lora_alpha)
-    try:
-        load_policy_state(policy, tensors["policy"], lora=rcfg.lora_r > 0)
-    except (KeyError, RuntimeError, ValueError) as exc:
-        raise UsageError(f"eval: checkpoint {ckpt} does not fit the run's reference "
-                         f"model ({type(exc).__name__})") from None
-    if rcfg.lora_r > 0:
-        policy = policy.merge_and_unload()
-    policy.eval()
-    return policy, reference, tok
 
 
 def _evaluate_prompts(run_dir: str, cfg, *, temperature, seed: int, greedy: bool, log,

@@ -1,19 +1,20 @@
 """The reward side of a token run, set up from its configuration: which reward functions
 score it (:func:`reward_set`), what they receive (:func:`reward_arguments`, TRL's keyword
 convention), and the rule that a resumed or evaluated run names its reward code again
-(:func:`check_reward_named_again`)."""
+(:func:`check_reward_named_again`). ``cfg`` is the run's
+:class:`ppokit.llm.training.config.LLMConfig`, read by field name (inputs sits below
+training, docs/architecture.md#layers)."""
 
 from __future__ import annotations
 
 from ppokit.errors import UsageError
 
-from ..training.config import LLMConfig
 from .task import make_task
 
 __all__ = ["reward_set", "reward_arguments", "check_reward_named_again"]
 
 
-def check_reward_named_again(cfg: LLMConfig, saved: dict | None, reward_fn) -> None:
+def check_reward_named_again(cfg, saved: dict | None, reward_fn) -> None:
     """A resumed run whose reward is code (or a reward model elsewhere on disk) needs the
     user to name it again: nothing a run directory says is imported or read."""
     saved = saved if isinstance(saved, dict) else {}
@@ -35,7 +36,7 @@ def check_reward_named_again(cfg: LLMConfig, saved: dict | None, reward_fn) -> N
                              f"{again}")
 
 
-def reward_set(cfg: LLMConfig, reward_fn=None, task=None, log=print):
+def reward_set(cfg, reward_fn=None, task=None, log=print):
     """The :class:`ppokit.llm.inputs.rewards.RewardSet` of a configuration: ``reward_fn`` (a
     callable or a list) when given, else the config's ``reward`` entries and
     ``reward_model``, else the built-in task's rewards and weights."""

@@ -311,8 +311,7 @@ class RewardModelScorer:
 
     @torch.no_grad()
     def __call__(self, prompts: list[str], completions: list[str]) -> list[float]:
-        from ..training.rm import reward_forward
-        from ..training.sft import encode_pairs
+        from ..modeling.pairs import encode_pairs, reward_forward
 
         if any(not isinstance(x, str) for x in (*prompts, *completions)):
             raise UsageError("reward_model: scores plain-text prompts and completions; "

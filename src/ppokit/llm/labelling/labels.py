@@ -1,5 +1,8 @@
 """Labels of one token rollout: scores, KL rewards, advantages and value targets, computed
-once and frozen (pure tensor code; docs/theory.md#token-layout)."""
+once and frozen (pure tensor code; docs/theory.md#token-layout).
+
+``cfg`` is the run's :class:`ppokit.llm.training.config.LLMConfig`, read by field name
+(labelling sits below training, docs/architecture.md#layers)."""
 
 from __future__ import annotations
 
@@ -20,7 +23,6 @@ from ppokit.core import (
 )
 
 from ..modeling.rollout import TokenRollout, shift_to_tokens
-from ..training.config import LLMConfig
 from .mismatch import correction
 
 __all__ = ["Labels", "compute_labels", "advantage_spec", "overlong_penalty"]
@@ -37,7 +39,7 @@ def overlong_penalty(lengths: torch.Tensor, max_new_tokens: int, buffer: int,
     return -penalty * (over / buffer).clamp(max=1.0)
 
 
-def advantage_spec(cfg: LLMConfig) -> AdvantageSpec:
+def advantage_spec(cfg) -> AdvantageSpec:
     """What the configuration's advantage estimator reads besides the rollout."""
     return AdvantageSpec(gamma=cfg.gamma, gae_lambda=cfg.gae_lambda,
                          group_size=cfg.samples_per_prompt,
@@ -61,7 +63,7 @@ class Labels:
     is_weight: torch.Tensor | None = None  # [B, L] rollout_is=truncate: the tokens' weights
 
 
-def compute_labels(cfg: LLMConfig, roll: TokenRollout, scores: torch.Tensor, old_logp, ref_logp,
+def compute_labels(cfg, roll: TokenRollout, scores: torch.Tensor, old_logp, ref_logp,
                    beta: float, values_after: torch.Tensor | None = None,
                    sampler_logp: torch.Tensor | None = None,
                    turn_rewards: torch.Tensor | None = None) -> Labels:

@@ -14,9 +14,10 @@ import torch
 import torch.nn.functional as F
 
 from ..modeling.models import frozen_copy
+from ..modeling.pairs import encode_pairs
 from ..modeling.rollout import sequence_logprobs
-from .guards import check_dpo_args, check_finite_model, check_pairs
-from .sft import encode_pairs
+from ..modeling.tuning import check_finite_model
+from .guards import check_dpo_args, check_pairs
 
 __all__ = ["dpo_train", "dpo_margins"]
 

@@ -8,8 +8,9 @@ The Python entry points (:func:`ppokit.llm.training.sft.sft_train`,
 exit status 2 and one line. :func:`check_cli_args` runs the same checks on a parsed
 ``ppokit llm`` namespace, so a command can refuse bad flags before it builds a model.
 
-:func:`check_finite_model` refuses a model with a NaN or infinite weight: training ends
-with it (nothing is saved) rather than writing a model that cannot be used.
+:func:`check_finite_model` (from :mod:`ppokit.llm.modeling.tuning`, importable from here)
+refuses a model with a NaN or infinite weight: training ends with it (nothing is saved)
+rather than writing a model that cannot be used.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ppokit.engine.recipe import COEF_MAX
 from ppokit.errors import UsageError
 from ppokit.settings import fail
 
+from ..modeling.tuning import check_finite_model
 from .presets import ALGOS
 
 __all__ = ["check_int", "check_float", "check_pairs", "check_finite_model", "check_cli_args",
@@ -171,29 +173,6 @@ def check_cli_args(args) -> None:
         if args.temperature is not None:
             check_float("--temperature", args.temperature, 0.0, 100.0)
         check_int("--seed", args.seed, 0, SEED_MAX)
-
-
-def check_finite_model(model, what: str) -> None:
-    """Raise a UsageError when any parameter or buffer of ``model`` holds a NaN or an
-    infinity, so that the caller saves nothing. ``what`` names the step that produced the
-    model (``"llm dpo"``) and leads the message."""
-    import torch
-
-    bad, total, first = 0, 0, None
-    with torch.no_grad():
-        tensors = list(model.named_parameters()) + list(model.named_buffers())
-        for name, t in tensors:
-            if not (t.is_floating_point() or t.is_complex()):
-                continue
-            n = int((~torch.isfinite(t)).sum())
-            total += t.numel()
-            if n:
-                bad += n
-                first = first or name
-    if bad:
-        raise UsageError(f"{what}: training produced non-finite weights ({bad:,} of "
-                         f"{total:,} values are NaN or infinite, first in {first}); nothing "
-                         "was saved. Lower the learning rate (or beta) and check the data")
 
 
 def reward_weights(w):

@@ -2,7 +2,8 @@
 preference pairs with ``loss = −log σ(r(chosen) − r(rejected))``; held-out pair accuracy
 is the share of held-out pairs where ``r(chosen) > r(rejected)``.
 
-The reward of a sequence is the head's output at its last token. Sequences are laid out
+The reward of a sequence is the head's output at its last token
+(:func:`ppokit.llm.modeling.pairs.reward_forward`, importable from here). Sequences are laid out
 ``[BOS] prompt completion EOS`` and left padded, so the last column is always that EOS.
 """
 
@@ -19,24 +20,12 @@ import torch.nn.functional as F
 
 from ppokit.errors import UsageError
 
-from ..modeling.models import backbone_of, load_tokenizer, quiet_transformers
-from ..modeling.positions import position_ids_from_mask
-from .guards import check_finite_model, check_pairs, check_rm_args
-from .sft import encode_pairs
+from ..modeling.models import load_tokenizer, quiet_transformers
+from ..modeling.pairs import encode_pairs, reward_forward
+from ..modeling.tuning import check_finite_model
+from .guards import check_pairs, check_rm_args
 
 __all__ = ["reward_forward", "build_reward_model", "train_reward_model", "pair_accuracy"]
-
-
-def reward_forward(model, input_ids, attention_mask) -> torch.Tensor:
-    """``[B]`` rewards: the score head at the last (rightmost) position of left-padded rows."""
-    pos = position_ids_from_mask(attention_mask)
-    head = getattr(model, "score", None) or getattr(model, "classifier", None)
-    if head is None:
-        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos)
-        return out.logits[:, -1] if out.logits.ndim == 3 else out.logits[:, 0]
-    hidden = backbone_of(model)(input_ids=input_ids, attention_mask=attention_mask,
-                                position_ids=pos).last_hidden_state[:, -1]
-    return head(hidden).squeeze(-1).float()
 
 
 def build_reward_model(model_path: str | None = None, *, seed: int = 0, **tiny_kwargs):

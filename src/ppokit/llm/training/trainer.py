@@ -91,6 +91,7 @@ from .divergence import (
     guarded_update,
     update_kl,
 )
+from .heldout import score_policy
 from .parallel import NoRunDir, gather_rollout, shard
 from .progress import Progress
 from .runfiles import (  # noqa: F401 (config_from_run re-exported)
@@ -442,8 +443,6 @@ class TokenTrainer(RunLifecycle):
         compares policies, and the run's own random streams are untouched)."""
         if self.agent is not None:
             return self.agent.evaluate(self)
-        from ..evaluation.evaluate import score_policy
-
         rows = (self.eval_rows or [])[: self.cfg.n_eval_prompts]
         if not rows:
             return {}
