@@ -97,6 +97,9 @@ def _wide_ok() -> bool:
     if os.environ.get("PPOKIT_NATIVE_WIDE") == "1":
         return True
     if _WIDE_OK is None:  # (the build and the CPU do not change while the process runs)
+        if not hasattr(_c, "build"):  # an extension built before build() existed: as then
+            _WIDE_OK = True
+            return True
         info = build()
         _WIDE_OK = info["isa"] == "generic" or (info["isa"] == "avx512" and info["avx512f"])
     return _WIDE_OK
