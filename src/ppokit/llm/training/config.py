@@ -22,8 +22,8 @@ from ppokit.settings import (
 from ppokit.settings import parse_sets as parse_set_items
 
 from ..engines.settings import EngineSettings
-from ..modeling.packing import PackingSettings
 from ..inputs.task import TASKS, make_task
+from ..modeling.packing import PackingSettings
 from .guards import check_rollout_memory, reward_weights
 from .presets import (  # noqa: F401 (re-exported)
     ALGOS,
