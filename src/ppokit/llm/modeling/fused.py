@@ -264,7 +264,7 @@ class _Layout:
 
     def repack(self, rest: torch.Tensor) -> torch.Tensor:
         """The rows' remaining part's outputs ``[B·T, ...]`` → the layout's tokens."""
-        return rest if self.packed is None else rest[self.packed]
+        return rest if self.packed is None else rest.index_select(0, self.packed)
 
     def attend_compiled(self, q, k, v, scale, H: int):
         """:meth:`attend` of the whole layout through the compiled attention
