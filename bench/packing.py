@@ -8,8 +8,9 @@ thread, in float32 and under bfloat16 autocast.
 
 Batches: ``skewed`` (in each group of completions one runs to ``--long`` tokens, the others
 4–24: a batch where a few long answers set the padded width), ``mid`` (lengths 55–100 %
-of ``--long``) and ``even`` (every completion within 10 % of ``--long``: little padding). Prints the median seconds of each
-and the ratio padded / packed (above 1: packing is faster)."""
+of ``--long``) and ``even`` (every completion within 10 % of ``--long``: little padding).
+Prints the median seconds of each and the ratio padded / packed (above 1: packing is
+faster)."""
 
 from __future__ import annotations
 
