@@ -123,7 +123,7 @@ def unsupported_reason(model) -> str | None:
 
 def fused_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                  prompt_len: int | None = None, min_prompts: int = 0,
-                 logits_from: int = 0) -> torch.Tensor | None:
+                 logits_from: int = 0, pack: bool = False):
     """Logits ``[B, L - logits_from, V]`` of positions ``logits_from`` .. ``L - 1`` (as
     transformers' forward with position ids counted over real tokens and
     ``logits_to_keep``), or None when ``model`` is not one this pass covers
@@ -135,7 +135,11 @@ def fused_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     minibatches hold a varying number of a rollout's groups; padding to the rollout's
     count gives every minibatch one token-matrix shape. The CPU's matrix-product library
     (oneDNN) compiles and keeps a kernel per shape: on the 10M-parameter bench model the
-    varying shapes held about 35 MB more memory, for about 2 % more arithmetic here."""
+    varying shapes held about 35 MB more memory, for about 2 % more arithmetic here.
+
+    ``pack``: the real positions only, without padding — ``(logits [N, V], rows [N], cols
+    [N])`` of the positions ``logits_from`` .. ``L − 2`` that hold a real token
+    (:func:`ppokit.llm.modeling.packing.packed_head`)."""
     if unsupported_reason(model) is not None:
         return None
     dev = input_ids.device.type
@@ -144,7 +148,7 @@ def fused_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         return None  # a model held in a low-precision format: transformers' forward
     with torch.autocast(dev, enabled=False):
         return _forward(model, input_ids, attention_mask.long(), prompt_len, low, min_prompts,
-                        logits_from)
+                        logits_from, pack)
 
 
 ROOT_MIN = 4  # a common prefix shorter than this is computed with each prompt
@@ -176,9 +180,14 @@ class _Layout:
     ``ids``, ``mask`` ``[B, L]`` with the prompt in the first ``p`` columns; ``first``
     ``[U]`` the row of each distinct prompt (repeats allowed), ``inv`` ``[B]`` each row's
     prompt (``first`` None: no prompt part, ``p`` = 0); ``keep_from``: the first column
-    whose output is read — the root is used only when no column it holds is read."""
+    whose output is read — the root is used only when no column it holds is read.
 
-    def __init__(self, ids, mask, pos, p, first, inv, keep_from, root=True):
+    ``pack``: the rows' remaining part holds only their real tokens (``packed``: their flat
+    indices in ``[B, T]``), one after another, for the projections, MLPs and head; its
+    attention scatters them back to ``[B, T]`` (padding zero and masked) and gathers the
+    outputs, so that each sequence still attends to its own keys only."""
+
+    def __init__(self, ids, mask, pos, p, first, inv, keep_from, root=True, pack=False):
         dev = ids.device
         B, L = ids.shape
         self.B, self.T, self.p, self.inv = B, L - p, p, inv
@@ -207,8 +216,12 @@ class _Layout:
                 hreal = hreal & (hpos >= c)
             parts_tok.append(ids[first, self.off:p].reshape(-1))
             parts_pos.append(hpos.reshape(-1))
-        parts_tok.append(ids[:, p:].reshape(-1))
-        parts_pos.append(pos[:, p:].reshape(-1))
+        tail_tok, tail_pos = ids[:, p:].reshape(-1), pos[:, p:].reshape(-1)
+        self.packed = real[:, p:].reshape(-1).nonzero().squeeze(1) if pack else None
+        if pack:
+            tail_tok, tail_pos = tail_tok[self.packed], tail_pos[self.packed]
+        parts_tok.append(tail_tok)
+        parts_pos.append(tail_pos)
         self.tok, self.pos = torch.cat(parts_tok), torch.cat(parts_pos)
         self.nr, self.nh = c, self.U * hp
         # boolean masks (True: may attend); a padding query sees itself, so that no row
@@ -243,9 +256,15 @@ class _Layout:
         # one split (its gradient one concatenation) rather than three slices (each
         # gradient a zero-filled copy of the whole tensor, then summed)
         r, h, rest = t.split([self.nr, self.nh, t.shape[0] - self.nr - self.nh])
+        if self.packed is not None:
+            rest = rest.new_zeros(self.B * self.T, heads, d).index_copy(0, self.packed, rest)
         return (r[None] if self.nr else None,
                 h.view(self.U, self.hp, heads, d) if self.U else None,
                 rest.view(self.B, self.T, heads, d))
+
+    def repack(self, rest: torch.Tensor) -> torch.Tensor:
+        """The rows' remaining part's outputs ``[B·T, ...]`` → the layout's tokens."""
+        return rest if self.packed is None else rest.index_select(0, self.packed)
 
     def attend_compiled(self, q, k, v, scale, H: int):
         """:meth:`attend` of the whole layout through the compiled attention
@@ -274,6 +293,7 @@ class _Layout:
         if any(o is None for o in outs):
             return None
         outs = [o.reshape(-1, H * hd) for o in outs]
+        outs[-1] = self.repack(outs[-1])
         return torch.cat(outs) if len(outs) > 1 else outs[0]
 
     def attend(self, q, k, v, scale, H: int, KV: int, with_rest: bool = True):
@@ -306,7 +326,7 @@ class _Layout:
                     vr.expand(self.B, -1, -1, -1), vh[self.inv], vt]
                 kt, vt = torch.cat(keys, 2), torch.cat(vals, 2)
             ot = sdpa(qt, kt, vt, self.tail_mask)
-            outs.append(ot.transpose(1, 2).reshape(self.B * self.T, H * hd))
+            outs.append(self.repack(ot.transpose(1, 2).reshape(self.B * self.T, H * hd)))
         out = torch.cat(outs) if len(outs) > 1 else outs[0]
         return out, (kr, vr, kh, vh)
 
@@ -319,7 +339,7 @@ def _expand_kv(t: torch.Tensor, rep: int) -> torch.Tensor:
     return t[:, :, None].expand(r, kv, rep, s, d).reshape(r, kv * rep, s, d)
 
 
-def _forward(model, ids, mask, prompt_len, low, min_prompts=0, logits_from=0):
+def _forward(model, ids, mask, prompt_len, low, min_prompts=0, logits_from=0, pack=False):
     from .positions import distinct_prompts, position_ids_from_mask
 
     model = unwrap(model)
@@ -335,7 +355,7 @@ def _forward(model, ids, mask, prompt_len, low, min_prompts=0, logits_from=0):
         first, inv = shared
         if first.shape[0] < min_prompts:
             first = torch.cat([first, first[:1].expand(min_prompts - first.shape[0])])
-    lay = _Layout(ids, mask, pos, p, first, inv, logits_from)
+    lay = _Layout(ids, mask, pos, p, first, inv, logits_from, pack=pack)
 
     H = cfg.num_attention_heads
     KV = getattr(cfg, "num_key_value_heads", None) or H
@@ -350,6 +370,10 @@ def _forward(model, ids, mask, prompt_len, low, min_prompts=0, logits_from=0):
 
     h = decoder_layers(body.embed_tokens(lay.tok), layer_weights(model, act), cos, sin,
                  (H, KV, hd), act, att, attend)
+    if pack:
+        from .packing import packed_head
+
+        return packed_head(model, h, lay, mask, logits_from, act)
     # the output head only where logits are wanted (positions logits_from .. L-1)
     k, D = logits_from, h.shape[-1]
     tail = output_head(model, h[lay.nr + lay.nh:].view(B, lay.T, D)[:, max(k - p, 0):], act)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .packing import packed_logprobs, wants_packing
 from .positions import distinct_prompts, position_ids_from_mask
 
 __all__ = [
@@ -266,7 +267,8 @@ def shift_to_tokens(per_position: torch.Tensor) -> torch.Tensor:
 def sequence_logprobs(model, input_ids, attention_mask, *, temperature: float = 1.0,
                       with_entropy: bool = False, with_hidden: bool = False,
                       prompt_len: int | None = None, min_prompts: int = 0,
-                      actions_from: int | None = None, entropy_grad: bool = True):
+                      actions_from: int | None = None, entropy_grad: bool = True,
+                      packing="off"):
     """Log-probs ``[B, L]`` of each token under ``model`` (token convention), from one
     forward pass with position ids counted over real tokens. Optionally the entropy
     ``[B, L]`` of the distribution each token was drawn from, and the last hidden states.
@@ -283,7 +285,11 @@ def sequence_logprobs(model, input_ids, attention_mask, *, temperature: float = 
     positions that predict them only, and the columns before hold 0. Over a vocabulary of
     tens of thousands the head is a large share of a position's cost, and a chat prompt
     is often longer than its completion. ``entropy_grad=False`` computes the entropy
-    without a gradient (a statistic to log, when it is not in the loss)."""
+    without a gradient (a statistic to log, when it is not in the loss).
+
+    ``packing`` (``"on"`` | ``"off"`` | ``"auto"``): compute the rows without their padding
+    where the fused forward runs (:mod:`ppokit.llm.modeling.packing`); a column whose token
+    follows padding then holds 0."""
     from .models import AdaptersOff, plain_model
 
     if isinstance(model, AdaptersOff):
@@ -292,9 +298,17 @@ def sequence_logprobs(model, input_ids, attention_mask, *, temperature: float = 
                                      temperature=temperature, with_entropy=with_entropy,
                                      with_hidden=with_hidden, prompt_len=prompt_len,
                                      min_prompts=min_prompts, actions_from=actions_from,
-                                     entropy_grad=entropy_grad)
+                                     entropy_grad=entropy_grad, packing=packing)
     L = input_ids.shape[1]
     k = 0 if not actions_from else min(max(int(actions_from) - 1, 0), L - 1)
+    if not with_hidden and wants_packing(packing, attention_mask, prompt_len):
+        from .fused import fused_logits
+
+        packed = fused_logits(model, input_ids, attention_mask, prompt_len, min_prompts, k,
+                              pack=True)
+        if packed is not None:
+            return packed_logprobs(packed, input_ids, temperature, with_entropy,
+                                   entropy_grad)
     logits, hidden = _logits_with_shared_prompts(model, input_ids, attention_mask,
                                                  prompt_len, with_hidden, min_prompts, k)
     logits = logits[:, :-1, :].float()  # positions k .. L-2 predict tokens k+1 .. L-1

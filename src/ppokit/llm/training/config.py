@@ -23,6 +23,7 @@ from ppokit.settings import parse_sets as parse_set_items
 
 from ..engines.settings import EngineSettings
 from ..inputs.task import TASKS, make_task
+from ..modeling.packing import PackingSettings
 from .guards import check_rollout_memory, reward_weights
 from .presets import (  # noqa: F401 (re-exported)
     ALGOS,
@@ -51,9 +52,10 @@ AGENT_TURN_TOKENS = {"builtin": 8, "pretrained": 128}  # an agent run's max_new_
 
 
 @dataclass(frozen=True)
-class LLMConfig(EngineSettings):
+class LLMConfig(EngineSettings, PackingSettings):
     """Token-level RLHF settings, with the names Stable-Baselines3 and the environment
-    trainer use for every shared quantity (the rollout engine's: :class:`EngineSettings`).
+    trainer use for every shared quantity (sections: :class:`EngineSettings`,
+    :class:`PackingSettings`).
     ``None``: the preset's value; ``metadata["help"]``: a field's documentation (--help)."""
 
     algo: str | None = setting(None, "algorithm preset: ppo | grpo | dr-grpo | rloo | "

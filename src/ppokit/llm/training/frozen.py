@@ -34,10 +34,10 @@ def _frozen_pass(tr, roll: TokenRollout):
         old = sequence_logprobs(tr.policy, roll.input_ids, roll.attention_mask,
                                 temperature=t, with_hidden=tr.shared_critic,
                                 prompt_len=tr.shared_prompt_len(roll),
-                                actions_from=roll.prompt_len)
+                                actions_from=roll.prompt_len, packing=tr.cfg.packing)
     ref = sequence_logprobs(tr.reference, roll.input_ids, roll.attention_mask,
                             temperature=t, prompt_len=tr.shared_prompt_len(roll),
-                            actions_from=roll.prompt_len)["logp"]
+                            actions_from=roll.prompt_len, packing=tr.cfg.packing)["logp"]
     values_after = None
     if tr.critic is not None:
         values_after = tr.critic(roll.input_ids, roll.attention_mask, roll.position_ids,
@@ -62,7 +62,7 @@ def probe_logprobs(tr, roll: TokenRollout):
         logp = sequence_logprobs(tr.policy, sub.input_ids, sub.attention_mask,
                                  temperature=tr.cfg.temperature,
                                  prompt_len=tr.shared_prompt_len(sub),
-                                 actions_from=sub.prompt_len)["logp"]
+                                 actions_from=sub.prompt_len, packing=tr.cfg.packing)["logp"]
     return rows, sub, logp
 
 def score_with_length(tr, rows: list[dict], roll: TokenRollout):

@@ -297,7 +297,7 @@ class TokenTrainer(RunLifecycle):
                                     prompt_len=self.shared_prompt_len(sub),
                                     min_prompts=min(n_prompts, len(rows["row"])),
                                     actions_from=sub.prompt_len,
-                                    entropy_grad=self.cfg.ent_coef > 0)
+                                    entropy_grad=self.cfg.ent_coef > 0, packing=self.cfg.packing)
             v = None
             if self.critic is not None:
                 v_after = self.critic(sub.input_ids, sub.attention_mask, sub.position_ids,
