@@ -174,7 +174,8 @@ class Trainer(RunLifecycle):
             self.env = remote.env
         else:
             self.env = training_vec(self.env_maker, c.n_envs, vectorization=c.vectorization,
-                                    autoreset=c.autoreset_mode, env_kwargs=c.env_kwargs)
+                                    autoreset=c.autoreset_mode, env_kwargs=c.env_kwargs,
+                                    agent_id=c.agent_id)
         obs_space = self.env.single_observation_space
         # the memory bound again, now with the real observation and action sizes
         check_memory(c, int(np.prod(obs_space.shape or (1,))),
