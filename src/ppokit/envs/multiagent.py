@@ -280,6 +280,9 @@ def pettingzoo_factory(env_id: str, env_kwargs: dict | None = None) -> ParallelE
         raise UsageError(f"env: cannot load {env_id!r} ({'; '.join(errors)})")
     kwargs = dict(env_kwargs or {})
     build = getattr(module, "parallel_env", None)
+    if not callable(build) and not callable(getattr(module, "env", None)):
+        raise UsageError(f"env: {env_id!r} is not a PettingZoo environment module (it has "
+                         "no parallel_env() or env())")
 
     def make():
         try:
