@@ -300,14 +300,16 @@ def pettingzoo_factory(env_id: str, env_kwargs: dict | None = None) -> ParallelE
 def _plain(v, depth: int = 0):
     """``v`` as JSON-able data, or raise ``TypeError`` (numpy arrays, scalars, strings,
     lists and tables of them, a numpy generator)."""
-    from .vec import _enc
-
     if depth > 8:
         raise TypeError("too deep")
     if isinstance(v, (bool, int, float, str, type(None))):
         return v
-    if isinstance(v, (np.ndarray, np.generic, np.random.Generator)):
-        return _enc(v)
+    if isinstance(v, np.ndarray) and v.dtype != object:
+        return {"__nd__": str(v.dtype), "shape": list(v.shape), "data": v.ravel().tolist()}
+    if isinstance(v, np.generic) and not isinstance(v, np.object_):
+        return {"__np__": str(v.dtype), "v": v.item()}
+    if isinstance(v, np.random.Generator):
+        return {"__rng__": v.bit_generator.state}
     if isinstance(v, (list, tuple)):
         return {"__list__": [_plain(x, depth + 1) for x in v]}
     if isinstance(v, dict) and all(isinstance(k, str) for k in v):
@@ -316,17 +318,19 @@ def _plain(v, depth: int = 0):
 
 
 def _unplain(v):
-    from .vec import _dec
-
-    if isinstance(v, dict) and "__list__" in v:
+    if not isinstance(v, dict):
+        return v
+    if "__list__" in v:
         return [_unplain(x) for x in v["__list__"]]
-    if isinstance(v, dict) and "__dict__" in v:
+    if "__dict__" in v:
         return {k: _unplain(x) for k, x in v["__dict__"].items()}
-    if isinstance(v, dict) and "__rng__" in v:
+    if "__rng__" in v:
         g = np.random.default_rng()
         g.bit_generator.state = v["__rng__"]
         return g
-    return _dec(v)
+    if "__nd__" in v:
+        return np.asarray(v["data"], dtype=v["__nd__"]).reshape(v["shape"])
+    return np.dtype(v["__np__"]).type(v["v"])
 
 
 def _static(v) -> bool:
