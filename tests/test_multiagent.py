@@ -137,3 +137,50 @@ def test_cli_bad_pettingzoo_id_exits_2_in_one_line(tmp_path):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "pettingzoo:classic/no_such_game_v0" in lines[0], out.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_docs_multiagent_example_runs_and_learns(tmp_path, monkeypatch):
+    from test_porting_docs import run_page
+
+    ns = run_page("multiagent.md", tmp_path, monkeypatch)
+    assert ns["result"]["returns"] == [2.0, 6.0, 2.0, 6.0]  # the most each agent can get
+    recs = read_metrics(tmp_path / "match_run")
+    assert recs[0]["episode_return_mean"] < 2.5 < 3.5 < recs[-1]["episode_return_mean"]
+
+
+def _random_returns(env_id: str, rows: int, episodes: int, seed: int) -> list[float]:
+    """Per-agent returns of uniformly random actions (MPE: episodes of max_cycles steps,
+    then the reset step)."""
+    env = make_vec(env_id, rows)
+    rng = np.random.default_rng(seed)
+    env.reset(seed=seed)
+    n = env.single_action_space.n
+    out = []
+    while len(out) < episodes:
+        total, done = np.zeros(rows), np.zeros(rows, bool)
+        while not done.all():
+            _, r, te, tr, _ = env.step(rng.integers(0, n, rows))
+            total += np.where(done, 0.0, r)
+            done |= te | tr
+        out.extend(total.tolist())
+        env.step(rng.integers(0, n, rows))  # the reset step
+    env.close()
+    return out
+
+
+@pytest.mark.slow
+def test_simple_spread_shared_policy_beats_random_clearly(tmp_path):
+    """MPE's cooperative simple_spread (3 agents, one shared policy with the agent index):
+    200k agent steps (about 30 s) lift the mean per-agent return well above a random
+    policy's (measured: random -26.8 ± 7.8 over 120 episodes, trained -19.5)."""
+    env_id = "pettingzoo:mpe/simple_spread_v3"
+    try:
+        make_vec(env_id, 3).close()
+    except UsageError as exc:
+        pytest.skip(f"MPE is not installed ({exc})")
+    rand = _random_returns(env_id, 30, 120, seed=0)
+    agent = ppokit.train(env_id, total_steps=200_000, n_envs=24, n_steps=104,
+                         batch_size=624, learning_rate=1e-3, ent_coef=0.01, agent_id=True,
+                         seed=0, run_dir=tmp_path / "run", tensorboard=False)
+    trained = agent.evaluate(episodes=60)["returns"]
+    assert np.mean(trained) > np.mean(rand) + 4.0, (np.mean(trained), np.mean(rand))
