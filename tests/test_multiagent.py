@@ -128,6 +128,15 @@ def test_bad_multiagent_input_is_a_usage_error():
         make_vec("pettingzoo:utils/env", 2)  # a module of PettingZoo's, not an environment
 
 
+def test_check_env_refuses_a_multiagent_id_in_one_line(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "ppokit", "check", "--env",
+                          "pettingzoo:mpe/simple_spread_v3"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "is a multi-agent environment" in lines[0], out.stderr
+
+
 def test_cli_bad_pettingzoo_id_exits_2_in_one_line(tmp_path):
     out = subprocess.run([sys.executable, "-m", "ppokit", "train", "--env",
                           "pettingzoo:classic/no_such_game_v0", "--run-dir",

@@ -374,7 +374,10 @@ def probe_factory(factory: Callable[[], Any], label: str) -> Any:
         return factory
     from pettingzoo.utils.env import AECEnv, ParallelEnv
 
-    env = factory()
+    try:
+        env = factory()
+    except Exception:  # noqa: BLE001 - said where the environments are built (checked)
+        return factory
     if isinstance(env, (ParallelEnv, AECEnv)):
         return ParallelEnvs(factory, label, first=env)
     return _First(factory, env)

@@ -41,6 +41,10 @@ _MODE_NAMES = {AutoresetMode.SAME_STEP: "same_step", AutoresetMode.NEXT_STEP: "n
 def check_env_id(env_id: str) -> gym.envs.registration.EnvSpec:
     """The registered spec of ``env_id``, or a :class:`UsageError` naming the problem. The
     module part of a ``module:Id`` is never imported here (see :mod:`ppokit.envs.source`)."""
+    if is_pettingzoo_id(env_id):
+        raise UsageError(f"env: {env_id!r} is a multi-agent environment, which ppokit train, "
+                         "ppokit eval and ppokit.train run (docs/multiagent.md); this takes a "
+                         "single-agent Gymnasium environment")
     bare = gym_id(env_id)
     try:
         return gym.spec(bare)
