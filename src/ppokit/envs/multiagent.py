@@ -39,7 +39,8 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from ppokit.errors import UsageError, UserCodeError
 
 __all__ = ["AgentRows", "ParallelEnvs", "IDLE_KEY", "AGENT_ID_KEY", "parallel_of",
-           "is_pettingzoo_id", "pettingzoo_factory"]
+           "is_pettingzoo_id", "pettingzoo_factory", "agent_metrics", "agents_of",
+           "probe_factory", "rows_state", "load_rows_state"]
 
 IDLE_KEY = "ppokit_idle"
 AGENT_ID_KEY = "agent_id"
@@ -107,6 +108,8 @@ class AgentRows(VectorEnv):
         self.over = np.zeros(copies, bool)  # every agent done: the next step resets
         self._obs: list[list[Any]] = [[None] * k for _ in range(copies)]
         self._masks: np.ndarray | None = None  # [copies, k, W] from infos, when given
+        self.returns = np.zeros(self.num_envs)  # each row's running episode return
+        self.finished: list[tuple[int, float]] = []  # (agent index, return), not yet read
 
     def _with_id_space(self, sp):
         if isinstance(sp, spaces.Box) and len(sp.shape) == 1:
@@ -174,6 +177,8 @@ class AgentRows(VectorEnv):
     # ------------------------------------------------------------------ API
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         idle = np.zeros(self.num_envs, bool)
+        self.returns[:] = 0.0
+        self.finished = []
         for c, env in enumerate(self.envs):
             obs, infos = env.reset(seed=None if seed is None else seed + c, options=options)
             self.live[c] = [a in env.agents for a in self.agents]
@@ -204,6 +209,10 @@ class AgentRows(VectorEnv):
                 te[row] = bool(t1.get(a, False))
                 tr[row] = bool(t2.get(a, False)) or (not te[row] and a not in env.agents)
                 self.live[c, i] = not (te[row] or tr[row])
+                self.returns[row] += rew[row]
+                if not self.live[c, i]:
+                    self.finished.append((i, float(self.returns[row])))
+                    self.returns[row] = 0.0
             self.over[c] = not self.live[c].any()
             self._take(c, obs, infos or {}, idle, ~was)
         obs, info = self._batch(idle)
@@ -348,7 +357,8 @@ def rows_state(env: AgentRows) -> dict | None:
         subs = [{k: _plain(v) for k, v in vars(e).items() if not _static(v)}
                 for e in env.envs]
         return {"kind": "agents", "live": _plain(env.live), "over": _plain(env.over),
-                "obs": _plain(env._obs), "masks": _plain(env._masks), "envs": subs}
+                "obs": _plain(env._obs), "masks": _plain(env._masks), "envs": subs,
+                "returns": _plain(env.returns), "finished": _plain(env.finished)}
     except TypeError:
         return None
 
@@ -358,6 +368,8 @@ def load_rows_state(env: AgentRows, state: dict) -> None:
     env.over = _unplain(state["over"])
     env._obs = _unplain(state["obs"])
     env._masks = _unplain(state["masks"])
+    env.returns = _unplain(state["returns"])
+    env.finished = [(int(i), float(r)) for i, r in _unplain(state["finished"])]
     for e, s in zip(env.envs, state["envs"], strict=True):
         for k, v in s.items():
             setattr(e, k, _unplain(v))
@@ -405,3 +417,24 @@ def agents_of(maker: Any, env_kwargs: dict | None = None) -> int:
     if is_pettingzoo_id(maker):
         return pettingzoo_factory(maker, env_kwargs).agents()
     return 1
+
+
+MAX_AGENT_METRICS = 32  # agents of an environment with more get no metric each
+
+
+def agent_metrics(env: Any) -> dict[str, float | None]:
+    """``agent_return/NAME``: each agent's mean return over the episodes it finished since
+    the last call (``None`` when it finished none), for a vector env of agent rows with at
+    most :data:`MAX_AGENT_METRICS` agents; ``{}`` for any other env."""
+    import re
+
+    base = getattr(env, "unwrapped", env)
+    if not isinstance(base, AgentRows) or base.k > MAX_AGENT_METRICS:
+        return {}
+    fin, base.finished = base.finished, []
+    out: dict[str, float | None] = {}
+    for i, name in enumerate(base.agents):
+        rets = [r for j, r in fin if j == i]
+        key = "agent_return/" + re.sub(r"[^A-Za-z0-9_.-]", "_", str(name))[:60]
+        out[key] = float(np.mean(rets)) if rets else None
+    return out
