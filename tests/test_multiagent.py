@@ -112,6 +112,27 @@ def test_short_training_run_learns_with_one_shared_policy(tmp_path):
     assert res["returns"] == [4.0, 11.0, 4.0]  # rows a, b of copy 0, then a of copy 1
 
 
+def test_aec_env_goes_through_pettingzoos_conversion():
+    from pettingzoo.utils.conversions import parallel_to_aec
+
+    env = make_vec(ParallelEnvs(lambda: parallel_to_aec(Pair()), "aec"), 2)
+    env.reset(seed=0)
+    assert isinstance(env.unwrapped.envs[0], Pair)  # aec_to_parallel gave the env back
+    _, r, te, _, _ = env.step(np.array([1, 0]))
+    np.testing.assert_array_equal(r, [1, 1])
+    _, r, te, _, _ = env.step(np.array([0, 0]))
+    np.testing.assert_array_equal(r, [0, 10])
+    np.testing.assert_array_equal(te, [False, True])
+
+
+def test_recurrent_policy_learns_on_agent_rows(tmp_path):
+    """A recurrent policy (its state reset where an agent waits idle) learns on agent rows."""
+    ppokit.train(make_pair, total_steps=4096, n_envs=4, n_steps=64, seed=1,
+                 recurrent="lstm", run_dir=tmp_path / "run", tensorboard=False)
+    recs = read_metrics(tmp_path / "run")
+    assert recs[0]["episode_return_mean"] + 1.5 < recs[-1]["episode_return_mean"]
+
+
 def test_bad_multiagent_input_is_a_usage_error():
     with pytest.raises(UsageError, match="n_envs: 3 rows.*2 agents"):
         make_vec(ParallelEnvs(make_pair, "pair"), 3)
