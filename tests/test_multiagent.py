@@ -185,6 +185,29 @@ def test_docs_multiagent_example_runs_and_learns(tmp_path, monkeypatch):
     assert recs[0]["episode_return_mean"] < 2.5 < 3.5 < recs[-1]["episode_return_mean"]
 
 
+def _mpe_or_skip(env_id: str) -> None:
+    try:
+        make_vec(env_id, 3).close()
+    except UsageError as exc:
+        pytest.skip(f"MPE is not installed ({exc})")
+
+
+def test_check_and_eval_of_a_pettingzoo_run(tmp_path):
+    """``ppokit check RUN`` and ``ppokit eval RUN`` of a run on a ``pettingzoo:`` id (rows
+    in copies x agents, the run's agent index): every check passes."""
+    env_id = "pettingzoo:mpe/simple_spread_v3"
+    _mpe_or_skip(env_id)
+    run = tmp_path / "run"
+    ppokit.train(env_id, total_steps=600, n_envs=6, n_steps=100, agent_id=True,
+                 run_dir=run, tensorboard=False, eval_episodes=1)
+    out = subprocess.run([sys.executable, "-m", "ppokit", "check", str(run)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "all checks passed" in out.stdout, out.stdout + out.stderr
+    out = subprocess.run([sys.executable, "-m", "ppokit", "eval", str(run), "--episodes",
+                          "4"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "over 4 deterministic episodes" in out.stdout + out.stderr
+
+
 def _random_returns(env_id: str, rows: int, episodes: int, seed: int) -> list[float]:
     """Per-agent returns of uniformly random actions (MPE: episodes of max_cycles steps,
     then the reset step)."""
@@ -211,10 +234,7 @@ def test_simple_spread_shared_policy_beats_random_clearly(tmp_path):
     200k agent steps (about 30 s) lift the mean per-agent return well above a random
     policy's (measured: random -26.8 ± 7.8 over 120 episodes, trained -19.5)."""
     env_id = "pettingzoo:mpe/simple_spread_v3"
-    try:
-        make_vec(env_id, 3).close()
-    except UsageError as exc:
-        pytest.skip(f"MPE is not installed ({exc})")
+    _mpe_or_skip(env_id)
     rand = _random_returns(env_id, 30, 120, seed=0)
     agent = ppokit.train(env_id, total_steps=200_000, n_envs=24, n_steps=104,
                          batch_size=624, learning_rate=1e-3, ent_coef=0.01, agent_id=True,
