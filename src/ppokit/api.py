@@ -63,7 +63,9 @@ def _env_arg(env: Any) -> tuple[Any, str, str]:
     if callable(env):
         name = getattr(env, "__qualname__", None) or type(env).__name__
         label = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._-")[:100] or "factory"
-        return env, label, "factory"
+        from ppokit.envs.multiagent import probe_factory
+
+        return probe_factory(env, label), label, "factory"
     raise UsageError(f"env: expected a Gymnasium id or a factory () -> gymnasium.Env, got "
                      f"{type(env).__name__}")
 

@@ -80,6 +80,8 @@ class TrainConfig:
     env_source: str = setting("id", "id (env_id is a Gymnasium id) or factory (trained from "
                               "Python on a factory; env_id is only its label)",
                               choices=("id", "factory"))
+    agent_id: bool = setting(False, "multi-agent environments: append a one-hot agent index "
+                             "to each agent's observation (docs/multiagent.md)")
     algo: str = setting("ppo", "algorithm preset the values came from (ppo, a2c, reinforce, "
                         "ppo-kl)",
                         choices=("ppo", "a2c", "reinforce", "ppo-kl"))

@@ -9,6 +9,7 @@ import torch
 
 from ppokit.envs import ObsNormalizer, make_vec
 from ppokit.envs.checked import label_of
+from ppokit.envs.multiagent import agents_of
 from ppokit.errors import UsageError, UserCodeError
 
 from .acting import Memory, new_memory, policy_actions  # noqa: F401 (re-exported)
@@ -58,11 +59,13 @@ def evaluate_policy(policy, cfg: TrainConfig, *, episodes: int = 10, seed: int =
     mode = "async" if cfg.vectorization == "async" else "sync"
     gen = torch.Generator().manual_seed(seed)
     returns: list[float] = []
+    k = agents_of(maker, cfg.env_kwargs)  # a multi-agent env: k rows (agents) per copy
     while len(returns) < episodes:
         n = min(batch, episodes - len(returns))
+        n = -(-n // k) * k  # (an agent's episode each row; the first ones are kept)
         # training=False: an Atari game is played whole, rewards unclipped (its score)
         env = make_vec(maker, n, vectorization=mode, autoreset="auto",
-                       env_kwargs=cfg.env_kwargs, training=False)
+                       env_kwargs=cfg.env_kwargs, training=False, agent_id=cfg.agent_id)
         if spaces is not None:
             _check_fits(env, spaces, maker)
         space = env.single_action_space
@@ -89,9 +92,10 @@ def evaluate_policy(policy, cfg: TrainConfig, *, episodes: int = 10, seed: int =
                         f"{MAX_EPISODE_STEPS} steps; expected episodes that end (a time "
                         "limit: gymnasium.wrappers.TimeLimit or max_episode_steps)")
         env.close()
-        returns.extend(total.tolist())
+        keep = min(n, episodes - len(returns))
+        returns.extend(total[:keep].tolist())
         if lengths is not None:
-            lengths.extend(int(x) for x in length)
+            lengths.extend(int(x) for x in length[:keep])
     return returns
 
 

@@ -68,6 +68,7 @@ from ppokit.envs import (
     ObsNormalizer,
     RewardScaler,
 )
+from ppokit.envs.multiagent import agent_metrics
 from ppokit.envs.source import id_factory
 from ppokit.envs.vec import training_vec
 from ppokit.errors import UsageError
@@ -174,7 +175,8 @@ class Trainer(RunLifecycle):
             self.env = remote.env
         else:
             self.env = training_vec(self.env_maker, c.n_envs, vectorization=c.vectorization,
-                                    autoreset=c.autoreset_mode, env_kwargs=c.env_kwargs)
+                                    autoreset=c.autoreset_mode, env_kwargs=c.env_kwargs,
+                                    agent_id=c.agent_id)
         obs_space = self.env.single_observation_space
         # the memory bound again, now with the real observation and action sizes
         check_memory(c, int(np.prod(obs_space.shape or (1,))),
@@ -418,6 +420,7 @@ class Trainer(RunLifecycle):
             "early_stop_minibatch": upd["early_stop_minibatch"],
             "n_updates": upd["n_updates"],
         }
+        rec.update(agent_metrics(self.env))  # a multi-agent env: each agent's return
         if c.eval_every:
             rec.update(self._evaluate_during_training())
         # callbacks see the record before it is written, so that the scalars they log

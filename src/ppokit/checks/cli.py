@@ -111,7 +111,8 @@ def _env_report(args):
         env_id, target, base, transform = cfg.env_id, f"default policy ({cfg.env_id})", \
             None, None
     batch = collect_batch(policy, env_id, n=args.samples, seed=args.seed,
-                          obs_transform=transform, env_kwargs=cfg.env_kwargs)
+                          obs_transform=transform, env_kwargs=cfg.env_kwargs,
+                          agent_id=cfg.agent_id)
     extra = []
     if not args.no_labels:
         extra.append(lambda: check_labels_frozen(policy, env=env_id, base_config=base,

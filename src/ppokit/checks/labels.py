@@ -203,13 +203,20 @@ def check_labels_frozen(policy=None, *, env: str = "CartPole-v1", trainer_cls=No
     two-epoch update; ``policy`` (copied) replaces the trainer's own when given."""
     from ppokit.algos import trainer as trainer_mod
     from ppokit.algos.config import config_from_dict, resolve_config
+    from ppokit.envs.multiagent import agents_of
 
     trainer_cls = trainer_cls or trainer_mod.Trainer
     name = "labels-frozen"
+    over = {**LABEL_CHECK_CONFIG, "seed": seed}
+    base = base_config or {}
+    k = agents_of(base.get("env_id", env), base.get("env_kwargs"))
+    if k > 1:  # a multi-agent environment: its rows come in copies x agents, and its
+        # idle rows are left out, so one minibatch holds whatever the rollout keeps
+        over.update(n_envs=k, total_timesteps=16 * k, batch_size=0)
     if base_config is not None:
-        cfg = config_from_dict({**base_config, **LABEL_CHECK_CONFIG, "seed": seed})
+        cfg = config_from_dict({**base_config, **over})
     else:
-        cfg = resolve_config(env_id=env, overrides={**LABEL_CHECK_CONFIG, "seed": seed})
+        cfg = resolve_config(env_id=env, overrides=over)
     with tempfile.TemporaryDirectory(prefix="ppokit-check-") as tmp:
         tr = trainer_cls(cfg, tmp, log=lambda _msg: None)
         try:

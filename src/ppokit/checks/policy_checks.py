@@ -64,16 +64,20 @@ class Batch:
 
 def collect_batch(policy, env_id: str = "CartPole-v1", n: int = 256, seed: int = 0,
                   num_envs: int = 8, obs_transform: Callable | None = None,
-                  env_kwargs: dict | None = None) -> Batch:
+                  env_kwargs: dict | None = None, agent_id: bool = False) -> Batch:
     """Step ``env_id`` (built with ``env_kwargs``) with ``policy.act`` (under inference mode,
     as a collector does) until ``n`` transitions are recorded. ``obs_transform`` maps raw
-    observations to what the policy sees (e.g. a trained run's observation normaliser)."""
+    observations to what the policy sees (e.g. a trained run's observation normaliser).
+    A multi-agent environment gives one row per agent (``agent_id``: the run's setting)."""
     from ppokit.envs import make_vec
+    from ppokit.envs.multiagent import agents_of
     from ppokit.policies.actions import env_actions
 
+    k = agents_of(env_id, env_kwargs)  # (rows come in copies x agents)
+    num_envs = -(-num_envs // k) * k
     # ppokit's own vector env: a module:Id only if the user named it (ppokit.envs.source),
     # an Atari game with its preprocessing (the observations the policy trains on)
-    env = make_vec(env_id, num_envs, env_kwargs=env_kwargs)
+    env = make_vec(env_id, num_envs, env_kwargs=env_kwargs, agent_id=agent_id)
     gen = torch.Generator().manual_seed(seed)
     try:
         raw, _ = env.reset(seed=seed)

@@ -25,6 +25,7 @@ __all__ = ["GivenVectorEnv", "InstanceEnvs", "split_env_id", "import_env_module"
            "env_for_run", "check_env_kwargs", "registered_id", "id_factory", "FACTORY"]
 
 FACTORY = "factory"  # TrainConfig.env_source of a run trained on a Python factory
+PETTINGZOO = "pettingzoo:"  # ids of PettingZoo's environments (ppokit.envs.multiagent)
 _IMPORTED: set[str] = set()  # modules the user named in this process
 
 
@@ -41,7 +42,7 @@ def import_env_module(env_id: str, where: str = "--env") -> str:
     directory importable (:func:`ppokit.plugins.import_user_module`), and allow
     :func:`gym_id` to use it. Returns ``env_id``."""
     mod, name = split_env_id(env_id)
-    if mod is None:
+    if mod is None or env_id.startswith(PETTINGZOO):  # (ppokit.envs.multiagent imports it)
         return env_id
     if not mod or not name or not all(p.isidentifier() for p in mod.split(".")):
         raise UsageError(f"{where}: expected module:Id with a Python module name, got "
@@ -86,6 +87,8 @@ def env_for_run(env_id: str, env_source: str, given: Any, where: str
                              "environment that builds the same environment (--env ID)")
         return import_env_module(given, where)  # the user's id wins over the label
     mod, _ = split_env_id(env_id)
+    if env_id.startswith(PETTINGZOO):
+        mod = None  # a PettingZoo environment: nothing of the user's to import
     if given is not None and given != env_id:
         raise UsageError(f"{where}: the run was trained on {env_id!r}, not {given!r}")
     if mod is not None:

@@ -26,6 +26,7 @@ from ppokit.errors import UsageError, extra_hint
 
 from . import atari, minatar
 from .checked import checked_factory, label_of
+from .multiagent import ParallelEnvs, is_pettingzoo_id, pettingzoo_factory
 from .source import gym_id, split_env_id
 
 __all__ = ["make_vec", "training_vec", "autoreset_mode_of", "env_state", "load_env_state",
@@ -40,6 +41,10 @@ _MODE_NAMES = {AutoresetMode.SAME_STEP: "same_step", AutoresetMode.NEXT_STEP: "n
 def check_env_id(env_id: str) -> gym.envs.registration.EnvSpec:
     """The registered spec of ``env_id``, or a :class:`UsageError` naming the problem. The
     module part of a ``module:Id`` is never imported here (see :mod:`ppokit.envs.source`)."""
+    if is_pettingzoo_id(env_id):
+        raise UsageError(f"env: {env_id!r} is a multi-agent environment, which ppokit train, "
+                         "ppokit eval and ppokit.train run (docs/multiagent.md); this takes a "
+                         "single-agent Gymnasium environment")
     bare = gym_id(env_id)
     try:
         return gym.spec(bare)
@@ -73,7 +78,8 @@ def autoreset_mode_of(env: VectorEnv) -> AutoresetMode:
 
 def make_vec(env_id: str | Callable[[], gym.Env], num_envs: int, *,
              vectorization: str = "auto", autoreset: str = "auto",
-             env_kwargs: dict | None = None, training: bool = True) -> VectorEnv:
+             env_kwargs: dict | None = None, training: bool = True,
+             agent_id: bool = False) -> VectorEnv:
     """A vector env of ``num_envs`` copies of ``env_id`` (see the module documentation):
     a registered id, a ``module:Id`` whose module the user named (:mod:`.source`), or a
     factory ``() -> gym.Env`` (sync or async vectorisation; ``env_kwargs`` do not apply).
@@ -81,13 +87,19 @@ def make_vec(env_id: str | Callable[[], gym.Env], num_envs: int, *,
     An Atari game (an ALE id) gets ppokit's preprocessing (:mod:`.atari`), sync or async,
     or EnvPool's equivalent in C++ (``envpool``, :mod:`.envpool_vec`); ``training=False``
     builds ppokit's stack for evaluation (whole games, unclipped rewards) whatever the
-    vectorisation. For every other environment ``training`` changes nothing."""
+    vectorisation. For every other environment ``training`` changes nothing.
+
+    A PettingZoo environment (a ``pettingzoo:`` id or a
+    :class:`ppokit.envs.multiagent.ParallelEnvs`) gives one row per agent
+    (:class:`ppokit.envs.multiagent.AgentRows`, ``agent_id``: its one-hot agent index)."""
     if vectorization not in VECTORIZATIONS:
         raise UsageError(f"vectorization: expected one of {', '.join(VECTORIZATIONS)}, "
                          f"got {vectorization!r}")
     if autoreset not in AUTORESET_MODES:
         raise UsageError(f"autoreset_mode: expected one of {', '.join(AUTORESET_MODES)}, "
                          f"got {autoreset!r}")
+    if is_pettingzoo_id(env_id) or isinstance(env_id, ParallelEnvs):
+        return _agent_rows(env_id, num_envs, vectorization, autoreset, env_kwargs, agent_id)
     if callable(env_id):  # a factory (a GivenVectorEnv builds single copies too)
         if vectorization == "envpool":
             raise UsageError("vectorization: envpool runs EnvPool's own environments, "
@@ -141,6 +153,25 @@ def make_vec(env_id: str | Callable[[], gym.Env], num_envs: int, *,
     except TypeError as exc:  # e.g. an env_kwargs name the environment does not take
         raise UsageError(f"env_kwargs: {env_id!r} does not accept them ({exc})") from None
     return flatten_dict_obs(env)
+
+
+def _agent_rows(env_id, num_envs: int, vectorization: str, autoreset: str,
+                env_kwargs: dict | None, agent_id: bool) -> VectorEnv:
+    """The agents of a PettingZoo environment as rows (:mod:`.multiagent`)."""
+    if vectorization not in ("auto", "sync"):
+        raise UsageError(f"vectorization: a multi-agent environment steps its copies in "
+                         f"this process (auto or sync), not {vectorization}")
+    if autoreset == "same_step":
+        raise UsageError("autoreset_mode: a multi-agent environment's rows run in next_step "
+                         "mode (auto or next_step)")
+    if isinstance(env_id, ParallelEnvs):
+        if env_kwargs:
+            raise UsageError("env_kwargs: apply to a pettingzoo: id; a factory takes its own "
+                             "arguments")
+        maker = env_id
+    else:
+        maker = pettingzoo_factory(env_id, env_kwargs)
+    return flatten_dict_obs(maker.vec(num_envs, agent_id=agent_id))
 
 
 class FlattenDictObs(gym.vector.VectorWrapper):
@@ -207,7 +238,8 @@ def flatten_dict_obs(env: VectorEnv) -> VectorEnv:
 
 
 def training_vec(maker, num_envs: int, *, vectorization: str = "auto",
-                 autoreset: str = "auto", env_kwargs: dict | None = None) -> VectorEnv:
+                 autoreset: str = "auto", env_kwargs: dict | None = None,
+                 agent_id: bool = False) -> VectorEnv:
     """The training envs of a run: the user's own VectorEnv as it is (a
     :class:`ppokit.envs.source.GivenVectorEnv`, checked against ``num_envs`` and
     ``autoreset``), else :func:`make_vec`."""
@@ -215,7 +247,7 @@ def training_vec(maker, num_envs: int, *, vectorization: str = "auto",
 
     if not isinstance(maker, GivenVectorEnv):
         return make_vec(maker, num_envs, vectorization=vectorization, autoreset=autoreset,
-                        env_kwargs=env_kwargs)
+                        env_kwargs=env_kwargs, agent_id=agent_id)
     vec = maker.vec
     if vec.num_envs != num_envs:
         raise UsageError(f"n_envs: {num_envs}, but the VectorEnv given has {vec.num_envs} "
@@ -378,6 +410,10 @@ def _is_classic(env) -> bool:
 
 def env_state(env: VectorEnv) -> dict | None:
     """A JSON-able snapshot of the envs' full state, or ``None`` when it cannot be taken."""
+    from .multiagent import AgentRows, rows_state
+
+    if isinstance(env.unwrapped, AgentRows):
+        return rows_state(env.unwrapped)
     if isinstance(env, SyncVectorEnv):
         subs = []
         for e in env.envs:
@@ -397,6 +433,11 @@ def env_state(env: VectorEnv) -> dict | None:
 
 
 def load_env_state(env: VectorEnv, state: dict) -> None:
+    if state["kind"] == "agents":
+        from .multiagent import load_rows_state
+
+        load_rows_state(env.unwrapped, state)
+        return
     if state["kind"] == "sync":
         env._autoreset_envs = _dec(state["autoreset_envs"])
         for e, s in zip(env.envs, state["envs"], strict=True):

@@ -64,7 +64,7 @@ from ppokit.policies.mlp import NumpySampler
 
 from .buffer import Rollout
 
-__all__ = ["Collector", "finished_games"]
+__all__ = ["Collector", "finished_games", "idle_rows"]
 
 
 def finished_games(info: dict | None, ended: np.ndarray) -> list[tuple[float, int]]:
@@ -80,6 +80,12 @@ def finished_games(info: dict | None, ended: np.ndarray) -> list[tuple[float, in
     mask = src.get("_game_score", np.ones(len(score), bool))
     return [(float(score[i]), int(length[i])) for i in np.flatnonzero(ended)
             if i < len(mask) and mask[i]]
+
+
+def idle_rows(info: dict | None) -> np.ndarray | None:
+    """The rows a step's ``info`` marks as ignored (:data:`ppokit.envs.multiagent.IDLE_KEY`),
+    ``None`` when it marks none."""
+    return None if not info else info.get("ppokit_idle")
 
 
 class Collector:
@@ -182,18 +188,21 @@ class Collector:
     # ------------------------------------------------------------------ collection
     @staticmethod
     def _two_masks(te: np.ndarray, tr: np.ndarray, r: np.ndarray, pending: np.ndarray,
-                   next_step: bool) -> tuple:
+                   next_step: bool, idle: np.ndarray | None = None) -> tuple:
         """One vector step's ``(terminated, episode_end, reward, valid, pending,
         real_end)``. ``SAME_STEP``: every step is valid and an episode ends where it says.
         ``NEXT_STEP``: the step after an episode's end is the reset's dummy step (``valid``
         false, reward 0, marked terminated and ended so nothing flows across it);
         ``pending`` carries "the next step is a dummy" and ``real_end`` marks the steps
-        where an episode really finished. ``valid`` is ``None`` in ``SAME_STEP``."""
+        where an episode really finished. ``idle``: rows whose step the env says it
+        ignored (``info["ppokit_idle"]``: an agent that finished while the others play
+        on, :mod:`ppokit.envs.multiagent`), dummy steps too. ``valid`` is ``None`` in
+        ``SAME_STEP``."""
         done = te | tr
         if not next_step:
             return te, done, r, None, pending, done
-        ok = ~pending
-        te, done = te | pending, done | pending
+        ok = ~pending if idle is None else ~(pending | idle)
+        te, done = te | ~ok, done | ~ok
         pending = done & ok
         return te, done, np.where(ok, r, 0.0), ok, pending, pending
 
@@ -267,8 +276,8 @@ class Collector:
                     if self.use_critic:
                         val_buf[t] = value.numpy()
                 raw, r, te, tr, info = self.env.step(self.to_env(act_buf[t]))
-                te, done, r, ok, pending, real_end = self._two_masks(te, tr, r, pending,
-                                                                     next_step)
+                te, done, r, ok, pending, real_end = self._two_masks(
+                    te, tr, r, pending, next_step, idle_rows(info))
                 if masked:  # (a step whose action the env ignores may allow nothing)
                     self.masks = self.mask_source.read(raw, info, dummy=pending)
                 if ok is not None:

@@ -45,7 +45,7 @@ from gymnasium.vector import AutoresetMode
 from ppokit.engine.update import Forward
 
 from .buffer import Rollout
-from .collector import Collector
+from .collector import Collector, idle_rows
 
 Tensor = torch.Tensor
 
@@ -163,10 +163,14 @@ class RecurrentCollector(Collector):
                 act_buf[t] = a.reshape(act_buf.shape[1:])
                 raw, r, te, tr, info = self.env.step(self.to_env(act_buf[t]))
                 # NEXT_STEP: the dummy step returned the reset observation, so the new
-                # episode's state starts where the old ``pending`` was set
+                # episode's state starts where the old ``pending`` was set (or after an
+                # idle step: an agent waiting for its environment's reset)
                 was_pending = pending
+                idle = idle_rows(info)
                 te, done, r, ok, pending, real_end = self._two_masks(te, tr, r, pending,
-                                                                     next_step)
+                                                                     next_step, idle)
+                if idle is not None:
+                    was_pending = was_pending | idle
                 starts = was_pending if next_step else done
                 if ok is not None:
                     valid[t] = ok
