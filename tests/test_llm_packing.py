@@ -16,6 +16,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from _tiny_decoders import random_decoder
 from ppokit.llm.modeling import packing
 from ppokit.llm.modeling.models import build_char_tokenizer
 from ppokit.llm.modeling.rollout import encode_prompts, sequence_logprobs
@@ -32,21 +33,7 @@ def tok():
 
 
 def _model(tok, arch, kv_heads, bias, tied, seed):
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(seed)
-    common = dict(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=kv_heads, intermediate_size=48,
-                  max_position_embeddings=96, tie_word_embeddings=tied,
-                  pad_token_id=tok.pad_token_id)
-    if arch == "qwen2":
-        model = Qwen2ForCausalLM(Qwen2Config(**common))
-    else:
-        model = LlamaForCausalLM(LlamaConfig(attention_bias=bias, mlp_bias=bias, **common))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    return model
+    return random_decoder(tok, arch, kv_heads, bias, tied, seed, max_positions=96)
 
 
 def _batch(tok, groups, g, lengths, rng):

@@ -45,8 +45,11 @@ def _refuse_masks_on_ray(cfg, env, maker) -> None:
     else:
         from ppokit.envs.vec import training_vec
 
-        probe = training_vec(maker, 1, vectorization="sync", autoreset=cfg.autoreset_mode,
-                             env_kwargs=cfg.env_kwargs)
+        try:
+            probe = training_vec(maker, 1, vectorization="sync",
+                                 autoreset=cfg.autoreset_mode, env_kwargs=cfg.env_kwargs)
+        except UsageError:  # (a module:Id this process was not asked to import: the
+            return          # actors import it; nothing here can look at its masks)
         try:
             src = find_mask_source(probe, probe.reset(seed=cfg.seed)[1], label_of(maker))
         finally:

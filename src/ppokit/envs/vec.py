@@ -412,8 +412,9 @@ def env_state(env: VectorEnv) -> dict | None:
     """A JSON-able snapshot of the envs' full state, or ``None`` when it cannot be taken."""
     from .multiagent import AgentRows, rows_state
 
-    if isinstance(env.unwrapped, AgentRows):
-        return rows_state(env.unwrapped)
+    base = getattr(env, "unwrapped", env)  # (Ray's stand-in env has no wrappers)
+    if isinstance(base, AgentRows):
+        return rows_state(base)
     if isinstance(env, SyncVectorEnv):
         subs = []
         for e in env.envs:
