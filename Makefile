@@ -5,7 +5,7 @@ TORCH_VERSION ?= 2.13.0
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-EXTRAS ?= dev,box2d,mujoco,atari,minatar,envpool,tb,llm,lora,gguf,reasoning,textworld,verifiers,video,wandb,ray,tune,trl
+EXTRAS ?= dev,box2d,mujoco,atari,minatar,envpool,tb,llm,lora,gguf,reasoning,textworld,verifiers,video,wandb,ray,tune,trl,pettingzoo,sb3
 
 .PHONY: setup train test test-slow lint bench bench-learning-quick smollm2 vllm clean
 
