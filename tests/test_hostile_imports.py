@@ -17,6 +17,7 @@ directory, nor anything already saved, changes.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -256,9 +257,18 @@ def test_u5_a_linked_tune_json_is_said_to_be_a_link(work, tmp_path, monkeypatch,
 # ------------------------------------------------------------------ other hostile files
 
 
-@pytest.mark.parametrize("keep, added", [(False, os.urandom(1000)),
-                                         (True, b'{"op_code": 99999, "worker_id": "x"}\n')],
-                         ids=["u8-random-bytes", "u8c-unknown-op-code"])
+_NOISE = random.Random(8).randbytes(1000)
+
+
+@pytest.mark.parametrize("keep, added", [
+    (False, _NOISE),
+    # no newline at all: Optuna reads such a file as an empty journal and appends to it
+    (False, _NOISE.replace(b"\n", b"x")),
+    (False, b'{"op_code": 4, "worker_id": "x"}\n'),  # a study never created
+    (True, b'{"op_code": 99999, "worker_id": "x"}\n'),
+    (True, b'not json\n')],
+    ids=["u8-random-bytes", "u8b-bytes-without-a-newline", "u8d-no-study", "u8c-unknown-op-code",
+         "u8e-a-line-not-json"])
 def test_u8_a_study_journal_optuna_cannot_replay(work, tmp_path, monkeypatch, capsys, keep,
                                                  added):
     monkeypatch.chdir(tmp_path)
@@ -399,3 +409,15 @@ def test_a_checkpoint_is_never_written_through_a_linked_directory(tmp_path):
         save_checkpoint(tmp_path / "best", 1, tensors={}, arrays={"a": np.zeros(2)},
                         state={"iteration": 1})
     assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def test_u8f_a_journal_line_cut_short_by_a_kill_is_dropped_before_the_next_append(tmp_path):
+    from ppokit.commands.tune_study import _check_journal
+
+    journal = tmp_path / "study.journal"
+    whole = b'{"op_code": 0, "worker_id": "a"}\n{"op_code": 4, "worker_id": "a"}\n'
+    journal.write_bytes(whole + b'{"op_code": 6, "work')
+    _check_journal(journal)
+    assert journal.read_bytes() == whole
+    _check_journal(journal)  # a whole journal is left as it is
+    assert journal.read_bytes() == whole

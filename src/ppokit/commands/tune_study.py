@@ -47,6 +47,8 @@ def journal_storage(path: Path):
     for stale in (f"{path}.lock",):
         if os.path.lexists(stale):
             os.unlink(stale)
+    if os.path.lexists(path) and os.path.getsize(path) > 0:
+        _check_journal(path)
     try:  # Optuna replays the whole journal here: whatever it cannot replay is said once
         return JournalStorage(JournalFileBackend(str(path)))
     except Exception as exc:  # noqa: BLE001 - bytes or operations ppokit did not write
@@ -54,6 +56,36 @@ def journal_storage(path: Path):
 
         raise UsageError(f"tuning dir: {path} is not a study journal ppokit wrote (Optuna "
                          f"cannot replay it: {raised(exc)[:160]})") from None
+
+
+def _check_journal(path: Path) -> None:
+    """Refuse, before Optuna reads or appends a byte, a journal ppokit did not write.
+
+    Optuna skips an unreadable last line (it takes it for a write cut short), so a file of
+    bytes with no complete line would replay as an empty journal and then be appended to.
+    Here every complete line must be a JSON object with an integer ``op_code``, the first
+    one creating the study; a last line cut short after such lines (a writer killed mid
+    line) is dropped, as Optuna would read it, so the next append starts on a line of its
+    own."""
+    bad = f"tuning dir: {path} is not a study journal ppokit wrote"
+    good_end = 0
+    with open(path, "rb") as f:
+        for number, line in enumerate(f):
+            if not line.endswith(b"\n"):
+                if number == 0:
+                    raise UsageError(f"{bad} (it holds no complete line)")
+                break
+            try:
+                op = json.loads(line.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError):
+                raise UsageError(f"{bad} (line {number + 1} is not JSON text)") from None
+            if not isinstance(op, dict) or type(op.get("op_code")) is not int:
+                raise UsageError(f"{bad} (line {number + 1} is not a journal operation)")
+            if number == 0 and op["op_code"] != 0:
+                raise UsageError(f"{bad} (its first line does not create a study)")
+            good_end += len(line)
+    if good_end < os.path.getsize(path):
+        os.truncate(path, good_end)
 
 
 class Coordinator:
