@@ -59,18 +59,19 @@ def _run(model, ids, mask, p, packing_value, shared):
                             temperature=0.7)
     act = torch.zeros_like(mask, dtype=torch.bool)
     act[:, p:] = mask[:, p:].bool()
-    w = torch.linspace(-1, 1, ids.shape[1])[None]
+    w = torch.linspace(-1, 1, ids.shape[1], device=ids.device)[None]
     loss = (out["logp"] * act * w).sum() + 0.1 * (out["entropy"] * act).sum()
     loss.backward()
     grads = {n: q.grad.clone() for n, q in model.named_parameters() if q.grad is not None}
     return out["logp"].detach(), out["entropy"].detach(), act, grads
 
 
-def _compare(tok, arch, groups, g, lengths, shared, seed, bf16):
+def _compare(tok, arch, groups, g, lengths, shared, seed, bf16, device="cpu"):
     rng = random.Random(seed)
-    model = _model(tok, *arch, seed)
+    model = _model(tok, *arch, seed).to(device)
     ids, mask, p = _batch(tok, groups, g, lengths, rng)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+    ids, mask = ids.to(device), mask.to(device)
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
         lp0, ent0, act, g0 = _run(model, ids, mask, p, "off", shared)
         lp1, ent1, _, g1 = _run(model, ids, mask, p, "on", shared)
     atol, rtol = (5e-2, 5e-2) if bf16 else (1e-5, 1e-4)
@@ -103,6 +104,15 @@ def test_packed_float32_equals_padded(tok, arch, groups, g, lengths, shared, see
        seed=st.integers(0, 2**16))
 def test_packed_bfloat16_equals_padded(tok, arch, groups, g, lengths, shared, seed):
     _compare(tok, arch, groups, g, lengths, shared, seed, bf16=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+@given(arch=archs, groups=st.lists(st.integers(0, 6), min_size=1, max_size=3),
+       g=st.integers(1, 3), lengths=lengths_st, shared=st.booleans(),
+       seed=st.integers(0, 2**16), bf16=st.booleans())
+def test_on_cuda_packed_equals_padded(tok, arch, groups, g, lengths, shared, seed, bf16):
+    _compare(tok, arch, groups, g, lengths, shared, seed, bf16, device="cuda")
 
 
 def test_packing_really_drops_the_padding(tok, monkeypatch):

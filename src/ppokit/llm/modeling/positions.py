@@ -24,6 +24,7 @@ def distinct_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
     uniq, inv = torch.unique(key, dim=0, return_inverse=True)
     if uniq.shape[0] == n:
         return None
-    first = torch.full((uniq.shape[0],), n, dtype=torch.long).scatter_reduce(
-        0, inv, torch.arange(n), "amin")
+    dev = prompt_ids.device
+    first = torch.full((uniq.shape[0],), n, dtype=torch.long, device=dev).scatter_reduce(
+        0, inv, torch.arange(n, device=dev), "amin")
     return first, inv
