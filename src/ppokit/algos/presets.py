@@ -32,6 +32,15 @@ ALGORITHMS: dict[str, dict[str, Any]] = {
 }
 
 # Tuned PPO values from the RL Baselines3 Zoo (hyperparams/ppo.yml).
+# CleanRL's MuJoCo values (ppo_continuous_action.py): one env of 2,048 steps, minibatches
+# of 64, 10 epochs, learning rate 3e-4, gamma 0.99, lambda 0.95, tanh 64x64, log-std 0,
+# both normalisers
+_CLEANRL_MUJOCO = dict(n_envs=1, total_timesteps=1_000_000, normalize_obs=True,
+                       normalize_reward=True, n_steps=2048, batch_size=64, n_epochs=10,
+                       learning_rate=3e-4, gamma=0.99, gae_lambda=0.95, clip_range=0.2,
+                       ent_coef=0.0, vf_coef=0.5, max_grad_norm=0.5, log_std_init=0.0,
+                       ortho_init=True, activation="tanh", net_arch=(64, 64))
+
 ENV_PRESETS: dict[str, dict[str, Any]] = {
     "CartPole-v1": dict(n_envs=8, total_timesteps=100_000, n_steps=32, batch_size=256,
                         gae_lambda=0.8, gamma=0.98, n_epochs=20, ent_coef=0.0,
@@ -74,11 +83,7 @@ ENV_PRESETS: dict[str, dict[str, Any]] = {
     # with the zoo's Hopper values every seed learned to stand still (about 1,000 at 1M
     # steps, ppokit's three seeds and SB3's seed 0 alike); CleanRL's MuJoCo values hop
     # (docs/benchmarks.md, "Hopper")
-    "Hopper-v5": dict(n_envs=1, total_timesteps=1_000_000, normalize_obs=True,
-                      normalize_reward=True, n_steps=2048, batch_size=64, n_epochs=10,
-                      learning_rate=3e-4, gamma=0.99, gae_lambda=0.95, clip_range=0.2,
-                      ent_coef=0.0, vf_coef=0.5, max_grad_norm=0.5, log_std_init=0.0,
-                      ortho_init=True, activation="tanh", net_arch=(64, 64)),
+    "Hopper-v5": dict(_CLEANRL_MUJOCO),
     "Walker2d-v5": dict(n_envs=1, total_timesteps=1_000_000, normalize_obs=True,
                         normalize_reward=True, batch_size=32, n_steps=512, gamma=0.99,
                         learning_rate=5.05041e-05, ent_coef=0.000585045, clip_range=0.1,
@@ -89,18 +94,13 @@ ENV_PRESETS: dict[str, dict[str, Any]] = {
     "Swimmer-v5": dict(n_envs=4, total_timesteps=1_000_000, normalize_obs=True,
                        normalize_reward=True, gamma=0.9999, n_steps=1024, batch_size=256,
                        learning_rate=6e-4, gae_lambda=0.98, n_epochs=10),
-    # (batch_size 64 over a rollout of 32 steps: one minibatch of 32 in SB3, as here)
-    "InvertedPendulum-v5": dict(n_envs=1, total_timesteps=1_000_000, normalize_obs=True,
-                                normalize_reward=True, batch_size=32, n_steps=32,
-                                gamma=0.999, learning_rate=0.000222425, ent_coef=1.37976e-07,
-                                clip_range=0.4, n_epochs=5, gae_lambda=0.9, max_grad_norm=0.3,
-                                vf_coef=0.19816),
-    # (batch_size 512 over a rollout of 128: one minibatch of 128 in SB3, as here)
-    "InvertedDoublePendulum-v5": dict(n_envs=1, total_timesteps=1_000_000, normalize_obs=True,
-                                      normalize_reward=True, batch_size=128, n_steps=128,
-                                      gamma=0.98, learning_rate=0.000155454,
-                                      ent_coef=1.05057e-06, clip_range=0.4, n_epochs=10,
-                                      gae_lambda=0.8, max_grad_norm=0.5, vf_coef=0.695929),
+    # InvertedPendulum and InvertedDoublePendulum: CleanRL's MuJoCo values too (the
+    # references on these rows are CleanRL's and Tianshou's). With the zoo's entries one
+    # of three InvertedPendulum seeds ended at 64, and InvertedDoublePendulum's three at
+    # 4,268, 4,008 and 6,097 against Tianshou's 9,231 (docs/benchmarks.md, "Inverted
+    # pendulums")
+    "InvertedPendulum-v5": dict(_CLEANRL_MUJOCO),
+    "InvertedDoublePendulum-v5": dict(_CLEANRL_MUJOCO),
     "Reacher-v5": dict(n_envs=1, total_timesteps=1_000_000, normalize_obs=True,
                        normalize_reward=True, batch_size=32, n_steps=512, gamma=0.9,
                        learning_rate=0.000104019, ent_coef=7.52585e-08, clip_range=0.3,
