@@ -56,6 +56,7 @@ from bench.learning import (
     _shown,
     _versions,
     eval_every,
+    installed,
     parse_seeds,
 )
 from bench.learning_tasks import Task, slug, task
@@ -350,7 +351,11 @@ def _todo(t: Task, seed: int, steps: int, results: Path, log) -> bool:
     path = result_path(t, seed, results)
     if not path.exists():
         return True
-    have = json.loads(path.read_text()).get("budget")
+    try:
+        have = json.loads(path.read_text()).get("budget")
+    except (OSError, ValueError, AttributeError):
+        log(f"{t.name} seed {seed}: {_shown(path)} is not a result file; trained again")
+        return True
     if have == steps:
         log(f"{t.name} seed {seed}: {_shown(path)} exists; skipped")
         return False
@@ -374,6 +379,9 @@ def choose(a) -> list[tuple[Task, int]]:
         if t.family != "minatar":
             raise UsageError(f"--tasks: {t.name} is covered by published PPO results; the "
                              "SB3 reference is run for MinAtar tasks only")
+        if not installed(t):
+            raise UsageError(f"--tasks: {t.name} needs the {t.extra} extra (pip install "
+                             f"'ppokit[{t.extra}]')")
         tasks.append(t)
     try:
         seeds = parse_seeds(a.seeds)
@@ -411,7 +419,7 @@ def cmd_sb3(a) -> int:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
     saved = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-    failed = 0
+    failed = finished = 0
     try:
         while (todo or running) and not stopping:
             while todo and len(running) < a.jobs:
@@ -424,11 +432,14 @@ def cmd_sb3(a) -> int:
             for p in [p for p in running if p.poll() is not None]:
                 running.remove(p)
                 failed += p.returncode != 0
+                finished += p.returncode == 0
         for p in running:
             p.wait()
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+    print(f"{finished} SB3 run(s) finished this time" + (f", {failed} failed" if failed else "")
+          + "; `python -m bench.learning table` reads the files at each task's budget")
     return 130 if stopping else (1 if failed else 0)
 
 

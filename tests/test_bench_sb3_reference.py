@@ -179,7 +179,10 @@ def test_table_reference_column_from_sb3_result_files(tmp_path, monkeypatch):
     assert SB3_SOURCE not in doc.read_text()
 
 
-def test_sb3_command_refuses_other_tasks_and_keeps_full_results(tmp_path, capsys):
+def test_sb3_command_refuses_other_tasks_and_keeps_full_results(tmp_path, capsys,
+                                                                  monkeypatch):
+    sb = pytest.importorskip("bench.learning_sb3")
+    monkeypatch.setattr(sb, "installed", lambda t: True)  # (whether minatar is here or not)
     assert L.main(["sb3", "--tasks", "cartpole"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "CartPole" in err and "MinAtar" in err
@@ -187,7 +190,9 @@ def test_sb3_command_refuses_other_tasks_and_keeps_full_results(tmp_path, capsys
     assert "--seeds" in capsys.readouterr().err
     assert L.main(["sb3", "--tasks", "minatar-nope"]) == 2
     assert "unknown task" in capsys.readouterr().err
-    sb = pytest.importorskip("bench.learning_sb3")
+    monkeypatch.setattr(sb, "installed", lambda t: False)
+    assert L.main(["sb3", "--tasks", "minatar-breakout"]) == 2
+    assert "minatar extra" in capsys.readouterr().err
     t = task("minatar-breakout")
     _result(tmp_path, t, 0, 6.0, t.steps)
     _result(tmp_path, t, 1, 2.0, 20_480)
