@@ -16,7 +16,8 @@ gains. The observations are what ppokit's CNN reads: MinAtar's boolean 10×10×C
 0.0 / 1.0 floats, channels last, no scaling.
 
 Evaluation is ppokit's own: the SB3 policy's weights are copied into ppokit's network for
-the same configuration (:func:`ppokit_twin`, the same function), which
+the same configuration (:func:`ppokit_twin`; the two compute the same log-probabilities
+and values, tests/test_bench_sb3_reference.py), which
 ``ppokit.algos.evaluate.evaluate_policy`` plays on the episode seeds of ``bench.learning``
 (``seed + EVAL_SEED + k`` for the final ``final_episodes`` episodes, the trainer's
 ``seed + EVAL_SEED_OFFSET + k`` for the ``curve_points`` evaluations during training),
