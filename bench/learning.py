@@ -7,6 +7,7 @@ results of the RL-zoo, CleanRL and Tianshou (``docs/benchmarks/references.json``
     python -m bench.learning run --family mujoco        # every task of a family
     python -m bench.learning table                      # docs/benchmarks.md's table + figure
     python -m bench.learning quick --jobs 2             # the regression net (exit 1 on a fall)
+    python -m bench.learning sb3 --tasks minatar-breakout --seeds 0-2   # SB3, same budget
 
 ``run`` is resumable: each (task, seed) trains in its own run directory under ``--out``
 (default ``runs/bench-learning``); a run stopped by a signal or a lost session continues
@@ -34,6 +35,7 @@ from bench.learning_tasks import QUICK, TASKS, Task, slug, task
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "benchmarks" / "results"
 REFERENCES = ROOT / "docs" / "benchmarks" / "references.json"
+RESULTS_SB3 = ROOT / "docs" / "benchmarks" / "results_sb3"  # bench/learning_sb3.py
 EVAL_SEED = 7_000_000  # final evaluations: episode seeds seed + this + k
 
 
@@ -49,12 +51,17 @@ def _iteration_steps(t: Task) -> int:
     return cfg.n_envs * cfg.n_steps
 
 
+def eval_every(t: Task, steps: int) -> int:
+    """Iterations between the evaluations during training (``curve_points`` of them over
+    a budget of ``steps``)."""
+    iters = max(1, steps // _iteration_steps(t))
+    return max(1, iters // t.curve_points)
+
+
 def train_command(t: Task, seed: int, run_dir: Path, steps: int) -> list[str]:
     """The ``ppokit train`` invocation of one run: the task's preset, its budget, the
     evaluation protocol; nothing else."""
-    per_iter = _iteration_steps(t)
-    iters = max(1, steps // per_iter)
-    every = max(1, iters // t.curve_points)
+    every = eval_every(t, steps)
     sets = {"eval_every": every, "eval_episodes": t.curve_episodes,
             "checkpoint_every": max(1, min(every, 50)), **t.sets}
     if t.stochastic_eval:  # (named only where it differs from the default, so that the
@@ -413,8 +420,17 @@ def cmd_table(a) -> int:
     from bench.learning_table import write_table
 
     write_table(Path(a.results), REFERENCES, ROOT / "docs" / "benchmarks.md",
-                ROOT / "docs" / "benchmarks" / "curves.png")
+                ROOT / "docs" / "benchmarks" / "curves.png", sb3_results=Path(a.sb3_results))
     return 0
+
+
+def cmd_sb3(a) -> int:
+    try:
+        from bench.learning_sb3 import cmd_sb3 as run_sb3
+    except ImportError as exc:
+        print(f"python -m bench.learning sb3: needs stable-baselines3 ({exc})", file=sys.stderr)
+        return 2
+    return run_sb3(a)
 
 
 def main(argv=None) -> int:
@@ -439,13 +455,24 @@ def main(argv=None) -> int:
                            help="remove --out first (the net trains the current code anew)")
             q.add_argument("--src", help="train the ppokit package of this source directory "
                                          "(another checkout's src/) instead of the installed one")
+    b = sub.add_parser("sb3", help="the equal-budget Stable-Baselines3 reference (MinAtar; "
+                                   "bench/learning_sb3.py)")
+    b.add_argument("--tasks", help="MinAtar task names or slugs, comma-separated")
+    b.add_argument("--seeds", default="0-2", help="seeds, e.g. 0-2 (default)")
+    b.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
+    b.add_argument("--steps", type=int, default=None,
+                   help="a reduced budget, for smoke tests only (recorded in the file; the "
+                        "table reads only files at the task's budget)")
+    b.add_argument("--results", default=str(RESULTS_SB3), help="where result files go")
     r = sub.add_parser("random", help="random-policy scores into docs/benchmarks/random.json")
     r.add_argument("--tasks")
     t = sub.add_parser("table", help="aggregate the result files into docs/benchmarks.md")
     t.add_argument("--results", default=str(RESULTS))
+    t.add_argument("--sb3-results", default=str(RESULTS_SB3),
+                   help="the SB3 reference's result files (python -m bench.learning sb3)")
     a = p.parse_args(argv)
     return {"list": cmd_list, "run": cmd_run, "quick": cmd_quick, "table": cmd_table,
-            "random": cmd_random}[a.cmd](a)
+            "random": cmd_random, "sb3": cmd_sb3}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ docs/benchmarks.md, and the quick net's verdicts.
 Per task: ppokit's final evaluations over seeds (mean and a 95 % Student-t interval of the
 mean), each reference with its n and budget, the ratio of means, whether ppokit is within
 or above the reference (its interval's upper end at least the reference's mean less the
-reference's published standard deviation), the steps and wall seconds at which the mean
+reference's published standard deviation; for the equal-budget SB3 runs, whose seeds
+give an interval of their own, its lower end), the steps and wall seconds at which the mean
 evaluation curve first reaches 90 % of the way from a random policy's score to the
 reference's, and wall seconds per million steps on this machine.
 """
@@ -54,6 +55,25 @@ def load_references(path: Path) -> tuple[dict, dict[str, list[dict]]]:
         if row.get("mean") is not None and "legacy" not in row["source"]:
             by_task.setdefault(row["task"], []).append(row)
     return data.get("sources", {}), by_task
+
+
+SB3_SOURCE = "SB3 run here (same budget, ppokit's preset values)"
+
+
+def sb3_reference(results: Path | None, t: Task) -> dict | None:
+    """The reference row of the equal-budget Stable-Baselines3 runs of ``t``
+    (``bench/learning_sb3.py``): the mean, standard deviation (ddof 1) and 95 % t-interval
+    of their seeds' final evaluations; files at another budget than the task's (reduced
+    smoke runs) are left out. None without such files."""
+    recs = [r for r in load_results(results, t) if r.get("budget") == t.steps] \
+        if results is not None else []
+    if not recs:
+        return None
+    finals = [r["final"]["mean"] for r in recs]
+    m, lo, hi = t_interval(finals)
+    return {"task": t.env_id, "source": SB3_SOURCE, "mean": m,
+            "std": statistics.stdev(finals) if len(finals) > 1 else None,
+            "n_seeds": len(finals), "budget_steps": t.steps, "low": lo, "high": hi}
 
 
 def closest_per_project(refs: list[dict], sources: dict, budget: int) -> list[dict]:
@@ -120,7 +140,10 @@ def task_row(t: Task, recs: list[dict], refs: list[dict], random_score: float | 
     out = {"task": t, "n": len(recs), "mean": m, "low": lo, "high": hi, "wall_per_m": per_m,
            "refs": [], "budget": recs[0]["budget"]}
     for ref in refs:
-        within = hi >= ref["mean"] - (ref.get("std") or 0.0)
+        # a reference with an interval over seeds (the SB3 runs): the two intervals meet;
+        # a published one: the mean less its published standard deviation
+        floor = ref["low"] if "low" in ref else ref["mean"] - (ref.get("std") or 0.0)
+        within = hi >= floor
         ratio = m / ref["mean"] if ref["mean"] > 0 and m >= 0 else None
         target = ref["mean"] if random_score is None else \
             random_score + 0.9 * (ref["mean"] - random_score)
@@ -153,7 +176,8 @@ def render(rows: list[dict], sources: dict, pending: list[Task]) -> str:
             src = sources.get(ref["source"], {}).get("project", ref["source"])
             std = f" ± {_fmt(ref['std'])}" if ref.get("std") is not None else ""
             n = ref.get("n_seeds") or "?"
-            ref_txt = f"{src}: {_fmt(ref['mean'])}{std} ({n}), {ref['budget_steps']:,}"
+            ci = f" [{_fmt(ref['low'])}, {_fmt(ref['high'])}]" if "low" in ref else ""
+            ref_txt = f"{src}: {_fmt(ref['mean'])}{std} ({n}){ci}, {ref['budget_steps']:,}"
             tt = ("not reached" if ref["t_steps"] is None
                   else f"{ref['t_steps']:,.0f} / {ref['t_secs']:,.0f}")
             ratio = "—" if ref["ratio"] is None else f"{ref['ratio']:.2f}"
@@ -171,7 +195,8 @@ def render(rows: list[dict], sources: dict, pending: list[Task]) -> str:
     return "\n".join(lines)
 
 
-def figure(rows: list[dict], results: Path, path: Path, randoms: dict | None = None) -> None:
+def figure(rows: list[dict], results: Path, path: Path, randoms: dict | None = None,
+           sb3_results: Path | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -190,8 +215,16 @@ def figure(rows: list[dict], results: Path, path: Path, randoms: dict | None = N
         ax.fill_between(grid, lo, hi, color="C0", alpha=0.25)
         if (randoms or {}).get(t.env_id) is not None and not t.sets:
             ax.axhline(randoms[t.env_id], color="grey", ls=":", lw=1, label="random")
+        sb3 = [x for x in load_results(sb3_results, t) if x.get("budget") == t.steps] \
+            if sb3_results is not None else []
+        if sb3:  # the SB3 runs' own curves (the reference's line is their final mean)
+            grid, m, lo, hi = mean_curve(sb3)
+            ax.plot(grid, m, color="C3", label=f"SB3 here ({len(sb3)} seeds)")
+            ax.fill_between(grid, lo, hi, color="C3", alpha=0.2)
         for i, ref in enumerate(r["refs"]):
-            ax.axhline(ref["mean"], color=f"C{i + 1}", ls="--", lw=1, label=ref["source"])
+            mine = ref["source"] == SB3_SOURCE
+            ax.axhline(ref["mean"], color="C3" if mine else f"C{i + 1}", ls="--", lw=1,
+                       label="SB3 here, final" if mine else ref["source"])
         ax.set_title(t.name, fontsize=9)
         ax.set_xlabel("environment steps", fontsize=8)
         ax.tick_params(labelsize=7)
@@ -203,7 +236,8 @@ def figure(rows: list[dict], results: Path, path: Path, randoms: dict | None = N
     plt.close(fig)
 
 
-def write_table(results: Path, references: Path, doc: Path, fig_path: Path) -> None:
+def write_table(results: Path, references: Path, doc: Path, fig_path: Path, *,
+                sb3_results: Path | None = None) -> None:
     sources, by_task = load_references(references)
     random_file = references.with_name("random.json")
     randoms = json.loads(random_file.read_text()) if random_file.exists() else {}
@@ -215,13 +249,15 @@ def write_table(results: Path, references: Path, doc: Path, fig_path: Path) -> N
             continue
         refs = [] if t.sets else closest_per_project(by_task.get(t.env_id, []), sources,
                                                      recs[0]["budget"])
-        rows.append(task_row(t, recs, refs, randoms.get(t.env_id)))
+        sb3 = sb3_reference(sb3_results, t)
+        rows.append(task_row(t, recs, refs + [sb3] * (sb3 is not None),
+                             randoms.get(t.env_id)))
     text = render(rows, sources, pending)
     body = doc.read_text() if doc.exists() else f"{BEGIN}\n{END}\n"
     start, stop = body.index(BEGIN) + len(BEGIN), body.index(END)
     doc.write_text(body[:start] + "\n" + text + "\n" + body[stop:])
     if rows:
-        figure(rows, results, fig_path, randoms)
+        figure(rows, results, fig_path, randoms, sb3_results)
     print(text)
 
 
