@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ppokit.envs import make_vec
+from ppokit.envs.vec import _make_vec_factory
 from ppokit.errors import UsageError
 
 from .games import RULES, SelfPlayEnv, game_factory, game_name
@@ -82,8 +82,8 @@ class SelfPlay:
         def make():
             return SelfPlayEnv(self.make_game(), self.pool, label=c.env_id)
 
-        make.__qualname__ = c.env_id
-        return make_vec(make, c.n_envs, vectorization="sync", autoreset=c.autoreset_mode)
+        # (ppokit's own env: built without the per-call checks of a user's factory)
+        return _make_vec_factory(make, c.n_envs, "sync", c.autoreset_mode)
 
     def _player_of_file(self, iteration: int) -> PolicyPlayer:
         weights, _ = read_snapshot(self.run_dir, iteration, "--resume")

@@ -98,13 +98,17 @@ def game_factory(env_id: str, env_kwargs: dict | None = None):
         module = importlib.import_module(f"pettingzoo.{family}.{name}")
     except ImportError as exc:
         raise UsageError(f"env: cannot load {env_id!r} ({str(exc).splitlines()[0]})") from None
-    if not callable(getattr(module, "env", None)):
+    # the bare game (raw_env) where the module has one: PettingZoo's checking wrappers
+    # (move order, bounds, illegal moves) cost as much as the game, and SelfPlayEnv checks
+    # every move against the mask itself
+    build = getattr(module, "raw_env", None) or getattr(module, "env", None)
+    if not callable(build):
         raise UsageError(f"env: {env_id!r} has no AEC env() to play turn by turn")
     kwargs = dict(env_kwargs or {})
 
     def make():
         try:
-            return module.env(**kwargs)
+            return build(**kwargs)
         except TypeError as exc:
             raise UsageError(f"env_kwargs: {env_id!r} does not accept them ({exc})") from None
 

@@ -40,7 +40,7 @@ from ppokit.errors import UsageError
 from ppokit.io.atomic import MAX_DATA_FILE, atomic_write_bytes, atomic_write_text, read_regular
 
 __all__ = ["SnapshotPool", "Record", "elo_update", "snapshot_path", "write_snapshot",
-           "read_snapshot", "ANCHOR", "ELO_K", "RANDOM", "HEURISTIC"]
+           "read_snapshot", "list_snapshots", "ANCHOR", "ELO_K", "RANDOM", "HEURISTIC"]
 
 ANCHOR = 1000.0
 ELO_K = 16.0
@@ -71,17 +71,28 @@ def write_snapshot(run_dir: str | Path, iteration: int, state: dict, env_id: str
     return path
 
 
+def list_snapshots(run_dir: str | Path) -> list[int]:
+    """The iterations of the snapshots in a run directory, in order."""
+    d = Path(run_dir) / SUBDIR
+    names = sorted(d.glob("snapshot_*.safetensors")) if d.is_dir() else []
+    return [int(p.stem[9:]) for p in names if p.stem[9:].isdigit()]
+
+
 def read_snapshot(run_dir: str | Path, iteration: int, where: str = "snapshot"
                   ) -> tuple[dict[str, torch.Tensor], dict]:
     """``(weights, meta)`` of snapshot ``iteration``; a one-line :class:`UsageError` when
     it is missing or does not match its JSON."""
     path = snapshot_path(run_dir, iteration)
+    if not path.exists():
+        have = ", ".join(str(i) for i in list_snapshots(run_dir)) or "none"
+        raise UsageError(f"{where}: {Path(run_dir)} has no snapshot {iteration} ({path.name}); "
+                         f"its snapshots: {have}")
     try:
         meta = json.loads(read_regular(path.with_suffix(".json")))
         data = read_regular(path, MAX_DATA_FILE)
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{where}: {path.parent} has no readable snapshot {iteration} "
-                         f"({type(exc).__name__})") from None
+    except (OSError, ValueError, UsageError) as exc:
+        raise UsageError(f"{where}: snapshot {iteration} of {Path(run_dir)} is unreadable "
+                         f"({str(exc).splitlines()[0][:200]})") from None
     if not isinstance(meta, dict) or meta.get("sha256") != hashlib.sha256(data).hexdigest():
         raise UsageError(f"{where}: {path} does not match {path.with_suffix('.json').name} "
                          "(damaged)")
