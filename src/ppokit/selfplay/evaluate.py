@@ -24,6 +24,7 @@ from .pool import read_snapshot
 
 __all__ = ["evaluate_versus", "opponent_of"]
 
+COUNTS = {"win": "wins", "draw": "draws", "loss": "losses"}
 _SNAPSHOT = re.compile(r"snapshot:(\d{1,9})")
 
 
@@ -86,7 +87,7 @@ def evaluate_versus(run_dir: str | Path, spec: str, *, games: int, seed: int | N
            "deterministic": not stochastic}
     for kind, value in (("win", 1.0), ("draw", 0.5), ("loss", 0.0)):
         k = int((scores == value).sum())
-        out[kind + "s"] = k
+        out[COUNTS[kind]] = k
         out[kind + "_rate"] = k / games
         out[kind + "_interval"] = list(wilson(k, games))
     return out
@@ -100,5 +101,5 @@ def summary(res: dict) -> str:
     for kind in ("win", "draw", "loss"):
         lo, hi = res[kind + "_interval"]
         lines.append(f"  {kind:<5}{res[kind + '_rate']:.3f}  [{lo:.3f}, {hi:.3f}]  "
-                     f"({res[kind + 's']} games)")
+                     f"({res[COUNTS[kind]]} games)")
     return "\n".join(lines)

@@ -22,6 +22,7 @@ and whether it completes a line, for the one-step-lookahead player
 from __future__ import annotations
 
 import importlib
+import warnings
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -95,7 +96,9 @@ def game_factory(env_id: str, env_kwargs: dict | None = None):
     require_extra("pettingzoo", "pettingzoo", env_id)
     family, name = parts
     try:
-        module = importlib.import_module(f"pettingzoo.{family}.{name}")
+        with warnings.catch_warnings():  # (PettingZoo's versioned aliases warn of their loader)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            module = importlib.import_module(f"pettingzoo.{family}.{name}")
     except ImportError as exc:
         raise UsageError(f"env: cannot load {env_id!r} ({str(exc).splitlines()[0]})") from None
     # the bare game (raw_env) where the module has one: PettingZoo's checking wrappers
