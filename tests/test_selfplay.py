@@ -318,3 +318,11 @@ def test_eval_opponent_needs_a_selfplay_run(tmp_path, capsys):
     tr.close()
     assert main(["eval", str(tmp_path / "cp"), "--opponent", "random"]) == 2
     assert "was not trained with selfplay = true" in capsys.readouterr().err
+
+
+def test_eval_without_an_opponent_names_the_flag(runs, capsys):
+    from ppokit.cli import main
+
+    assert main(["eval", str(runs / "ttt"), "--episodes", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is a self-play run" in err[0] and "--opponent" in err[0]

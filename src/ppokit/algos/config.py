@@ -337,8 +337,10 @@ def valid_keys() -> list[str]:
 
 
 def config_help() -> str:
-    return "\n".join(help_table(TrainConfig, "configuration keys (--set key=value, or in "
-                                              "--config FILE.toml):"))
+    title, *rows = help_table(TrainConfig, "configuration keys (--set key=value, or in "
+                                           "--config FILE.toml):")
+    sp = [r for r in rows if r.startswith("  selfplay")]  # (a base's fields: listed last)
+    return "\n".join([title, *[r for r in rows if r not in sp], *sp])
 
 
 # other libraries' names for ppokit's keys, for "did you mean"
