@@ -326,3 +326,41 @@ def test_eval_without_an_opponent_names_the_flag(runs, capsys):
     assert main(["eval", str(runs / "ttt"), "--episodes", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is a self-play run" in err[0] and "--opponent" in err[0]
+
+
+@pytest.mark.slow
+def test_tictactoe_selfplay_example_does_not_lose_to_random(tmp_path):
+    # docs/examples/selfplay-tictactoe.toml: at least 95 % of 400 games against the random
+    # player won or drawn (seats alternating, the most likely legal move)
+    import time
+    from pathlib import Path
+
+    from ppokit.cliutil import load_toml
+    from ppokit.selfplay.evaluate import evaluate_versus
+
+    example = Path(__file__).parent.parent / "docs/examples/selfplay-tictactoe.toml"
+    values = load_toml(str(example))
+    t0 = time.perf_counter()
+    cfg = resolve_config(toml_values=values, overrides={"tensorboard": False})
+    tr = Trainer(cfg, tmp_path / "ttt", log=lambda m: None)
+    tr.train()
+    tr.close()
+    res = evaluate_versus(tmp_path / "ttt", "random", games=400)
+    assert time.perf_counter() - t0 < 600
+    assert res["win_rate"] + res["draw_rate"] >= 0.95, res
+
+
+def test_train_cli_ends_with_games_against_the_random_player(tmp_path, capsys):
+    from ppokit.cli import main
+
+    run = tmp_path / "cli"
+    code = main(["train", "--env", TTT, "--total-steps", "64", "--num-envs", "4",
+                 "--run-dir", str(run), "--eval-episodes", "4", "--no-progress", "--set",
+                 "selfplay=true", "n_steps=16", "batch_size=32", "net_arch=[16]",
+                 "tensorboard=false"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert "against the random player: win" in out.out and "(4 deterministic games)" in out.out
+    res = json.loads((run / "eval_opponent.json").read_text())
+    assert res["opponent"] == "random" and res["games"] == 4
+    assert "note: the training return" not in out.err + out.out
