@@ -364,3 +364,11 @@ def test_train_cli_ends_with_games_against_the_random_player(tmp_path, capsys):
     res = json.loads((run / "eval_opponent.json").read_text())
     assert res["opponent"] == "random" and res["games"] == 4
     assert "note: the training return" not in out.err + out.out
+
+
+def test_check_refuses_a_selfplay_run_in_one_line(runs, capsys):
+    from ppokit.cli import main
+
+    assert main(["check", str(runs / "ttt")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "does not play self-play games" in err[0]
