@@ -53,6 +53,7 @@ def write(tr, root: str | Path | None, keep: int | None) -> Path:
         "spaces": recorded_spaces(tr.env.single_observation_space,
                                   tr.env.single_action_space),
         "config": tr.cfg.to_dict(),
+        "selfplay": sp.state_dict() if (sp := getattr(tr, "selfplay", None)) else None,
     }
     root = tr.run_dir / "checkpoints" if root is None else Path(root)
     return save_checkpoint(root, tr.iteration, tensors=tensors, arrays=arrays,
@@ -79,6 +80,8 @@ def resume(tr) -> None:
             tr.obs_norm.load_state_dict(arrays["obs_norm"])
         if tr.reward_scaler is not None:
             tr.reward_scaler.load_state_dict(arrays["reward_scaler"])
+        if getattr(tr, "selfplay", None) is not None:  # the pool at this checkpoint
+            tr.selfplay.load_state_dict(st["selfplay"])
         if tr.kl_ctl is not None and st["kl_controller"] is not None:
             tr.kl_ctl.load_state_dict(st["kl_controller"])
         tr.iteration, tr.global_step = iteration, step

@@ -26,6 +26,7 @@ from ppokit.core.registry import ENV_ADVANTAGES
 from ppokit.engine.recipe import COEF_MAX, recipe
 from ppokit.errors import UsageError
 from ppokit.policies.encoders import POLICIES
+from ppokit.selfplay.settings import SelfPlaySettings, check_selfplay
 from ppokit.settings import (
     bounds_of,
     brief,
@@ -70,7 +71,7 @@ _PROJECT = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(SelfPlaySettings):  # (the self-play keys: ppokit.selfplay.settings)
     # what to train
     env_id: str = setting("CartPole-v1", "Gymnasium environment id (module:Id imports module "
                           "first; it is never imported because a run directory names it)")
@@ -285,6 +286,7 @@ def _validate(c: TrainConfig) -> None:
         fail("wandb_project", "expected a W&B project name: 1 to 128 letters, digits, "
              "'-', '_' or '.'", c.wandb_project)
     _check_combinations(c)
+    check_selfplay(c)
     check_memory(c)
 
 
@@ -335,8 +337,10 @@ def valid_keys() -> list[str]:
 
 
 def config_help() -> str:
-    return "\n".join(help_table(TrainConfig, "configuration keys (--set key=value, or in "
-                                              "--config FILE.toml):"))
+    title, *rows = help_table(TrainConfig, "configuration keys (--set key=value, or in "
+                                           "--config FILE.toml):")
+    sp = [r for r in rows if r.startswith("  selfplay")]  # (a base's fields: listed last)
+    return "\n".join([title, *[r for r in rows if r not in sp], *sp])
 
 
 # other libraries' names for ppokit's keys, for "did you mean"

@@ -168,7 +168,13 @@ class Trainer(RunLifecycle):
         np.random.seed(c.seed % 2**32)  # noqa: NPY002 (legacy global state, saved too)
         torch.manual_seed(c.seed)
         remote = None
-        if c.vectorization == "ray":  # the environments in Ray actors (ppokit.distributed)
+        self.selfplay = None  # a self-play run's games and pool (ppokit.selfplay.coach)
+        if c.selfplay:
+            from ppokit.selfplay.coach import SelfPlay
+
+            self.selfplay = SelfPlay(c, self.run_dir, self.log)
+            self.env = self.selfplay.vec()
+        elif c.vectorization == "ray":  # the environments in Ray actors (ppokit.distributed)
             from ppokit.distributed import RayCollector
 
             remote = RayCollector(c, self.env_maker, log=self.log)
@@ -421,6 +427,8 @@ class Trainer(RunLifecycle):
             "n_updates": upd["n_updates"],
         }
         rec.update(agent_metrics(self.env))  # a multi-agent env: each agent's return
+        if self.selfplay is not None:  # snapshots, evaluations against fixed players
+            rec.update(self.selfplay.after_iteration(self))
         if c.eval_every:
             rec.update(self._evaluate_during_training())
         # callbacks see the record before it is written, so that the scalars they log

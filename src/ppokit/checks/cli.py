@@ -88,6 +88,10 @@ def _env_report(args):
         if getattr(policy, "recurrent", False):
             raise UsageError(f"{args.run_dir}: ppokit check runs feed-forward policies; this "
                              "run's policy is recurrent (recurrent = lstm)")
+        if cfg.selfplay:
+            raise UsageError(f"{args.run_dir}: ppokit check does not play self-play games; "
+                             f"evaluate this run with ppokit eval {args.run_dir} --opponent "
+                             "random (or heuristic, snapshot:N, RUN2)")
         env_id, target = cfg.env_id, f"{args.run_dir} ({cfg.env_id})"
         base = cfg.to_dict()
         transform = None if norm is None else (lambda o: norm(o))

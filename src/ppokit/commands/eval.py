@@ -1,7 +1,9 @@
 """``ppokit eval RUN_DIR``: play the saved policy and write RUN_DIR/eval.json
 (``--stochastic``: eval_stochastic.json, so the deterministic result stays; ``--best``: the
 best/ policy of the evaluations during training, eval_best.json; ``--video DIR``: an MP4 of
-each episode in DIR, with DIR/video.json, see :mod:`ppokit.algos.video`)."""
+each episode in DIR, with DIR/video.json, see :mod:`ppokit.algos.video`; ``--opponent``: a
+self-play run's games against one opponent, eval_opponent.json, see
+:mod:`ppokit.selfplay.evaluate`)."""
 
 from __future__ import annotations
 
@@ -29,6 +31,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stochastic", action="store_true",
                    help="sample actions instead of taking the most likely / mean action; "
                         "writes eval_stochastic.json instead of eval.json")
+    p.add_argument("--opponent", metavar="SPEC", default=None,
+                   help="a self-play run (selfplay = true): play --episodes games, seats "
+                        "alternating, against random, heuristic (one-step lookahead), "
+                        "snapshot:N (the run's snapshot after iteration N) or RUN2 (another "
+                        "run of the same game); prints win/draw/loss rates with 95%% Wilson "
+                        "intervals and writes eval_opponent.json")
     p.add_argument("--video", metavar="DIR", default=None,
                    help="also write an MP4 of each episode (the same seeds and policy) into "
                         "DIR, created if missing, with DIR/video.json; needs the video extra "
@@ -64,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
         os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     from ppokit.io import RunLock
 
+    if args.opponent is not None:
+        return _versus(args, run_dir)
     with RunLock(run_dir, "eval"):
         res = evaluate_run(run_dir, episodes=args.episodes, seed=args.seed,
                            deterministic=not args.stochastic, env=args.env_id,
@@ -79,4 +89,21 @@ def run(args: argparse.Namespace) -> int:
     if video is not None:
         print(f"videos: {len(video['files'])} MP4 files in {video['dir']} "
               f"({video['files'][0]} ...; returns in video.json)")
+    return 0
+
+
+def _versus(args: argparse.Namespace, run_dir) -> int:
+    """``--opponent``: the run's games against one opponent (:mod:`ppokit.selfplay.evaluate`)."""
+    from ppokit.io import RunLock
+    from ppokit.io.atomic import atomic_write_text
+    from ppokit.selfplay.evaluate import evaluate_versus, summary
+
+    for flag in ("best", "video"):
+        if getattr(args, flag) not in (None, False):
+            raise UsageError(f"--{flag}: does not go with --opponent")
+    with RunLock(run_dir, "eval"):
+        res = evaluate_versus(run_dir, args.opponent, games=args.episodes, seed=args.seed,
+                              stochastic=args.stochastic)
+        atomic_write_text(run_dir / "eval_opponent.json", json.dumps(res, indent=2) + "\n")
+    print(summary(res))
     return 0

@@ -170,22 +170,37 @@ def run(args: argparse.Namespace) -> int:
         if trainer.stop_reason is not None:
             summary += f", stopped early: {trainer.stop_reason}"
         if args.eval_episodes:
-            import json
-
-            from ppokit.algos.evaluate import evaluate_run
-            from ppokit.io import RunLock
-            from ppokit.io.atomic import atomic_write_text
-
-            with RunLock(run_dir, "eval"):
-                res = evaluate_run(run_dir, episodes=args.eval_episodes, env=env)
-                atomic_write_text(run_dir / "eval.json", json.dumps(res, indent=2) + "\n")
-            summary += (f", eval {res['mean_return']:.1f} ± {res['std_return']:.1f} "
-                        f"({res['episodes']} deterministic episodes)")
+            summary += _final_evaluation(run_dir, cfg, args.eval_episodes, env)
     finally:
         trainer.close()
     print(f"{summary}; run dir {run_dir} (curve: {png.name})", flush=True)
-    _say_if_collapsed(run_dir, log)
+    if not cfg.selfplay:  # (a self-play return is against an opponent that improves too)
+        _say_if_collapsed(run_dir, log)
     return 0
+
+
+def _final_evaluation(run_dir, cfg, episodes: int, env) -> str:
+    """The evaluation at the end (eval.json); a self-play run's: games against the random
+    player (eval_opponent.json, as ``ppokit eval RUN --opponent random``)."""
+    import json
+
+    from ppokit.algos.evaluate import evaluate_run
+    from ppokit.io import RunLock
+    from ppokit.io.atomic import atomic_write_text
+
+    with RunLock(run_dir, "eval"):
+        if cfg.selfplay:
+            from ppokit.selfplay.evaluate import evaluate_versus
+
+            res = evaluate_versus(run_dir, "random", games=episodes)
+            atomic_write_text(run_dir / "eval_opponent.json", json.dumps(res, indent=2) + "\n")
+            return (f", against the random player: win {res['win_rate']:.2f}, draw "
+                    f"{res['draw_rate']:.2f}, loss {res['loss_rate']:.2f} ({episodes} "
+                    "deterministic games)")
+        res = evaluate_run(run_dir, episodes=episodes, env=env)
+        atomic_write_text(run_dir / "eval.json", json.dumps(res, indent=2) + "\n")
+    return (f", eval {res['mean_return']:.1f} ± {res['std_return']:.1f} "
+            f"({res['episodes']} deterministic episodes)")
 
 
 def _resume_target(trainer, total: int | None, log) -> bool:
