@@ -28,7 +28,8 @@ from ppokit.errors import UsageError
 from ppokit.io.checkpoint import verify_checkpoint
 from ppokit.llm.labelling.mismatch import correction
 from ppokit.llm.modeling.models import build_char_tokenizer, build_tiny_model
-from ppokit.llm.modeling.rollout import sequence_logprobs
+from ppokit.llm.engines import RolloutEngine
+from ppokit.llm.modeling.rollout import generate, sequence_logprobs
 from ppokit.llm.training.config import LLMConfig
 from ppokit.llm.training.overlap import THREAD_NAME
 from ppokit.llm.training.trainer import TokenTrainer
@@ -127,6 +128,49 @@ def test_k1_batches_come_from_the_weights_one_update_back(tmp_path, tok):
                 "rollout_is_weight_mean", "rollout_is_weight_max"):
         assert key in metrics[-1], key
     assert 0.0 <= metrics[-1]["overlap_frac"] <= 1.0
+    tr.close()
+
+
+class OwnCopyEngine(RolloutEngine):
+    """An engine with weights of its own, as vLLM: ``prepare`` loads the policy it is
+    shown (the push), ``generate`` samples that copy only."""
+
+    name, trainer_logprobs = "own-copy", False
+
+    def __init__(self, tok):
+        self.model, self.pushes = build_tiny_model(tok, seed=1), 0
+
+    def prepare(self, tr) -> dict:
+        self.model.load_state_dict(tr.policy.state_dict())
+        self.pushes += 1
+        return {"engine_sync_s": 0.0}
+
+    def generate(self, prompt_ids, prompt_mask, **kw):
+        return generate(self.model, prompt_ids, prompt_mask, **kw)
+
+
+def test_an_engine_with_its_own_weights_is_pushed_the_workers_version(tmp_path, tok):
+    """Through ``prepare``, from the worker: the engine serves version m − K for batch
+    m (not the trainer's live policy)."""
+    states = {}
+    tr = _trainer(tmp_path / "own", tok, max_staleness=1, iterations=3,
+                  callbacks=[lambda rec: states.__setitem__(
+                      rec["iteration"], {k: v.clone() for k, v in
+                                         tr.policy.state_dict().items()})])
+    states[0] = {k: v.clone() for k, v in tr.policy.state_dict().items()}
+    tr.engine = OwnCopyEngine(tok)
+    seen = _watch(tr)
+    recs = tr.train(progress=False)
+    # one push per batch generated (the last one, in flight at the end, perhaps too)
+    assert tr.engine.pushes >= len(seen) == 3 and all("engine_sync_s" in r for r in recs)
+    model = build_tiny_model(tok, seed=0)
+    for version, roll, _ in seen:
+        model.load_state_dict(states[max(version - 1, 0)])
+        with torch.no_grad():
+            lp = sequence_logprobs(model, roll.input_ids, roll.attention_mask,
+                                   temperature=tr.cfg.temperature,
+                                   actions_from=roll.prompt_len)["logp"]
+        assert float((lp - roll.logp)[roll.action_mask].abs().max()) < 1e-4
     tr.close()
 
 
