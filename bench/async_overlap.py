@@ -13,7 +13,10 @@ async iteration without the overlap) and ``async K=1``. Prints the median wall s
 iteration of each side and the ratios (above 1: the overlap is faster), and the phases
 behind them: generation, scoring (rewards and the frozen passes) and training seconds, and
 for the async side the trainer's wait for the worker and the share of the generation
-hidden behind training (``overlap_frac``). With two free cores the best the overlap can
+hidden behind training (``overlap_frac``), and the process's CPU seconds per wall second
+(``cores busy``: above 1 only where the worker and the trainer ran at the same time, on
+two cores — what the interpreter lock and the machine's other work allowed). With two
+free cores the best the overlap can
 do is an iteration of ``max(generation, the rest)`` instead of their sum."""
 
 from __future__ import annotations
@@ -51,9 +54,10 @@ def _side(size: str, extra: dict, args) -> dict:
         tr = TokenTrainer(cfg, tmp, policy=build_bench_model(size, tok), tokenizer=tok,
                           log=lambda *a: None)
         tr.train_iteration()  # warm-up (the worker starts here)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         recs = [tr.train_iteration() for _ in range(args.iterations)]
         wall = (time.perf_counter() - t0) / args.iterations
+        cpu = (time.process_time() - c0) / args.iterations
     finally:
         if tr is not None:
             tr.close()
@@ -61,7 +65,7 @@ def _side(size: str, extra: dict, args) -> dict:
     med = {k: statistics.median(r.get(k, 0.0) for r in recs)
            for k in ("time_generation", "time_scoring", "time_training", "time_waiting",
                      "overlap_frac", "staleness_mean", "response_tokens")}
-    return {"wall": wall, **med}
+    return {"wall": wall, "cores": cpu / wall, **med}
 
 
 def main(argv=None) -> None:
@@ -92,7 +96,8 @@ def main(argv=None) -> None:
           f"one torch thread per side, {os.cpu_count()} cores on this machine (load average "
           f"{load:.1f} at the end)")
     for name, m in med.items():
-        print(f"{name:>15}: {m['wall']:.3f} s/iteration; generation {m['time_generation']:.3f}"
+        print(f"{name:>15}: {m['wall']:.3f} s/iteration, {m['cores']:.2f} cores busy; "
+              f"generation {m['time_generation']:.3f}"
               f" + scoring {m['time_scoring']:.3f} + training {m['time_training']:.3f}"
               + (f"; the trainer waited {m['time_waiting']:.3f} for the worker, overlap "
                  f"{m['overlap_frac']:.0%}, lag {m['staleness_mean']:.1f}"

@@ -10,7 +10,7 @@ taken against the *proximal* policy: the trainer's own log-probs of the batch at
 of this update (``old_logprobs = "recompute"``). The correction reweighs each token by
 ``π_prox / π_behav`` (``truncate``: capped at ``rollout_is_threshold``; ``mask``: tokens
 outside the band leave the loss) — the decoupled PPO objective
-(docs/real_models.md#generation-overlapped-with-training).
+(docs/real_models.md#7-generation-overlapped-with-training).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class OffPolicySettings:
                                  "the next batches, with weights up to this many updates old, "
                                  "while the trainer trains on this one; the loss weighs them "
                                  "by rollout_is (decoupled PPO). 0: generate, then train "
-                                 "(docs/real_models.md#generation-overlapped-with-training)",
+                                 "(docs/real_models.md#7-generation-overlapped-with-training)",
                                  bounds=(0, MAX_STALENESS, False))
 
 

@@ -207,6 +207,7 @@ class Overlap:
                 params = dict(self.model.named_parameters())
                 for name, t in b.weights.items():
                     params[name].copy_(t)
+            b.weights = None  # (the copy is the worker's now)
         served = engine.prepare(self.view)  # an engine with its own copy: the push
         ids, mask = encode_prompts(tr.tok, b.prompts)
         own = getattr(engine, "shares_policy", False)
