@@ -4,6 +4,7 @@ one torch thread per side (the generation worker is a second Python thread of th
 trainer's process; ``torch`` runs each thread's operations on that thread).
 
     python -m bench.async_overlap --model-size 10m --iterations 4 --rounds 2
+    python -m bench.async_overlap --model-size 10m --gil
 
 Each round times ``--iterations`` iterations of each side after one warm-up iteration,
 the sides alternating round by round (so that a change in the machine's load falls on
@@ -68,6 +69,44 @@ def _side(size: str, extra: dict, args) -> dict:
     return {"wall": wall, "cores": cpu / wall, **med}
 
 
+def in_torch_share(size: str, tokens: int) -> None:
+    """How much of one generation and of one training pass (forward and backward) runs
+    inside torch's operations, where the interpreter lock is released (torch.profiler: the
+    top-level ``aten::`` and autograd-engine events against the wall time); the rest is
+    Python, which the worker thread and the trainer take turns at."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from ppokit.llm.modeling.rollout import encode_prompts, generate, sequence_logprobs
+
+    tok = build_char_tokenizer()
+    model = build_bench_model(size, tok)
+    ids, mask = encode_prompts(tok, ["0123456789>"] * 16)
+
+    def gen():
+        return generate(model, ids, mask, max_new_tokens=tokens, eos_token_id=-1,
+                        pad_token_id=tok.pad_token_id, temperature=1.0,
+                        generator=torch.Generator().manual_seed(0))
+
+    roll = gen()
+
+    def train():
+        out = sequence_logprobs(model, roll.input_ids, roll.attention_mask,
+                                actions_from=roll.prompt_len, with_entropy=True)
+        out["logp"].sum().backward()
+        model.zero_grad(set_to_none=True)
+
+    for name, fn in (("generation", gen), ("training pass", train)):
+        fn()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            t = time.perf_counter()
+            fn()
+            wall = time.perf_counter() - t
+        inside = sum(e.cpu_time_total for e in prof.events() if e.cpu_parent is None and (
+            e.name.startswith("aten::") or e.name.startswith("autograd::engine"))) / 1e6
+        print(f"{size} {name}: {inside:.3f} of {wall:.3f} s inside torch operations "
+              f"({inside / wall:.0%})")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model-size", default="10m", choices=MODEL_SIZES)
@@ -76,8 +115,13 @@ def main(argv=None) -> None:
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=32, help="max_new_tokens")
+    ap.add_argument("--gil", action="store_true", help="only the share of generation and "
+                    "training inside torch operations (the interpreter lock released)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if args.gil:
+        in_torch_share(args.model_size, args.tokens)
+        return
     sides: dict[str, list] = {k: [] for k in SIDES}
     for rnd in range(args.rounds):
         for name in (list(SIDES) if rnd % 2 == 0 else list(SIDES)[::-1]):

@@ -92,7 +92,6 @@ class Overlap:
         self.cond = threading.Condition()
         self.closing = False
         self.next_index = tr.iteration
-        self.busy = 0.0  # seconds the worker spent generating, in all
         self.thread = threading.Thread(target=self._work, name=THREAD_NAME, daemon=True)
         self.thread.start()
         for _ in range(self.k + 1):
@@ -114,10 +113,7 @@ class Overlap:
     def after_update(self) -> None:
         """The policy has a new version (``tr.iteration``): submit the batch ``K``
         versions ahead with a copy of its trained weights."""
-        tr = self.tr
-        weights = {n: p.detach().clone() for n, p in tr.policy.named_parameters()
-                   if p.requires_grad}
-        self._submit(tr.iteration, weights)
+        self._submit(self.tr.iteration, self._current_weights())
 
     def take(self) -> tuple[Batch, dict]:
         """The next batch to train on (waiting for it) and the statistics of the wait:
@@ -147,6 +143,7 @@ class Overlap:
                    "overlap_frac": max(0.0, 1.0 - min(waited, gen) / gen), **b.served}
 
     def _current_weights(self) -> dict:
+        """A copy of the policy's trained tensors (with LoRA: the adapters)."""
         return {n: p.detach().clone() for n, p in self.tr.policy.named_parameters()
                 if p.requires_grad}
 
@@ -197,7 +194,6 @@ class Overlap:
             except BaseException as exc:  # handed to the trainer, raised by take()
                 b.error = exc
             b.seconds = time.perf_counter() - t
-            self.busy += b.seconds
             b.done.set()
 
     def _generate(self, b: Batch) -> tuple[TokenRollout, dict]:
