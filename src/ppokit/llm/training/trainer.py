@@ -3,7 +3,9 @@
 One iteration (docs/theory.md#the-ppo-iteration, in this order):
 
 1. **Generate** ``prompts_per_iter × samples_per_prompt`` completions with the current
-   policy (plain sampling at ``temperature``; KV cache; left-padded prompts).
+   policy (plain sampling at ``temperature``; KV cache; left-padded prompts); with
+   ``max_staleness = K ≥ 1`` a worker makes them ahead, with weights K updates old
+   (:mod:`.overlap`), and the loss weighs them back (decoupled PPO, ``rollout_is``).
 2. **Score** (all frozen labels, no gradient): the sequence scores (reward function or
    reward model); old log-probs from a separate forward pass of the policy; reference
    log-probs from the frozen reference; the critic's values (``ppo``).
