@@ -26,9 +26,9 @@ from ppokit.cli import main
 from ppokit.engine import Forward, UpdateSpec, eager_minibatch_step
 from ppokit.errors import UsageError
 from ppokit.io.checkpoint import verify_checkpoint
+from ppokit.llm.engines import RolloutEngine
 from ppokit.llm.labelling.mismatch import correction
 from ppokit.llm.modeling.models import build_char_tokenizer, build_tiny_model
-from ppokit.llm.engines import RolloutEngine
 from ppokit.llm.modeling.rollout import generate, sequence_logprobs
 from ppokit.llm.training.config import LLMConfig
 from ppokit.llm.training.overlap import THREAD_NAME
