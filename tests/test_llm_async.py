@@ -7,6 +7,7 @@ on an exception and on SIGTERM; bad settings are one line naming the setting."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -86,32 +87,31 @@ def test_the_worker_without_a_lead_is_the_synchronous_loop(tmp_path, tok):
     worker.close()
 
 
-def test_k1_batches_come_from_the_weights_one_update_back(tmp_path, tok):
+@pytest.mark.parametrize("lora_r", [0, 4])
+def test_k1_batches_come_from_the_weights_one_update_back(tmp_path, tok, lora_r):
     """Each batch's behaviour log-probs are those of the policy ``K`` versions before the
-    one that trains on it (and not of that one); the IS weight is 1 where they agree (the
-    first batch), capped elsewhere; the losses stay finite; the version is logged."""
+    one that trains on it (and not of that one), LoRA adapters or not; the IS weight is 1
+    where they agree (the first batch), capped elsewhere; the losses stay finite; the
+    version is logged."""
     states = {}
     tr = _trainer(tmp_path / "k1", tok, max_staleness=1, iterations=4, samples_logged=2,
-                  callbacks=[lambda rec: states.__setitem__(
-                      rec["iteration"], {k: v.clone() for k, v in
-                                         tr.policy.state_dict().items()})])
+                  lora_r=lora_r, callbacks=[lambda rec: states.__setitem__(
+                      rec["iteration"], copy.deepcopy(tr.policy))])
     assert (tr.cfg.rollout_is, tr.cfg.old_logprobs) == ("truncate", "recompute")
-    states[0] = {k: v.clone() for k, v in tr.policy.state_dict().items()}
+    states[0] = copy.deepcopy(tr.policy)
     seen = _watch(tr)
     recs = tr.train(progress=False)
     assert [r["staleness_max"] for r in recs] == [0, 1, 1, 1]
     assert all(r["stale_dropped"] == 0 for r in recs)
     assert all(math.isfinite(r[k]) for r in recs for k in ("policy_loss", "approx_kl", "entropy"))
-    model = build_tiny_model(tok, seed=0)
     for version, roll, lab in seen:
         mask = roll.action_mask
         torch.testing.assert_close(lab.is_weight[mask], torch.exp(
             lab.old_logp - roll.logp)[mask].clamp(max=2.0), rtol=1e-5, atol=1e-6)
         behaviour = max(version - 1, 0)
         for v, agrees in ((behaviour, True), (version, version == behaviour)):
-            model.load_state_dict(states[v])
             with torch.no_grad():
-                lp = sequence_logprobs(model, roll.input_ids, roll.attention_mask,
+                lp = sequence_logprobs(states[v], roll.input_ids, roll.attention_mask,
                                        temperature=tr.cfg.temperature,
                                        actions_from=roll.prompt_len)["logp"]
             gap = float((lp - roll.logp)[mask].abs().max())
