@@ -26,6 +26,7 @@ from _nostep import NoStep
 from ppokit.cli import main
 from ppokit.engine import Forward, UpdateSpec, eager_minibatch_step
 from ppokit.errors import UsageError
+from ppokit.io import GracefulStop, Interrupted
 from ppokit.io.checkpoint import verify_checkpoint
 from ppokit.llm.engines import RolloutEngine
 from ppokit.llm.labelling.mismatch import correction
@@ -281,6 +282,18 @@ def test_the_worker_ends_with_training_and_on_an_exception(tmp_path, tok):
     with pytest.raises(RuntimeError, match="a callback failed"):
         tr.train(progress=False)
     assert not _workers()
+
+
+def test_a_sigterm_in_process_checkpoints_and_ends_the_worker(tmp_path, tok):
+    def term(rec):
+        if rec["iteration"] == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    tr = _trainer(tmp_path / "term", tok, max_staleness=1, iterations=50, callbacks=[term])
+    with GracefulStop(log=lambda m: None) as stop, pytest.raises(Interrupted):
+        tr.train(progress=False, stop=stop)
+    assert not _workers() and tr.iteration == 2
+    verify_checkpoint(tmp_path / "term" / "checkpoints" / "iter_000000002")
 
 
 def test_sigterm_stops_an_async_run_cleanly_and_resume_continues(tmp_path):
