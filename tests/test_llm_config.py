@@ -12,14 +12,8 @@ import pytest
 from ppokit.algos.config import TrainConfig
 from ppokit.cli import main
 from ppokit.errors import UsageError
-from ppokit.llm.training.config import (
-    DEPRECATED,
-    PRESETS,
-    LLMConfig,
-    config_from_values,
-    config_help,
-    parse_sets,
-)
+from ppokit.llm.training.config import DEPRECATED, PRESETS, LLMConfig
+from ppokit.llm.training.config_values import config_from_values, config_help, parse_sets
 
 SHARED = ("learning_rate", "n_epochs", "batch_size", "clip_range", "clip_range_vf", "vf_coef",
           "ent_coef", "max_grad_norm", "target_kl", "gamma", "gae_lambda",

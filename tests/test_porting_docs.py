@@ -71,7 +71,7 @@ def test_sb3_shapes_refuse_what_they_cannot_honour(tmp_path):
 
 def test_trl_names_that_do_not_map_are_refused():
     from ppokit.errors import UsageError
-    from ppokit.llm.training.config import config_from_values, parse_sets
+    from ppokit.llm.training.config_values import config_from_values, parse_sets
 
     assert parse_sets(["num_generations=8", "beta=0.1"]) == {"samples_per_prompt": 8,
                                                              "kl_coef": 0.1}

@@ -50,7 +50,7 @@ def train(model, reward_funcs, train_dataset, algo: str = "grpo", eval_dataset=N
     require_extra(("transformers", "tokenizers"), "llm", "ppokit.llm.train")
     from .inputs.data import load_rows
     from .modeling.models import load_lm, load_tokenizer, quiet_transformers
-    from .training.config import config_from_values
+    from .training.config_values import config_from_values
 
     quiet_transformers()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -144,7 +144,7 @@ def train_agent(env, model=None, algo: str = "grpo", tokenizer=None, tools=(), r
     from ppokit.cliutil import check_callbacks
 
     from .modeling.models import load_lm, quiet_transformers
-    from .training.config import config_from_values
+    from .training.config_values import config_from_values
     from .training.runfiles import config_from_run
 
     quiet_transformers()

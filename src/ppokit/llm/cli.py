@@ -27,7 +27,8 @@ def add_config_arguments(p: argparse.ArgumentParser, skip: tuple[str, ...] = (),
     """One flag per :class:`LLMConfig` field (help from the field's metadata), the
     deprecated names as hidden flags, and ``--set`` / ``--config`` as for ``ppokit train``.
     ``skip``: fields whose flag the command defines itself (with the same meaning)."""
-    from .training.config import DEPRECATED, LLMConfig, config_help
+    from .training.config import DEPRECATED, LLMConfig
+    from .training.config_values import config_help
 
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     if epilog:
@@ -92,7 +93,7 @@ def flag_values(args) -> dict:
 
 def config_from_args(args):
     """preset < --config TOML < --set < flags."""
-    from .training.config import config_from_values, parse_sets, read_toml
+    from .training.config_values import config_from_values, parse_sets, read_toml
 
     def log(msg):
         print(f"ppokit llm: {msg}", file=sys.stderr)
@@ -394,7 +395,8 @@ def _compare(args) -> int:
 
 def _config_overrides(args) -> dict:
     """Flags and ``--set`` values given with ``--resume`` (deprecated names renamed)."""
-    from .training.config import DEPRECATED, parse_sets
+    from .training.config import DEPRECATED
+    from .training.config_values import parse_sets
 
     vals = {**parse_sets(args.sets or []), **flag_values(args)}
     return {DEPRECATED.get(k, k): v for k, v in vals.items()}

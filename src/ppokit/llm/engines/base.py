@@ -32,6 +32,9 @@ class RolloutEngine:
     # the log-probs it returns are the trainer's own forward (may serve as PPO's old
     # log-probs); an engine with its own numerics has them recomputed by the trainer
     trainer_logprobs = False
+    # it samples a model it is handed (``generate(..., model=)``), the trainer's policy by
+    # default; else it serves its own copy of the weights, which prepare() refreshes
+    shares_policy = False
 
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
                  max_new_tokens: int, eos_token_id: int, pad_token_id: int,
@@ -52,6 +55,7 @@ class PpokitEngine(RolloutEngine):
 
     name = "ppokit"
     trainer_logprobs = True
+    shares_policy = True
 
     def __init__(self, policy, all_done=None):
         self.policy, self.all_done = policy, all_done

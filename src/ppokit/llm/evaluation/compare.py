@@ -58,7 +58,7 @@ def _run(algo: str, seed: int, base: dict, run_dir: str, log, stop=None) -> dict
     :class:`ppokit.io.Interrupted`)."""
     from ppokit.io import find_checkpoint
 
-    from ..training.config import config_from_values
+    from ..training.config_values import config_from_values
     from ..training.runfiles import config_from_run
     from ..training.trainer import TokenTrainer
     from .evaluate import evaluate_lm_run
@@ -141,7 +141,7 @@ def compare(algos: list[str], seeds: list[int], base: dict, out_dir: str, *,
     if not base.get("eval_every"):
         raise UsageError("--eval-every: the comparison's curves need a held-out score every "
                          "N iterations (N >= 1)")
-    from ..training.config import config_from_values
+    from ..training.config_values import config_from_values
 
     for a in algos:  # every run's configuration checked before the first one trains
         config_from_values(("compare", {**base, "algo": a, "seed": seeds[0]})).resolved()

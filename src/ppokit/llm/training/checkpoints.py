@@ -1,13 +1,17 @@
 """A token run's checkpoints and its exported policy: what :class:`TokenTrainer` writes each
 ``checkpoint_every`` iterations (the policy or its LoRA adapters, the critic, the
-optimiser, every random stream, the KL controller) through the run-directory layer every
-ppokit run uses (:func:`ppokit.io.save_checkpoint`), and how a resume reads it back and
-tidies the run directory. Functions of the trainer ``tr``."""
+optimiser, every random stream — with generation ahead of training, as it was before the
+batches in flight, which a resume generates again — and the KL controller) through the
+run-directory layer every ppokit run uses (:func:`ppokit.io.save_checkpoint`), and how a
+resume reads it back and tidies the run directory. Functions of the trainer ``tr``."""
 
 from __future__ import annotations
 
 import copy
+import random
 from pathlib import Path
+
+import torch
 
 from ppokit.errors import UsageError
 from ppokit.io import capture_rng, restore_rng
@@ -79,8 +83,14 @@ def save_checkpoint(tr) -> Path:
         opt_t = {f"rank{r}/{k}": v for r, (t, _) in enumerate(opt_shards)
                  for k, v in t.items()}
         opt_meta = {"ranks": [m for _, m in opt_shards]}
-    rng_t, rng_meta = capture_rng({"generator": tr.gen, "shuffle": tr.shuffle_gen},
-                                  {"prompts": tr.py_rng})
+    gen, prompts = tr.gen, tr.py_rng
+    if tr.overlap is not None:  # the streams before the batches in flight (.overlap)
+        py_state, gen_state = tr.overlap.streams()
+        gen, prompts = torch.Generator(), random.Random()
+        gen.set_state(gen_state)
+        prompts.setstate(py_state)
+    rng_t, rng_meta = capture_rng({"generator": gen, "shuffle": tr.shuffle_gen},
+                                  {"prompts": prompts})
     tensors = {"policy": policy_sd, "optimizer": opt_t, "rng": rng_t}
     if ranks is not None:
         tensors["rank_rng"] = {f"rank{r}": st for r, st in enumerate(ranks)}

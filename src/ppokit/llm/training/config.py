@@ -1,4 +1,6 @@
-"""Token-level RLHF settings (:class:`LLMConfig`), the algorithm presets and prompt files."""
+"""Token-level RLHF settings (:class:`LLMConfig`): its fields, their resolution from the
+algorithm presets and their checks (the off-policy section: :mod:`.offpolicy`; merging
+``--set``, TOML files and flags, and ``--help``: :mod:`.config_values`)."""
 
 from __future__ import annotations
 
@@ -14,17 +16,14 @@ from ppokit.errors import UsageError
 from ppokit.settings import (
     check_fields,
     fail,
-    help_table,
-    parse_text,
-    resolve_key,
     setting,
 )
-from ppokit.settings import parse_sets as parse_set_items
 
 from ..engines.settings import EngineSettings
 from ..inputs.task import TASKS, make_task
 from ..modeling.packing import PackingSettings
 from .guards import check_rollout_memory, reward_weights
+from .offpolicy import OffPolicySettings, check_off_policy, resolve_off_policy
 from .presets import (  # noqa: F401 (re-exported)
     ALGOS,
     DEFAULT_MAX_NEW_TOKENS,
@@ -39,8 +38,7 @@ from .presets import (  # noqa: F401 (re-exported)
 )
 
 __all__ = ["ALGOS", "TRUNCATION", "PRESETS", "DEPRECATED", "ADVANTAGE_ESTIMATORS",
-           "LLMConfig", "config_help", "config_from_values",
-           "parse_sets", "read_toml", "config_dict"]
+           "LLMConfig", "config_dict"]
 
 # how the advantage is estimated: any estimator of the registry (token-level GAE with a
 # critic, REINFORCE++'s whitened token returns, the group estimators, the user's own);
@@ -52,10 +50,10 @@ AGENT_TURN_TOKENS = {"builtin": 8, "pretrained": 128}  # an agent run's max_new_
 
 
 @dataclass(frozen=True)
-class LLMConfig(EngineSettings, PackingSettings):
+class LLMConfig(EngineSettings, PackingSettings, OffPolicySettings):
     """Token-level RLHF settings, with the names Stable-Baselines3 and the environment
     trainer use for every shared quantity (sections: :class:`EngineSettings`,
-    :class:`PackingSettings`).
+    :class:`PackingSettings`, :class:`OffPolicySettings`).
     ``None``: the preset's value; ``metadata["help"]``: a field's documentation (--help)."""
 
     algo: str | None = setting(None, "algorithm preset: ppo | grpo | dr-grpo | rloo | "
@@ -97,11 +95,6 @@ class LLMConfig(EngineSettings, PackingSettings):
     temperature: float | None = setting(None, "sampling temperature (log-probs use the same "
                                         "scaling; default 1 for the built-in model, 0.7 for a "
                                         "pretrained --model)", bounds=(0.01, 100.0, False))
-    old_logprobs: str | None = setting(None, "PPO's old log-probs: sampler (those the sampler "
-                                       "drew each token with; no extra forward pass) | "
-                                       "recompute (the trainer's forward pass over the batch "
-                                       "after sampling; default: recompute with rollout_is, "
-                                       "else sampler)", choices=("sampler", "recompute"))
     precision: str = setting("fp32", "number format of the models' matrix products: fp32 | "
                              "bf16 (policy, reference and critic run under bfloat16 autocast, "
                              "as TRL's default bf16=True; weights, optimiser, log-softmax, "
@@ -176,20 +169,6 @@ class LLMConfig(EngineSettings, PackingSettings):
     dynamic_sampling_rounds: int = setting(4, "dynamic sampling: most generation rounds per "
                                            "iteration; a batch still short after them is "
                                            "filled with dropped groups", bounds=(1, 1000, False))
-    rollout_is: str = setting("none", "rollout-training mismatch correction: none | truncate "
-                              "(token weight min(pi_old/pi_sampler, threshold)) | mask (tokens "
-                              "or sequences whose ratio leaves [threshold_lower, threshold] "
-                              "leave the loss); docs/llm_algorithms.md",
-                              choices=("none", "truncate", "mask"))
-    rollout_is_level: str = setting("token", "rollout_is: per token | sequence (the geometric "
-                                    "mean of its tokens' ratios)", choices=("token", "sequence"))
-    rollout_is_threshold: float = setting(2.0, "rollout_is: the ratio's cap (truncate) or "
-                                          "upper bound (mask), also the bound of the logged "
-                                          "mismatch_frac_outside; set only with rollout_is",
-                                          bounds=(1.0, COEF_MAX, False))
-    rollout_is_threshold_lower: float | None = setting(None, "rollout_is=mask: the lower bound "
-                                                       "(default: 1 / threshold)",
-                                                       bounds=(0.0, 1.0, False))
     critic: str = setting("separate", "separate backbone copy | shared policy backbone",
                           choices=("separate", "shared"))
     lora_r: int | None = setting(None, "LoRA rank for the policy (0: full fine-tuning; "
@@ -293,12 +272,7 @@ class LLMConfig(EngineSettings, PackingSettings):
                                                    * OVERLONG_BUFFER.get(cfg.algo, 0.0)))
         if cfg.sampler_precision is None:
             cfg = replace(cfg, sampler_precision=cfg.precision)
-        if cfg.old_logprobs is None:
-            cfg = replace(cfg, old_logprobs="sampler" if cfg.rollout_is == "none"
-                          else "recompute")
-        if cfg.rollout_is_threshold_lower is None and isinstance(
-                cfg.rollout_is_threshold, (int, float)) and cfg.rollout_is_threshold > 0:
-            cfg = replace(cfg, rollout_is_threshold_lower=1.0 / cfg.rollout_is_threshold)
+        cfg = resolve_off_policy(cfg)
         if cfg.clip_range is None:
             cfg = replace(cfg, clip_range=0.2)
         if cfg.batch_size is None:
@@ -307,15 +281,7 @@ class LLMConfig(EngineSettings, PackingSettings):
         _check_fields(cfg)
         if cfg.time_limit is not None and cfg.time_limit <= 0:
             cfg = replace(cfg, time_limit=None)
-        _check_rollout_is_settings(cfg)
-        if cfg.rollout_is != "none" and cfg.old_logprobs != "recompute":
-            raise UsageError("rollout_is: a mismatch correction weighs the trainer's old "
-                             "log-probs against the sampler's, so it needs "
-                             "old_logprobs=recompute (its default with rollout_is)")
-        if cfg.rollout_is_threshold_lower >= cfg.rollout_is_threshold:
-            raise UsageError(f"rollout_is_threshold_lower: expected a bound below "
-                             f"rollout_is_threshold={cfg.rollout_is_threshold:g}, got "
-                             f"{cfg.rollout_is_threshold_lower:g}")
+        check_off_policy(cfg)
         if cfg.overlong_buffer > cfg.max_new_tokens:
             raise UsageError(f"overlong_buffer: expected at most max_new_tokens="
                              f"{cfg.max_new_tokens} tokens, got {cfg.overlong_buffer}")
@@ -420,23 +386,6 @@ def _check_fields(cfg: LLMConfig) -> None:
     _check_agent(cfg)
 
 
-def _check_rollout_is_settings(cfg: LLMConfig) -> None:
-    """The settings of a mismatch correction apply only with one: set without
-    ``rollout_is`` they would change nothing but a logged bound, so they are refused."""
-    if cfg.rollout_is != "none":
-        return
-    default = {f.name: f.default for f in fields(LLMConfig)}
-    lower = cfg.rollout_is_threshold_lower
-    for name, changed in (
-            ("rollout_is_threshold", cfg.rollout_is_threshold != default["rollout_is_threshold"]),
-            ("rollout_is_threshold_lower", lower is not None
-             and lower != 1.0 / cfg.rollout_is_threshold),
-            ("rollout_is_level", cfg.rollout_is_level != default["rollout_is_level"])):
-        if changed:
-            fail(name, "applies only with rollout_is (--rollout-is truncate or mask), which is "
-                 "none here", show=False)
-
-
 def _check_agent(cfg: LLMConfig) -> None:
     if cfg.env is not None and not (isinstance(cfg.env, str) and cfg.env.strip()
                                     and "\0" not in cfg.env):
@@ -504,89 +453,3 @@ def config_dict(cfg: LLMConfig) -> dict:
     if d.get("reward_weights") is not None:
         d["reward_weights"] = list(d["reward_weights"])
     return d
-
-
-# ------------------------------------------------------------------ resolution and help
-
-def _parse_value(name: str, text: str):
-    """A ``--set`` value for field ``name``, typed by the field's annotation (the fields
-    with their own rules take the text as it is)."""
-    if name in SPECIAL:
-        return None if text.strip().lower() in ("none", "null", "") else text.strip()
-    return parse_text(LLMConfig, name, text)
-
-
-_MINIBATCHES = {"minibatches": " (a minibatch size in sequences, where minibatches was a "
-                               "count)"}
-
-
-def _known(name: str, where: str, log) -> str:
-    """``name`` itself, the key TRL's name means, or a deprecated name as it is (said
-    through ``log``; config_from_values renames it: minibatches needs the batch size)."""
-    return resolve_key(name, [f.name for f in fields(LLMConfig)], where, renamed=TRL_NAMES,
-                       refused=TRL_REFUSED, refused_by="TRL", deprecated=DEPRECATED,
-                       log=log, deprecation_note=_MINIBATCHES)
-
-
-def config_from_values(*layers: tuple[str, dict], log=None) -> LLMConfig:
-    """One :class:`LLMConfig` from layers of values, later layers winning (the order the
-    command line uses: ``("--config FILE", toml), ("--set", sets), ("flags", flags)``; the
-    algorithm preset fills what none of them sets). Deprecated names are accepted with a
-    message through ``log``; an unknown name is an error with a suggestion."""
-    merged: dict = {}
-    for where, values in layers:
-        for k, v in values.items():
-            merged[_known(k, where, log)] = v
-    minibatches = merged.pop("minibatches", None)
-    for old, new in DEPRECATED.items():
-        if old in merged:
-            merged.setdefault(new, merged.pop(old))
-            merged.pop(old, None)
-    try:
-        cfg = LLMConfig(**merged)
-    except TypeError as exc:
-        raise UsageError(f"config: {exc}") from None
-    if minibatches is not None and "batch_size" not in merged:
-        if isinstance(minibatches, bool) or not isinstance(minibatches, int) \
-                or minibatches < 1:
-            _fail("minibatches", "expected an integer >= 1", minibatches, show=True)
-        r = replace(cfg, batch_size=None).resolved()
-        total = r.prompts_per_iter * r.samples_per_prompt
-        if total % minibatches:
-            _fail("minibatches", f"the {total} sequences of an iteration do not split into "
-                  f"{minibatches} minibatches", minibatches, show=True)
-        cfg = replace(cfg, batch_size=total // minibatches)
-    return cfg
-
-
-def parse_sets(items: list[str], log=None) -> dict:
-    """``["KEY=VALUE", ...]`` → typed values (deprecated keys kept for
-    :func:`config_from_values` to rename)."""
-    def parse(key: str, text: str):
-        k = _known(key, "--set", log)
-        return k, _parse_value("batch_size" if k == "minibatches" else DEPRECATED.get(k, k),
-                               text)
-
-    return parse_set_items(items, parse)
-
-
-def read_toml(path: str) -> dict:
-    """The values of a TOML file (top level, or its ``[llm]`` table)."""
-    from ppokit.cliutil import read_toml as _read
-
-    return _read(path, "llm")
-
-
-def config_help() -> str:
-    """The keys of ``--set`` / ``--config`` with their defaults and documentation, from
-    the fields' metadata."""
-    lines = help_table(LLMConfig, "configuration keys (--set KEY=VALUE, --config FILE.toml, "
-                       "or --key VALUE):", lambda f: "preset" if f.default is None
-                       and f.name in _PRESET_KEYS else None)
-    lines.append("deprecated names (still accepted, with a message):")
-    lines.append("  " + ", ".join(f"{o} -> {n}" for o, n in DEPRECATED.items()))
-    return "\n".join(lines)
-
-
-_PRESET_KEYS = {k for p in (*PRESETS.values(), *MODEL_DEFAULTS.values()) for k in p} | {
-    "algo", "learning_rate", "lora_alpha", "max_new_tokens"}

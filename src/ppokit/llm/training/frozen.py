@@ -1,10 +1,12 @@
 """The frozen labels of an iteration's rollout, computed without gradient: the policy's
 old log-probs (the sampler's own unless recomputed), the reference's log-probs, the
 critic's values; the scores with the soft overlong punishment; and the rollout-training
-mismatch measured on them. Functions of the trainer ``tr``
-(:class:`~ppokit.llm.training.trainer.TokenTrainer`)."""
+mismatch measured on them; the reward functions' probe before training. Functions of the
+trainer ``tr`` (:class:`~ppokit.llm.training.trainer.TokenTrainer`)."""
 
 from __future__ import annotations
+
+import random
 
 import torch
 
@@ -14,7 +16,7 @@ from ..modeling.rollout import TokenRollout, sequence_logprobs
 from .divergence import PROBE_ROWS
 
 __all__ = ["frozen_forward", "old_from_sampler", "probe_logprobs", "score_with_length",
-           "mismatch"]
+           "mismatch", "probe_rewards"]
 
 
 @torch.no_grad()
@@ -94,3 +96,14 @@ def mismatch(tr, roll: TokenRollout, old: torch.Tensor | None) -> dict:
         sampler, mask = sub.logp, sub.action_mask
     return mismatch_stats(trainer, sampler, mask, cfg.rollout_is_threshold_lower,
                           cfg.rollout_is_threshold)
+
+
+def probe_rewards(tr) -> None:
+    """Call every reward function once on completions of two training prompts (own
+    random generator: the run's streams are untouched), so that a wrong signature or
+    return value is an error before any training."""
+    rows = tr.sample_rows(2, random.Random(tr.cfg.seed + 1))
+    gen = torch.Generator().manual_seed(tr.cfg.seed + 1)
+    roll = tr.rollout([tr.prompt_text(r) for r in rows], generator=gen)
+    tr.rewards.when = "the check before training"
+    tr.score_rows(rows, roll)

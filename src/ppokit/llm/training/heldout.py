@@ -9,7 +9,7 @@ import torch
 
 from ..modeling.rollout import encode_prompts, generate
 
-__all__ = ["score_policy"]
+__all__ = ["score_policy", "evaluate_heldout"]
 
 
 @torch.no_grad()
@@ -60,3 +60,20 @@ def score_policy(model, tokenizer, prompts: list, reward_fn, *, max_new_tokens: 
         out.update(scores=scores, truncated=[bool(t) for t in trunc],
                    per_function={k: v.tolist() for k, v in per_all.items()})
     return out
+
+
+def evaluate_heldout(tr) -> dict:
+    """``eval/...``: the trainer ``tr``'s policy's mean score (and each reward function's,
+    length, truncated share) on ``n_eval_prompts`` held-out rows, sampled at the training
+    temperature with a generator of its own (the same seed each time, so the series
+    compares policies, and the run's own random streams are untouched)."""
+    if tr.agent is not None:
+        return tr.agent.evaluate(tr)
+    rows = (tr.eval_rows or [])[: tr.cfg.n_eval_prompts]
+    if not rows:
+        return {}
+    with tr.autocast():
+        out = score_policy(tr.policy, tr.tok, rows, tr.rewards,
+                           max_new_tokens=tr.max_new_tokens,
+                           temperature=tr.cfg.temperature, seed=tr.cfg.seed + 7919)
+    return {f"eval/{k}": float(v) for k, v in out.items() if isinstance(v, float)}

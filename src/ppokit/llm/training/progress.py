@@ -21,9 +21,13 @@ PHASES = ("generation", "scoring", "training")  # an iteration's parts, timed by
 
 def _figures(rec: dict) -> str:
     clip = rec.get("clipfrac")
+    # generation ahead of training: the batch's lag in policy versions and the share of
+    # its generation hidden behind training
+    ahead = (f"  lag {rec['staleness_mean']:.0f}  overlap {rec['overlap_frac']:.0%}"
+             if "staleness_mean" in rec else "")
     return (f"score {rec['score_mean']:.3f}  kl_ref {rec['kl_ref']:.3f}  "
             f"len {rec['response_length_mean']:.1f}  clip "
-            + ("-" if clip is None else f"{clip:.3f}"))
+            + ("-" if clip is None else f"{clip:.3f}") + ahead)
 
 
 def _rate(x: float) -> str:
@@ -153,7 +157,9 @@ def recipe_line(cfg, max_new_tokens: int) -> str:
     kl = ("no KL term" if cfg.kl_mode == "none" or not cfg.kl_coef
           else f"KL to the reference in the {cfg.kl_mode}, beta {cfg.kl_coef:g}")
     extra = "".join([", dynamic sampling" if cfg.dynamic_sampling else "",
-                     f", rollout_is={cfg.rollout_is}" if cfg.rollout_is != "none" else ""])
+                     f", rollout_is={cfg.rollout_is}" if cfg.rollout_is != "none" else "",
+                     f", generation up to {cfg.max_staleness} update(s) ahead "
+                     "(max_staleness)" if cfg.max_staleness else ""])
     return (f"recipe: {cfg.algo} ({cfg.policy_loss} loss, {cfg.advantage_estimator} "
             f"advantages, {kl}{extra}); {cfg.prompts_per_iter} prompts x "
             f"{cfg.samples_per_prompt} completions an iteration, at most {max_new_tokens} "

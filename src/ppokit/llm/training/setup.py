@@ -100,6 +100,12 @@ def setup(tr, cfg, policy, tokenizer, reference, reward_fn, resume: bool,
     # the rollout engine named before any model work (vllm missing: a usage error now)
     engine = engine_name(cfg, world=tr.world, agent=tr.agent is not None,
                          builtin=cfg.model is None and policy is None)
+    if cfg.max_staleness and tr.world > 1:
+        raise UsageError(f"max_staleness: {cfg.max_staleness} is not offered with several "
+                         "ranks (each would generate ahead on its own); use max_staleness=0")
+    # generation ahead of training (.overlap): the lead in policy versions (None: generate
+    # within the iteration; 0 runs the worker without a lead) and the worker, once started
+    tr.staleness, tr.overlap = (cfg.max_staleness or None), None
     if tr.rewards is not None:
         columns = sorted({k for r in (tr.train_rows or [tr.task.row(
             tr.task.heldout_prompts(1)[0])]) for k in r})

@@ -3,7 +3,9 @@
 One iteration (docs/theory.md#the-ppo-iteration, in this order):
 
 1. **Generate** ``prompts_per_iter × samples_per_prompt`` completions with the current
-   policy (plain sampling at ``temperature``; KV cache; left-padded prompts).
+   policy (plain sampling at ``temperature``; KV cache; left-padded prompts); with
+   ``max_staleness = K ≥ 1`` a worker makes them ahead, with weights K updates old
+   (:mod:`.overlap`), and the loss weighs them back (decoupled PPO, ``rollout_is``).
 2. **Score** (all frozen labels, no gradient): the sequence scores (reward function or
    reward model); old log-probs from a separate forward pass of the policy; reference
    log-probs from the frozen reference; the critic's values (``ppo``).
@@ -51,7 +53,7 @@ import torch
 
 from ppokit.core import AdaptiveKLController
 from ppokit.core.registry import clip_unit
-from ppokit.engine import Forward, LabelledBatch, UpdateSpec, eager_minibatch_step, run_update
+from ppokit.engine import LabelledBatch, UpdateSpec, eager_minibatch_step, run_update
 from ppokit.engine.allocator import keep_freed_memory
 from ppokit.engine.recipe import spec_of
 from ppokit.errors import UsageError
@@ -71,14 +73,11 @@ from ..inputs.reward_setup import (  # noqa: F401 (re-exported)
 from ..inputs.rewards import per_function_stats
 from ..labelling.batching import collect_batch, summed_stats
 from ..labelling.labels import Labels, compute_labels, overlong_penalty  # noqa: F401 (re-exported)
-from ..modeling.positions import distinct_prompts
 from ..modeling.rollout import (
     TokenRollout,
     encode_prompts,
-    sequence_logprobs,
-    shift_to_tokens,
 )
-from . import checkpoints, frozen
+from . import adapter, checkpoints, frozen
 from .config import (  # noqa: F401 (re-exported)
     ALGOS,
     PRESETS,
@@ -91,7 +90,8 @@ from .divergence import (
     guarded_update,
     update_kl,
 )
-from .heldout import score_policy
+from .heldout import evaluate_heldout
+from .overlap import Overlap
 from .parallel import NoRunDir, gather_rollout, shard
 from .progress import Progress
 from .runfiles import (  # noqa: F401 (config_from_run re-exported)
@@ -158,14 +158,8 @@ class TokenTrainer(RunLifecycle):
         return reward_set(self.cfg, reward_fn, self.task, log=self.log)
 
     def probe_rewards(self) -> None:
-        """Call every reward function once on completions of two training prompts (own
-        random generator: the run's streams are untouched), so that a wrong signature or
-        return value is an error before any training."""
-        rows = self.sample_rows(2, random.Random(self.cfg.seed + 1))
-        gen = torch.Generator().manual_seed(self.cfg.seed + 1)
-        roll = self.rollout([self.prompt_text(r) for r in rows], generator=gen)
-        self.rewards.when = "the check before training"
-        self.score_rows(rows, roll)
+        """Every reward function called once before training (:func:`.frozen.probe_rewards`)."""
+        frozen.probe_rewards(self)
 
     # ------------------------------------------------------------------ phases
     def render(self, prompt) -> str:
@@ -259,53 +253,12 @@ class TokenTrainer(RunLifecycle):
                        kl_anchor="ref" if cfg.kl_mode == "loss" and beta > 0 else "none")
 
     def labelled_batch(self, roll: TokenRollout, lab: Labels) -> LabelledBatch:
-        """The rollout's frozen labels as the engine's batch: one row per sequence, the
-        loss mask marking the action tokens that enter the losses; ``row`` indexes the
-        rollout (the forward adapter reads the token ids from it)."""
-        n = roll.input_ids.shape[0]
-        data = {"row": torch.arange(n), "logp": lab.old_logp,
-                "advantages": lab.advantages, "ref_logp": lab.ref_logp}
-        if self.dp is not None:  # contiguous blocks of rows, in rank order
-            data["owner"] = torch.arange(self.world).repeat_interleave(n // self.world)
-        if lab.returns is not None:
-            data["returns"] = lab.returns
-            data["values"] = lab.values
-        if lab.is_weight is not None:
-            data["is_weight"] = lab.is_weight
-        return LabelledBatch.build(data, lab.loss_mask)
+        """The rollout's frozen labels as the engine's batch (:mod:`.adapter`)."""
+        return adapter.labelled_batch(self, roll, lab)
 
     def forward_adapter(self, roll: TokenRollout):
-        """The policy (and critic) on a set of the rollout's sequences: log-probs and
-        entropies of the action tokens and the critic's values, each ``[M, L]``."""
-        t = self.cfg.temperature
-        # the rollout's number of distinct prompts: each minibatch's shared-prompt pass
-        # computes that many prompt rows (or its own row count, if fewer), so that every
-        # minibatch has one shape (ppokit/llm/modeling/fused.py, fused_logits: min_prompts)
-        p = self.shared_prompt_len(roll)
-        groups = distinct_prompts(roll.input_ids[:, :p], roll.attention_mask[:, :p]) if p else None
-        n_prompts = 0 if groups is None else int(groups[0].shape[0])
-
-        def forward(rows: dict) -> Forward:
-            with self.autocast():
-                return _forward(rows)
-
-        def _forward(rows: dict) -> Forward:
-            sub = roll.select(rows["row"])
-            out = sequence_logprobs(self.policy, sub.input_ids, sub.attention_mask,
-                                    temperature=t, with_entropy=True,
-                                    with_hidden=self.shared_critic,
-                                    prompt_len=self.shared_prompt_len(sub),
-                                    min_prompts=min(n_prompts, len(rows["row"])),
-                                    actions_from=sub.prompt_len,
-                                    entropy_grad=self.cfg.ent_coef > 0, packing=self.cfg.packing)
-            v = None
-            if self.critic is not None:
-                v_after = self.critic(sub.input_ids, sub.attention_mask, sub.position_ids,
-                                      hidden_states=out.get("hidden"))
-                v = shift_to_tokens(v_after[:, :-1])
-            return Forward(out["logp"], out["entropy"], v)
-
-        return forward
+        """The policy (and critic) on a set of the rollout's sequences (:mod:`.adapter`)."""
+        return adapter.forward_adapter(self, roll)
 
     def trained_parameters(self) -> list[torch.Tensor]:
         params = [p for p in self.policy.parameters() if p.requires_grad]
@@ -356,17 +309,15 @@ class TokenTrainer(RunLifecycle):
         generated elsewhere (tests); by default it is sampled here (with dynamic sampling,
         further rounds are sampled here either way)."""
         cfg = self.cfg
-
-        def draw() -> list:
-            rows = self.sample_rows()
-            if self.dp is not None:
-                rows = shard(rows, self.rank, self.world)
-            return [r for r in rows for _ in range(cfg.samples_per_prompt)]
-
         if self.rewards is not None:
             self.rewards.when = f"iteration {self.iteration + 1}"
         t0 = time.perf_counter()
-        served = self.engine.prepare(self)  # the engine serves the policy's weights
+        draw, ahead = self.draw_rows, None
+        if roll is None and self.staleness is not None:  # generated ahead (.overlap)
+            ahead, served = self.batch_ahead()
+            draw, roll = (lambda: ahead.rows), ahead.roll
+        else:
+            served = self.engine.prepare(self)  # the engine serves the policy's weights
         if self.agent is not None:  # episodes in a text environment (llm/agents/)
             got = self.agent.collect(self)
         else:
@@ -407,13 +358,16 @@ class TokenTrainer(RunLifecycle):
             self.kl_ctl.update(lab.stats["kl_ref"], len(prompts))
         ntok = float(roll.action_mask.sum())
         self.iteration += 1
+        if ahead is not None:  # the worker's next batch, with the weights just made
+            self.overlap.after_update()
         self.elapsed += t3 - t0
+        gen_s = served.get("time_generation", t1 - t0)
         rec = {"iteration": self.iteration, **lab.stats, **got.stats, **mismatch, **upd,
                **served, "beta": beta,
-               "tokens_per_s_generation": ntok / max(t1 - t0, 1e-9),
+               "tokens_per_s_generation": ntok / max(gen_s, 1e-9),
                "tokens_per_s_scoring": ntok / max(t2 - t1, 1e-9),
                "tokens_per_s_training": ntok / max(t3 - t2, 1e-9),
-               "time_generation": t1 - t0, "time_scoring": t2 - t1, "time_training": t3 - t2,
+               "time_generation": gen_s, "time_scoring": t2 - t1, "time_training": t3 - t2,
                "response_tokens": ntok, "wall_time": self.elapsed,
                **per_function_stats(per_func)}
         if self.dp is not None:
@@ -430,27 +384,37 @@ class TokenTrainer(RunLifecycle):
             return rec
         self._check_scales(rec)
         self.metrics.write(rec)
+        version = {} if ahead is None else {"policy_version": ahead.version}
         for i in range(min(cfg.samples_logged, len(prompts))):
             self.samples.write({"iteration": self.iteration, "prompt": prompts[i],
                                 "completion": comps[i], "score": float(scores[i]),
-                                "truncated": bool(roll.truncated[i])})
+                                "truncated": bool(roll.truncated[i]), **version})
         return rec
 
+    def draw_rows(self) -> list:
+        """This rank's rows of the next batch, each prompt ``samples_per_prompt`` times."""
+        rows = self.sample_rows()
+        if self.dp is not None:
+            rows = shard(rows, self.rank, self.world)
+        return [r for r in rows for _ in range(self.cfg.samples_per_prompt)]
+
+    def batch_ahead(self):
+        """``(batch, statistics)``: the next batch the generation worker made
+        (:mod:`.overlap`; started at the first call, with the policy as it is then)."""
+        if self.overlap is None:
+            self.overlap = Overlap(self, self.staleness, self.draw_rows)
+        return self.overlap.take()
+
+    def end_overlap(self) -> None:
+        """Stop the generation worker (its batches in flight are dropped; the prompt and
+        sampling streams go back to before them)."""
+        overlap, self.overlap = self.overlap, None
+        if overlap is not None:
+            overlap.close()
+
     def evaluate_heldout(self) -> dict:
-        """``eval/...``: the policy's mean score (and each reward function's, length,
-        truncated share) on ``n_eval_prompts`` held-out rows, sampled at the training
-        temperature with a generator of its own (the same seed each time, so the series
-        compares policies, and the run's own random streams are untouched)."""
-        if self.agent is not None:
-            return self.agent.evaluate(self)
-        rows = (self.eval_rows or [])[: self.cfg.n_eval_prompts]
-        if not rows:
-            return {}
-        with self.autocast():
-            out = score_policy(self.policy, self.tok, rows, self.rewards,
-                               max_new_tokens=self.max_new_tokens,
-                               temperature=self.cfg.temperature, seed=self.cfg.seed + 7919)
-        return {f"eval/{k}": float(v) for k, v in out.items() if isinstance(v, float)}
+        """``eval/...``: the policy's held-out scores (:func:`.heldout.evaluate_heldout`)."""
+        return evaluate_heldout(self)
 
     def train(self, progress: bool = True, *, stop: GracefulStop | None = None
               ) -> list[dict]:
@@ -463,8 +427,11 @@ class TokenTrainer(RunLifecycle):
         self._recs = []
         self._bar = Progress(self.cfg.iterations, self.iteration,
                              enabled=progress and self.is_main)
-        with self._bar:
-            self.run_to_end(stop)
+        try:
+            with self._bar:
+                self.run_to_end(stop)
+        finally:
+            self.end_overlap()
         return self._recs
 
     # ------------------------------------------------------------------ the run's life
@@ -508,7 +475,9 @@ class TokenTrainer(RunLifecycle):
         check_scales(self.cfg, rec, self._warned, self.log)
 
     def close(self) -> None:
-        """Close the metrics files and the agent's tools; release the run dir's lock."""
+        """End the generation worker; close the metrics files and the agent's tools;
+        release the run dir's lock."""
+        self.end_overlap()
         for w in (self.metrics, *(getattr(self, k, None) for k in ("samples", "agent", "engine"))):
             if callable(getattr(w, "close", None)):
                 w.close()
