@@ -18,6 +18,7 @@ LAYERS = [
     {"policies", "envs"},
     {"engine", "rollout"},
     {"distributed"},
+    {"selfplay"},
     {"algos", "diagnose"},
     {"llm"},
     {"checks", "demos"},

@@ -336,7 +336,7 @@ def test_tictactoe_selfplay_example_does_not_lose_to_random(tmp_path):
     from pathlib import Path
 
     from ppokit.cliutil import load_toml
-    from ppokit.selfplay.evaluate import evaluate_versus
+    from ppokit.algos.opponent_eval import evaluate_versus
 
     example = Path(__file__).parent.parent / "docs/examples/selfplay-tictactoe.toml"
     values = load_toml(str(example))

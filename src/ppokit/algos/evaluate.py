@@ -129,7 +129,7 @@ def evaluate_run(run_dir: str | Path, *, episodes: int = 10, seed: int | None = 
         require_video_extra()
     run = open_run(run_dir, env, best=best)
     cfg, maker = run.cfg, run.env
-    if cfg.selfplay:  # (its games have an opponent: ppokit.selfplay.evaluate)
+    if cfg.selfplay:  # (its games have an opponent: ppokit.algos.opponent_eval)
         raise UsageError(f"{run_dir} is a self-play run of {cfg.env_id}: evaluate it against "
                          "an opponent (--opponent random, heuristic, snapshot:N or RUN2)")
     policy, norm, spaces = run.policy()

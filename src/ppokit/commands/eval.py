@@ -3,7 +3,7 @@
 best/ policy of the evaluations during training, eval_best.json; ``--video DIR``: an MP4 of
 each episode in DIR, with DIR/video.json, see :mod:`ppokit.algos.video`; ``--opponent``: a
 self-play run's games against one opponent, eval_opponent.json, see
-:mod:`ppokit.selfplay.evaluate`)."""
+:mod:`ppokit.algos.opponent_eval`)."""
 
 from __future__ import annotations
 
@@ -93,10 +93,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _versus(args: argparse.Namespace, run_dir) -> int:
-    """``--opponent``: the run's games against one opponent (:mod:`ppokit.selfplay.evaluate`)."""
+    """``--opponent``: the run's games against one opponent (:mod:`ppokit.algos.opponent_eval`)."""
     from ppokit.io import RunLock
     from ppokit.io.atomic import atomic_write_text
-    from ppokit.selfplay.evaluate import evaluate_versus, summary
+    from ppokit.algos.opponent_eval import evaluate_versus, summary
 
     for flag in ("best", "video"):
         if getattr(args, flag) not in (None, False):

@@ -190,7 +190,7 @@ def _final_evaluation(run_dir, cfg, episodes: int, env) -> str:
 
     with RunLock(run_dir, "eval"):
         if cfg.selfplay:
-            from ppokit.selfplay.evaluate import evaluate_versus
+            from ppokit.algos.opponent_eval import evaluate_versus
 
             res = evaluate_versus(run_dir, "random", games=episodes)
             atomic_write_text(run_dir / "eval_opponent.json", json.dumps(res, indent=2) + "\n")

@@ -104,14 +104,14 @@ def make_vec(env_id: str | Callable[[], gym.Env], num_envs: int, *,
         if vectorization == "envpool":
             raise UsageError("vectorization: envpool runs EnvPool's own environments, "
                              "not an environment factory; use sync or async")
-        return _make_vec_factory(checked_factory(env_id, label_of(env_id)), num_envs,
+        return make_vec_factory(checked_factory(env_id, label_of(env_id)), num_envs,
                                  vectorization, autoreset)
     spec = check_env_id(env_id)
     gid = gym_id(env_id)
     if split_env_id(env_id)[0] is not None and vectorization in ("auto", "sync", "async") \
             and (vectorization != "auto" or spec.vector_entry_point is None):
         # the user's own code: every call checked (ppokit.envs.checked)
-        return _make_vec_factory(_user_env(env_id, gid, dict(env_kwargs or {})), num_envs,
+        return make_vec_factory(_user_env(env_id, gid, dict(env_kwargs or {})), num_envs,
                                  "sync" if vectorization == "auto" else vectorization,
                                  autoreset)
     if vectorization == "envpool":  # EnvPool's C++ environments (ppokit.envs.envpool_vec)
@@ -268,7 +268,7 @@ def _make_atari_vec(env_id: str, gid: str, num_envs: int, vectorization: str,
                          "preprocessing, one game per copy; use sync or async (or auto)")
     fns = atari.env_fns(gid, num_envs, training=training, env_kwargs=env_kwargs)
     try:
-        env = _make_vec_factory(fns[0], num_envs, vectorization, autoreset, fns=fns)
+        env = make_vec_factory(fns[0], num_envs, vectorization, autoreset, fns=fns)
     except TypeError as exc:  # an env_kwargs name the ALE does not take
         raise UsageError(f"env_kwargs: {env_id!r} does not accept them ({exc})") from None
     env.game_scores = True
@@ -293,7 +293,7 @@ def _user_env(env_id: str, gid: str, kwargs: dict) -> Callable[[], gym.Env]:
     return checked_factory(make, label_of(env_id))
 
 
-def _make_vec_factory(factory: Callable[[], gym.Env], num_envs: int, vectorization: str,
+def make_vec_factory(factory: Callable[[], gym.Env], num_envs: int, vectorization: str,
                       autoreset: str, fns: list | None = None) -> VectorEnv:
     if vectorization == "vector_entry_point":
         raise UsageError("vectorization: an environment factory has no vectorised entry "

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ppokit.envs.vec import _make_vec_factory
+from ppokit.envs.vec import make_vec_factory
 from ppokit.errors import UsageError
 
 from .games import RULES, SelfPlayEnv, game_factory, game_name
@@ -83,7 +83,7 @@ class SelfPlay:
             return SelfPlayEnv(self.make_game(), self.pool, label=c.env_id)
 
         # (ppokit's own env: built without the per-call checks of a user's factory)
-        return _make_vec_factory(make, c.n_envs, "sync", c.autoreset_mode)
+        return make_vec_factory(make, c.n_envs, "sync", c.autoreset_mode)
 
     def _player_of_file(self, iteration: int) -> PolicyPlayer:
         weights, _ = read_snapshot(self.run_dir, iteration, "--resume")

@@ -16,11 +16,11 @@ import numpy as np
 
 from ppokit.errors import UsageError
 
-from .coach import game_spaces, snapshot_policy
-from .games import game_factory
-from .match import play_games, wilson
-from .opponents import PolicyPlayer, RandomPlayer, heuristic_for
-from .pool import read_snapshot
+from ppokit.selfplay.coach import game_spaces, snapshot_policy
+from ppokit.selfplay.games import game_factory
+from ppokit.selfplay.match import play_games, wilson
+from ppokit.selfplay.opponents import PolicyPlayer, RandomPlayer, heuristic_for
+from ppokit.selfplay.pool import read_snapshot
 
 __all__ = ["evaluate_versus", "opponent_of"]
 
