@@ -335,8 +335,8 @@ def test_tictactoe_selfplay_example_does_not_lose_to_random(tmp_path):
     import time
     from pathlib import Path
 
-    from ppokit.cliutil import load_toml
     from ppokit.algos.opponent_eval import evaluate_versus
+    from ppokit.cliutil import load_toml
 
     example = Path(__file__).parent.parent / "docs/examples/selfplay-tictactoe.toml"
     values = load_toml(str(example))

@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 
 from ppokit.errors import UsageError
-
 from ppokit.selfplay.coach import game_spaces, snapshot_policy
 from ppokit.selfplay.games import game_factory
 from ppokit.selfplay.match import play_games, wilson

@@ -94,9 +94,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _versus(args: argparse.Namespace, run_dir) -> int:
     """``--opponent``: the run's games against one opponent (:mod:`ppokit.algos.opponent_eval`)."""
+    from ppokit.algos.opponent_eval import evaluate_versus, summary
     from ppokit.io import RunLock
     from ppokit.io.atomic import atomic_write_text
-    from ppokit.algos.opponent_eval import evaluate_versus, summary
 
     for flag in ("best", "video"):
         if getattr(args, flag) not in (None, False):
