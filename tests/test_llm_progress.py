@@ -21,6 +21,30 @@ def test_plain_lines_off_a_terminal():
     assert "\r" not in out.getvalue() and "…" not in out.getvalue()
 
 
+def test_the_time_limit_bounds_the_time_remaining(monkeypatch):
+    """A run of 400 iterations under a 100-second limit (the default run has one) says how
+    long until the limit, not how long 400 iterations would take."""
+    from ppokit.llm.training import progress
+
+    now = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    out = io.StringIO()
+    with Progress(400, 0, tty=False, every=0.0, stream=out, time_limit=100.0) as bar:
+        now[0] = 90.0
+        bar.advance(dict(REC, wall_time=90.0))
+        now[0] = 180.0
+        bar.advance(dict(REC, wall_time=180.0))
+    first, second = out.getvalue().splitlines()
+    assert first.endswith("elapsed 0:01:30  remaining 0:00:10 (time limit)")
+    assert second.endswith("remaining 0:00:00 (time limit)")
+    out = io.StringIO()  # no limit: the iterations left at the rate so far
+    now[0] = 0.0
+    with Progress(4, 0, tty=False, every=0.0, stream=out) as bar:
+        now[0] = 90.0
+        bar.advance(dict(REC, wall_time=90.0))
+    assert out.getvalue().rstrip().endswith("elapsed 0:01:30  remaining 0:04:30")
+
+
 def test_interval_and_the_last_iteration():
     out = io.StringIO()
     with Progress(4, 1, tty=False, every=3600.0, stream=out) as bar:

@@ -89,12 +89,15 @@ def _clock(s: float) -> str:
 
 class Progress:
     """Progress of ``total`` iterations from ``start`` (quiet when disabled); ``tty``:
-    whether to draw a bar (default: whether stderr is a terminal)."""
+    whether to draw a bar (default: whether stderr is a terminal). ``time_limit``: the
+    run's limit on training seconds (the records' ``wall_time``), which ends it before
+    ``total`` when it comes first: the time remaining then says so."""
 
     def __init__(self, total: int, start: int, enabled: bool = True, *, tty: bool | None = None,
-                 every: float | None = None, stream=None):
+                 every: float | None = None, stream=None, time_limit: float | None = None):
         self.enabled = enabled
         self.total, self.start = total, start
+        self.time_limit = time_limit
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty
         if every is None:
@@ -133,7 +136,10 @@ class Progress:
         self._done += 1
         self.speed.add(rec)
         figures = "  ".join(x for x in (_figures(rec), self.speed.line()) if x)
+        left = self._limit_left(rec)
         if self._p is not None:
+            if left is not None:
+                figures += f"  time limit in {_clock(left)}"
             self._p.update(self._task, advance=1, description=figures)
             return
         now = time.monotonic()
@@ -141,9 +147,19 @@ class Progress:
             self._last = now
             elapsed = now - self._t0
             rate = elapsed / max(self._done - self.start, 1)
+            remaining = rate * (self.total - self._done)
+            until = ""
+            if left is not None and left < remaining:  # the time limit ends the run first
+                remaining, until = left, " (time limit)"
             print(f"llm train: iteration {self._done}/{self.total}  {figures}  "
-                  f"elapsed {_clock(elapsed)}  remaining "
-                  f"{_clock(rate * (self.total - self._done))}", file=self.stream, flush=True)
+                  f"elapsed {_clock(elapsed)}  remaining {_clock(remaining)}{until}",
+                  file=self.stream, flush=True)
+
+    def _limit_left(self, rec: dict) -> float | None:
+        """Training seconds left before the time limit (None: no limit, or no clock)."""
+        if self.time_limit is None or "wall_time" not in rec:
+            return None
+        return max(self.time_limit - float(rec["wall_time"]), 0.0)
 
     def __exit__(self, *exc):
         if self._p is not None:

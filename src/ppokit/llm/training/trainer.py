@@ -426,7 +426,7 @@ class TokenTrainer(RunLifecycle):
         training returns."""
         self._recs = []
         self._bar = Progress(self.cfg.iterations, self.iteration,
-                             enabled=progress and self.is_main)
+                             enabled=progress and self.is_main, time_limit=self.cfg.time_limit)
         try:
             with self._bar:
                 self.run_to_end(stop)
