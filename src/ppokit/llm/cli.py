@@ -39,7 +39,7 @@ def add_config_arguments(p: argparse.ArgumentParser, skip: tuple[str, ...] = (),
             continue
         flag = "--" + f.name.replace("_", "-")
         default = None if f.default is MISSING else f.default
-        h = f.metadata.get("help", "")
+        h = f.metadata.get("help", "").replace("%", "%%")  # (argparse formats help with %)
         if ann.startswith("bool"):
             p.add_argument(flag, dest=f.name, default=None, action=argparse.BooleanOptionalAction,
                            help=h + ("" if default is None or "default" in h
