@@ -50,7 +50,7 @@ from ppokit.threads import usable_cores
 
 from .flat import FlatParameters
 from .forward import policy_forward, reference_step
-from .fused_kernel import KERNEL_STAT_KEYS, _python_kernel, kernel
+from .fused_kernel import KERNEL_STAT_KEYS, kernel, python_kernel
 from .native import NATIVE_MAX_WIDTH, NativeStep
 from .native import why_not as native_why_not
 from .update import UpdateSpec, spec_fields
@@ -304,8 +304,8 @@ class FusedStep:
             self.parallel = way = pick.next()
             t0 = time.perf_counter()
         run = self.kernel if self.parallel else self.serial_kernel
-        if run is _python_kernel and not self.parallel:
-            run = functools.partial(_python_kernel, parallel=False)
+        if run is python_kernel and not self.parallel:
+            run = functools.partial(python_kernel, parallel=False)
         stats, stopped = run(
             x, actions, mb["logp"], mb["advantages"], mb["returns"], mb["values"],
             *self._nets, *self._log_std, self.flat.grad, clip=float(clip_range),

@@ -20,7 +20,7 @@ import torch
 
 from .update import STAT_KEYS
 
-__all__ = ["KERNEL_STAT_KEYS", "kernel"]
+__all__ = ["KERNEL_STAT_KEYS", "kernel", "python_kernel"]
 
 
 def _mlp_forward(x: torch.Tensor, ws: list[torch.Tensor], bs: list[torch.Tensor],
@@ -282,7 +282,7 @@ def _compile_kernel(fn):
 _KERNEL: dict = {}  # serial -> compiled kernel or None, filled on first use
 
 
-def _python_kernel(*args, **kwargs):
+def python_kernel(*args, **kwargs):
     """``_ppo_step`` run as plain Python (``torch.jit.fork`` then runs the critic branch
     synchronously, with a deprecation warning per call that is not the caller's business)."""
     with warnings.catch_warnings():
@@ -294,12 +294,12 @@ def kernel(script: bool = True, serial: bool = False):
     """The step kernel: compiled when ``script`` and possible, else plain Python;
     ``serial``: the critic's branch before the actor's (:func:`_ppo_step_serial`)."""
     if not script:
-        return _python_kernel
+        return python_kernel
     if serial not in _KERNEL:
         if not _KERNEL:
             atexit.register(_let_the_critic_thread_finish)
         _KERNEL[serial] = _compile_kernel(_ppo_step_serial if serial else _ppo_step)
-    return _KERNEL[serial] or _python_kernel
+    return _KERNEL[serial] or python_kernel
 
 
 def _let_the_critic_thread_finish() -> None:

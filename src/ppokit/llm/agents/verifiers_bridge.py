@@ -1,8 +1,8 @@
 """The bridge between a ``verifiers`` environment's own rollout loop and ppokit's sampler
 (:mod:`ppokit.llm.agents.verifiers_env`): the model client ppokit stands in as, and the
 batching of its turn requests — a request waits until every unfinished rollout of the
-batch waits for the model, then all are answered in one call (:class:`_Turns`). The
-episode a request comes from travels in a context variable (:data:`_EPISODE`), set by each
+batch waits for the model, then all are answered in one call (:class:`Turns`). The
+episode a request comes from travels in a context variable (:data:`EPISODE`), set by each
 rollout's task.
 """
 
@@ -16,10 +16,12 @@ from typing import Any
 
 from ppokit.errors import UsageError
 
-_EPISODE: contextvars.ContextVar[int] = contextvars.ContextVar("ppokit_episode")
+__all__ = ["EPISODE", "Turns", "bridge_client", "run_to_completion"]
+
+EPISODE: contextvars.ContextVar[int] = contextvars.ContextVar("ppokit_episode")
 
 
-def _run(coro):
+def run_to_completion(coro):
     """Run ``coro`` to completion: here, or in a worker thread where this thread already
     runs an event loop (a notebook)."""
     try:
@@ -30,7 +32,7 @@ def _run(coro):
         return pool.submit(asyncio.run, coro).result()
 
 
-class _Turns:
+class Turns:
     """The model turns requested by the rollouts in flight: answered in one batch by
     ``answer(requests) -> results`` (a result that is an exception is raised in its
     rollout) whenever every unfinished rollout waits for one."""
@@ -76,9 +78,9 @@ def _client_class():
     import verifiers as vf
 
     class Bridge(vf.Client):
-        """verifiers' model client, answered by ppokit's sampler (:class:`_Turns`)."""
+        """verifiers' model client, answered by ppokit's sampler (:class:`Turns`)."""
 
-        def __init__(self, turns: _Turns):
+        def __init__(self, turns: Turns):
             super().__init__(None)
             self.turns = turns
 
@@ -108,7 +110,7 @@ def _client_class():
             schemas = [{"type": "function", "function": {
                 "name": t.name, "description": t.description,
                 "parameters": dict(t.parameters)}} for t in (tools or [])]
-            return await self.turns.ask((_EPISODE.get(), msgs, schemas))
+            return await self.turns.ask((EPISODE.get(), msgs, schemas))
 
     return Bridge
 
@@ -116,7 +118,8 @@ def _client_class():
 _BRIDGE: list[type] = []
 
 
-def _Client(turns: _Turns):  # noqa: N802 - the one bridge class, made once
+def bridge_client(turns: Turns):
+    """verifiers' client for ``turns`` (the bridge class is made once)."""
     if not _BRIDGE:
         _BRIDGE.append(_client_class())
     return _BRIDGE[0](turns)

@@ -7,7 +7,7 @@ for each model turn and calls the environment's ``env_response`` in between, and
 rubric scores the finished rollouts of a group. ppokit runs that loop unchanged, every
 rollout of an iteration at once in one event loop, and stands in as the client: a turn
 request waits until every unfinished rollout waits for the model, and then all of them
-are sampled in one batch (:class:`~ppokit.llm.agents.verifiers_bridge._Turns`).
+are sampled in one batch (:class:`~ppokit.llm.agents.verifiers_bridge.Turns`).
 
 The tokens are ppokit's, not a re-rendering of the messages verifiers keeps: each
 rollout's first request is rendered as the prompt (the chat template, with the
@@ -58,7 +58,7 @@ from ppokit.errors import UsageError, UserCodeError, require_extra
 from .conversation import Episode, Renderer, pad_left
 from .runner import EVAL_SEED_OFFSET, AgentRunner
 from .tools import CALL
-from .verifiers_bridge import _EPISODE, _Client, _run, _Turns
+from .verifiers_bridge import EPISODE, Turns, bridge_client, run_to_completion
 
 __all__ = ["VerifiersRunner", "is_verifiers_env", "load_verifiers_env", "PREFIX"]
 
@@ -179,7 +179,7 @@ class VerifiersRunner(AgentRunner):
                      max_new_tokens=tr.max_new_tokens, context=context,
                      sample=lambda ids, mask: tr.sample_ids(ids, mask, generator, temperature))
         with torch.no_grad(), tr.autocast(tr.cfg.sampler_precision):
-            eps = _run(game.play())
+            eps = run_to_completion(game.play())
         if game.errors:
             tr.log(f"env {self.label}: {len(game.errors)} of {len(eps)} rollouts failed "
                    f"(verifiers recorded an error; the rubric's score kept); the first: "
@@ -217,12 +217,12 @@ class _Game:
     async def play(self) -> list[Episode]:
         import verifiers as vf
 
-        turns = _Turns(len(self.seeds), self.answer)
-        bridge = _Client(turns)
+        turns = Turns(len(self.seeds), self.answer)
+        bridge = bridge_client(turns)
         states: list[Any] = [None] * len(self.seeds)
 
         async def one(k: int) -> None:
-            _EPISODE.set(k)
+            EPISODE.set(k)
             try:
                 states[k] = await self.env.rollout(self.runner.row(self.seeds[k]), bridge,
                                                    "ppokit", {})
