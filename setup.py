@@ -1,7 +1,6 @@
 """The one compiled part of ppokit: the extension ppokit.kernels._c, built from the C files
 in src/ppokit/kernels/ (one per subject; kernels.h says which holds what): the native PPO
-minibatch step, the rollout's actor, the GAE scans, the LSTM, the pixel interleave and the
-decoder's elementwise steps.
+minibatch step, the rollout's actor, the LSTM and the decoder's elementwise steps.
 
 Everything else is in pyproject.toml. The extension is optional: where it does not build
 (no C compiler, a compiler without GCC's vector extensions), ppokit installs without it

@@ -1,5 +1,4 @@
-"""The environment GAE (``ppokit.core.gae``: the recursion in C where the native extension is
-built, else a chunked scan in NumPy) against the plain loop
+"""The environment GAE (``ppokit.core.gae``: a chunked scan in NumPy) against the plain loop
 over time steps (``gae_reference``), side by side in one run, at one torch thread; and
 against rlox's Rust GAE (``rlox.compute_gae_batched_f32``) when rlox is installed, on the
 problem rlox expresses (one done flag a step, bootstrapping from the next step's value).
@@ -21,9 +20,7 @@ import time
 import numpy as np
 import torch
 
-from ppokit import kernels
 from ppokit.core.advantage import _reverse_scan_time, gae, gae_reference
-from ppokit.engine import native
 
 
 def _inputs(n: int, t: int):
@@ -116,24 +113,18 @@ def _measure(n: int, t: int, repeats: int, rlox) -> None:
     r, v, nv, term, end = _inputs(n, t)
     d = r + 0.99 * (~term).float() * nv - v
     c = 0.99 * 0.95 * (~end).float()
-    runs: dict[str, list[float]] = {"gae": [], "loop": [], "scan alone": [],
-                                    "NumPy scan": []}
-    scan_label = "C scan (what gae runs)" if native.available() else \
-        f"scan alone (NumPy: the native step is not built: {native.why_not()})"
+    runs: dict[str, list[float]] = {"gae": [], "loop": [], "scan alone": []}
     for _ in range(3):  # alternating rounds
         runs["gae"] += _time(lambda: gae(r, v, nv, term, end, 0.99, 0.95), repeats)
         runs["loop"] += _time(lambda: gae_reference(r, v, nv, term, end, 0.99, 0.95),
                               max(3, repeats // 3))
-        runs["scan alone"] += _time(lambda: kernels.reverse_scan(d, c) if native.available()
-                                    else _reverse_scan_time(d, c), repeats)
-        runs["NumPy scan"] += _time(lambda: _reverse_scan_time(d, c), repeats)
+        runs["scan alone"] += _time(lambda: _reverse_scan_time(d, c), repeats)
     diff = float((gae(r, v, nv, term, end, 0.99, 0.95)[0]
                   - gae_reference(r, v, nv, term, end, 0.99, 0.95)[0]).abs().max())
     med = {k: statistics.median(x) for k, x in runs.items()}
     print(f"\n{n} envs x {t} steps: max |difference| from the loop {diff:.2e}")
     for k, x in runs.items():
-        label = scan_label if k == "scan alone" else k
-        print(f"  {label:12s} {med[k]:9.3f}  ({min(x):.3f}–{max(x):.3f})")
+        print(f"  {k:12s} {med[k]:9.3f}  ({min(x):.3f}–{max(x):.3f})")
     print(f"  gae is {med['loop'] / med['gae']:.1f}x the loop (the scan alone: "
           f"{med['loop'] / med['scan alone']:.1f}x; the rest is the input checks)")
     if rlox is not None:

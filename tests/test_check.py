@@ -52,6 +52,20 @@ def test_default_policy_passes(policy, batch):
     assert rep["zero-advantage-gradient"].values["max_grad"] == 0.0
 
 
+def test_ratio_tolerance_follows_the_policys_sums_and_dtype():
+    """Rounding between a step's pass and the batch's grows with the sums the policy
+    computes: a Nature CNN is allowed more than CartPole's MLP, float64 the floor; a
+    deviation such as dropout's (0.1 and more) stays far outside either."""
+    from ppokit.checks.policy_checks import RATIO_TOL, RATIO_TOL_CAP, ratio_tolerance
+
+    mlp = make_policy(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2))
+    cnn = make_policy(gym.spaces.Box(0, 255, (4, 84, 84), "uint8"), gym.spaces.Discrete(4))
+    eps = torch.finfo(torch.float32).eps
+    assert ratio_tolerance(mlp) == pytest.approx(eps * 2 * (2 + 8 + 8))
+    assert 1e-5 < ratio_tolerance(cnn) < 1e-4 < RATIO_TOL_CAP
+    assert ratio_tolerance(mlp.double()) == RATIO_TOL
+
+
 def test_gaussian_policy_passes():
     env = gym.make("Pendulum-v1")
     torch.manual_seed(1)

@@ -474,33 +474,3 @@ def test_bf16_rollout_with_weights_cast_once_is_the_same_rollout(monkeypatch):
     cast_once, cast_each = outs
     for name in ("obs", "actions", "logp", "values", "next_values"):
         assert torch.equal(getattr(cast_once, name), getattr(cast_each, name)), name
-
-
-@settings(max_examples=60, deadline=None)
-@given(n=st.integers(0, 4), c=st.integers(1, 6), h=st.integers(1, 9), w=st.integers(1, 9),
-       seed=st.integers(0, 10_000))
-def test_pixels_last_is_torchs_channels_last_copy(n, c, h, w, seed):
-    """The collector's C interleave of channel-first uint8 frames (a 32-bit word per pixel
-    for four planes, byte by byte otherwise) against torch's channels-last copy: the same
-    values, the same strides; arrays it does not take are left to the caller."""
-    import pytest
-
-    from ppokit import kernels
-
-    if not kernels.available():
-        pytest.skip(kernels.why_not())
-    raw = np.random.default_rng(seed).integers(0, 256, (n, c, h, w), dtype=np.uint8)
-    out = kernels.pixels_last(raw)
-    t = torch.from_numpy(raw)
-    ref = torch.empty_like(t, memory_format=torch.channels_last).copy_(t).numpy()
-    assert out.shape == raw.shape and np.array_equal(out, raw)
-    assert out.strides == ref.strides or n * c * h * w == 0
-    assert kernels.pixels_last(raw.astype(np.float32)) is None
-    assert kernels.pixels_last(raw[:, ::-1]) is None or c == 1 or raw.size == 0  # a view
-
-
-def test_pixels_last_is_off_with_the_kernels(monkeypatch):
-    from ppokit import kernels
-
-    monkeypatch.setenv("PPOKIT_NATIVE", "0")
-    assert kernels.pixels_last(np.zeros((2, 4, 3, 3), np.uint8)) is None

@@ -15,11 +15,10 @@ from ppokit import kernels
 
 ROOT = Path(__file__).resolve().parents[1]
 # every kernel's reference tests (kernels/__init__.py names them, one file per subject)
-REFERENCE_TESTS = ["tests/test_native_step.py", "tests/test_core_gae_fast.py",
+REFERENCE_TESTS = ["tests/test_native_step.py",
                    "tests/test_lstm_native.py", "tests/test_llm_kernels.py",
                    "tests/test_kernels_switches.py",
-                   "tests/test_train_policies.py::test_numpy_sampler_matches_the_torch_policy",
-                   "tests/test_cnn_fast_path.py::test_pixels_last_is_torchs_channels_last_copy"]
+                   "tests/test_train_policies.py::test_numpy_sampler_matches_the_torch_policy"]
 
 
 @pytest.mark.skipif(not kernels.available() or sys.platform == "win32"

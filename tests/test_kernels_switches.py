@@ -2,14 +2,13 @@
 (``PPOKIT_NATIVE=0``): each caller takes its torch or NumPy path, with the same results."""
 
 import os
+import warnings
 
 import gymnasium as gym
-import numpy as np
 import pytest
 import torch
 
 from ppokit import kernels
-from ppokit.core import gae
 from ppokit.engine import native
 from ppokit.kernels import lstm as native_lstm
 from ppokit.policies import NumpySampler, make_policy
@@ -18,36 +17,30 @@ pytestmark = pytest.mark.skipif(not kernels.available(),
                                 reason=f"kernels unavailable: {kernels.why_not()}")
 
 
-def _gae_inputs(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    r, v, nv = (torch.randn(7, 3, generator=g) for _ in range(3))
-    end = torch.rand(7, 3, generator=g) < 0.3
-    term = end & (torch.rand(7, 3, generator=g) < 0.5)
-    return r, v, nv, term, end
-
-
 def test_each_kernel_turns_off_alone(monkeypatch):
     lstm = torch.nn.LSTM(3, 4, batch_first=True)
     x, h0 = torch.zeros(2, 5, 3), torch.zeros(1, 2, 4)
     assert native_lstm.supports(lstm, x, h0) is True
-    monkeypatch.setenv("PPOKIT_NATIVE_OFF", "gae,lstm")
+    monkeypatch.setenv("PPOKIT_NATIVE_OFF", "lstm,decoder")
     assert kernels.available() is True  # the extension as a whole is there
-    assert kernels.available("gae") is False and kernels.available("lstm") is False
-    assert kernels.why_not("gae") == "PPOKIT_NATIVE_OFF=gae,lstm"
-    for name in ("step", "actor", "pixels", "decoder"):
+    assert kernels.available("lstm") is False and kernels.available("decoder") is False
+    assert kernels.why_not("lstm") == "PPOKIT_NATIVE_OFF=lstm,decoder"
+    for name in ("step", "actor"):
         assert kernels.available(name) is True, name
     assert native.available() is True
-    assert kernels.gae(*_gae_inputs(), 0.99, 0.95) is None
-    assert kernels.reverse_scan(torch.ones(4), torch.ones(4)) is None
     assert native_lstm.supports(lstm, x, h0) is False
+    assert kernels.has_decoder() is False
 
 
 def test_the_results_do_not_change_when_a_kernel_is_off(monkeypatch):
-    fast = gae(*_gae_inputs(1), 0.99, 0.95)
-    monkeypatch.setenv("PPOKIT_NATIVE_OFF", "gae")
-    slow = gae(*_gae_inputs(1), 0.99, 0.95)
-    for a, b in zip(fast, slow):
-        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(3, 4, batch_first=True)
+    x, h0 = torch.randn(2, 5, 3), torch.randn(1, 2, 4)
+    c0 = torch.randn(1, 2, 4)
+    fast = native_lstm.lstm(lstm, x, h0, c0)
+    monkeypatch.setenv("PPOKIT_NATIVE_OFF", "lstm")
+    assert native_lstm.supports(lstm, x, h0) is False  # the caller then runs the module
+    torch.testing.assert_close(fast, lstm(x, (h0, c0))[0], rtol=1e-5, atol=1e-6)
 
 
 def test_the_actor_and_the_step_follow_their_names(monkeypatch):
@@ -59,15 +52,32 @@ def test_the_actor_and_the_step_follow_their_names(monkeypatch):
         NumpySampler(pol, native=True)
     monkeypatch.setenv("PPOKIT_NATIVE_OFF", "step")
     assert native.available() is False and native.why_not() == "PPOKIT_NATIVE_OFF=step"
-    assert kernels.pixels_last(np.zeros((1, 4, 2, 2), np.uint8)) is not None
+    assert kernels.available("lstm") is True
 
 
 def test_an_unknown_name_is_an_error_that_lists_the_names(monkeypatch):
     with pytest.raises(ValueError, match="unknown kernel 'gea'"):
         kernels.available("gea")
     monkeypatch.setenv("PPOKIT_NATIVE_OFF", "gea")
-    with pytest.raises(ValueError, match="unknown kernel gea .*step, actor, gae"):
-        kernels.available("gae")
+    with pytest.raises(ValueError, match="unknown kernel gea .*step, actor, lstm"):
+        kernels.available("lstm")
+
+
+@pytest.mark.parametrize("name", sorted(kernels.REMOVED))
+def test_a_removed_kernel_is_named_once_with_a_warning_and_ignored(monkeypatch, name):
+    """A script that turned off a kernel since removed keeps running (that kernel runs no
+    more, as it asked), and is told once that the name can go; asking whether it is
+    available is an error that says it was removed."""
+    monkeypatch.setattr(kernels, "_WARNED", set())
+    monkeypatch.setenv("PPOKIT_NATIVE_OFF", f"{name},lstm")
+    with pytest.warns(FutureWarning, match=f"the {name} kernel was removed .*ignored"):
+        assert kernels.available("lstm") is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once a process, not on every call
+        assert kernels.available("step") is True
+    with pytest.raises(ValueError, match=f"the {name} kernel was removed"):
+        kernels.available(name)
+    assert name not in kernels.KERNELS and not hasattr(kernels, f"{name}_last")
 
 
 def test_build_says_how_the_extension_was_built():
@@ -87,7 +97,6 @@ def test_the_wide_kernels_run_only_where_the_cpu_has_avx512(monkeypatch):
     for name in kernels.WIDE:
         assert kernels.available(name) is False
         assert "needs AVX-512" in kernels.why_not(name)
-    assert kernels.available("gae") is True and kernels.available("pixels") is True
     assert native.available() is False
     pol = make_policy(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(3))
     assert NumpySampler(pol).native is False

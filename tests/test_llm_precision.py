@@ -4,6 +4,7 @@ left-padded batches of Llama- and GPT-2-architecture models."""
 
 import copy
 import json
+import math
 
 import pytest
 import torch
@@ -79,6 +80,27 @@ def test_float32_attention_is_sdpa(tok, pairs, arch, rows, length, seed):
     err_fast = (low_fast - lps[0])[am].abs().max()
     err_plain = (low_plain - lps[0])[am].abs().max()
     assert err_fast < 0.05 and err_plain < 0.05
+
+
+def test_a_lora_run_in_bf16_starts_with_float32_attention(tok, tmp_path):
+    """A LoRA run's reference is the policy with its adapters off, a module without
+    parameters of its own: bf16 precision gives the policy float32 attention and passes
+    over the reference (a run on a pretrained model, LoRA by default, stopped at its
+    start with StopIteration before)."""
+    pytest.importorskip("peft")
+    from ppokit.llm.modeling.models import AdaptersOff
+    from ppokit.llm.training.config import LLMConfig
+    from ppokit.llm.training.trainer import TokenTrainer
+
+    assert use_float32_attention(AdaptersOff(build_tiny_model(tok, seed=0))) is False
+    cfg = LLMConfig(algo="grpo", lora_r=4, precision="bf16", prompts_per_iter=2,
+                    samples_per_prompt=2, iterations=1, sft_steps=2, checkpoint_every=1000)
+    tr = TokenTrainer(cfg, str(tmp_path / "run"), policy=build_tiny_model(tok, seed=0),
+                      tokenizer=tok, log=lambda *a: None)
+    assert isinstance(tr.reference, AdaptersOff)
+    assert tr.policy.base_model.model.config._attn_implementation == ATTENTION
+    assert math.isfinite(tr.train_iteration()["policy_loss"])
+    tr.close()
 
 
 def test_the_choice_is_not_saved_with_the_model(tok, pairs, tmp_path):

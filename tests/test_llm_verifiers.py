@@ -19,10 +19,10 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import _vf_envs  # noqa: E402
 from ppokit.errors import UsageError, UserCodeError  # noqa: E402
 from ppokit.llm.agents.rollout import to_rollout  # noqa: E402
+from ppokit.llm.agents.verifiers_bridge import run_to_completion  # noqa: E402
 from ppokit.llm.agents.verifiers_env import (  # noqa: E402
     VerifiersRunner,
     _Game,
-    _run,
     is_verifiers_env,
 )
 from ppokit.llm.modeling.models import build_char_tokenizer, build_tiny_model  # noqa: E402
@@ -51,7 +51,7 @@ def _play(env, tok, sample, seeds, *, fmt="json", max_turns=6, new=4, context=25
     runner = VerifiersRunner(env, {}, fmt)
     game = _Game(runner, tok, seeds, max_turns=max_turns, max_new_tokens=new,
                  context=context, sample=sample)
-    return _run(game.play()), game
+    return run_to_completion(game.play()), game
 
 
 def _model_sampler(model, tok, seed=0, new=4):

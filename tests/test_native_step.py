@@ -39,8 +39,7 @@ def test_kernels_available_reads_as_an_answer(monkeypatch):
     monkeypatch.setenv("PPOKIT_NATIVE", "0")
     assert kernels.available() is False and native.available() is False
     assert kernels.why_not() == native.why_not() == "PPOKIT_NATIVE=0"
-    assert kernels.gae(*[torch.zeros(2, 3)] * 3, torch.zeros(2, 3, dtype=torch.bool),
-                       torch.zeros(2, 3, dtype=torch.bool), 0.99, 0.95) is None
+    assert kernels.available("step") is False and kernels.available("lstm") is False
     with pytest.raises(RuntimeError, match="PPOKIT_NATIVE=0"):
         kernels.auto_state()
     out = subprocess.run([sys.executable, "-c", "import ppokit.kernels as k; "
@@ -231,68 +230,6 @@ def test_the_trainer_runs_the_native_step_by_default(tmp_path):
 
 
 @needs_native
-@settings(max_examples=60, deadline=None)
-@given(t=st.integers(1, 300), n=st.sampled_from([None, 1, 3, 8, 17, 64]),
-       dtype=st.sampled_from([torch.float32, torch.float64]), seed=st.integers(0, 10_000),
-       p_end=st.sampled_from([0.0, 0.05, 0.5]))
-def test_native_reverse_scan_is_the_loop_bit_for_bit(t, n, dtype, seed, p_end):
-    """The environment GAE's recursion in C gives the plain loop's bits, [T] and [T, N]."""
-    from ppokit.core.advantage import _reverse_scan_loop, gae, gae_reference
-
-    shape = (t,) if n is None else (t, n)
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(shape, generator=gen, dtype=dtype) * 3
-    a = 0.99 * 0.95 * (torch.rand(shape, generator=gen) >= p_end).to(dtype)
-    assert torch.equal(kernels.reverse_scan(x, a), _reverse_scan_loop(x, a))
-    end = torch.rand(shape, generator=gen) < p_end
-    term = end & (torch.rand(shape, generator=gen) < 0.5)
-    r, v, nv = (torch.randn(shape, generator=gen, dtype=dtype) for _ in range(3))
-    got, want = gae(r, v, nv, term, end, 0.99, 0.95), gae_reference(r, v, nv, term, end,
-                                                                    0.99, 0.95)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    # what it does not take, it leaves to the NumPy scan
-    assert kernels.reverse_scan(x.to(torch.float16), a.to(torch.float16)) is None
-    assert kernels.reverse_scan(x, a.to(torch.float16 if dtype == torch.float32
-                                        else torch.float32)) is None
-
-
-@needs_native
-def test_native_gae_checks_its_inputs_as_the_core_function_does():
-    """The compiled pass refuses what the checked path refuses, and that path raises the
-    error naming the argument; inputs it does not take (float masks, float16) are
-    computed by the checked path."""
-    from ppokit.core.advantage import gae, gae_reference
-
-    gen = torch.Generator().manual_seed(0)
-    r, v, nv = (torch.randn(50, 4, generator=gen) for _ in range(3))
-    end = torch.rand(50, 4, generator=gen) < 0.1
-    term = end & (torch.rand(50, 4, generator=gen) < 0.5)
-    want = gae_reference(r, v, nv, term, end, 0.99, 0.95)
-    got = kernels.gae(r, v, nv, term, end, 0.99, 0.95)
-    # the same bits, not only equal values (-0.0 and 0.0 differ here)
-    assert all(torch.equal(g.view(torch.int32), w.view(torch.int32))
-               for g, w in zip(got, want))
-    for name, bad in (("rewards", r), ("values", v), ("next_values", nv)):
-        spoiled = bad.clone()
-        spoiled[7, 2] = float("inf")
-        args = {"rewards": r, "values": v, "next_values": nv, name: spoiled}
-        assert kernels.gae(*args.values(), term, end, 0.99, 0.95) is None
-        with pytest.raises(ValueError, match=f"{name}: expected finite values"):
-            gae(*args.values(), term, end, 0.99, 0.95)
-    stray = term.clone()
-    stray[3, 1], end2 = True, end.clone()
-    end2[3, 1] = False
-    assert kernels.gae(r, v, nv, stray, end2, 0.99, 0.95) is None
-    with pytest.raises(ValueError, match=r"terminated: set at index \[3, 1\]"):
-        gae(r, v, nv, stray, end2, 0.99, 0.95)
-    assert kernels.gae(r, v, nv, term.float(), end.float(), 0.99, 0.95) is None
-    got = gae(r, v, nv, term.float(), end.float(), 0.99, 0.95)
-    assert torch.allclose(got[0], want[0], atol=1e-5)
-    with pytest.raises(ValueError, match="gamma"):
-        gae(r, v, nv, term, end, 1.5, 0.95)
-
-
-@needs_native
 def test_native_tanh_is_torchs():
     """The step's tanh (1 - 2 / (1 + e^{2u}) on a polynomial e^x) is torch's within 2e-7
     absolutely over the whole float range it meets, saturation and clamping included."""
@@ -301,48 +238,6 @@ def test_native_tanh_is_torchs():
     got = kernels.tanh_(x.clone())
     assert float((got - torch.tanh(x)).abs().max()) < 2e-7
     assert float(got.abs().max()) <= 1.0
-
-
-@needs_native
-@settings(max_examples=60, deadline=None)
-@given(b=st.integers(1, 40), length=st.integers(1, 120),
-       dtype=st.sampled_from([torch.float32, torch.float64]), seed=st.integers(0, 10_000),
-       p_act=st.sampled_from([0.0, 0.3, 0.9, 1.0]), boot=st.booleans(),
-       lam=st.sampled_from([0.0, 0.95, 1.0]))
-def test_native_token_gae_is_the_position_loop_bit_for_bit(b, length, dtype, seed, p_act,
-                                                           boot, lam):
-    """Token GAE in C gives token_gae_reference's bits on any mask (multi-turn gaps,
-    empty rows, full rows), with and without bootstrap values; padding may hold NaN."""
-    from ppokit.core.advantage import token_gae, token_gae_reference
-
-    gen = torch.Generator().manual_seed(seed)
-    r = torch.randn(b, length, generator=gen, dtype=dtype)
-    v = torch.randn(b, length, generator=gen, dtype=dtype)
-    m = torch.rand(b, length, generator=gen) < p_act
-    r[~m] = float("nan")  # never read
-    bv = torch.randn(b, generator=gen, dtype=dtype) if boot else None
-    got = kernels.token_gae(r, v, m, bv, 0.99, lam)
-    assert got is not None
-    want = token_gae_reference(r, v, m, 0.99, lam, bootstrap_values=bv)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    via_core = token_gae(r, v, m, 0.99, lam, bootstrap_values=bv)
-    assert torch.equal(via_core[0], want[0]) and torch.equal(via_core[1], want[1])
-
-
-@needs_native
-def test_native_token_gae_refuses_what_the_checked_path_refuses():
-    from ppokit.core.advantage import token_gae
-
-    r, v = torch.randn(3, 6), torch.randn(3, 6)
-    m = torch.ones(3, 6, dtype=torch.bool)
-    r[1, 2] = float("inf")
-    assert kernels.token_gae(r, v, m, None, 0.99, 0.95) is None
-    with pytest.raises(ValueError, match="rewards: expected finite values at action"):
-        token_gae(r, v, m, 0.99, 0.95)
-    # float16 is the NumPy path's (computed in float32)
-    h = torch.randn(3, 6).half()
-    assert kernels.token_gae(h, h, m, None, 0.99, 0.95) is None
-    assert token_gae(h, h, m, 0.99, 0.95)[0].dtype == torch.float16
 
 
 @needs_native

@@ -255,14 +255,10 @@ def probe(env, *, steps: int = 5000, seconds: float = 30.0, seed: int = 0) -> Tr
             raise _BadReturn(f"returned {_short(out)[:40]}, not (obs, info)")
         return out
 
-    try:
-        obs, info = reset(seed)
-    except _BadReturn as exc:
-        trace.exception = ("reset", 0, str(exc))
+    first = _reset_or_record(lambda: reset(seed), trace)
+    if first is None:
         return trace
-    except Exception as exc:  # noqa: BLE001 - the user's env raised: a finding
-        trace.exception = ("reset", 0, _error(exc))
-        return trace
+    obs, info = first
     rec.obs(obs, 0, 0, False, "reset")
     rec.info(info, "reset")
     kind = mask_kind(env, obs, info)  # an env with action masks is sent allowed actions
@@ -274,7 +270,7 @@ def probe(env, *, steps: int = 5000, seconds: float = 30.0, seed: int = 0) -> Tr
         mask = _mask_or_none(env, kind, obs, info)
         if mask is not None:
             action = allowed_action(act_space, mask, rng)
-        else:
+        else:  # uniform actions for the first half, then a policy's (_policy_action)
             action = (act_space.sample() if trace.steps < steps // 2
                       else _policy_action(act_space, rng))
         t0 = time.perf_counter()
@@ -292,16 +288,7 @@ def probe(env, *, steps: int = 5000, seconds: float = 30.0, seed: int = 0) -> Tr
         obs, r, term, trunc, info = out
         trace.steps += 1
         t += 1
-        try:
-            r = float(r)
-        except (TypeError, ValueError):
-            r = float("nan")
-        if not np.isfinite(r):
-            trace.n_nonfinite += 1
-            if len(trace.nonfinite) < MAX_EXAMPLES:
-                trace.nonfinite.append((trace.steps, f"reward = {r} (step {t} of its "
-                                        "episode)"))
-        trace.rewards.append(r)
+        r = _reward(r, trace, t)
         ret += r
         disc += GAMMA ** (t - 1) * r
         ended = bool(term) or bool(trunc)
@@ -312,19 +299,43 @@ def probe(env, *, steps: int = 5000, seconds: float = 30.0, seed: int = 0) -> Tr
         trace.episodes.append(Episode(t, bool(term), bool(trunc), ret, disc))
         if trace.after_end is None:
             trace.after_end = _after_end(env, act_space, bool(term))
-        try:
-            obs, info = reset()
-        except _BadReturn as exc:
-            trace.exception = ("reset", trace.steps, str(exc))
+        again = _reset_or_record(reset, trace)
+        if again is None:
             break
-        except Exception as exc:  # noqa: BLE001
-            trace.exception = ("reset", trace.steps, _error(exc))
-            break
+        obs, info = again
         rec.obs(obs, trace.steps, 0, False, "reset")
         rec.info(info, "reset")
         t, ret, disc = 0, 0.0, 0.0
     trace.seconds = time.perf_counter() - t_start
     return trace
+
+
+def _reset_or_record(reset, trace: Trace):
+    """``reset()``'s ``(obs, info)``, or None with what went wrong recorded in ``trace``
+    (a return that is not that pair, or the environment's exception)."""
+    try:
+        return reset()
+    except _BadReturn as exc:
+        trace.exception = ("reset", trace.steps, str(exc))
+    except Exception as exc:  # noqa: BLE001 - the user's env raised: a finding
+        trace.exception = ("reset", trace.steps, _error(exc))
+    return None
+
+
+def _reward(r, trace: Trace, t: int) -> float:
+    """A step's reward as a float (NaN where it is none), recorded in ``trace``; a
+    non-finite one counted, with the first few as examples."""
+    try:
+        r = float(r)
+    except (TypeError, ValueError):
+        r = float("nan")
+    if not np.isfinite(r):
+        trace.n_nonfinite += 1
+        if len(trace.nonfinite) < MAX_EXAMPLES:
+            trace.nonfinite.append((trace.steps, f"reward = {r} (step {t} of its "
+                                    "episode)"))
+    trace.rewards.append(r)
+    return r
 
 
 def _after_end(env, act_space, terminated: bool) -> dict:

@@ -68,10 +68,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ppokit.algos import Trainer, resolve_config
-    from ppokit.algos.config import parse_sets
-    from ppokit.algos.progress import train_with_progress
-    from ppokit.io import GracefulStop, Interrupted, unique_run_dir
+    from ppokit.algos import Trainer
+    from ppokit.io import GracefulStop, Interrupted
     from ppokit.plugins import import_modules
 
     imports = import_modules(args.imports)  # named here; a run directory never names code
@@ -79,56 +77,18 @@ def run(args: argparse.Namespace) -> int:
         from .seeds import run_seeds
 
         return run_seeds(args)
-    if args.parallel is not None:
-        raise UsageError("--parallel only applies with --seeds")
-    if args.backend != "local":
-        raise UsageError("--backend only applies with --seeds")
-    if not 0 <= args.eval_episodes <= 10**6:
-        raise UsageError(f"--eval-episodes: expected an integer in [0, 1000000], got "
-                         f"{args.eval_episodes}")
-
-    from ppokit.envs.source import import_env_module
-
+    _check_single_run_args(args)
     flags = {"env_id": args.env_id, "algo": args.algo, "total_timesteps": args.total_timesteps,
              "seed": args.seed, "n_envs": args.n_envs,
              "env_kwargs": parse_env_kwargs(args.env_kwargs), "track": args.track}
     fresh = False
     if args.resume:
-        if any(v is not None for k, v in flags.items()
-               if k not in ("env_id", "total_timesteps")) or args.sets \
-                or args.config or args.run_dir:
-            raise UsageError("--resume continues a run with its saved configuration; it "
-                             "cannot be combined with --algo/--seed/--num-envs/"
-                             "--env-kwargs/--run-dir/--config/--set (--total-steps N "
-                             "sets a new total, to train a finished run further)")
-        run_dir = Path(args.resume)
-        if not run_dir.is_dir():
-            raise UsageError(f"--resume: no such run directory {str(run_dir)!r}")
-        from ppokit.io.rundir import is_llm_run_dir
-
-        from .seeds import is_seeds_dir, resume_seeds
-
-        if is_seeds_dir(run_dir):  # a stopped `ppokit train --seeds` launch
-            return resume_seeds(run_dir, args.env_id, imports)
-        if is_llm_run_dir(run_dir):
-            raise UsageError(f"--resume: {run_dir} is a language-model run: continue it with "
-                             f"`ppokit llm train --resume {run_dir}`")
-        from ppokit.algos.runs import open_run
-
-        # a module:Id is imported only because it is named here again, never because the
-        # checkpoint says so
-        saved = open_run(run_dir, args.env_id, "--resume")
-        cfg, env = saved.cfg, saved.env
+        opened = _open_resumed(args, flags, imports)
+        if isinstance(opened, int):  # a `ppokit train --seeds` launch, resumed
+            return opened
+        cfg, env, run_dir = opened
     else:
-        toml_values = read_toml(args.config, "train") if args.config else {}
-        cfg = resolve_config(toml_values=toml_values, overrides=parse_sets(args.sets),
-                             flags=flags)
-        env = import_env_module(cfg.env_id, "--env")  # named on the command line
-        if args.run_dir:
-            run_dir = Path(args.run_dir)
-        else:
-            run_dir = unique_run_dir("runs", f"{cfg.env_id}-{cfg.algo}-s{cfg.seed}")
-            fresh = True
+        cfg, env, run_dir, fresh = _new_run(args, flags)
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -137,11 +97,12 @@ def run(args: argparse.Namespace) -> int:
     if args.resume and not _resume_target(trainer, args.total_timesteps, log):
         trainer.close()
         return 0
-    show = not args.no_progress  # a bar on a terminal, plain lines in a log
     try:
         with GracefulStop(log) as stop:
             try:
-                if show:
+                if not args.no_progress:  # a bar on a terminal, plain lines in a log
+                    from ppokit.algos.progress import train_with_progress
+
                     train_with_progress(trainer, stop)
                 else:
                     trainer.train(stop=stop)
@@ -154,23 +115,9 @@ def run(args: argparse.Namespace) -> int:
         from ppokit.io.plots import plot_learning_curve
 
         png = plot_learning_curve(run_dir)
-        summary = (f"{cfg.algo} on {cfg.env_id}: {trainer.global_step} steps, "
-                   f"{trainer.iteration} iterations in {trainer.elapsed:.1f} s "
-                   f"({trainer.global_step / max(trainer.elapsed, 1e-9):.0f} steps/s)")
-        if trainer.recent_returns and trainer.reports_games:
-            summary += (f", mean game score {trainer.mean_recent_return:.1f} (last "
-                        f"{len(trainer.recent_returns)} training games: all lives, "
-                        "unclipped)")
-        elif trainer.recent_returns:
-            summary += (f", mean training return {trainer.mean_recent_return:.1f} (last "
-                        f"{len(trainer.recent_returns)} episodes)")
-        if trainer.best_eval_return is not None:
-            summary += (f", best evaluation during training {trainer.best_eval_return:.1f} "
-                        "(kept in best/)")
-        if trainer.stop_reason is not None:
-            summary += f", stopped early: {trainer.stop_reason}"
+        summary = _summary(trainer, cfg)
         if args.eval_episodes:
-            summary += _final_evaluation(run_dir, cfg, args.eval_episodes, env)
+            summary += _evaluate(run_dir, cfg, args.eval_episodes, env)
     finally:
         trainer.close()
     print(f"{summary}; run dir {run_dir} (curve: {png.name})", flush=True)
@@ -179,9 +126,89 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _final_evaluation(run_dir, cfg, episodes: int, env) -> str:
-    """The evaluation at the end (eval.json); a self-play run's: games against the random
-    player (eval_opponent.json, as ``ppokit eval RUN --opponent random``)."""
+def _check_single_run_args(args: argparse.Namespace) -> None:
+    """The flags that apply only with --seeds, and --eval-episodes' range."""
+    if args.parallel is not None:
+        raise UsageError("--parallel only applies with --seeds")
+    if args.backend != "local":
+        raise UsageError("--backend only applies with --seeds")
+    if not 0 <= args.eval_episodes <= 10**6:
+        raise UsageError(f"--eval-episodes: expected an integer in [0, 1000000], got "
+                         f"{args.eval_episodes}")
+
+
+def _new_run(args: argparse.Namespace, flags: dict):
+    """``(config, environment module, run directory, whether ppokit chose the
+    directory)`` of a new run: presets < --config < --set < flags."""
+    from ppokit.algos import resolve_config
+    from ppokit.algos.config import parse_sets
+    from ppokit.envs.source import import_env_module
+    from ppokit.io import unique_run_dir
+
+    toml_values = read_toml(args.config, "train") if args.config else {}
+    cfg = resolve_config(toml_values=toml_values, overrides=parse_sets(args.sets),
+                         flags=flags)
+    env = import_env_module(cfg.env_id, "--env")  # named on the command line
+    if args.run_dir:
+        return cfg, env, Path(args.run_dir), False
+    return cfg, env, unique_run_dir("runs", f"{cfg.env_id}-{cfg.algo}-s{cfg.seed}"), True
+
+
+def _open_resumed(args: argparse.Namespace, flags: dict, imports):
+    """``(config, environment module, run directory)`` of the run ``--resume`` names, or
+    the exit code of a resumed ``ppokit train --seeds`` launch; a UsageError for flags
+    that would change the run, a missing directory or a language-model run."""
+    if any(v is not None for k, v in flags.items()
+           if k not in ("env_id", "total_timesteps")) or args.sets \
+            or args.config or args.run_dir:
+        raise UsageError("--resume continues a run with its saved configuration; it "
+                         "cannot be combined with --algo/--seed/--num-envs/"
+                         "--env-kwargs/--run-dir/--config/--set (--total-steps N "
+                         "sets a new total, to train a finished run further)")
+    run_dir = Path(args.resume)
+    if not run_dir.is_dir():
+        raise UsageError(f"--resume: no such run directory {str(run_dir)!r}")
+    from ppokit.io.rundir import is_llm_run_dir
+
+    from .seeds import is_seeds_dir, resume_seeds
+
+    if is_seeds_dir(run_dir):  # a stopped `ppokit train --seeds` launch
+        return resume_seeds(run_dir, args.env_id, imports)
+    if is_llm_run_dir(run_dir):
+        raise UsageError(f"--resume: {run_dir} is a language-model run: continue it with "
+                         f"`ppokit llm train --resume {run_dir}`")
+    from ppokit.algos.runs import open_run
+
+    # a module:Id is imported only because it is named here again, never because the
+    # checkpoint says so
+    saved = open_run(run_dir, args.env_id, "--resume")
+    return saved.cfg, saved.env, run_dir
+
+
+def _summary(trainer, cfg) -> str:
+    """The finished run in one line: steps, speed, returns, best evaluation, early stop."""
+    summary = (f"{cfg.algo} on {cfg.env_id}: {trainer.global_step} steps, "
+               f"{trainer.iteration} iterations in {trainer.elapsed:.1f} s "
+               f"({trainer.global_step / max(trainer.elapsed, 1e-9):.0f} steps/s)")
+    if trainer.recent_returns and trainer.reports_games:
+        summary += (f", mean game score {trainer.mean_recent_return:.1f} (last "
+                    f"{len(trainer.recent_returns)} training games: all lives, "
+                    "unclipped)")
+    elif trainer.recent_returns:
+        summary += (f", mean training return {trainer.mean_recent_return:.1f} (last "
+                    f"{len(trainer.recent_returns)} episodes)")
+    if trainer.best_eval_return is not None:
+        summary += (f", best evaluation during training {trainer.best_eval_return:.1f} "
+                    "(kept in best/)")
+    if trainer.stop_reason is not None:
+        summary += f", stopped early: {trainer.stop_reason}"
+    return summary
+
+
+def _evaluate(run_dir: Path, cfg, episodes: int, env) -> str:
+    """--eval-episodes: the final policy's deterministic episodes, written to eval.json
+    (a self-play run's: games against the random player, eval_opponent.json, as
+    ``ppokit eval RUN --opponent random``); their summary for the line above."""
     import json
 
     from ppokit.algos.evaluate import evaluate_run

@@ -27,8 +27,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ppokit import kernels
-
 from .scan import (
     CHUNK,
     ROWS,
@@ -110,21 +108,13 @@ def gae(rewards, values, next_values, terminated, episode_end, gamma: float,
 
     ``A_t = δ_t + γ λ (1 − episode_end_t) A_{t+1}``, ``A_T = 0``.
 
-    Where ppokit's compiled kernels are built, CPU float tensors with bool masks take one
-    compiled pass (:func:`ppokit.kernels.gae`: the same checks, the loop's bits); anything
-    else, and any input that fails a check, takes the path below.
+    CPU float32/float64 tensors take a chunked scan in NumPy (:func:`_reverse_scan_time`,
+    equal to :func:`gae_reference`'s loop to rounding); others the loop itself.
     """
-    gamma = check_unit_interval(gamma, "gamma")
-    lam = check_unit_interval(lam, "lam")
-    fast = kernels.gae(rewards, values, next_values, terminated, episode_end, gamma, lam)
-    if fast is not None:
-        return fast
     deltas, carry_coef, v = _gae_terms(rewards, values, next_values, terminated, episode_end,
                                        gamma, lam)
     if deltas.device.type == "cpu" and deltas.dtype in (torch.float32, torch.float64):
-        adv = kernels.reverse_scan(deltas, carry_coef)  # None without the extension
-        if adv is None:
-            adv = _reverse_scan_time(deltas, carry_coef)
+        adv = _reverse_scan_time(deltas, carry_coef)
     else:
         adv = _reverse_scan_loop(deltas, carry_coef)
     return adv, adv + v
@@ -344,9 +334,7 @@ def token_gae(rewards, values, mask, gamma: float, lam: float, *,
         ``(advantages, returns)``, ``[B, L]``, ``returns = advantages + values`` on action
         positions; both are exactly 0 at masked positions.
 
-    On the CPU, where ppokit's compiled kernels are built, float32/float64 inputs take the
-    position loop in C (:func:`ppokit.kernels.token_gae`: the reference's bits). Otherwise
-    on the CPU a chunked scan in NumPy (see the comment above ``_gae_rows`` in the source):
+    On the CPU a chunked scan in NumPy (see the comment above ``_gae_rows`` in the source):
     single-threaded by construction, so it is as fast at one torch thread as at many, and it
     leaves every thread setting alone. float16/bfloat16 inputs are computed in float32. On
     other devices the actions of each row are packed to the left (a stable sort of the
@@ -360,9 +348,6 @@ def token_gae(rewards, values, mask, gamma: float, lam: float, *,
         raise ValueError(f"chunk_size: expected an integer >= 1, got {chunk_size}")
     r, v, m, boot = _token_inputs(rewards, values, mask, bootstrap_values)
     if r.device.type == "cpu":
-        fast = kernels.token_gae(r, v, m, boot, gamma, lam)
-        if fast is not None:
-            return fast
         return _token_gae_numpy(r, v, m, gamma, lam, boot)
     return _token_gae_packed(r, v, m, gamma, lam, boot, chunk_size or 32)
 

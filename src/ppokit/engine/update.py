@@ -203,26 +203,12 @@ def eager_minibatch_step(spec: UpdateSpec, forward: Callable[[dict], Forward],
     update's scheduled or controlled values) replace the spec's when given."""
     spec = spec.with_values(clip_range, kl_coef)
     surrogate = POLICY_LOSSES.get(spec.policy_loss)  # fn(spec, logp, logp_old, adv, mask)
-    n = mb["logp"].shape[0]
-    m_all = mb.get("mask")
-    if spec.normalize_advantage and spec.advantage_norm_scope == "minibatch":
-        mb = dict(mb)
-        mb["advantages"] = masked_whiten(mb["advantages"], m_all)
-    if "is_weight" in mb:  # importance weights of the elements, after any whitening
-        mb = dict(mb)
-        mb["advantages"] = mb["advantages"] * mb.pop("is_weight")
-    accum = spec.grad_accum
+    mb = _weighted_advantages(spec, mb)
     agg_kw: dict[str, Any] = {"agg": spec.agg, "norm_length": spec.norm_length}
-    split = accum > 1 or dp is not None
+    split = spec.grad_accum > 1 or dp is not None
     if split:  # each micro-batch divides by the minibatch's counts
         agg_kw.update(_counts(mb))
-    if dp is not None:
-        mine = torch.nonzero(mb["owner"] == dp.rank).squeeze(1)
-        chunks = mine.chunk(accum) if len(mine) else ()
-        if getattr(dp, "lockstep", False):  # sharded models: the same passes on every rank
-            chunks = tuple(chunks) + (_IDLE,) * (accum - len(chunks))
-    else:
-        chunks = torch.arange(n).chunk(accum) if accum > 1 else (None,)
+    chunks = _micro_batches(mb, spec.grad_accum, dp)
     optimizer.zero_grad(set_to_none=True)
     sums: dict[str, Tensor] = {}
     total_tokens = _counts(mb)["num_tokens"]
@@ -238,17 +224,7 @@ def eager_minibatch_step(spec: UpdateSpec, forward: Callable[[dict], Forward],
                                    **agg_kw), f.logp, micro["logp"], m)
         if kl_limit is not None and not split and float(pl.stats["approx_kl"]) > kl_limit:
             return None
-        terms = LossTerms(policy=pl.loss, entropy=entropy_bonus(f.entropy, m, **agg_kw))
-        if spec.use_critic:
-            terms.value = value_loss(
-                f.values, micro["returns"], m, values_old=micro.get("values"),
-                clip_range_vf=spec.clip_range_vf, clip_mode=spec.value_clip_mode,
-                agg="token-mean", num_tokens=agg_kw.get("num_tokens"))
-        if spec.kl_anchor == "old":
-            terms.kl = ppo_kl_penalty_loss(f.logp, micro["logp"], m, **agg_kw)
-        elif spec.kl_anchor == "ref":
-            terms.kl = kl_penalty_loss(f.logp, micro["ref_logp"], m,
-                                       estimator=spec.kl_estimator, **agg_kw)
+        terms = _loss_terms(spec, f, micro, pl, agg_kw)
         total = terms.total(vf_coef=spec.vf_coef, ent_coef=spec.ent_coef,
                             kl_coef=spec.kl_coef)
         if idle:
@@ -272,6 +248,50 @@ def eager_minibatch_step(spec: UpdateSpec, forward: Callable[[dict], Forward],
         sums["grad_norm"] = clip_grad_norm_(params, max_norm)
     optimizer.step()
     return sums
+
+
+def _weighted_advantages(spec: UpdateSpec, mb: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``mb`` with its advantages whitened over the minibatch (``advantage_norm_scope``
+    minibatch) and then times the elements' importance weights (``is_weight``, removed)."""
+    if spec.normalize_advantage and spec.advantage_norm_scope == "minibatch":
+        mb = dict(mb)
+        mb["advantages"] = masked_whiten(mb["advantages"], mb.get("mask"))
+    if "is_weight" in mb:  # importance weights of the elements, after any whitening
+        mb = dict(mb)
+        mb["advantages"] = mb["advantages"] * mb.pop("is_weight")
+    return mb
+
+
+def _micro_batches(mb: dict[str, Tensor], accum: int, dp) -> tuple:
+    """The row indices of each micro-batch this rank computes: ``(None,)`` for the whole
+    minibatch in one pass; with ``dp``, this rank's own rows in ``accum`` pieces, padded
+    with idle passes where the ranks must run the same passes (sharded models)."""
+    if dp is not None:
+        mine = torch.nonzero(mb["owner"] == dp.rank).squeeze(1)
+        chunks = mine.chunk(accum) if len(mine) else ()
+        if getattr(dp, "lockstep", False):  # sharded models: the same passes on every rank
+            chunks = tuple(chunks) + (_IDLE,) * (accum - len(chunks))
+        return tuple(chunks)
+    return torch.arange(mb["logp"].shape[0]).chunk(accum) if accum > 1 else (None,)
+
+
+def _loss_terms(spec: UpdateSpec, f: Forward, micro: dict[str, Tensor], pl,
+                agg_kw: dict[str, Any]) -> LossTerms:
+    """The micro-batch's loss terms: the policy loss ``pl``, the entropy bonus, the
+    critic's value loss and the KL penalty the spec asks for."""
+    m = micro.get("mask")
+    terms = LossTerms(policy=pl.loss, entropy=entropy_bonus(f.entropy, m, **agg_kw))
+    if spec.use_critic:
+        terms.value = value_loss(
+            f.values, micro["returns"], m, values_old=micro.get("values"),
+            clip_range_vf=spec.clip_range_vf, clip_mode=spec.value_clip_mode,
+            agg="token-mean", num_tokens=agg_kw.get("num_tokens"))
+    if spec.kl_anchor == "old":
+        terms.kl = ppo_kl_penalty_loss(f.logp, micro["logp"], m, **agg_kw)
+    elif spec.kl_anchor == "ref":
+        terms.kl = kl_penalty_loss(f.logp, micro["ref_logp"], m,
+                                   estimator=spec.kl_estimator, **agg_kw)
+    return terms
 
 
 _RATIO_STATS = ("approx_kl", "approx_kl_k1", "ratio_min", "ratio_max")

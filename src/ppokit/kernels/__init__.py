@@ -12,28 +12,30 @@ step      ppo_step.c       :func:`ppo_step`, :func:`scratch_floats`, :func:`auto
           mlp.c,           :func:`tanh_`
           step_worker.c
 actor     actor.c          :func:`sample`, :func:`sample_scratch`
-gae       gae.c            :func:`gae`, :func:`reverse_scan`, :func:`token_gae`
 lstm      lstm.c           :func:`lstm_forward`, :func:`lstm_backward`, :func:`lstm_scratch`
-pixels    pixels.c         :func:`pixels_last`
 decoder   decoder.c        :func:`decoder_op` (through :mod:`ppokit.kernels.decoder`)
 ========  ===============  ===========================================================
 
 The extension is optional: where it is not built (no C compiler at install time) or is
 turned off, :func:`available` is False, :func:`why_not` says why, and each caller runs its
 torch or NumPy path. ``PPOKIT_NATIVE=0`` in the environment turns every kernel off;
-``PPOKIT_NATIVE_OFF=gae,lstm`` (names from the table) turns off those only.
+``PPOKIT_NATIVE_OFF=lstm,actor`` (names from the table) turns off those only.
+
+A kernel stays here only while it makes the whole run it serves at least 1.10× faster
+(docs/performance.md, "What each compiled kernel buys"). The kernels removed for falling
+short are listed in :data:`REMOVED`: their plain paths are now the only ones, and
+``PPOKIT_NATIVE_OFF`` still accepts their names, with a warning that they are gone.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 
-import numpy as np
 import torch
 
-__all__ = ["KERNELS", "WIDE", "auto_state", "available", "build", "why_not", "decoder_op",
-           "has_decoder", "gae", "token_gae", "reverse_scan", "ppo_step", "sample",
-           "sample_scratch", "pixels_last",
+__all__ = ["KERNELS", "REMOVED", "WIDE", "auto_state", "available", "build", "why_not",
+           "decoder_op", "has_decoder", "ppo_step", "sample", "sample_scratch",
            "scratch_floats", "tanh_", "lstm_forward", "lstm_backward", "lstm_scratch"]
 
 try:
@@ -46,7 +48,12 @@ except ImportError as e:  # pragma: no cover - depends on the install
 
 
 #: the kernels by name (module doc), as ``PPOKIT_NATIVE_OFF`` names them
-KERNELS = ("step", "actor", "gae", "lstm", "pixels", "decoder")
+KERNELS = ("step", "actor", "lstm", "decoder")
+#: kernels removed because the whole run they served gained less than 1.10× from them
+#: (``python -m bench.kernel_gains``); ``PPOKIT_NATIVE_OFF`` accepts these names with a
+#: warning, since each is off for good
+REMOVED = {"gae": "1.02× on CartPole's whole run; ppokit.core.gae's NumPy scan is the path",
+           "pixels": "1.02× on Breakout's whole run; torch's channels-last copy is the path"}
 #: the kernels written on 16-float vectors: fast where the CPU has AVX-512, and several
 #: times slower than their torch path where it does not (GCC then keeps the vectors in
 #: memory, in 16-byte pieces: the native step took 1.2 ms per minibatch in its AVX2 form
@@ -66,27 +73,49 @@ def why_not(kernel: str | None = None) -> str | None:
     """``None`` when the compiled kernels (or the one named) can run, else why not: the
     extension is not built, ``PPOKIT_NATIVE=0`` in the environment turns them all off, or
     ``PPOKIT_NATIVE_OFF`` names this one, or it is one of the :data:`WIDE` kernels and
-    the CPU lacks AVX-512. An unknown name is a ValueError."""
+    the CPU lacks AVX-512. An unknown name is a ValueError (one of :data:`REMOVED` too,
+    saying so)."""
     if kernel is not None and kernel not in KERNELS:
-        raise ValueError(f"ppokit.kernels: unknown kernel {kernel!r}")
+        raise ValueError(f"ppokit.kernels: {_unknown(kernel)}")
     if os.environ.get("PPOKIT_NATIVE", "1") == "0":
         return "PPOKIT_NATIVE=0"
     if _WHY_NOT is not None:
         return _WHY_NOT
     off = os.environ.get("PPOKIT_NATIVE_OFF", "")
-    if off:
-        names = {n.strip() for n in off.split(",") if n.strip()}
-        unknown = sorted(names - set(KERNELS))
-        if unknown:
-            raise ValueError(f"PPOKIT_NATIVE_OFF: unknown kernel {', '.join(unknown)} "
-                             f"(expected names from {', '.join(KERNELS)})")
-        if kernel in names:
-            return f"PPOKIT_NATIVE_OFF={off}"
+    if off and kernel in _turned_off(off):
+        return f"PPOKIT_NATIVE_OFF={off}"
     if kernel in WIDE and not _wide_ok():
         return (f"the {kernel} kernel needs AVX-512, which this CPU (or this build of the "
                 "extension) lacks; torch's path is faster there (PPOKIT_NATIVE_WIDE=1 "
                 "runs it anyway)")
     return None
+
+
+def _unknown(name: str) -> str:
+    if name in REMOVED:
+        return (f"the {name} kernel was removed ({REMOVED[name]}); the kernels are "
+                f"{', '.join(KERNELS)}")
+    return f"unknown kernel {name!r} (expected one of {', '.join(KERNELS)})"
+
+
+def _turned_off(off: str) -> set[str]:
+    """The kernels ``PPOKIT_NATIVE_OFF`` names. A name of :data:`REMOVED` is dropped with a
+    warning (what it asked for, that kernel not running, holds for good); any other
+    unknown name is a ValueError listing the kernels."""
+    names = {n.strip() for n in off.split(",") if n.strip()}
+    unknown = sorted(names - set(KERNELS) - set(REMOVED))
+    if unknown:
+        raise ValueError(f"PPOKIT_NATIVE_OFF: unknown kernel {', '.join(unknown)} "
+                         f"(expected names from {', '.join(KERNELS)})")
+    gone = sorted(names & set(REMOVED))
+    if gone and off not in _WARNED:  # (once a process: this runs on every kernel call)
+        _WARNED.add(off)
+        warnings.warn(f"PPOKIT_NATIVE_OFF: {'; '.join(_unknown(n) for n in gone)}; the name "
+                      "is ignored and can be dropped", FutureWarning, stacklevel=3)
+    return names - set(REMOVED)
+
+
+_WARNED: set[str] = set()
 
 
 def _wide_ok() -> bool:
@@ -192,23 +221,6 @@ def scratch_floats(plan: int, rows: int) -> int:
     return _c.scratch_floats(plan, rows)
 
 
-def pixels_last(frames: np.ndarray) -> np.ndarray | None:
-    """uint8 frames ``[N, C, H, W]`` (C-contiguous) as an array of the same shape whose
-    memory is ``N, H, W, C`` (each pixel's channels side by side: the layout the CNN
-    computes in), or None where the extension is not available or ``frames`` is not such
-    an array (the caller then uses torch's copy, the same bytes). In ``pixels.c``;
-    reference: torch's ``channels_last`` copy, held to it by
-    tests/test_cnn_fast_path.py::test_pixels_last_is_torchs_channels_last_copy."""
-    if (not available("pixels") or not isinstance(frames, np.ndarray)
-            or frames.dtype != np.uint8 or frames.ndim != 4 or not frames.flags.c_contiguous
-            or not hasattr(_c, "interleave")):  # (an extension built before it existed)
-        return None
-    n, c, h, w = frames.shape
-    out = np.empty((n, h, w, c), np.uint8)
-    if frames.size:
-        _c.interleave(frames.ctypes.data, out.ctypes.data, n, c, h * w)
-    return out.transpose(0, 3, 1, 2)
-
 
 def tanh_(x: torch.Tensor) -> torch.Tensor:
     """The native step's tanh, in place on a contiguous float32 CPU tensor (``x`` is
@@ -223,83 +235,3 @@ def tanh_(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def reverse_scan(x: torch.Tensor, a: torch.Tensor) -> torch.Tensor | None:
-    """``y_t = x_t + a_t y_{t+1}`` along the first axis (``y_T = 0``) of CPU float32 or
-    float64 tensors ``[T]`` or ``[T, N]`` of one shape and dtype, computed in C in the
-    plain loop's order (the same bits as :func:`ppokit.core.advantage.gae_reference`'s
-    loop); ``None`` when the kernels are not available or the inputs do not qualify (the
-    caller then scans another way). In ``gae.c``; held to the loop by
-    tests/test_native_step.py::test_native_reverse_scan_is_the_loop_bit_for_bit."""
-    if (not available("gae") or x.dtype not in (torch.float32, torch.float64)
-            or a.dtype != x.dtype or a.shape != x.shape or x.ndim not in (1, 2)
-            or x.device.type != "cpu" or a.device.type != "cpu"):
-        return None
-    x, a = x.contiguous(), a.contiguous()
-    y = torch.empty_like(x)
-    t = x.shape[0]
-    n = x.shape[1] if x.ndim == 2 else 1
-    _c.reverse_scan(x.data_ptr(), a.data_ptr(), y.data_ptr(), t, n,
-                    x.dtype == torch.float64)
-    return y
-
-
-def gae(rewards, values, next_values, terminated, episode_end, gamma: float,
-        lam: float) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """:func:`ppokit.core.gae` in one compiled pass, for the inputs the trainers give it:
-    float32 or float64 CPU tensors ``[T]`` or ``[T, N]`` of one shape and dtype, bool masks
-    of that shape, ``gamma`` and ``lam`` already checked. The checks of the core function
-    run inside the pass (finite rewards and values, no termination outside an episode end);
-    ``None`` when the inputs do not qualify or fail a check — the caller's checked path then
-    computes, or raises the error that names the argument. The results are the same bits
-    as :func:`ppokit.core.gae_reference`'s loop (``gae.c``; held to it by
-    tests/test_core_gae_fast.py and
-    tests/test_native_step.py::test_native_gae_checks_its_inputs_as_the_core_function_does)."""
-    if not available("gae"):
-        return None
-    r, v, nv, term, end = rewards, values, next_values, terminated, episode_end
-    if not all(isinstance(t, torch.Tensor) for t in (r, v, nv, term, end)):
-        return None
-    if (r.dtype not in (torch.float32, torch.float64) or r.ndim not in (1, 2)
-            or r.numel() == 0 or r.device.type != "cpu"):
-        return None
-    for t in (v, nv):
-        if t.dtype != r.dtype or t.shape != r.shape or t.device.type != "cpu":
-            return None
-    for t in (term, end):
-        if t.dtype != torch.bool or t.shape != r.shape or t.device.type != "cpu":
-            return None
-    r, v, nv = (t.detach().contiguous() for t in (r, v, nv))
-    term, end = term.contiguous(), end.contiguous()
-    adv, ret = torch.empty_like(r), torch.empty_like(r)
-    n = r.shape[1] if r.ndim == 2 else 1
-    rc = _c.gae(r.data_ptr(), v.data_ptr(), nv.data_ptr(), term.data_ptr(), end.data_ptr(),
-                adv.data_ptr(), ret.data_ptr(), r.shape[0], n, float(gamma),
-                float(gamma) * float(lam), r.dtype == torch.float64)
-    return (adv, ret) if rc == 0 else None
-
-
-def token_gae(r: torch.Tensor, v: torch.Tensor, m: torch.Tensor, boot: torch.Tensor | None,
-              gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """:func:`ppokit.core.token_gae` in C, for inputs its checks have passed: float32 or
-    float64 CPU tensors ``[B, L]``, a bool mask of that shape, ``boot`` ``None`` or ``[B]``
-    of the same dtype. The position loop's operations in its order (the bits of
-    :func:`ppokit.core.token_gae_reference`), row by row. ``None`` when the
-    inputs do not qualify or a reward or value at an action is not finite (the caller's
-    path then raises the error naming it). In ``gae.c``; held to the reference by
-    tests/test_native_step.py::test_native_token_gae_is_the_position_loop_bit_for_bit."""
-    if (not available("gae") or r.dtype not in (torch.float32, torch.float64)
-            or r.ndim != 2 or v.dtype != r.dtype or v.shape != r.shape
-            or m.dtype != torch.bool or m.shape != r.shape
-            or any(t.device.type != "cpu" for t in (r, v, m))):
-        return None
-    if boot is not None and (boot.dtype != r.dtype or boot.shape != (r.shape[0],)
-                             or boot.device.type != "cpu"):
-        return None
-    r, v, m = r.detach().contiguous(), v.detach().contiguous(), m.contiguous()
-    boot = None if boot is None else boot.detach().contiguous()
-    adv, ret = torch.empty_like(r), torch.empty_like(r)
-    rc = _c.token_gae(r.data_ptr(), v.data_ptr(), m.data_ptr(),
-                      0 if boot is None else boot.data_ptr(), adv.data_ptr(),
-                      ret.data_ptr(), r.shape[0], r.shape[1], float(gamma),
-                      float(gamma) * float(lam), r.dtype == torch.float64)
-    return (adv, ret) if rc == 0 else None

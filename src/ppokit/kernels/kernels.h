@@ -8,9 +8,7 @@
  *   ppo_step.c     the fused PPO minibatch step for an MLP actor-critic, Adam included
  *   step_worker.c  the thread that runs the step's critic branch beside the actor's
  *   actor.c        the rollout's actions from the actor's current weights
- *   gae.c          the environment GAE, its reverse scan, and the per-token GAE
  *   lstm.c         the recurrent update's single-layer LSTM, forward and backward
- *   pixels.c       frames from plane order to pixel order
  *   decoder.c      the decoder's RMS norm, rotary embedding, gated product, attention
  *   module.c       argument helpers and the module's method table
  *
@@ -166,13 +164,9 @@ BINDING(py_scratch_floats);
 BINDING(py_auto_state);
 BINDING(py_sample);
 BINDING(py_sample_scratch);
-BINDING(py_reverse_scan);
-BINDING(py_gae);
-BINDING(py_token_gae);
 BINDING(py_lstm_scratch);
 BINDING(py_lstm_fwd);
 BINDING(py_lstm_bwd);
-BINDING(py_interleave);
 BINDING(py_decoder);
 #undef BINDING
 

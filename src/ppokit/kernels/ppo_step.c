@@ -1,6 +1,6 @@
 /*
- * The native minibatch step: the fused PPO step of ppokit.engine.fused (_ppo_step) for an
- * MLP actor-critic, written out in C as one call, Adam included. Reached through
+ * The native minibatch step: the fused PPO step of ppokit.engine.fused_kernel (_ppo_step)
+ * for an MLP actor-critic, written out in C as one call, Adam included. Reached through
  * ppokit.kernels.ppo_step (ppokit.engine.native.NativeStep calls it); held to the eager
  * torch step by tests/test_native_step.py (test_native_step_equals_eager_step).
  *

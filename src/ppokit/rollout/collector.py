@@ -55,7 +55,6 @@ import torch
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from ppokit import kernels
 from ppokit.envs.normalize import ObsNormalizer, RewardScaler
 from ppokit.envs.vec import autoreset_mode_of
 from ppokit.policies.actions import ActionConverter
@@ -152,11 +151,7 @@ class Collector:
             return self.obs_norm(raw, update=update)
         if self.keep_uint8 and raw.dtype == np.uint8:
             if self.pixels_nhwc and raw.ndim == 4:
-                # [N, C, H, W] values in N, H, W, C memory order (always a new array; in C
-                # where the kernels are built: 0.04 ms for 8 Atari frames against 0.21)
-                out = kernels.pixels_last(raw)
-                if out is not None:
-                    return out
+                # [N, C, H, W] values in N, H, W, C memory order (always a new array)
                 t = torch.from_numpy(raw)
                 return torch.empty_like(t, memory_format=torch.channels_last).copy_(t).numpy()
             return raw.copy()  # always a copy: the env may reuse its buffer
@@ -229,15 +224,7 @@ class Collector:
         n = self.num_envs
         sampler = self._numpy_sampler()
         o = self.obs.numpy()
-        if self.pixels_nhwc and o.ndim == 4:  # [T, N, C, H, W] stored as T, N, H, W, C
-            nn_, c, h, w = o.shape
-            obs_buf = np.empty((n_steps, nn_, h, w, c), o.dtype).transpose(0, 1, 4, 2, 3)
-        else:
-            obs_buf = np.empty((n_steps, *o.shape), o.dtype)  # float32, or uint8 pixels
-        if self.box:
-            act_buf = np.empty((n_steps, n, *self.space.shape), np.float32)
-        else:
-            act_buf = np.empty((n_steps, n, *self.space.shape), np.int64)
+        obs_buf, act_buf = self._obs_action_buffers(o, n_steps)
         rew = np.zeros((n_steps, n), np.float32)
         term = np.zeros((n_steps, n), bool)
         end = np.zeros((n_steps, n), bool)
@@ -253,6 +240,7 @@ class Collector:
             shape = (n_steps, n, width)
             draw = torch.rand if sampler.kind == "categorical" else torch.randn
             noise = draw(shape, generator=self.generator).numpy()
+            logp_buf = val_buf = None  # (one forward pass over the rollout gives them)
         else:
             logp_buf = np.empty((n_steps, n), np.float32)
             val_buf = np.zeros((n_steps, n), np.float32)
@@ -266,15 +254,7 @@ class Collector:
                 else:
                     if masked:
                         mask_buf[t] = self.masks
-                        action, logp, value = self.policy.act(
-                            torch.from_numpy(o), self.generator, torch.from_numpy(self.masks))
-                    else:
-                        action, logp, value = self.policy.act(torch.from_numpy(o),
-                                                              self.generator)
-                    act_buf[t] = action.numpy().reshape(act_buf.shape[1:])
-                    logp_buf[t] = logp.numpy()
-                    if self.use_critic:
-                        val_buf[t] = value.numpy()
+                    self._policy_act(o, act_buf[t], logp_buf[t], val_buf[t], masked)
                 raw, r, te, tr, info = self.env.step(self.to_env(act_buf[t]))
                 te, done, r, ok, pending, real_end = self._two_masks(
                     te, tr, r, pending, next_step, idle_rows(info))
@@ -299,9 +279,53 @@ class Collector:
         obs_t = torch.from_numpy(obs_buf)
         act_t = torch.from_numpy(act_buf)
         extra = torch.from_numpy(np.concatenate([o] + [f[2] for f in fixes]))
+        logp_t, values_t, next_values = self._logp_and_values(obs_t, act_t, logp_buf, val_buf,
+                                                              extra, fixes)
+        return Rollout(obs=obs_t, actions=act_t, logp=logp_t, values=values_t,
+                       rewards=torch.from_numpy(rew), terminated=torch.from_numpy(term),
+                       episode_end=torch.from_numpy(end), next_values=next_values,
+                       valid=torch.from_numpy(valid),
+                       action_masks=None if mask_buf is None else torch.from_numpy(mask_buf))
+
+    def _obs_action_buffers(self, o: np.ndarray, n_steps: int
+                            ) -> tuple[np.ndarray, np.ndarray]:
+        """The rollout's observation and action arrays ``[T, N, ...]``: pixels for a
+        channels-last CNN stored as T, N, H, W, C (seen as T, N, C, H, W)."""
+        n = self.num_envs
+        if self.pixels_nhwc and o.ndim == 4:  # [T, N, C, H, W] stored as T, N, H, W, C
+            nn_, c, h, w = o.shape
+            obs_buf = np.empty((n_steps, nn_, h, w, c), o.dtype).transpose(0, 1, 4, 2, 3)
+        else:
+            obs_buf = np.empty((n_steps, *o.shape), o.dtype)  # float32, or uint8 pixels
+        dtype = np.float32 if self.box else np.int64
+        return obs_buf, np.empty((n_steps, n, *self.space.shape), dtype)
+
+    def _policy_act(self, o: np.ndarray, act: np.ndarray, logp: np.ndarray,
+                    val: np.ndarray, masked: bool) -> None:
+        """One step's actions by the torch policy (``policy.act``), written into the
+        step's rows ``act``, ``logp`` and (with a critic) ``val``."""
+        if masked:
+            action, lp, value = self.policy.act(torch.from_numpy(o), self.generator,
+                                                torch.from_numpy(self.masks))
+        else:
+            action, lp, value = self.policy.act(torch.from_numpy(o), self.generator)
+        act[...] = action.numpy().reshape(act.shape)
+        logp[...] = lp.numpy()
+        if self.use_critic:
+            val[...] = value.numpy()
+
+    def _logp_and_values(self, obs_t: torch.Tensor, act_t: torch.Tensor,
+                         logp_buf: np.ndarray | None, val_buf: np.ndarray | None,
+                         extra: torch.Tensor, fixes: list
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(logp, values, next_values)`` ``[T, N]`` of the rollout: from one forward pass
+        over it where the NumPy sampler drew the actions (``logp_buf`` None), else the
+        policy's own; the next values from the critic on ``extra`` — the last
+        observations, then each truncated episode's final one (``fixes``)."""
+        n_steps, n = act_t.shape[:2]
         # (not inference mode: the losses may use these tensors)
         with frozen_weights(self.policy), torch.no_grad():
-            if sampler is not None:
+            if logp_buf is None:
                 flat_obs = obs_t.reshape(n_steps * n, *obs_t.shape[2:])
                 flat_act = act_t.reshape(n_steps * n, *act_t.shape[2:])
                 logp, _, values = self.policy.evaluate(flat_obs, flat_act)
@@ -317,11 +341,7 @@ class Collector:
         for t, idx, _fin in fixes:
             next_values[t, torch.from_numpy(idx)] = v_extra[k:k + len(idx)]
             k += len(idx)
-        return Rollout(obs=obs_t, actions=act_t, logp=logp_t, values=values_t,
-                       rewards=torch.from_numpy(rew), terminated=torch.from_numpy(term),
-                       episode_end=torch.from_numpy(end), next_values=next_values,
-                       valid=torch.from_numpy(valid),
-                       action_masks=None if mask_buf is None else torch.from_numpy(mask_buf))
+        return logp_t, values_t, next_values
 
     def pop_finished(self) -> list[tuple[float, int]]:
         out, self.finished = self.finished, []

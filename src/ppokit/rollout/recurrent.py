@@ -156,11 +156,10 @@ class RecurrentCollector(Collector):
                     buf[t] = s.transpose(0, 1)
                 action, logp, value, after = pol.act(torch.from_numpy(o), state,
                                                      self.generator)
-                a = action.numpy()
+                act_buf[t] = action.numpy().reshape(act_buf.shape[1:])
                 logp_buf[t] = logp.numpy()
                 if self.use_critic:
                     val_buf[t] = value.numpy()
-                act_buf[t] = a.reshape(act_buf.shape[1:])
                 raw, r, te, tr, info = self.env.step(self.to_env(act_buf[t]))
                 # NEXT_STEP: the dummy step returned the reset observation, so the new
                 # episode's state starts where the old ``pending`` was set (or after an
@@ -179,15 +178,9 @@ class RecurrentCollector(Collector):
                 self._count_episodes(r, ok, real_end, info)
                 rew[t] = r if scaler is None else scaler(r, real_end, ok)
                 if not next_step and tr.any() and self.use_critic:
-                    trunc = tr & ~te
-                    if trunc.any():
-                        idx = np.flatnonzero(trunc)
-                        fin = np.stack([np.asarray(info["final_obs"][i]) for i in idx])
-                        fin_t = torch.from_numpy(self._prep_obs(fin, update=False))
-                        ti = torch.from_numpy(idx)
-                        # V(final obs) seen with the state the episode built (not reset)
-                        v_fin = pol.value(fin_t, tuple(s[:, ti] for s in after))
-                        fixes.append((t, idx, v_fin.numpy().copy()))
+                    fix = self._final_values(tr & ~te, info, after)
+                    if fix is not None:
+                        fixes.append((t, *fix))
                 state = after
                 o = self._prep_obs(raw, update=True)
             last_state = pol.reset(state, starts)
@@ -208,6 +201,20 @@ class RecurrentCollector(Collector):
             terminated=torch.from_numpy(term), episode_end=torch.from_numpy(end),
             next_values=next_values, valid=torch.from_numpy(valid),
             starts=torch.from_numpy(starts_buf), states=tuple(state_bufs))
+
+    def _final_values(self, trunc: np.ndarray, info: dict, after: tuple
+                      ) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(rows, V(final observation))`` of the episodes truncated this step
+        (``trunc``), each seen with the state its episode built (not reset); None when
+        none was."""
+        if not trunc.any():
+            return None
+        idx = np.flatnonzero(trunc)
+        fin = np.stack([np.asarray(info["final_obs"][i]) for i in idx])
+        fin_t = torch.from_numpy(self._prep_obs(fin, update=False))
+        ti = torch.from_numpy(idx)
+        v_fin = self.policy.value(fin_t, tuple(s[:, ti] for s in after))
+        return idx, v_fin.numpy().copy()
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, np.ndarray]:

@@ -7,7 +7,7 @@ for each model turn and calls the environment's ``env_response`` in between, and
 rubric scores the finished rollouts of a group. ppokit runs that loop unchanged, every
 rollout of an iteration at once in one event loop, and stands in as the client: a turn
 request waits until every unfinished rollout waits for the model, and then all of them
-are sampled in one batch (:class:`_Turns`).
+are sampled in one batch (:class:`~ppokit.llm.agents.verifiers_bridge.Turns`).
 
 The tokens are ppokit's, not a re-rendering of the messages verifiers keeps: each
 rollout's first request is rendered as the prompt (the chat template, with the
@@ -42,9 +42,7 @@ preset's group).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
-import contextvars
 import json
 import math
 import re
@@ -60,11 +58,11 @@ from ppokit.errors import UsageError, UserCodeError, require_extra
 from .conversation import Episode, Renderer, pad_left
 from .runner import EVAL_SEED_OFFSET, AgentRunner
 from .tools import CALL
+from .verifiers_bridge import EPISODE, Turns, bridge_client, run_to_completion
 
 __all__ = ["VerifiersRunner", "is_verifiers_env", "load_verifiers_env", "PREFIX"]
 
 PREFIX = "verifiers:"
-_EPISODE: contextvars.ContextVar[int] = contextvars.ContextVar("ppokit_episode")
 
 
 def is_verifiers_env(env: Any) -> bool:
@@ -181,7 +179,7 @@ class VerifiersRunner(AgentRunner):
                      max_new_tokens=tr.max_new_tokens, context=context,
                      sample=lambda ids, mask: tr.sample_ids(ids, mask, generator, temperature))
         with torch.no_grad(), tr.autocast(tr.cfg.sampler_precision):
-            eps = _run(game.play())
+            eps = run_to_completion(game.play())
         if game.errors:
             tr.log(f"env {self.label}: {len(game.errors)} of {len(eps)} rollouts failed "
                    f"(verifiers recorded an error; the rubric's score kept); the first: "
@@ -198,57 +196,6 @@ class VerifiersRunner(AgentRunner):
             if vals:
                 out[f"rubric/{name}"] = sum(vals) / len(vals)
         return out
-
-
-def _run(coro):
-    """Run ``coro`` to completion: here, or in a worker thread where this thread already
-    runs an event loop (a notebook)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
-
-
-class _Turns:
-    """The model turns requested by the rollouts in flight: answered in one batch by
-    ``answer(requests) -> results`` (a result that is an exception is raised in its
-    rollout) whenever every unfinished rollout waits for one."""
-
-    def __init__(self, n: int, answer: Callable[[list], list]):
-        self.unfinished, self.answer = n, answer
-        self.waiting: list[tuple[Any, asyncio.Future]] = []
-        self.wake = asyncio.Event()
-
-    async def ask(self, request: Any) -> Any:
-        fut = asyncio.get_running_loop().create_future()
-        self.waiting.append((request, fut))
-        self.wake.set()
-        return await fut
-
-    def finished(self) -> None:
-        self.unfinished -= 1
-        self.wake.set()
-
-    async def serve(self) -> None:
-        while self.unfinished > 0:
-            await self.wake.wait()
-            self.wake.clear()
-            if not self.waiting or len(self.waiting) < self.unfinished:
-                continue
-            batch, self.waiting = self.waiting, []
-            try:
-                results = self.answer([r for r, _ in batch])
-            except BaseException as exc:
-                for _, fut in batch:
-                    fut.cancel()
-                raise exc
-            for (_, fut), res in zip(batch, results):
-                if isinstance(res, BaseException):
-                    fut.set_exception(res)
-                else:
-                    fut.set_result(res)
 
 
 class _Game:
@@ -270,12 +217,12 @@ class _Game:
     async def play(self) -> list[Episode]:
         import verifiers as vf
 
-        turns = _Turns(len(self.seeds), self.answer)
-        bridge = _Client(turns)
+        turns = Turns(len(self.seeds), self.answer)
+        bridge = bridge_client(turns)
         states: list[Any] = [None] * len(self.seeds)
 
         async def one(k: int) -> None:
-            _EPISODE.set(k)
+            EPISODE.set(k)
             try:
                 states[k] = await self.env.rollout(self.runner.row(self.seeds[k]), bridge,
                                                    "ppokit", {})
@@ -468,76 +415,3 @@ class _Game:
 def _name_in(body: str) -> str:
     m = re.search(r'"name"\s*:\s*"([^"]*)"', body)
     return m.group(1) if m else ""
-
-
-def _client_class():
-    """The bridge class, built on verifiers' ``Client`` when first needed (the package is
-    imported only when a verifiers environment is played)."""
-    import verifiers as vf
-
-    class Bridge(vf.Client):
-        """verifiers' model client, answered by ppokit's sampler (:class:`_Turns`)."""
-
-        def __init__(self, turns: _Turns):
-            super().__init__(None)
-            self.turns = turns
-
-        def setup_client(self, config):  # never configured: it holds no connection
-            return None
-
-        async def to_native_tool(self, tool):
-            return tool
-
-        async def to_native_prompt(self, messages):
-            return messages, {}
-
-        async def get_native_response(self, prompt, model, sampling_args, tools=None, **kw):
-            raise NotImplementedError  # get_response is answered directly
-
-        async def raise_from_native_response(self, response):
-            return None
-
-        async def from_native_response(self, response):
-            return response
-
-        async def close(self):
-            return None
-
-        async def get_response(self, prompt, model, sampling_args, tools=None, **kwargs):
-            msgs = [_message(m) for m in prompt]
-            schemas = [{"type": "function", "function": {
-                "name": t.name, "description": t.description,
-                "parameters": dict(t.parameters)}} for t in (tools or [])]
-            return await self.turns.ask((_EPISODE.get(), msgs, schemas))
-
-    return Bridge
-
-
-_BRIDGE: list[type] = []
-
-
-def _Client(turns: _Turns):  # noqa: N802 - the one bridge class, made once
-    if not _BRIDGE:
-        _BRIDGE.append(_client_class())
-    return _BRIDGE[0](turns)
-
-
-def _message(m) -> dict:
-    """A verifiers message as ``{"role", "content"}`` (text content only)."""
-    role = m.get("role") if isinstance(m, dict) else getattr(m, "role", None)
-    content = m.get("content") if isinstance(m, dict) else getattr(m, "content", None)
-    if role == "text":
-        raise UsageError("env: a verifiers completion (non-chat) environment; ppokit plays "
-                         "chat environments (message_type 'chat')")
-    if content is None:
-        content = ""
-    if isinstance(content, list):
-        parts = []
-        for p in content:
-            kind = p.get("type") if isinstance(p, dict) else getattr(p, "type", None)
-            if kind != "text":
-                raise UsageError(f"env: a verifiers message with {kind} content; ppokit "
-                                 "trains text-only models")
-            parts.append(p.get("text") if isinstance(p, dict) else p.text)
-        content = "".join(parts)
-    return {"role": str(role), "content": str(content)}

@@ -86,31 +86,19 @@ def compute_labels(cfg, roll: TokenRollout, scores: torch.Tensor, old_logp, ref_
     """
     am = roll.action_mask
     trunc = roll.truncated
-    bsz, length = am.shape
+    bsz = am.shape[0]
     raw = scores.float()
-    s = raw.clone()
-    if cfg.score_norm == "batch":
-        s = masked_whiten(s)
-    if cfg.score_clip is not None:
-        s = s.clamp(-cfg.score_clip, cfg.score_clip)
-    loss_mask = am.clone()
-    place_score = torch.ones(bsz, dtype=torch.bool)
     agent = turn_rewards is not None  # (truncation is the episode's: see the docstring)
-    if not agent and cfg.truncation == "penalty":
-        s = s - cfg.truncation_penalty * trunc.float()
-    elif not agent and cfg.truncation == "mask":
-        loss_mask &= ~trunc[:, None]
-    elif not agent and cfg.truncation == "bootstrap":
-        place_score = ~trunc
+    s, loss_mask, place_score = _shaped_scores(cfg, raw, am, trunc, agent)
     zero = torch.zeros((), dtype=old_logp.dtype)
     kl_tok = torch.where(am, kl_k1(old_logp, ref_logp), zero)
     kl_seq = kl_tok.sum(1)
     last = roll.last_action_index().clamp(min=0)
     has_action = am.any(1)
-    score_tok = torch.zeros(bsz, length)
     if agent:
         score_tok = torch.where(am, turn_rewards.float(), 0.0)
     else:
+        score_tok = torch.zeros(am.shape)
         score_tok[torch.arange(bsz), last] = torch.where(place_score & has_action, s, 0.0)
     use_kl_reward = cfg.kl_mode == "reward" and beta > 0
     kl_reward = -beta * kl_tok if use_kl_reward else torch.zeros_like(kl_tok)
@@ -120,11 +108,7 @@ def compute_labels(cfg, roll: TokenRollout, scores: torch.Tensor, old_logp, ref_
     token_rewards = score_tok + kl_reward
     if entry["layout"] == "groups":  # one advantage per sequence, on its action tokens
         seq = s - (beta * kl_seq if use_kl_reward else 0.0)
-        seq_adv = torch.as_tensor(entry.fn(seq, spec))
-        if seq_adv.shape != seq.shape:
-            raise ValueError(f"advantage estimator {entry.name!r}: expected [B] = "
-                             f"{tuple(seq.shape)} advantages, got {tuple(seq_adv.shape)}")
-        adv = broadcast_to_tokens(seq_adv, loss_mask)
+        adv = _group_advantages(entry, spec, seq, loss_mask)
     else:  # per token: the estimator's token form, or its step form on each completion
         boot = None
         if values_after is not None:
@@ -135,20 +119,8 @@ def compute_labels(cfg, roll: TokenRollout, scores: torch.Tensor, old_logp, ref_
                 at = roll.last_token_index().clamp(min=0) if agent else last
                 v_last = values_after.detach()[torch.arange(bsz), at]
                 boot = torch.where(trunc & has_action, v_last, torch.zeros_like(v_last))
-        vals = values if values is not None else torch.zeros_like(token_rewards)
-        adv, returns = token_advantages(entry, TokenSteps(token_rewards, vals, loss_mask, boot),
-                                        spec)
-        if tuple(torch.as_tensor(adv).shape) != tuple(loss_mask.shape):
-            raise ValueError(f"advantage estimator {entry.name!r}: expected [B, L] = "
-                             f"{tuple(loss_mask.shape)} advantages, got "
-                             f"{tuple(torch.as_tensor(adv).shape)}")
-        if values is None:
-            returns = None  # no critic to regress
-        else:
-            values = torch.where(loss_mask, values, zero)
-            if returns is None:
-                raise ValueError(f"advantage estimator {entry.name!r} gives no returns, which "
-                                 f"the critic (use_critic) regresses on")
+        adv, returns, values = _token_advantages(entry, spec, token_rewards, values,
+                                                 loss_mask, boot, zero)
     is_weight, is_stats = None, {}
     if cfg.rollout_is != "none":
         if sampler_logp is None:
@@ -161,18 +133,87 @@ def compute_labels(cfg, roll: TokenRollout, scores: torch.Tensor, old_logp, ref_
     # whitening (normalize_advantage) happens in the update engine, batch scope
     adv = torch.where(loss_mask, adv, zero)
     non_score = (kl_reward.sum(1) if use_kl_reward else torch.zeros(bsz))
+    stats = _label_stats(cfg, raw, am, trunc, kl_tok, non_score, adv, loss_mask, is_stats,
+                         agent, values, returns)
+    return Labels(old_logp.detach(), ref_logp.detach(), loss_mask, adv.detach(),
+                  None if returns is None else returns.detach(), values, raw, token_rewards,
+                  kl_tok, stats, None if is_weight is None else is_weight.detach())
+
+
+def _shaped_scores(cfg, raw: torch.Tensor, am: torch.Tensor, trunc: torch.Tensor,
+                   agent: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(scores, loss mask, where a score is placed)`` after ``score_norm``,
+    ``score_clip`` and, outside agent runs, ``truncation`` (penalty: scores lowered;
+    mask: truncated completions out of the loss; bootstrap: their scores not placed)."""
+    s = raw.clone()
+    if cfg.score_norm == "batch":
+        s = masked_whiten(s)
+    if cfg.score_clip is not None:
+        s = s.clamp(-cfg.score_clip, cfg.score_clip)
+    loss_mask = am.clone()
+    place_score = torch.ones(am.shape[0], dtype=torch.bool)
+    if not agent and cfg.truncation == "penalty":
+        s = s - cfg.truncation_penalty * trunc.float()
+    elif not agent and cfg.truncation == "mask":
+        loss_mask &= ~trunc[:, None]
+    elif not agent and cfg.truncation == "bootstrap":
+        place_score = ~trunc
+    return s, loss_mask, place_score
+
+
+def _group_advantages(entry, spec: AdvantageSpec, seq: torch.Tensor,
+                      loss_mask: torch.Tensor) -> torch.Tensor:
+    """A sequence-level estimator's ``[B]`` advantages of the sequence rewards ``seq``,
+    spread over each sequence's action tokens."""
+    seq_adv = torch.as_tensor(entry.fn(seq, spec))
+    if seq_adv.shape != seq.shape:
+        raise ValueError(f"advantage estimator {entry.name!r}: expected [B] = "
+                         f"{tuple(seq.shape)} advantages, got {tuple(seq_adv.shape)}")
+    return broadcast_to_tokens(seq_adv, loss_mask)
+
+
+def _token_advantages(entry, spec: AdvantageSpec, token_rewards: torch.Tensor,
+                      values: torch.Tensor | None, loss_mask: torch.Tensor,
+                      boot: torch.Tensor | None, zero: torch.Tensor):
+    """A token-level estimator's ``(advantages, returns, values)``: returns only with a
+    critic's ``values`` (which are zeroed off the loss mask), an error where the estimator
+    gives the wrong shape or no returns for the critic."""
+    vals = values if values is not None else torch.zeros_like(token_rewards)
+    adv, returns = token_advantages(entry, TokenSteps(token_rewards, vals, loss_mask, boot),
+                                    spec)
+    if tuple(torch.as_tensor(adv).shape) != tuple(loss_mask.shape):
+        raise ValueError(f"advantage estimator {entry.name!r}: expected [B, L] = "
+                         f"{tuple(loss_mask.shape)} advantages, got "
+                         f"{tuple(torch.as_tensor(adv).shape)}")
+    if values is None:
+        return adv, None, None  # no critic to regress
+    if returns is None:
+        raise ValueError(f"advantage estimator {entry.name!r} gives no returns, which "
+                         f"the critic (use_critic) regresses on")
+    return adv, returns, torch.where(loss_mask, values, zero)
+
+
+def _label_stats(cfg, raw: torch.Tensor, am: torch.Tensor, trunc: torch.Tensor,
+                 kl_tok: torch.Tensor, non_score: torch.Tensor, adv: torch.Tensor,
+                 loss_mask: torch.Tensor, is_stats: dict, agent: bool,
+                 values: torch.Tensor | None, returns: torch.Tensor | None) -> dict:
+    """The rollout's statistics: scores, KL to the reference, lengths, advantages, the
+    mismatch correction's (``is_stats``); groups
+    of equal scores; the critic's fit. An agent's truncation is logged as
+    episode/truncated_frac, not here."""
+    bsz = raw.shape[0]
     stats = {
         "score_mean": float(raw.mean()),
         "score_std": float(raw.std()) if bsz > 1 else 0.0,
         "non_score_reward": float(non_score.mean()),
-        "kl_ref": float(kl_seq.mean()),
+        "kl_ref": float(kl_tok.sum(1).mean()),
         "kl_ref_token": float(masked_mean(kl_tok, am)),
         "response_length_mean": float(am.sum(1).float().mean()),
         "truncated_frac": float(trunc.float().mean()),
         "advantage_mean": float(masked_mean(adv, loss_mask)),
         **is_stats,
     }
-    if agent:  # an episode's truncation is logged as episode/truncated_frac
+    if agent:
         del stats["truncated_frac"]
     if cfg.samples_per_prompt > 1 and bsz % cfg.samples_per_prompt == 0:
         # groups whose raw scores are all equal: a group estimator gives them advantage 0
@@ -181,6 +222,4 @@ def compute_labels(cfg, roll: TokenRollout, scores: torch.Tensor, old_logp, ref_
     if returns is not None:
         stats["explained_variance"] = explained_variance(values, returns, loss_mask)
         stats["return_mean"] = float(masked_mean(returns, loss_mask))
-    return Labels(old_logp.detach(), ref_logp.detach(), loss_mask, adv.detach(),
-                  None if returns is None else returns.detach(), values, raw, token_rewards,
-                  kl_tok, stats, None if is_weight is None else is_weight.detach())
+    return stats

@@ -64,8 +64,12 @@ def _configs(model: nn.Module):
 
 def use_float32_attention(model: nn.Module) -> bool:
     """Give ``model`` (a transformers model, a peft wrapper or a backbone) float32
-    attention where it uses ``sdpa`` on the CPU; whether it did."""
-    if next(model.parameters()).device.type != "cpu":
+    attention where it uses ``sdpa`` on the CPU; whether it did. A module with no
+    parameters of its own (a LoRA run's reference, the policy with its adapters off:
+    :class:`~ppokit.llm.modeling.models.AdaptersOff`) has nothing to change: its model
+    is the policy, changed as the policy."""
+    first = next(model.parameters(), None)
+    if first is None or first.device.type != "cpu":
         return False
     changed = False
     for _, cfg in _configs(model):

@@ -197,15 +197,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
     finished = torch.zeros(bsz, dtype=torch.bool)
     toks, alive_cols, logps = [], [], []
     for step in range(max_new_tokens):
-        logits = logits.float()
-        if temperature == 0:
-            tok = logits.argmax(-1)
-            logp_all = torch.log_softmax(logits, dim=-1)
-        else:
-            scaled = logits / temperature
-            probs = torch.softmax(scaled, dim=-1)
-            tok = torch.multinomial(probs, 1, generator=generator).squeeze(1)
-            logp_all = torch.log_softmax(scaled, dim=-1)
+        tok, logp_all = _draw(logits.float(), temperature, generator)
         alive = ~finished
         logps.append(torch.where(alive, logp_all.gather(1, tok[:, None]).squeeze(1), 0.0))
         tok = torch.where(alive, tok, torch.full_like(tok, pad_token_id))
@@ -228,8 +220,29 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
         next_pos = next_pos + 1
     if was_training:
         model.train()
-    gen = torch.stack(toks, 1)
-    gen_mask = torch.stack(alive_cols, 1)
+    return _rollout(prompt_ids, prompt_mask, torch.stack(toks, 1), torch.stack(alive_cols, 1),
+                    torch.stack(logps, 1), eos_token_id)
+
+
+def _draw(logits: torch.Tensor, temperature: float, generator: torch.Generator | None
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(token of each row, log-softmax of the logits it was drawn from)``: the argmax at
+    temperature 0, else a draw from the softmax of ``logits / temperature``."""
+    if temperature == 0:
+        return logits.argmax(-1), torch.log_softmax(logits, dim=-1)
+    scaled = logits / temperature
+    probs = torch.softmax(scaled, dim=-1)
+    tok = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    return tok, torch.log_softmax(scaled, dim=-1)
+
+
+def _rollout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, gen: torch.Tensor,
+             gen_mask: torch.Tensor, gen_logp: torch.Tensor, eos_token_id: int
+             ) -> TokenRollout:
+    """The prompts and their completions ``gen`` ``[B, N]`` (``gen_mask``: the tokens
+    sampled before each row finished) as a :class:`TokenRollout`; a row without EOS is
+    truncated, and each row's response is its tokens without the EOS."""
+    bsz = prompt_ids.shape[0]
     seq = torch.cat([prompt_ids, gen], 1)
     attention_mask = torch.cat([prompt_mask.long(), gen_mask.long()], 1)
     action_mask = torch.cat([torch.zeros_like(prompt_mask, dtype=torch.bool), gen_mask], 1)
@@ -240,8 +253,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
         if ids and ids[-1] == eos_token_id:
             ids = ids[:-1]
         responses.append(ids)
-    logp = torch.cat([torch.zeros(prompt_ids.shape, dtype=torch.float32),
-                      torch.stack(logps, 1)], 1)
+    logp = torch.cat([torch.zeros(prompt_ids.shape, dtype=torch.float32), gen_logp], 1)
     return TokenRollout(seq, attention_mask, action_mask, prompt_ids.shape[1], ~has_eos, responses,
                         logp)
 
