@@ -157,6 +157,17 @@ def cpu_hours(rows: list[dict]) -> float:
     return sum(r["wall_per_m"] * r["budget"] / 1e6 * r["n"] for r in rows) / 3600
 
 
+# a reference trained for more than this factor more (or fewer) steps than the row is shown
+# but compared with caution: the second count of the summary leaves it out
+SAME_BUDGET = 2.0
+
+
+def _same_budget(row: dict) -> list[dict]:
+    """The row's references whose budget is within :data:`SAME_BUDGET` of the row's."""
+    return [x for x in row["refs"] if x.get("budget_steps")
+            and 1 / SAME_BUDGET <= x["budget_steps"] / row["budget"] <= SAME_BUDGET]
+
+
 def render(rows: list[dict], sources: dict, pending: list[Task]) -> str:
     lines = ["| task | policy | budget | ppokit mean [95 % CI] (n) | reference: mean ± std (n), "
              "budget | ratio | within | 90 % of ref: steps / wall s | wall s / 1M steps |",
@@ -186,10 +197,14 @@ def render(rows: list[dict], sources: dict, pending: list[Task]) -> str:
                          f"{_fmt(r['wall_per_m'], 0) if i == 0 else ''} |")
     with_ref = [r for r in rows if r["refs"]]
     ok = sum(all(x["within"] for x in r["refs"]) for r in with_ref)
+    same = [r for r in rows if _same_budget(r)]
+    ok_same = sum(all(x["within"] for x in _same_budget(r)) for r in same)
     lines.append("")
     lines.append(f"Tasks with results: {len(rows)}; with a reference: {len(with_ref)}, of "
-                 f"which within or above every reference: {ok}. CPU hours spent on the "
-                 f"results above: {cpu_hours(rows):.1f}.")
+                 f"which within or above every reference: {ok}. Counting only references "
+                 f"at the row's budget (within a factor of {SAME_BUDGET:g}): {len(same)} "
+                 f"tasks with one, {ok_same} within or above every such reference. CPU "
+                 f"hours spent on the results above: {cpu_hours(rows):.1f}.")
     if pending:
         lines.append("Tasks without results yet: " + ", ".join(t.name for t in pending) + ".")
     return "\n".join(lines)

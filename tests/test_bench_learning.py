@@ -182,3 +182,26 @@ def test_quick_net_image_tasks_learn(tmp_path):
                        cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "quick net: pass" in r.stdout
+
+
+def test_the_summary_counts_references_at_the_rows_budget_apart(tmp_path, monkeypatch):
+    """A reference trained ten times longer is shown and counted in the strict figure, and
+    left out of the second, same-budget count."""
+    t = task("cartpole")  # (the result files say a budget of 1,000 steps)
+    for s, v in enumerate((300.0, 301.0, 302.0)):
+        _write_result(tmp_path, t, s, v)
+    refs = tmp_path / "refs.json"
+    refs.write_text(json.dumps({
+        "sources": {"a": {"project": "A"}, "b": {"project": "B"}},
+        "rows": [{"task": t.env_id, "source": "a", "mean": 290.0, "std": 5.0, "n_seeds": 3,
+                  "budget_steps": 1_500},
+                 {"task": t.env_id, "source": "b", "mean": 500.0, "std": 0.0, "n_seeds": 1,
+                  "budget_steps": 10_000}]}))
+    doc = tmp_path / "doc.md"
+    doc.write_text("<!-- table:begin -->\n<!-- table:end -->\n")
+    monkeypatch.setattr("bench.learning_table.figure", lambda *a: None)
+    write_table(tmp_path, refs, doc, tmp_path / "f.png")
+    text = " ".join(doc.read_text().split())
+    assert "with a reference: 1, of which within or above every reference: 0." in text
+    assert ("Counting only references at the row's budget (within a factor of 2): 1 tasks "
+            "with one, 1 within or above every such reference.") in text
