@@ -520,10 +520,11 @@ def test_llm_config_fields_are_finite_and_in_range(data):
 
 
 def test_llm_config_every_field_has_a_rule():
+    from ppokit.core.options import OPTION_TABLES  # checked against the parts' declarations
     from ppokit.llm.training.config import CHOICES, FLAGS_BOOL, PATHS, SPECIAL, LLMConfig
 
     ruled = (set(_llm_limits()) | set(CHOICES) | set(PATHS) | set(FLAGS_BOOL) | {"algo"}
-             | set(SPECIAL))
+             | set(SPECIAL) | set(OPTION_TABLES))
     assert {f.name for f in fields(LLMConfig)} == ruled
 
 

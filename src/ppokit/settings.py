@@ -21,13 +21,15 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, get_type_hints
 
 from ppokit.cliutil import in_range
+from ppokit.core.options import OPTION_TABLES
 from ppokit.core.registry import IMPORT_HINT, Registry
 from ppokit.errors import UsageError
 from ppokit.plugins import names_checked
 
 __all__ = ["setting", "Kind", "kind_of", "bounds_of", "choices_of", "brief", "fail",
            "range_text", "check_bounds", "check_choice", "check_fields", "parse_text",
-           "resolve_key", "unknown_key_error", "parse_sets", "help_table", "default_of"]
+           "resolve_key", "unknown_key_error", "parse_sets", "merge_values", "help_table",
+           "default_of"]
 
 Bounds = tuple[float, float, bool]
 
@@ -266,15 +268,36 @@ def _suggest(key: Any, keys: list[str], aliases: Mapping[str, str]) -> str | Non
 def parse_sets(items: list[str], parse: Callable[[str, str], tuple[str, Any]]
                ) -> dict[str, Any]:
     """``["KEY=VALUE", ...]`` as ``{key: value}``; ``parse(key, text)`` gives the key it
-    stands for and the typed value."""
+    stands for and the typed value. ``TABLE.NAME=VALUE`` sets one option of an option
+    table (``loss_options.beta=0.3``; :data:`ppokit.core.options.OPTION_TABLES`), kept as
+    text for the configuration to read as the option's declared type."""
     out: dict[str, Any] = {}
     for item in items:
         if "=" not in item:
             raise UsageError(f"--set: expected KEY=VALUE, got {item!r}")
         k, v = item.split("=", 1)
+        table, dot, name = k.strip().partition(".")
+        if dot and table in OPTION_TABLES:
+            if not name.isidentifier():
+                raise UsageError(f"--set: expected {table}.NAME=VALUE with NAME an option's "
+                                 f"name, got {item!r}")
+            merge_values(out, {table: {name: v.strip()}})
+            continue
         key, value = parse(k.strip(), v)
         out[key] = value
     return out
+
+
+def merge_values(into: dict[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
+    """``into`` updated with ``values`` (a later layer of a configuration: presets < file <
+    ``--set`` < flags), an option table merged option by option."""
+    for k, v in values.items():
+        old = into.get(k)
+        if k in OPTION_TABLES and isinstance(v, Mapping) and isinstance(old, Mapping):
+            into[k] = {**old, **v}
+        else:
+            into[k] = v
+    return into
 
 
 def _show(v: Any) -> str:

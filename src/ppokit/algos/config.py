@@ -32,6 +32,7 @@ from ppokit.settings import (
     fail,
     help_table,
     kind_of,
+    merge_values,
     parse_text,
     resolve_key,
     setting,
@@ -115,6 +116,8 @@ class TrainConfig(SelfPlaySettings):  # (the self-play keys: ppokit.selfplay.set
     target_kl_check: str = recipe("target_kl_check", "minibatch")
     kl_coef: float = recipe("kl_coef", 1.0)
     kl_target: float = recipe("kl_target", 0.01)
+    loss_options: dict[str, Any] = recipe("loss_options", {})
+    advantage_options: dict[str, Any] = recipe("advantage_options", {})
     # policy network
     net_arch: tuple[int, ...] = setting(
         (64, 64), "hidden layer sizes of the actor and critic MLPs",
@@ -397,9 +400,8 @@ def _merge(algo: str, env_id: str, preset: dict[str, Any], sources) -> TrainConf
     else:
         merged.update({k: preset[k] for k in ("total_timesteps", "normalize_obs",
                                                "normalize_reward") if k in preset})
-    merged.update(toml_values)
-    merged.update(overrides)
-    merged.update(flags)
+    for layer in (toml_values, overrides, flags):
+        merge_values(merged, layer)  # (an option table option by option)
     _ray_envs(merged, sources)
     merged["algo"] = algo
     merged["env_id"] = env_id

@@ -14,6 +14,7 @@ from dataclasses import fields
 from typing import Any
 
 from ppokit.core.registry import ENV_ADVANTAGES
+from ppokit.engine.recipe import checked_options
 from ppokit.errors import UsageError
 from ppokit.selfplay.settings import check_selfplay
 from ppokit.settings import check_fields, fail, range_text
@@ -64,6 +65,8 @@ def validate(c) -> None:
         fail("wandb_project", "expected a W&B project name: 1 to 128 letters, digits, "
              "'-', '_' or '.'", c.wandb_project)
     _check_combinations(c)
+    for table, value in checked_options(c).items():  # typed by the parts' declarations
+        object.__setattr__(c, table, value)
     check_selfplay(c)
     check_memory(c)
 
@@ -97,9 +100,12 @@ def _check_combinations(c) -> None:
             and c.n_envs != c.num_workers * c.envs_per_worker:
         fail("n_envs", f"{c.n_envs} is not num_workers * envs_per_worker = "
              f"{c.num_workers} * {c.envs_per_worker} (vectorization=ray)", show=False)
-    if c.recurrent == "lstm" and c.policy in ("cnn", "multi_input"):
-        fail("recurrent", f"lstm runs on the MLP encoder; policy={c.policy} with an LSTM "
-             "is not supported yet", show=False)
+    if c.recurrent == "lstm" and c.policy not in ("auto", "mlp"):
+        what = (c.policy if c.policy in ("cnn", "multi_input")
+                else f"{c.policy!r} (a features extractor of your own)")
+        fail("recurrent", f"lstm runs on the MLP encoder, which flattens the observation; "
+             f"policy={what} with an LSTM is not supported: use policy=auto or mlp with "
+             "recurrent=lstm, or recurrent=none with that encoder", show=False)
     if c.shared_lstm and c.enable_critic_lstm:
         fail("shared_lstm", "true shares the actor's LSTM with the critic, so it needs "
              "enable_critic_lstm = false (the critic's own LSTM)", show=False)

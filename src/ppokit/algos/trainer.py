@@ -63,11 +63,8 @@ from ppokit.engine import LabelledBatch, UpdateSpec, eager_minibatch_step, run_u
 from ppokit.engine.allocator import keep_freed_memory
 from ppokit.engine.flat import FlatParameters
 from ppokit.engine.fused import FusedStep, policy_forward, supports
-from ppokit.engine.recipe import spec_of
-from ppokit.envs import (
-    ObsNormalizer,
-    RewardScaler,
-)
+from ppokit.engine.recipe import estimator_options, spec_of
+from ppokit.envs import ObsNormalizer, RewardScaler
 from ppokit.envs.multiagent import agent_metrics
 from ppokit.envs.source import id_factory
 from ppokit.envs.vec import training_vec
@@ -387,7 +384,8 @@ class Trainer(RunLifecycle):
             g["lr"] = lr
         self.policy.train()
         rollout = self.collector.collect(c.n_steps)
-        rollout.compute_advantages(c.gamma, c.gae_lambda, c.advantage_estimator)
+        rollout.compute_advantages(c.gamma, c.gae_lambda, c.advantage_estimator,
+                                   estimator_options(c))
         self.global_step += c.rollout_size
         upd = self.update(rollout, clip)
         kl_coef = None

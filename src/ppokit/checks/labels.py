@@ -23,6 +23,8 @@ from contextlib import contextmanager
 
 import torch
 
+from ppokit.engine.recipe import estimator_options
+
 from .result import CheckResult
 
 __all__ = ["check_labels_frozen", "check_token_labels_frozen", "LABEL_CHECK_CONFIG"]
@@ -227,7 +229,8 @@ def check_labels_frozen(policy=None, *, env: str = "CartPole-v1", trainer_cls=No
                 tr.opt = torch.optim.Adam(p.parameters(), lr=cfg.learning_rate)
             tr.policy.train()
             rollout = tr.collector.collect(cfg.n_steps)
-            rollout.compute_advantages(cfg.gamma, cfg.gae_lambda, cfg.advantage_estimator)
+            rollout.compute_advantages(cfg.gamma, cfg.gae_lambda, cfg.advantage_estimator,
+                                       estimator_options(cfg))
             stored = {k: getattr(rollout, k).detach().clone()
                       for k in ("advantages", "returns", "logp", "values")}
             flat0 = rollout.flat()

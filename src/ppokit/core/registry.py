@@ -34,6 +34,12 @@ trainer, engine or configuration file changes (docs/architecture.md#extending).
 
   ``needs_critic=True``: the estimator reads the critic's values.
 
+* **Options** (both kinds): ``options={"beta": 0.1}`` declares the part's own
+  hyperparameters and their defaults (the type is the default's); the configuration sets
+  them in ``loss_options`` / ``advantage_options`` (``--set loss_options.beta=0.3``) and
+  the part reads them as ``spec.options`` (:mod:`ppokit.core.options`). An option the
+  selected part does not declare, or of the wrong type, is refused by name.
+
 An unknown name raises a ``ValueError`` listing the known names; registering a name twice
 is an error.
 """
@@ -53,6 +59,7 @@ from . import group as _group
 from . import losses as _losses
 from . import returns as _returns
 from . import surrogates as _surrogates
+from .options import EMPTY, declare
 
 __all__ = ["Registry", "Entry", "POLICY_LOSSES", "ADVANTAGES", "GROUP_ADVANTAGES",
            "ENV_ADVANTAGES", "NO_CLIP", "AdvantageSpec", "Steps", "TokenSteps",
@@ -176,18 +183,23 @@ POLICY_LOSSES = Registry(
 
 def register_policy_loss(name: str, fn: Callable | None = None, *, help: str = "",  # noqa: A002
                          kl_anchor: str = "none", uses_clip_range: bool = True,
-                         clip_unit: str = "token"):
+                         clip_unit: str = "token", options: Mapping[str, Any] | None = None):
     """Register a policy loss ``fn(spec, logp, logp_old, advantages, mask=None, **agg)``
     (tensors ``[M]`` or ``[B, L]``, one shape) returning a :class:`ppokit.core.PolicyLoss`
     (decorator or call). ``kl_anchor="old"``:
-    the surrogate of PPO-KL (the trainer adds the penalty to the old policy)."""
+    the surrogate of PPO-KL (the trainer adds the penalty to the old policy).
+    ``options``: the loss's own hyperparameters and their defaults (``{"beta": 0.1}``;
+    :mod:`ppokit.core.options`), set by the configuration's ``loss_options`` and read by
+    the loss as ``spec.options["beta"]``."""
+    opts = declare(POLICY_LOSSES.kind, name, options)
     if kl_anchor not in ("none", "old"):
         raise ValueError(f"kl_anchor: expected 'none' or 'old', got {kl_anchor!r}")
     if clip_unit not in CLIP_UNITS:
         raise ValueError(f"clip_unit: expected one of {', '.join(CLIP_UNITS)}, got "
                          f"{clip_unit!r}")
     return POLICY_LOSSES.register(name, fn, help=help, kl_anchor=kl_anchor,
-                                  uses_clip_range=bool(uses_clip_range), clip_unit=clip_unit)
+                                  uses_clip_range=bool(uses_clip_range), clip_unit=clip_unit,
+                                  options=opts)
 
 
 CLIP_UNITS = ("token", "sequence", "weight")
@@ -256,14 +268,14 @@ LAYOUTS = ("steps", "tokens", "groups")
 @dataclass(frozen=True)
 class AdvantageSpec:
     """What an advantage estimator may read besides its data: the discount, GAE's λ, the
-    group size and GRPO's std switch, and ``options`` for an estimator of the user's
-    (scalars: no tensor shape)."""
+    group size and GRPO's std switch, and ``options``: the estimator's own options (those
+    its registration declares, with the configuration's ``advantage_options``)."""
 
     gamma: float = 0.99
     gae_lambda: float = 0.95
     group_size: int | None = None
     normalize_std: bool = True
-    options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    options: Mapping[str, Any] = EMPTY
 
 
 class Steps(NamedTuple):
@@ -302,17 +314,20 @@ GROUP_ADVANTAGES = ADVANTAGES.where("group advantage estimator",
 
 def register_advantage_estimator(name: str, fn: Callable | None = None, *,
                                  layout: str = "steps", help: str = "",  # noqa: A002
-                                 needs_critic: bool = False, tokens: Callable | None = None):
+                                 needs_critic: bool = False, tokens: Callable | None = None,
+                                 options: Mapping[str, Any] | None = None):
     """Register an advantage estimator of ``layout`` ``steps`` (time-major ``[T, N]``: both
     trainers), ``tokens`` (``[B, L]``) or ``groups`` (scores ``[B]``) — the token trainer;
     decorator or call. ``tokens``: a native token implementation of a ``steps`` estimator
-    (same results, faster)."""
+    (same results, faster). ``options``: the estimator's own options and their defaults,
+    set by the configuration's ``advantage_options`` and read as ``spec.options``."""
+    opts = declare(ADVANTAGES.kind, name, options)
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {', '.join(LAYOUTS)}, got {layout!r}")
     if tokens is not None and layout != "steps":
         raise ValueError("tokens=: a native token form is for a 'steps' estimator")
     return ADVANTAGES.register(name, fn, help=help, layout=layout,
-                               needs_critic=bool(needs_critic), tokens=tokens)
+                               needs_critic=bool(needs_critic), tokens=tokens, options=opts)
 
 
 def _gae_token_native(ts: TokenSteps, spec: AdvantageSpec):

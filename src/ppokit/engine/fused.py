@@ -83,6 +83,9 @@ _SPEC_SUPPORT: dict[str, object] = {
     "grad_accum": {1},
     "normalize_advantage": _ANY,
     "advantage_norm_scope": {"minibatch", "batch"},
+    # a loss's own options: the kernels compute clip and vanilla, which declare none (a
+    # loss with options is the user's and runs in the eager step, reading them there)
+    "options": lambda v: len(v) == 0,
 }
 
 
@@ -97,7 +100,9 @@ def supports(spec: UpdateSpec, policy: nn.Module, masked: bool = False) -> str |
                            "handles them")
     for name, allowed in _SPEC_SUPPORT.items():
         v = getattr(spec, name)
-        if allowed is not _ANY and v not in allowed:
+        if allowed is _ANY:
+            continue
+        if not (allowed(v) if callable(allowed) else v in allowed):
             return f"{name}={v}"
     if masked:
         return "action masks (the masked logits run in the eager step)"

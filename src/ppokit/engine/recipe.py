@@ -15,12 +15,15 @@ from typing import Any
 
 from ppokit.core.kl import KL_LOSS_ESTIMATORS
 from ppokit.core.losses import AGGREGATION_MODES
+from ppokit.core.options import EMPTY, OPTION_TABLES, Options, resolve
 from ppokit.core.registry import ADVANTAGES, POLICY_LOSSES
+from ppokit.plugins import names_checked
 from ppokit.settings import setting
 
 from .update import NORM_SCOPES, TARGET_KL_CHECKS, VALUE_CLIP_MODES, UpdateSpec
 
-__all__ = ["RECIPE", "COEF_MAX", "recipe", "spec_of"]
+__all__ = ["RECIPE", "COEF_MAX", "recipe", "spec_of", "options_of", "estimator_options",
+           "checked_options", "OPTION_TABLES"]
 
 # Coefficients stay within COEF_MAX so that their products with the losses stay finite in
 # float32.
@@ -81,6 +84,13 @@ RECIPE: dict[str, dict[str, Any]] = {
                   "language models)"),
     "gae_lambda": dict(bounds=(0.0, 1.0, False), help="GAE lambda (1: Monte-Carlo "
                        "advantage with bootstrap)"),
+    # the parts' own options (ppokit.core.options)
+    "loss_options": dict(expected="a table of the policy loss's options", help=(
+        "the policy loss's own options, those its registration declares: --set "
+        "loss_options.NAME=VALUE (or a JSON object); the loss reads spec.options")),
+    "advantage_options": dict(expected="a table of the advantage estimator's options", help=(
+        "the advantage estimator's own options, those its registration declares: --set "
+        "advantage_options.NAME=VALUE (or a JSON object); the estimator reads spec.options")),
 }
 
 
@@ -90,6 +100,8 @@ def recipe(name: str, default: Any, note: str = "", **override: Any) -> Any:
     values; ``override`` replaces a part (a trainer's narrower registry view)."""
     decl = {**RECIPE[name], **override}
     text = decl.pop("help") + (f" ({note})" if note else "")
+    if isinstance(default, dict):  # a table: each configuration its own
+        return setting(help=text, default_factory=lambda: dict(default), **decl)
     return setting(default, text, **decl)
 
 
@@ -98,10 +110,48 @@ def spec_of(config: Any, **derived: Any) -> UpdateSpec:
     configuration's attribute of the same name, unless ``derived`` gives it (what the
     trainer computes: the loss's KL anchor, the controller's beta, the critic in use); a
     field the configuration does not have keeps the spec's default."""
-    values = {}
+    values: dict[str, Any] = {}
+    if hasattr(config, "loss_options") and "options" not in derived:
+        values["options"] = options_of(config, "loss_options")
     for f in fields(UpdateSpec):
         if f.name in derived:
             values[f.name] = derived[f.name]
         elif hasattr(config, f.name):
             values[f.name] = getattr(config, f.name)
     return UpdateSpec(**values)
+
+
+_REGISTRIES = {"loss_options": POLICY_LOSSES, "advantage_options": ADVANTAGES}
+
+
+def options_of(config: Any, table: str) -> Options:
+    """The options the configuration's policy loss (``table="loss_options"``) or advantage
+    estimator (``"advantage_options"``) runs with: its registration's defaults, replaced by
+    the configuration's table (:func:`ppokit.core.options.resolve`: an undeclared option or
+    a wrong type is a :class:`~ppokit.errors.UsageError` naming it)."""
+    part, kind = OPTION_TABLES[table]
+    name = getattr(config, part)
+    declared = _REGISTRIES[table].entry(name).get("options", EMPTY)
+    return resolve(table, kind, name, declared, getattr(config, table, None))
+
+
+def estimator_options(config: Any) -> Options:
+    """The options the configuration's advantage estimator runs with
+    (``AdvantageSpec.options``)."""
+    return options_of(config, "advantage_options")
+
+
+def checked_options(config: Any) -> dict[str, dict[str, Any]]:
+    """The configuration's option tables with each value of its option's type (a text
+    from ``--set`` read as it), checked against the selected parts' declarations; a table
+    whose part is not registered (a run read without its module) is kept as it is."""
+    out = {}
+    for table, (part, _) in OPTION_TABLES.items():
+        given = getattr(config, table)
+        name = getattr(config, part)
+        if not names_checked() or name not in _REGISTRIES[table]:
+            out[table] = given
+            continue
+        full = options_of(config, table)
+        out[table] = {k: full[k] for k in given}
+    return out

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, NamedTuple
 
@@ -68,6 +68,7 @@ from ppokit.core import (
     value_loss,
 )
 from ppokit.core.losses import AGGREGATION_MODES
+from ppokit.core.options import EMPTY, Options
 
 from .batch import LabelledBatch, take_rows  # noqa: F401 (LabelledBatch re-exported)
 
@@ -114,6 +115,7 @@ class UpdateSpec:
     grad_accum: int = 1  # micro-batches per minibatch
     normalize_advantage: bool = True
     advantage_norm_scope: str = "minibatch"  # minibatch | batch
+    options: Mapping[str, Any] = EMPTY  # the policy loss's own (its registration's options)
 
     def with_values(self, clip_range: float | None = None, kl_coef: float | None = None
                     ) -> UpdateSpec:
@@ -147,6 +149,8 @@ class UpdateSpec:
                 bad(name, "an integer >= 1")
         if self.minibatch_size < 0:
             bad("minibatch_size", "an integer >= 0")
+        if not isinstance(self.options, Options):  # a plain dict from Python: read-only
+            object.__setattr__(self, "options", Options(self.options))
 
 
 @functools.lru_cache(maxsize=8)

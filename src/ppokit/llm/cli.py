@@ -48,7 +48,8 @@ def add_config_arguments(p: argparse.ArgumentParser, skip: tuple[str, ...] = (),
             types[f.name] = None
             continue
         base = ann.split("|")[0].strip()
-        typ = {"int": _int, "float": float, "str": str, "tuple": str}[base]
+        typ = {"int": _int, "float": float, "str": str, "tuple": str,
+               "dict[str, Any]": json_object}[base]
         types[f.name] = typ
         if f.name == "reward":  # repeatable: one reward function each
             p.add_argument(flag, dest=f.name, action="append", default=None,
@@ -71,6 +72,16 @@ def add_config_arguments(p: argparse.ArgumentParser, skip: tuple[str, ...] = (),
                    metavar="KEY=VALUE",
                    help="override configuration keys: --set a=1 b=2 (repeatable; keys "
                         "below), as ppokit train takes them")
+
+
+def json_object(text: str) -> dict:
+    """A flag's JSON object (an option table: ``--loss-options '{"beta": 0.3}'``)."""
+    import json
+
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError(text)
+    return value
 
 
 def flag_values(args) -> dict:

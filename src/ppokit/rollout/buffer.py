@@ -24,10 +24,13 @@ Fields (all ``[T, N, ...]``, time-major; row ``t`` is the transition taken from 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from ppokit.core.options import EMPTY
 from ppokit.core.registry import ENV_ADVANTAGES, AdvantageSpec, Steps
 from ppokit.engine.batch import take_rows
 
@@ -62,14 +65,15 @@ class Rollout:
         return int(self.rewards.shape[1])
 
     def compute_advantages(self, gamma: float, gae_lambda: float,
-                           estimator: str = "gae") -> None:
+                           estimator: str = "gae", options: Mapping[str, Any] = EMPTY) -> None:
         """Fill ``advantages`` and ``returns`` once (a second call is an error).
 
         ``gae``: :func:`ppokit.core.gae` with the two masks. ``reward_to_go``: the
         discounted return within the episode (:func:`ppokit.core.reward_to_go`) minus
         ``values`` (zero without a critic); a truncation adds ``γ V(final state)`` to its
         reward and a window that ends mid-episode bootstraps from ``next_values[T-1]`` —
-        both zero when no critic is used, giving the plain Monte-Carlo return.
+        both zero when no critic is used, giving the plain Monte-Carlo return. ``options``:
+        the estimator's own (``AdvantageSpec.options``).
         """
         if self.advantages is not None:
             raise RuntimeError("advantages are computed once per rollout and then frozen")
@@ -77,7 +81,8 @@ class Rollout:
         steps = Steps(self.rewards, self.values, self.next_values, self.terminated,
                       self.episode_end)
         with torch.no_grad():
-            adv, ret = fn(steps, AdvantageSpec(gamma=gamma, gae_lambda=gae_lambda))
+            adv, ret = fn(steps, AdvantageSpec(gamma=gamma, gae_lambda=gae_lambda,
+                                             options=options))
         adv, ret = torch.as_tensor(adv), torch.as_tensor(ret)
         if adv.shape != self.rewards.shape or ret.shape != self.rewards.shape:
             raise ValueError(f"advantage estimator {estimator!r}: expected advantages and "

@@ -21,6 +21,7 @@ from ppokit.core import (
     masked_whiten,
     token_advantages,
 )
+from ppokit.engine.recipe import estimator_options
 
 from ..modeling.rollout import TokenRollout, shift_to_tokens
 from .mismatch import correction
@@ -43,7 +44,8 @@ def advantage_spec(cfg) -> AdvantageSpec:
     """What the configuration's advantage estimator reads besides the rollout."""
     return AdvantageSpec(gamma=cfg.gamma, gae_lambda=cfg.gae_lambda,
                          group_size=cfg.samples_per_prompt,
-                         normalize_std=bool(cfg.normalize_std))
+                         normalize_std=bool(cfg.normalize_std),
+                         options=estimator_options(cfg))
 
 
 @dataclass

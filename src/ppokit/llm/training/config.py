@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
 
 from ppokit import settings
 from ppokit.algos.config import SEED_MAX
 from ppokit.core.kl import DEFAULT_KL_LOSS_ESTIMATOR
 from ppokit.core.registry import ADVANTAGES, GROUP_ADVANTAGES, POLICY_LOSSES
-from ppokit.engine.recipe import COEF_MAX, recipe
+from ppokit.engine.recipe import COEF_MAX, checked_options, recipe
 from ppokit.errors import UsageError
 from ppokit.settings import (
     check_fields,
@@ -143,6 +144,8 @@ class LLMConfig(EngineSettings, PackingSettings, OffPolicySettings):
     normalize_advantage: bool | None = recipe("normalize_advantage", None, "default: the "
                                               "preset's")
     normalize_std: bool | None = setting(None, "grpo: divide by the group std")
+    loss_options: dict[str, Any] = recipe("loss_options", {})
+    advantage_options: dict[str, Any] = recipe("advantage_options", {})
     score_norm: str = setting("none", "none | batch: whiten scores over the batch first",
                               choices=("none", "batch"))
     score_clip: float | None = setting(None, "clip scores to [-c, c] after normalisation",
@@ -279,68 +282,73 @@ class LLMConfig(EngineSettings, PackingSettings, OffPolicySettings):
             cfg = replace(cfg, batch_size=max(1, cfg.prompts_per_iter
                                               * cfg.samples_per_prompt // 2))
         _check_fields(cfg)
+        cfg = replace(cfg, **checked_options(cfg))  # typed by the parts' declarations
         if cfg.time_limit is not None and cfg.time_limit <= 0:
             cfg = replace(cfg, time_limit=None)
-        check_off_policy(cfg)
-        if cfg.overlong_buffer > cfg.max_new_tokens:
-            raise UsageError(f"overlong_buffer: expected at most max_new_tokens="
-                             f"{cfg.max_new_tokens} tokens, got {cfg.overlong_buffer}")
-        if cfg.dynamic_sampling and cfg.samples_per_prompt < 2:
-            raise UsageError("dynamic_sampling: drops groups whose completions score alike, "
-                             "so it needs samples_per_prompt >= 2")
-        if cfg.truncation == "bootstrap" and not cfg.use_critic:
-            raise UsageError("truncation: 'bootstrap' needs a critic (use_critic, as in "
-                             "algo ppo); use 'penalty' or 'mask'")
-        est, loss = cfg.advantage_estimator, cfg.policy_loss  # unregistered: reading a run
-        if est in ADVANTAGES and ADVANTAGES.entry(est)["needs_critic"] and not cfg.use_critic:
-            raise UsageError(f"advantage_estimator: {cfg.advantage_estimator!r} needs a "
-                             f"critic (use_critic=true)")
-        if loss in POLICY_LOSSES and POLICY_LOSSES.entry(loss)["kl_anchor"] != "none":
-            raise UsageError(f"policy_loss: {cfg.policy_loss!r} carries a KL penalty to the "
-                             f"old policy, which language-model training does not use; its "
-                             f"KL term is kl_mode (reward or loss, against the reference)")
-        if cfg.advantage_estimator in GROUP_ADVANTAGES and cfg.samples_per_prompt < 2:
-            raise UsageError(f"samples_per_prompt: the {cfg.advantage_estimator} estimator "
-                             f"needs at least 2 completions per prompt, got "
-                             f"{cfg.samples_per_prompt}")
-        if cfg.lora_r > 0:
-            import importlib.util
-
-            if importlib.util.find_spec("peft") is None:
-                raise UsageError("lora_r: LoRA needs peft (pip install 'ppokit[lora]')")
-        if cfg.fsdp and "bf16" in (cfg.precision, cfg.sampler_precision):
-            raise UsageError("precision: bf16 is not offered with fsdp (sharded parameters "
-                             "are gathered in float32); use precision=fp32")
-        if cfg.fsdp and cfg.eval_every:
-            raise UsageError("eval_every: not with fsdp (the sharded policy generates only "
-                             "with every rank taking part); evaluate after training with "
-                             "ppokit llm eval")
-        if cfg.fsdp and cfg.lora_r > 0:
-            raise UsageError("fsdp: not with LoRA (lora_r > 0): the adapters are small, "
-                             "plain data parallelism replicates them")
         cfg = replace(cfg, reward_weights=reward_weights(cfg.reward_weights))
-        if cfg.reward_weights is not None:
-            from ..inputs.rewards import reward_entries
-
-            n = len(reward_entries(cfg.reward)) + bool(cfg.reward_model)
-            if n and len(cfg.reward_weights) != n:
-                _fail("reward_weights", f"expected {n} weights (one per reward function)",
-                      cfg.reward_weights, show=True)
-        batch = cfg.prompts_per_iter * cfg.samples_per_prompt
-        if batch > MAX_SEQUENCES:
-            raise UsageError(f"prompts_per_iter: prompts_per_iter * samples_per_prompt = "
-                             f"{cfg.prompts_per_iter} * {cfg.samples_per_prompt} = {batch} "
-                             f"sequences per iteration; at most {MAX_SEQUENCES}")
-        if batch % cfg.batch_size or cfg.batch_size % cfg.grad_accum:
-            raise UsageError(f"batch_size/grad_accum: the {batch} sequences of an iteration "
-                             f"must split into minibatches of batch_size={cfg.batch_size} "
-                             f"sequences, each into grad_accum={cfg.grad_accum} equal "
-                             "micro-batches")
-        if cfg.kl_target is not None and cfg.kl_coef == 0:
-            raise UsageError("kl_target: an adaptive beta needs kl_coef > 0 to start from")
-        check_rollout_memory(cfg)
+        _check_combinations(cfg)
         return cfg
 
+
+def _check_combinations(cfg: LLMConfig) -> None:
+    """The checks of a resolved configuration that read several fields."""
+    check_off_policy(cfg)
+    if cfg.overlong_buffer > cfg.max_new_tokens:
+        raise UsageError(f"overlong_buffer: expected at most max_new_tokens="
+                         f"{cfg.max_new_tokens} tokens, got {cfg.overlong_buffer}")
+    if cfg.dynamic_sampling and cfg.samples_per_prompt < 2:
+        raise UsageError("dynamic_sampling: drops groups whose completions score alike, "
+                         "so it needs samples_per_prompt >= 2")
+    if cfg.truncation == "bootstrap" and not cfg.use_critic:
+        raise UsageError("truncation: 'bootstrap' needs a critic (use_critic, as in "
+                         "algo ppo); use 'penalty' or 'mask'")
+    est, loss = cfg.advantage_estimator, cfg.policy_loss  # unregistered: reading a run
+    if est in ADVANTAGES and ADVANTAGES.entry(est)["needs_critic"] and not cfg.use_critic:
+        raise UsageError(f"advantage_estimator: {cfg.advantage_estimator!r} needs a "
+                         f"critic (use_critic=true)")
+    if loss in POLICY_LOSSES and POLICY_LOSSES.entry(loss)["kl_anchor"] != "none":
+        raise UsageError(f"policy_loss: {cfg.policy_loss!r} carries a KL penalty to the "
+                         f"old policy, which language-model training does not use; its "
+                         f"KL term is kl_mode (reward or loss, against the reference)")
+    if cfg.advantage_estimator in GROUP_ADVANTAGES and cfg.samples_per_prompt < 2:
+        raise UsageError(f"samples_per_prompt: the {cfg.advantage_estimator} estimator "
+                         f"needs at least 2 completions per prompt, got "
+                         f"{cfg.samples_per_prompt}")
+    if cfg.lora_r > 0:
+        import importlib.util
+
+        if importlib.util.find_spec("peft") is None:
+            raise UsageError("lora_r: LoRA needs peft (pip install 'ppokit[lora]')")
+    if cfg.fsdp and "bf16" in (cfg.precision, cfg.sampler_precision):
+        raise UsageError("precision: bf16 is not offered with fsdp (sharded parameters "
+                         "are gathered in float32); use precision=fp32")
+    if cfg.fsdp and cfg.eval_every:
+        raise UsageError("eval_every: not with fsdp (the sharded policy generates only "
+                         "with every rank taking part); evaluate after training with "
+                         "ppokit llm eval")
+    if cfg.fsdp and cfg.lora_r > 0:
+        raise UsageError("fsdp: not with LoRA (lora_r > 0): the adapters are small, "
+                         "plain data parallelism replicates them")
+    if cfg.reward_weights is not None:
+        from ..inputs.rewards import reward_entries
+
+        n = len(reward_entries(cfg.reward)) + bool(cfg.reward_model)
+        if n and len(cfg.reward_weights) != n:
+            _fail("reward_weights", f"expected {n} weights (one per reward function)",
+                  cfg.reward_weights, show=True)
+    batch = cfg.prompts_per_iter * cfg.samples_per_prompt
+    if batch > MAX_SEQUENCES:
+        raise UsageError(f"prompts_per_iter: prompts_per_iter * samples_per_prompt = "
+                         f"{cfg.prompts_per_iter} * {cfg.samples_per_prompt} = {batch} "
+                         f"sequences per iteration; at most {MAX_SEQUENCES}")
+    if batch % cfg.batch_size or cfg.batch_size % cfg.grad_accum:
+        raise UsageError(f"batch_size/grad_accum: the {batch} sequences of an iteration "
+                         f"must split into minibatches of batch_size={cfg.batch_size} "
+                         f"sequences, each into grad_accum={cfg.grad_accum} equal "
+                         "micro-batches")
+    if cfg.kl_target is not None and cfg.kl_coef == 0:
+        raise UsageError("kl_target: an adaptive beta needs kl_coef > 0 to start from")
+    check_rollout_memory(cfg)
 
 # The bounds of the numeric fields as (integer, low, high, low_is_open) and the allowed
 # values of the fields with a closed set, from the fields' metadata (a field whose default

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import fields, replace
 
 from ppokit.errors import UsageError
-from ppokit.settings import fail, help_table, parse_text, resolve_key
+from ppokit.settings import fail, help_table, merge_values, parse_text, resolve_key
 from ppokit.settings import parse_sets as parse_set_items
 
 from .config import SPECIAL, LLMConfig
@@ -41,9 +41,8 @@ def config_from_values(*layers: tuple[str, dict], log=None) -> LLMConfig:
     algorithm preset fills what none of them sets). Deprecated names are accepted with a
     message through ``log``; an unknown name is an error with a suggestion."""
     merged: dict = {}
-    for where, values in layers:
-        for k, v in values.items():
-            merged[_known(k, where, log)] = v
+    for where, values in layers:  # (an option table merged option by option)
+        merge_values(merged, {_known(k, where, log): v for k, v in values.items()})
     minibatches = merged.pop("minibatches", None)
     for old, new in DEPRECATED.items():
         if old in merged:
