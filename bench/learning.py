@@ -8,6 +8,7 @@ results of the RL-zoo, CleanRL and Tianshou (``docs/benchmarks/references.json``
     python -m bench.learning table                      # docs/benchmarks.md's table + figure
     python -m bench.learning quick --jobs 2             # the regression net (exit 1 on a fall)
     python -m bench.learning sb3 --tasks minatar-breakout --seeds 0-2   # SB3, same budget
+    python -m bench.learning sb3 --tasks ant --seeds 0-1                # (MuJoCo too)
 
 ``run`` is resumable: each (task, seed) trains in its own run directory under ``--out``
 (default ``runs/bench-learning``); a run stopped by a signal or a lost session continues
@@ -455,9 +456,10 @@ def main(argv=None) -> int:
                            help="remove --out first (the net trains the current code anew)")
             q.add_argument("--src", help="train the ppokit package of this source directory "
                                          "(another checkout's src/) instead of the installed one")
-    b = sub.add_parser("sb3", help="the equal-budget Stable-Baselines3 reference (MinAtar; "
-                                   "bench/learning_sb3.py)")
-    b.add_argument("--tasks", help="MinAtar task names or slugs, comma-separated")
+    b = sub.add_parser("sb3", help="the equal-budget Stable-Baselines3 reference (MinAtar, "
+                                   "MuJoCo; bench/learning_sb3.py)")
+    b.add_argument("--tasks", help="MinAtar or MuJoCo task names or slugs, "
+                                     "comma-separated")
     b.add_argument("--seeds", default="0-2", help="seeds, e.g. 0-2 (default)")
     b.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
     b.add_argument("--steps", type=int, default=None,

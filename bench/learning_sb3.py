@@ -1,27 +1,38 @@
-"""An equal-budget Stable-Baselines3 reference for the learning table's rows that no
-published PPO table covers (MinAtar: neither the RL-zoo, CleanRL nor Tianshou publishes
+"""An equal-budget Stable-Baselines3 reference for rows of the learning table: MinAtar,
+which no published PPO table covers (neither the RL-zoo, CleanRL nor Tianshou publishes
 PPO results for it; the one published number is a JAX port's single agent at 10× the
-budget).
+budget), and the MuJoCo tasks, whose published references were measured on older task
+versions (the RL-zoo's on ``-v3``: another observation, another termination).
 
     python -m bench.learning sb3 --tasks minatar-breakout,minatar-asterix --seeds 0-2
+    python -m bench.learning sb3 --tasks ant --seeds 0-1
     python -m bench.learning sb3 --tasks minatar-breakout --seeds 0 --steps 20000  # smoke
 
 Each run trains Stable-Baselines3's PPO on the task at the task's budget with the values
 of ppokit's preset for the id (read from ppokit's resolved configuration, so the two
-cannot drift apart; a setting without an SB3 counterpart is refused) and the same network:
-:class:`MinAtarCNN` has the layers of ppokit's small-image CNN (three 3×3 convolutions of
-stride 1 on the 10×10 planes, ReLU after each, a linear layer to the features and ReLU),
-one trunk shared by linear actor and critic heads, orthogonal initialisation with the same
-gains. The observations are what ppokit's CNN reads: MinAtar's boolean 10×10×C planes as
-0.0 / 1.0 floats, channels last, no scaling.
+cannot drift apart; a setting without an SB3 counterpart is refused) and the same network.
+
+* MinAtar: :class:`MinAtarCNN` has the layers of ppokit's small-image CNN (three 3×3
+  convolutions of stride 1 on the 10×10 planes, ReLU after each, a linear layer to the
+  features and ReLU), one trunk shared by linear actor and critic heads, orthogonal
+  initialisation with the same gains. The observations are what ppokit's CNN reads:
+  MinAtar's boolean 10×10×C planes as 0.0 / 1.0 floats, channels last, no scaling.
+* MuJoCo: SB3's ``MlpPolicy`` with the preset's ``net_arch`` (separate actor and critic
+  MLPs, as ppokit's), activation, ``ortho_init`` and ``log_std_init`` (a state-independent
+  log standard deviation, as ppokit's). The preset's ``normalize_obs`` /
+  ``normalize_reward`` become SB3's ``VecNormalize(norm_obs, norm_reward, clip_obs,
+  clip_reward, gamma)``, the arithmetic of ppokit's ObsNormalizer and RewardScaler.
 
 Evaluation is ppokit's own: the SB3 policy's weights are copied into ppokit's network for
 the same configuration (:func:`ppokit_twin`; the two compute the same log-probabilities
-and values, tests/test_bench_sb3_reference.py), which
+and values, tests/test_bench_sb3_reference.py) and, where the preset normalises
+observations, VecNormalize's running statistics into ppokit's observation normaliser
+(:func:`obs_normalizer`: the same clipped standardisation), which
 ``ppokit.algos.evaluate.evaluate_policy`` plays on the episode seeds of ``bench.learning``
 (``seed + EVAL_SEED + k`` for the final ``final_episodes`` episodes, the trainer's
 ``seed + EVAL_SEED_OFFSET + k`` for the ``curve_points`` evaluations during training),
-sampling actions as ppokit's MinAtar rows do.
+sampling actions as ppokit's MinAtar rows do, the Gaussian's mean (clipped to the action
+bounds) for the MuJoCo rows, as ppokit's.
 
 One JSON file per (task, seed): ``docs/benchmarks/results_sb3/<task>/seed<N>.json``. A
 run whose file exists at the same budget is skipped. SB3 cannot resume a run exactly (its
@@ -48,6 +59,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
+from stable_baselines3.common.vec_env import VecNormalize
 from torch import nn
 
 from bench.learning import (
@@ -66,10 +78,14 @@ from ppokit.errors import UsageError
 MINATAR_SIDE = 10
 
 # what still differs between the two sides (printed once at start, kept in every file)
+_SEEDS = ("random streams: initial weights, action sampling and minibatch order come from "
+          "different generators (same seed, different draws); the environments' seeds "
+          "agree (env i reset with seed + i, then unseeded resets)")
+_BOOKKEEPING = ("bookkeeping: ppokit writes metrics, checkpoints and best/ during "
+                "training; SB3 keeps only its logger's means (the wall times include each "
+                "side's own)")
 DIFFERENCES = (
-    "random streams: initial weights, action sampling and minibatch order come from "
-    "different generators (same seed, different draws); the environments' seeds agree "
-    "(env i reset with seed + i, then unseeded resets)",
+    _SEEDS,
     "implementation: SB3 samples rollout actions with torch.distributions.Categorical and "
     "updates with autograd and torch.optim.Adam; ppokit samples by inverse CDF (NumPy or "
     "its compiled kernel) and updates with its fused minibatch step and flat Adam "
@@ -79,18 +95,47 @@ DIFFERENCES = (
     "no time limit, never has)",
     "rollout storage: SB3 keeps observations as float32 in its buffer, ppokit as the "
     "planes; both give the network 0.0 / 1.0 floats",
-    "bookkeeping: ppokit writes metrics, checkpoints and best/ during training; SB3 keeps "
-    "only its logger's means (the wall times include each side's own)",
+    _BOOKKEEPING,
 )
-SAME = (
-    "schedules: learning rate and clip range decay linearly with the progress before "
-    "each iteration's rollout, as ppokit's (SB3 reads the progress after it: shifted by "
-    "one rollout here)",
-    "advantages whitened per minibatch (ddof 1, + 1e-8); value loss unclipped mean "
-    "squared error, no 1/2; entropy bonus on the mean entropy; gradients clipped to "
-    "max_grad_norm over all parameters; no target_kl; no observation or reward "
-    "normalisation",
+_SCHEDULES = ("schedules: learning rate and clip range decay linearly with the progress "
+              "before each iteration's rollout, as ppokit's (SB3 reads the progress after "
+              "it: shifted by one rollout here), where the preset has them decay")
+_LOSS = ("advantages whitened per minibatch (ddof 1, + 1e-8); value loss unclipped mean "
+         "squared error, no 1/2; entropy bonus on the mean entropy; gradients clipped to "
+         "max_grad_norm over all parameters; no target_kl")
+SAME = (_SCHEDULES, _LOSS + "; no observation or reward normalisation")
+DIFFERENCES_MLP = (
+    _SEEDS,
+    "implementation: SB3 samples rollout actions with torch.distributions.Normal and "
+    "updates with autograd and torch.optim.Adam; ppokit samples mean + exp(log_std) · "
+    "noise (NumPy or its compiled kernel) and updates with its fused minibatch step and "
+    "flat Adam (same arithmetic: betas 0.9/0.999, eps 1e-5)",
+    "vector env: SB3's DummyVecEnv with Monitor wrappers under VecNormalize; ppokit's "
+    "vector env in same-step autoreset mode with its own normalisers outside it (both "
+    "bootstrap at time-limit truncations from the final observation's value)",
+    "normalisation: at a time-limit truncation the final observation (the bootstrap's) "
+    "is normalised with the statistics after folding in that step's observations (SB3) "
+    "or before (ppokit)",
+    _BOOKKEEPING,
 )
+SAME_MLP = (
+    _SCHEDULES, _LOSS,
+    "network: separate actor and critic MLPs of net_arch with the preset's activation, "
+    "orthogonal initialisation (gains √2, 0.01 actor, 1 critic) where ortho_init, a "
+    "state-independent log standard deviation starting at log_std_init; actions clipped "
+    "to the bounds for the environment only (the stored action is the unclipped sample)",
+    "normalisation: observations (x − μ) / √(σ² + 1e-8) clipped to ±clip_obs with running "
+    "statistics (parallel update, pseudo-count 1e-4); rewards divided by the running "
+    "standard deviation of the discounted return (γ of the preset, reset at episode "
+    "ends), clipped to ±clip_reward; evaluation with the statistics frozen",
+)
+
+
+def differences(cfg) -> tuple[str, ...]:
+    """What still differs between SB3's run and ppokit's for ``cfg``'s network."""
+    return DIFFERENCES_MLP if is_mlp(cfg) else DIFFERENCES
+
+
 RESUME_NOTE = ("SB3 cannot resume a run exactly: a run stopped before its end leaves no "
                "file and is trained again from the start")
 
@@ -146,17 +191,45 @@ def preset_config(t: Task, seed: int = 0):
 # settings whose value here has no SB3 counterpart in this mapping: refused otherwise
 _REQUIRED = dict(algo="ppo", policy_loss="clip", optimizer="adam", advantage_estimator="gae",
                  use_critic=True, advantage_norm_scope="minibatch", clip_range_vf=None,
-                 target_kl=None, normalize_obs=False, normalize_reward=False, policy="cnn",
-                 recurrent="none")
+                 target_kl=None, recurrent="none", precision="fp32")
+# and per network: MinAtar's CNN (no normalisation), MuJoCo's MLP (ppokit's own, or
+# VecNormalize's, normalisation)
+_REQUIRED_CNN = dict(policy="cnn", normalize_obs=False, normalize_reward=False)
+_MLP_POLICIES = ("auto", "mlp")
+
+
+def _check(cfg, want: dict) -> None:
+    for key, value in want.items():
+        if getattr(cfg, key) != value:
+            raise UsageError(f"sb3: {cfg.env_id}'s preset has {key}={getattr(cfg, key)!r}, "
+                             f"which this mapping does not carry over (expected {value!r})")
+
+
+def is_mlp(cfg) -> bool:
+    """Whether ``cfg`` is mapped to SB3's MlpPolicy (else to :class:`MinAtarCNN`)."""
+    return cfg.policy in _MLP_POLICIES
+
+
+def _policy_kwargs(cfg) -> dict:
+    act = {"relu": nn.ReLU, "tanh": nn.Tanh}[cfg.activation]
+    common = dict(activation_fn=act, ortho_init=cfg.ortho_init,
+                  optimizer_kwargs=dict(eps=cfg.optimizer_eps))
+    if is_mlp(cfg):
+        return dict(net_arch=dict(pi=list(cfg.net_arch), vf=list(cfg.net_arch)),
+                    log_std_init=cfg.log_std_init, **common)
+    return dict(features_extractor_class=MinAtarCNN,
+                features_extractor_kwargs=dict(channels=tuple(cfg.cnn_channels),
+                                               features_dim=cfg.features_dim),
+                net_arch=list(cfg.net_arch), share_features_extractor=cfg.share_features,
+                **common)
 
 
 def ppo_arguments(cfg, steps: int) -> dict:
     """The keyword arguments of SB3's ``PPO`` (environment and seed aside) that carry
     ppokit's configuration ``cfg`` for a budget of ``steps``."""
-    for key, want in _REQUIRED.items():
-        if getattr(cfg, key) != want:
-            raise UsageError(f"sb3: {cfg.env_id}'s preset has {key}={getattr(cfg, key)!r}, "
-                             f"which this mapping does not carry over (expected {want!r})")
+    _check(cfg, _REQUIRED)
+    if not is_mlp(cfg):
+        _check(cfg, _REQUIRED_CNN)
     shift = cfg.n_envs * cfg.n_steps / steps
 
     def sched(value, kind):
@@ -168,46 +241,78 @@ def ppo_arguments(cfg, steps: int) -> dict:
         clip_range=sched(cfg.clip_range, cfg.clip_schedule), ent_coef=cfg.ent_coef,
         vf_coef=cfg.vf_coef, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda,
         max_grad_norm=cfg.max_grad_norm, normalize_advantage=cfg.normalize_advantage,
-        clip_range_vf=None, target_kl=None,
-        policy_kwargs=dict(
-            features_extractor_class=MinAtarCNN,
-            features_extractor_kwargs=dict(channels=tuple(cfg.cnn_channels),
-                                           features_dim=cfg.features_dim),
-            net_arch=list(cfg.net_arch), share_features_extractor=cfg.share_features,
-            activation_fn={"relu": nn.ReLU, "tanh": nn.Tanh}[cfg.activation],
-            ortho_init=cfg.ortho_init, optimizer_kwargs=dict(eps=cfg.optimizer_eps)))
+        clip_range_vf=None, target_kl=None, use_sde=False, policy_kwargs=_policy_kwargs(cfg))
+
+
+def normalize_arguments(cfg) -> dict | None:
+    """The keyword arguments of SB3's ``VecNormalize`` for ``cfg``'s normalisation (None:
+    the preset normalises nothing)."""
+    if not (cfg.normalize_obs or cfg.normalize_reward):
+        return None
+    return dict(norm_obs=cfg.normalize_obs, norm_reward=cfg.normalize_reward,
+                clip_obs=cfg.clip_obs, clip_reward=cfg.clip_reward, gamma=cfg.gamma,
+                epsilon=1e-8)
 
 
 def build_model(cfg, env, steps: int) -> PPO:
-    """SB3's PPO on ``env`` (an id or a factory, ``cfg.n_envs`` copies seeded ``seed + i``)
-    with ppokit's values; on the CPU, ``cfg.torch_threads`` threads as ppokit's run."""
+    """SB3's PPO on ``env`` (an id or a factory, ``cfg.n_envs`` copies seeded ``seed + i``,
+    under VecNormalize where the preset normalises) with ppokit's values; on the CPU,
+    ``cfg.torch_threads`` threads as ppokit's run."""
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
+    args = ppo_arguments(cfg, steps)  # (refuses before any environment is made)
     vec = make_vec_env(env, n_envs=cfg.n_envs, seed=cfg.seed)
-    return PPO(ActorCriticPolicy, vec, seed=cfg.seed, device="cpu", verbose=0,
-               **ppo_arguments(cfg, steps))
+    norm = normalize_arguments(cfg)
+    if norm is not None:
+        vec = VecNormalize(vec, **norm)
+    return PPO(ActorCriticPolicy, vec, seed=cfg.seed, device="cpu", verbose=0, **args)
 
 
 def arguments_record(model: PPO) -> dict:
     """What the constructed model holds, for the result file."""
     pol = model.policy
-    return {"n_envs": model.n_envs, "n_steps": model.n_steps, "batch_size": model.batch_size,
-            "n_epochs": model.n_epochs, "learning_rate": repr(model.learning_rate),
-            "clip_range": repr(model.clip_range.value_schedule), "ent_coef": model.ent_coef,
-            "vf_coef": model.vf_coef, "gamma": model.gamma, "gae_lambda": model.gae_lambda,
-            "max_grad_norm": model.max_grad_norm,
-            "normalize_advantage": model.normalize_advantage,
-            "clip_range_vf": model.clip_range_vf, "target_kl": model.target_kl,
-            "net_arch": pol.net_arch, "share_features_extractor": pol.share_features_extractor,
-            "ortho_init": pol.ortho_init,
-            "adam_eps": pol.optimizer.param_groups[0]["eps"],
-            "parameters": sum(p.numel() for p in pol.parameters()),
-            "features_extractor": str(pol.features_extractor).replace("\n", " ")}
+    out = {"n_envs": model.n_envs, "n_steps": model.n_steps, "batch_size": model.batch_size,
+           "n_epochs": model.n_epochs, "learning_rate": repr(model.learning_rate),
+           "clip_range": repr(model.clip_range.value_schedule), "ent_coef": model.ent_coef,
+           "vf_coef": model.vf_coef, "gamma": model.gamma, "gae_lambda": model.gae_lambda,
+           "max_grad_norm": model.max_grad_norm,
+           "normalize_advantage": model.normalize_advantage,
+           "clip_range_vf": model.clip_range_vf, "target_kl": model.target_kl,
+           "net_arch": pol.net_arch, "share_features_extractor": pol.share_features_extractor,
+           "activation_fn": pol.activation_fn.__name__, "ortho_init": pol.ortho_init,
+           "adam_eps": pol.optimizer.param_groups[0]["eps"],
+           "parameters": sum(p.numel() for p in pol.parameters()),
+           "features_extractor": str(pol.features_extractor).replace("\n", " ")}
+    if hasattr(pol, "log_std"):
+        out["log_std_init"] = pol.log_std_init
+    vn = vec_normalize(model)
+    out["vec_normalize"] = None if vn is None else {
+        "norm_obs": vn.norm_obs, "norm_reward": vn.norm_reward, "clip_obs": vn.clip_obs,
+        "clip_reward": vn.clip_reward, "gamma": vn.gamma, "epsilon": vn.epsilon}
+    return out
 
 
 # ------------------------------------------------------------------ evaluation
-_NAMES = (("encoder.", "features_extractor."), ("actor.0.", "action_net."),
-          ("critic.0.", "value_net."))
+_CNN_NAMES = (("encoder.", "features_extractor."), ("actor.0.", "action_net."),
+              ("critic.0.", "value_net."))
+
+
+def _sb3_name(key: str, twin) -> str:
+    """The name in SB3's state dict of the twin's parameter ``key``."""
+    if not is_mlp_policy(twin):
+        ours, theirs = next((a, b) for a, b in _CNN_NAMES if key.startswith(a))
+        return theirs + key[len(ours):]
+    if key == "log_std":
+        return key
+    net, index, rest = key.split(".", 2)  # actor.<i>.weight: hidden layers, then the head
+    last = len(getattr(twin, net)) - 1
+    if int(index) == last:
+        return f"{'action_net' if net == 'actor' else 'value_net'}.{rest}"
+    return f"mlp_extractor.{'policy_net' if net == 'actor' else 'value_net'}.{index}.{rest}"
+
+
+def is_mlp_policy(twin) -> bool:
+    return getattr(twin, "encoder", None) is None
 
 
 def ppokit_twin(model: PPO, cfg):
@@ -217,22 +322,40 @@ def ppokit_twin(model: PPO, cfg):
 
     twin = policy_for_config(cfg, model.observation_space, model.action_space)
     src = model.policy.state_dict()
-    state = {}
-    for key in twin.state_dict():
-        ours, theirs = next((a, b) for a, b in _NAMES if key.startswith(a))
-        state[key] = src[theirs + key[len(ours):]].detach().clone()
+    state = {key: src[_sb3_name(key, twin)].detach().clone() for key in twin.state_dict()}
     twin.load_state_dict(state, strict=True)
     twin.eval()
     return twin
 
 
+def vec_normalize(model: PPO) -> VecNormalize | None:
+    env = model.get_env()
+    return env if isinstance(env, VecNormalize) else None
+
+
+def obs_normalizer(model: PPO, cfg):
+    """ppokit's observation normaliser holding VecNormalize's current statistics (a copy:
+    evaluation does not update them); None where observations are not normalised."""
+    from ppokit.envs import ObsNormalizer
+
+    vn = vec_normalize(model)
+    if vn is None or not vn.norm_obs:
+        return None
+    norm = ObsNormalizer(tuple(model.observation_space.shape), vn.clip_obs, eps=vn.epsilon)
+    rms = vn.obs_rms
+    norm.load_state_dict({"mean": rms.mean, "var": rms.var, "count": np.array([rms.count])})
+    return norm
+
+
 def evaluate(model: PPO, cfg, t: Task, episodes: int, seed: int) -> list[float]:
     """Returns of ``episodes`` episodes of ppokit's evaluation (the same episode seeds,
-    sampling actions for the tasks evaluated so) of the SB3 policy."""
+    sampling actions for the tasks evaluated so, the observations normalised with the
+    frozen statistics) of the SB3 policy."""
     from ppokit.algos.evaluate import evaluate_policy
 
     return evaluate_policy(ppokit_twin(model, cfg), cfg, episodes=episodes, seed=seed,
-                           deterministic=not t.stochastic_eval)
+                           deterministic=not t.stochastic_eval,
+                           obs_norm=obs_normalizer(model, cfg))
 
 
 class Curve(BaseCallback):
@@ -332,11 +455,15 @@ def record(t: Task, seed: int, steps: int, model: PPO, cfg, curve: list, rets: l
         "protocol": {"curve_episodes": t.curve_episodes, "final_episodes": t.final_episodes,
                      "stochastic_eval": t.stochastic_eval,
                      "evaluation": "ppokit's evaluate_policy on ppokit's network holding "
-                                   "the SB3 policy's weights"},
+                                   "the SB3 policy's weights" + (
+                                       ", observations normalised with VecNormalize's "
+                                       "statistics in ppokit's ObsNormalizer (frozen)"
+                                       if obs_normalizer(model, cfg) is not None else "")},
         "preset": {k: (list(v) if isinstance(v, tuple) else v)
                    for k, v in cfg.to_dict().items() if k not in ("env_kwargs",)},
         "sb3_arguments": arguments_record(model),
-        "differences": list(DIFFERENCES), "same": list(SAME), "resume": RESUME_NOTE,
+        "differences": list(differences(cfg)), "same": list(SAME_MLP if is_mlp(cfg) else SAME),
+        "resume": RESUME_NOTE,
         "commit": _commit(), "versions": sb3_versions(),
         "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
                  "load_1min": round(os.getloadavg()[0], 2), "torch_threads":
@@ -367,22 +494,29 @@ def _todo(t: Task, seed: int, steps: int, results: Path, log) -> bool:
     return True
 
 
+SB3_FAMILIES = ("minatar", "mujoco")  # the tasks this reference is run for
+
+
 def choose(a) -> list[tuple[Task, int]]:
-    """The (task, seed) pairs of ``--tasks`` and ``--seeds`` (MinAtar tasks only)."""
+    """The (task, seed) pairs of ``--tasks`` and ``--seeds`` (MinAtar and MuJoCo tasks,
+    whose presets this mapping carries over to SB3)."""
     if not a.tasks:
-        raise UsageError("--tasks: expected MinAtar task names, e.g. minatar-breakout")
+        raise UsageError("--tasks: expected MinAtar or MuJoCo task names, e.g. "
+                         "minatar-breakout,ant")
     tasks = []
     for name in a.tasks.split(","):
         try:
             t = task(name.strip())
         except KeyError as exc:
             raise UsageError(f"--tasks: {exc.args[0]}") from None
-        if t.family != "minatar":
-            raise UsageError(f"--tasks: {t.name} is covered by published PPO results; the "
-                             "SB3 reference is run for MinAtar tasks only")
+        if t.family not in SB3_FAMILIES:
+            raise UsageError(f"--tasks: {t.name} is covered by published PPO results on its "
+                             "own task version; the SB3 reference is run for MinAtar and "
+                             "MuJoCo tasks only")
         if not installed(t):
             raise UsageError(f"--tasks: {t.name} needs the {t.extra} extra (pip install "
                              f"'ppokit[{t.extra}]')")
+        ppo_arguments(preset_config(t), a.steps or t.steps)  # refused before any run
         tasks.append(t)
     try:
         seeds = parse_seeds(a.seeds)
@@ -405,7 +539,7 @@ def cmd_sb3(a) -> int:
         return 2
     results = Path(a.results)
     print("SB3 reference: ppokit's preset values and network; what still differs:")
-    for d in DIFFERENCES:
+    for d in dict.fromkeys(d for t, _ in pairs for d in differences(preset_config(t))):
         print(f"  - {d}")
     print(f"  ({RESUME_NOTE})", flush=True)
     todo = [(t, s, a.steps or t.steps) for t, s in pairs
