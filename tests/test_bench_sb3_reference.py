@@ -185,7 +185,7 @@ def test_sb3_command_refuses_other_tasks_and_keeps_full_results(tmp_path, capsys
     monkeypatch.setattr(sb, "installed", lambda t: True)  # (whether minatar is here or not)
     assert L.main(["sb3", "--tasks", "cartpole"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "CartPole" in err and "MinAtar" in err
+    assert len(err.splitlines()) == 1 and "CartPole" in err and "MinAtar and MuJoCo" in err
     assert L.main(["sb3", "--tasks", "minatar-breakout", "--seeds", "x"]) == 2
     assert "--seeds" in capsys.readouterr().err
     assert L.main(["sb3", "--tasks", "minatar-nope"]) == 2
@@ -202,3 +202,125 @@ def test_sb3_command_refuses_other_tasks_and_keeps_full_results(tmp_path, capsys
     assert "full budget" in lines[-1]
     assert sb._todo(t, 1, t.steps, tmp_path, lines.append)  # a reduced one is replaced
     assert sb._todo(t, 2, t.steps, tmp_path, lines.append)  # none yet
+
+
+# ------------------------------------------------------------------ the MuJoCo (MLP) side
+class Bodies(gym.Env):
+    """A MuJoCo task's kind of spaces without the physics: 7 unbounded floats (of large
+    scale, as joint velocities), 3 actions in [-1, 1]."""
+
+    def __init__(self):
+        self.observation_space = spaces.Box(-np.inf, np.inf, (7,), np.float64)
+        self.action_space = spaces.Box(-1.0, 1.0, (3,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.np_random.normal(5.0, 20.0, 7), {}
+
+    def step(self, action):
+        obs = self.np_random.normal(5.0, 20.0, 7)
+        return obs, float(-np.square(action).sum()), bool(self.np_random.random() < 0.02), \
+            False, {}
+
+
+def _mlp_model(name: str = "ant", seed: int = 3):
+    sb = pytest.importorskip("bench.learning_sb3")
+    cfg = sb.preset_config(task(name), seed=seed)
+    return sb, cfg, sb.build_model(cfg, Bodies, BUDGET)
+
+
+def test_the_ant_preset_lands_in_sb3s_mlp_ppo_and_vecnormalize():
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    from ppokit.algos.presets import ENV_PRESETS
+
+    sb, cfg, model = _mlp_model()
+    pol = model.policy
+    preset = ENV_PRESETS["Ant-v5"]
+    assert (model.n_envs, model.n_steps, model.batch_size, model.n_epochs) == \
+        (preset["n_envs"], preset["n_steps"], preset["batch_size"], preset["n_epochs"]) == \
+        (1, 2048, 64, 10)
+    # the values the preset leaves to ppokit's defaults (SB3's defaults too): constant
+    # learning rate and clip range at every progress
+    assert model.lr_schedule(1.0) == model.lr_schedule(0.01) == cfg.learning_rate == 3e-4
+    assert model.clip_range(1.0) == model.clip_range(0.01) == cfg.clip_range == 0.2
+    assert (model.gamma, model.gae_lambda, model.ent_coef, model.vf_coef,
+            model.max_grad_norm) == (0.99, 0.95, 0.0, 0.5, 0.5)
+    assert model.normalize_advantage and model.clip_range_vf is None and model.target_kl is None
+    assert not model.use_sde and model.seed == 3
+    assert pol.net_arch == {"pi": [64, 64], "vf": [64, 64]} and pol.activation_fn is nn.Tanh
+    assert pol.ortho_init and pol.optimizer.param_groups[0]["eps"] == 1e-5
+    assert torch.equal(pol.log_std.detach(), torch.zeros(3))  # log_std_init 0
+    vn = model.get_env()
+    assert isinstance(vn, VecNormalize) and vn.norm_obs and vn.norm_reward
+    assert (vn.clip_obs, vn.clip_reward, vn.gamma, vn.epsilon) == (10.0, 10.0, 0.99, 1e-8)
+    rec = sb.arguments_record(model)
+    assert rec["vec_normalize"]["clip_obs"] == 10.0 and rec["log_std_init"] == 0.0
+    assert rec["parameters"] == 2 * (7 * 64 + 64 + 64 * 64 + 64) + 64 * 3 + 3 + 65 + 3
+    # Humanoid's preset: ReLU, no orthogonal initialisation, log std from -2, 256 units
+    kw = sb.ppo_arguments(sb.preset_config(task("humanoid")), BUDGET)
+    assert kw["policy_kwargs"]["activation_fn"] is nn.ReLU
+    assert kw["policy_kwargs"]["net_arch"] == {"pi": [256, 256], "vf": [256, 256]}
+    assert (kw["policy_kwargs"]["ortho_init"], kw["policy_kwargs"]["log_std_init"]) == \
+        (False, -2.0)
+    assert (kw["n_steps"], kw["batch_size"], kw["gamma"]) == (512, 256, 0.95)
+    assert sb.normalize_arguments(dataclasses.replace(cfg, normalize_obs=False)) == dict(
+        norm_obs=False, norm_reward=True, clip_obs=10.0, clip_reward=10.0, gamma=0.99,
+        epsilon=1e-8)
+    assert sb.normalize_arguments(dataclasses.replace(cfg, normalize_obs=False,
+                                                      normalize_reward=False)) is None
+    for key, value in (("target_kl", 0.02), ("recurrent", "lstm"), ("clip_range_vf", 0.2),
+                       ("advantage_estimator", "vtrace")):
+        with pytest.raises(UsageError, match=key):
+            sb.ppo_arguments(dataclasses.replace(cfg, **{key: value}), BUDGET)
+
+
+def test_the_mlp_twin_and_normaliser_act_as_sb3s_policy_and_vecnormalize():
+    sb, cfg, model = _mlp_model()
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # weights of no special form: every one must land in its place
+        for p in model.policy.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    twin = sb.ppokit_twin(model, cfg)
+    assert sum(p.numel() for p in twin.parameters()) == \
+        sum(p.numel() for p in model.policy.parameters())
+    vn = model.get_env()
+    vn.reset()
+    for _ in range(50):  # statistics of 51 batches of observations, far from (0, 1)
+        vn.step(np.zeros((1, 3), np.float32))
+    raw = np.random.default_rng(1).normal(5.0, 20.0, (6, 7))
+    norm = sb.obs_normalizer(model, cfg)
+    assert vn.obs_rms.count == pytest.approx(51 + 1e-4)
+    np.testing.assert_allclose(norm(raw), vn.normalize_obs(raw), rtol=1e-5, atol=1e-5)
+    obs = torch.from_numpy(norm(raw))
+    acts = torch.from_numpy(np.random.default_rng(2).uniform(-1, 1, (6, 3)).astype(np.float32))
+    with torch.no_grad():
+        v, logp, ent = model.policy.evaluate_actions(obs, acts)
+        logp2, ent2, v2 = twin.evaluate(obs, acts)
+        mean = model.policy._predict(obs, deterministic=True)
+        mean2 = twin.deterministic_action(obs)
+    assert torch.allclose(logp, logp2, atol=1e-4) and torch.allclose(ent, ent2, atol=1e-5)
+    assert torch.allclose(v.squeeze(-1), v2, atol=1e-5)
+    assert torch.allclose(mean, mean2, atol=1e-6)
+    before = norm.rms.mean.copy()
+    norm(raw)  # evaluation does not move the statistics
+    assert np.array_equal(norm.rms.mean, before)
+
+
+@pytest.mark.skipif(not L.installed(task("ant")), reason="needs the mujoco extra")
+def test_sb3_smoke_run_on_ant_writes_its_result_file(tmp_path):
+    sb = pytest.importorskip("bench.learning_sb3")
+    t = dataclasses.replace(task("ant"), final_episodes=2, curve_episodes=1)
+    path = sb.run_one(t, 0, 2048, tmp_path, log=lambda *_: None)
+    rec = json.loads(path.read_text())
+    assert path == tmp_path / "ant" / "seed0.json"
+    assert rec["budget"] == rec["steps"] == 2048 and rec["reduced"]
+    assert rec["final"]["deterministic"] and rec["final"]["episodes"] == 2
+    assert rec["final"]["seed"] == L.EVAL_SEED
+    assert "VecNormalize" in rec["protocol"]["evaluation"]
+    assert rec["sb3_arguments"]["vec_normalize"]["norm_reward"]
+    assert rec["differences"] == list(sb.DIFFERENCES_MLP)
+    assert rec["preset"]["normalize_obs"] and rec["preset"]["n_steps"] == 2048
+    # one update from the initial policy: the deterministic (mean) policy stays nearly
+    # still, so the ant keeps healthy for most of its 1000 steps (1 per healthy step)
+    assert 300 < rec["final"]["mean"] < 1100
