@@ -338,3 +338,24 @@ def test_simple_spread_shared_policy_beats_random_clearly(tmp_path):
                          seed=0, run_dir=tmp_path / "run", tensorboard=False)
     trained = agent.evaluate(episodes=60)["returns"]
     assert np.mean(trained) > np.mean(rand) + 4.0, (np.mean(trained), np.mean(rand))
+
+
+@pytest.mark.slow
+def test_simple_spread_centralised_critic_beats_random_clearly(tmp_path):
+    """The same run with a centralised critic (MAPPO: the critic reads simple_spread's
+    54-number global state and the agent index): its mean per-agent return is well above a
+    random policy's, and its critic explains most of the returns' variance (measured, seed
+    0: trained -22.3 against random -26.8, explained variance 0.87 over the last 20
+    iterations; docs/multiagent.md)."""
+    env_id = "pettingzoo:mpe/simple_spread_v3"
+    _mpe_or_skip(env_id)
+    rand = _random_returns(env_id, 30, 120, seed=0)
+    agent = ppokit.train(env_id, total_steps=200_000, n_envs=24, n_steps=104,
+                         batch_size=624, learning_rate=1e-3, ent_coef=0.01, agent_id=True,
+                         centralised_critic=True, seed=0, run_dir=tmp_path / "run",
+                         tensorboard=False)
+    assert agent.policy.critic[0].in_features == 54 + 3  # the state, the agent index
+    trained = agent.evaluate(episodes=60)["returns"]
+    assert np.mean(trained) > np.mean(rand) + 3.5, (np.mean(trained), np.mean(rand))
+    recs = read_metrics(tmp_path / "run")
+    assert np.mean([r["explained_variance"] for r in recs[-20:]]) > 0.6
