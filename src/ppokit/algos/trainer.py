@@ -187,9 +187,8 @@ class Trainer(RunLifecycle):
         # the memory bound again, now with the real observation and action sizes
         check_memory(c, int(np.prod(obs_space.shape or (1,))),
                      int(np.prod(self.env.single_action_space.shape or (1,))))
-        self.policy = policy_for_config(c, obs_space, self.env.single_action_space,
-                                        state_space_of(self.env, c.env_id)
-                                        if c.centralised_critic else None)
+        state_sp = state_space_of(self.env, c.env_id) if c.centralised_critic else None
+        self.policy = policy_for_config(c, obs_space, self.env.single_action_space, state_sp)
         note = precision_note(self.policy, c.precision)
         if note:
             self.log(note)
