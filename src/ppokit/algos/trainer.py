@@ -65,7 +65,7 @@ from ppokit.engine.flat import FlatParameters
 from ppokit.engine.fused import FusedStep, policy_forward, supports
 from ppokit.engine.recipe import estimator_options, spec_of
 from ppokit.envs import ObsNormalizer, RewardScaler
-from ppokit.envs.multiagent import agent_metrics
+from ppokit.envs.multiagent import agent_metrics, state_space_of
 from ppokit.envs.source import id_factory
 from ppokit.envs.vec import training_vec
 from ppokit.errors import UsageError
@@ -179,12 +179,13 @@ class Trainer(RunLifecycle):
         else:
             self.env = training_vec(self.env_maker, c.n_envs, vectorization=c.vectorization,
                                     autoreset=c.autoreset_mode, env_kwargs=c.env_kwargs,
-                                    agent_id=c.agent_id)
+                                    agent_id=c.agent_id, global_state=c.centralised_critic)
         obs_space = self.env.single_observation_space
         # the memory bound again, now with the real observation and action sizes
         check_memory(c, int(np.prod(obs_space.shape or (1,))),
                      int(np.prod(self.env.single_action_space.shape or (1,))))
-        self.policy = policy_for_config(c, obs_space, self.env.single_action_space)
+        state_sp = state_space_of(self.env, c.env_id) if c.centralised_critic else None
+        self.policy = policy_for_config(c, obs_space, self.env.single_action_space, state_sp)
         note = precision_note(self.policy, c.precision)
         if note:
             self.log(note)

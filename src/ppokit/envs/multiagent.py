@@ -24,6 +24,11 @@ Action masks: a ``Dict`` observation's ``"action_mask"`` passes through (ppokit 
 ``info["action_mask"]``. An idle row allows every action (its action is ignored).
 
 ``n_envs`` counts rows: ``copies × agents`` (a multiple of the number of agents).
+
+``global_state`` (a centralised critic's input): every info also holds
+``info["ppokit_state"]`` (:data:`STATE_KEY`), ``[rows, S]`` float32, row ``c * k + i`` copy
+``c``'s ``env.state()`` after its step or reset (an episode's final state at its end),
+flattened, with ``agent_id`` agent ``i``'s one-hot index after it (``single_state_space``).
 """
 
 from __future__ import annotations
@@ -38,11 +43,12 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 
 from ppokit.errors import UsageError, UserCodeError
 
-__all__ = ["AgentRows", "ParallelEnvs", "IDLE_KEY", "AGENT_ID_KEY", "parallel_of",
-           "is_pettingzoo_id", "pettingzoo_factory", "agent_metrics", "agents_of",
-           "probe_factory", "rows_state", "load_rows_state"]
+__all__ = ["AgentRows", "ParallelEnvs", "IDLE_KEY", "AGENT_ID_KEY", "STATE_KEY",
+           "parallel_of", "is_pettingzoo_id", "pettingzoo_factory", "agent_metrics",
+           "agents_of", "probe_factory", "rows_state", "load_rows_state", "state_space_of"]
 
 IDLE_KEY = "ppokit_idle"
+STATE_KEY = "ppokit_state"  # the rows' global state (global_state=True)
 AGENT_ID_KEY = "agent_id"
 MASK_KEY = "action_mask"
 PREFIX = "pettingzoo:"
@@ -80,7 +86,7 @@ class AgentRows(VectorEnv):
     metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}
 
     def __init__(self, make: Callable[[], Any], copies: int, *, agent_id: bool = False,
-                 label: str = "env"):
+                 label: str = "env", global_state: bool = False):
         self.label = label
         self.envs = [parallel_of(make(), label) for _ in range(copies)]
         first = self.envs[0]
@@ -110,6 +116,8 @@ class AgentRows(VectorEnv):
         self._masks: np.ndarray | None = None  # [copies, k, W] from infos, when given
         self.returns = np.zeros(self.num_envs)  # each row's running episode return
         self.finished: list[tuple[int, float]] = []  # (agent index, return), not yet read
+        self.single_state_space = self._state_space(first) if global_state else None
+        self._states: np.ndarray | None = None  # [copies, S] each copy's state, when read
 
     def _with_id_space(self, sp):
         if isinstance(sp, spaces.Box) and len(sp.shape) == 1:
@@ -121,6 +129,35 @@ class AgentRows(VectorEnv):
                                 AGENT_ID_KEY: spaces.Box(0.0, 1.0, (self.k,), np.float32)})
         raise UsageError(f"agent_id: appends a one-hot agent index to flat Box or Dict "
                          f"observations; {self.label}'s are {sp}")
+
+    def _state_space(self, env) -> spaces.Box:
+        """The rows' state space (the env's ``state_space`` flattened, with the agent
+        index when ``agent_id``); an env without a state is refused by name."""
+        sp = getattr(env, "state_space", None)
+        if not isinstance(sp, spaces.Box):
+            raise UsageError(f"centralised_critic: {self.label} gives no global state (a "
+                             "PettingZoo environment's state_space, a Box, and state()); "
+                             f"the centralised critic reads it (state_space: {sp})")
+        size = int(np.prod(sp.shape)) + (self.k if self.agent_id else 0)
+        return spaces.Box(-np.inf, np.inf, (size,), np.float32)
+
+    def _read_state(self, c: int, env) -> None:
+        try:
+            st = np.asarray(env.state(), np.float32).reshape(-1)
+        except NotImplementedError:
+            raise UsageError(f"centralised_critic: {self.label}'s state() is not "
+                             "implemented; the centralised critic reads it") from None
+        if self._states is None:
+            self._states = np.zeros((len(self.envs), st.size), np.float32)
+        self._states[c] = st
+
+    def _state_rows(self) -> np.ndarray:
+        """``[rows, S]``: each copy's state repeated for its agents (+ the agent index)."""
+        rows = np.repeat(self._states, self.k, axis=0)
+        if self.agent_id:
+            ids = np.tile(np.eye(self.k, dtype=np.float32), (len(self.envs), 1))
+            rows = np.concatenate([rows, ids], 1)
+        return rows
 
     # ------------------------------------------------------------------ rows
     def _row_obs(self, o, i: int):
@@ -154,6 +191,8 @@ class AgentRows(VectorEnv):
             elif self._masks is not None and idle_rows[i]:
                 self._masks[c, i] = True
         idle[c * self.k:(c + 1) * self.k] = idle_rows
+        if self.single_state_space is not None:
+            self._read_state(c, self.envs[c])
 
     def _batch(self, idle: np.ndarray):
         rows = [o for per in self._obs for o in per]
@@ -172,6 +211,8 @@ class AgentRows(VectorEnv):
             m = self._masks.reshape(self.num_envs, -1).copy()
             m[idle] = True
             info[MASK_KEY] = m
+        if self.single_state_space is not None:
+            info[STATE_KEY] = self._state_rows()
         return obs, info
 
     # ------------------------------------------------------------------ API
@@ -243,13 +284,15 @@ class ParallelEnvs:
         self._first = env
         return len(parallel_of(env, self.label).possible_agents)
 
-    def vec(self, num_envs: int, *, agent_id: bool = False) -> AgentRows:
+    def vec(self, num_envs: int, *, agent_id: bool = False,
+            global_state: bool = False) -> AgentRows:
         k = self.agents()
         if num_envs % k:
             raise UsageError(f"n_envs: {num_envs} rows, but {self.label} has {k} agents; "
                              f"a multi-agent run's n_envs counts agent rows (copies x "
                              f"agents): use a multiple of {k}")
-        return AgentRows(self._make, num_envs // k, agent_id=agent_id, label=self.label)
+        return AgentRows(self._make, num_envs // k, agent_id=agent_id, label=self.label,
+                         global_state=global_state)
 
     def __call__(self):
         raise UsageError(f"env: {self.label} is a multi-agent environment; ppokit builds "
@@ -358,7 +401,8 @@ def rows_state(env: AgentRows) -> dict | None:
                 for e in env.envs]
         return {"kind": "agents", "live": _plain(env.live), "over": _plain(env.over),
                 "obs": _plain(env._obs), "masks": _plain(env._masks), "envs": subs,
-                "returns": _plain(env.returns), "finished": _plain(env.finished)}
+                "returns": _plain(env.returns), "finished": _plain(env.finished),
+                "states": _plain(env._states)}
     except TypeError:
         return None
 
@@ -370,9 +414,23 @@ def load_rows_state(env: AgentRows, state: dict) -> None:
     env._masks = _unplain(state["masks"])
     env.returns = _unplain(state["returns"])
     env.finished = [(int(i), float(r)) for i, r in _unplain(state["finished"])]
+    env._states = _unplain(state.get("states"))
     for e, s in zip(env.envs, state["envs"], strict=True):
         for k, v in s.items():
             setattr(e, k, _unplain(v))
+
+
+def state_space_of(env: Any, label: str = "env") -> spaces.Box:
+    """The global state space of ``env``'s rows (an :class:`AgentRows` built with
+    ``global_state``, maybe wrapped), or a :class:`UsageError` naming
+    ``centralised_critic`` for any other env."""
+    base = getattr(env, "unwrapped", env)
+    sp = getattr(base, "single_state_space", None) if isinstance(base, AgentRows) else None
+    if sp is None:
+        raise UsageError(f"centralised_critic: {label} is not a PettingZoo multi-agent "
+                         "environment with a global state (its state_space and state()); "
+                         "the centralised critic reads one")
+    return sp
 
 
 def probe_factory(factory: Callable[[], Any], label: str) -> Any:
