@@ -57,11 +57,14 @@ def _at_a_relu_kink(policy, obs, tol):
         for trunk in (getattr(policy, "actor", None), getattr(policy, "critic", None)):
             if not isinstance(trunk, torch.nn.Sequential):
                 continue
-            h = x
+            h = before = x
             for layer in trunk:
                 if isinstance(layer, torch.nn.ReLU):
+                    # (a row whose layer input is all zeros gets the bias alone, the same
+                    # in any order of summation: not a kink either way)
+                    live = before.ne(0).any(dim=1, keepdim=True)
                     scale = h.abs().amax(dim=1, keepdim=True).clamp_min(1.0)
-                    if bool(((h / scale).abs() < tol).any()):
+                    if bool(((h / scale).abs().lt(tol) & live).any()):
                         return True
-                h = layer(h)
+                before, h = h, layer(h)
     return False
