@@ -303,21 +303,27 @@ def is_pettingzoo_id(env_id: Any) -> bool:
     return isinstance(env_id, str) and env_id.startswith(PREFIX)
 
 
+def pettingzoo_parts(env_id: str, example: str) -> tuple[str, str]:
+    """``pettingzoo:FAMILY/NAME`` → ``(FAMILY, NAME)``, both identifiers (so the module
+    path built from them stays inside the package), the pettingzoo extra required; a
+    malformed id is refused naming ``example``."""
+    from ppokit.errors import require_extra
+
+    parts = (env_id[len(PREFIX):] if is_pettingzoo_id(env_id) else "").split("/")
+    if len(parts) != 2 or not all(p.isidentifier() for p in parts):
+        raise UsageError(f"env: expected pettingzoo:FAMILY/NAME (e.g. pettingzoo:{example}), "
+                         f"got {env_id!r}")
+    require_extra("pettingzoo", "pettingzoo", env_id)
+    return parts[0], parts[1]
+
+
 def pettingzoo_factory(env_id: str, env_kwargs: dict | None = None) -> ParallelEnvs:
     """``pettingzoo:family/name_vN`` → the environments of ``pettingzoo.family.name_vN``
     (MPE's, which PettingZoo moved to the ``mpe2`` package, from ``mpe2.name_vN`` when
     PettingZoo has no ``mpe`` any more). Only modules under those packages are imported."""
     import importlib
 
-    from ppokit.errors import require_extra
-
-    body = env_id[len(PREFIX):]
-    parts = body.split("/")
-    if len(parts) != 2 or not all(p.isidentifier() for p in parts):
-        raise UsageError(f"env: expected pettingzoo:FAMILY/NAME (e.g. "
-                         f"pettingzoo:mpe/simple_spread_v3), got {env_id!r}")
-    require_extra("pettingzoo", "pettingzoo", env_id)
-    family, name = parts
+    family, name = pettingzoo_parts(env_id, "mpe/simple_spread_v3")
     candidates = [f"pettingzoo.{family}.{name}"]
     if family == "mpe":
         candidates.append(f"mpe2.{name}")
