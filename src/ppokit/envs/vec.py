@@ -412,7 +412,8 @@ def _is_classic(env) -> bool:
 
 def env_state(env: VectorEnv) -> dict | None:
     """A JSON-able snapshot of the envs' full state, or ``None`` when it cannot be taken."""
-    from .multiagent import AgentRows, rows_state
+    from .multiagent import AgentRows
+    from .rows_state import rows_state
 
     base = getattr(env, "unwrapped", env)  # (Ray's stand-in env has no wrappers)
     if isinstance(base, AgentRows):
@@ -437,7 +438,7 @@ def env_state(env: VectorEnv) -> dict | None:
 
 def load_env_state(env: VectorEnv, state: dict) -> None:
     if state["kind"] == "agents":
-        from .multiagent import load_rows_state
+        from .rows_state import load_rows_state
 
         load_rows_state(env.unwrapped, state)
         return
