@@ -70,3 +70,24 @@ def make_pair():
 
 def make_pair_masked():
     return Pair(masks=True)
+
+
+class StatePair(Pair):
+    """:class:`Pair` with a global state (PettingZoo's ``state_space`` / ``state()``):
+    ``[t / 4, a playing, b playing, the last observation's noise of a, of b]``."""
+
+    metadata = {"name": "state_pair_v0"}
+    state_space = spaces.Box(-1.0, 2.0, (5,), np.float32)
+
+    def _obs(self):
+        obs = super()._obs()
+        self.noise = [float(obs[a][2]) if a in obs else 0.0 for a in self.possible_agents]
+        return obs
+
+    def state(self):
+        live = [float(a in self.agents) for a in self.possible_agents]
+        return np.array([self.t / 4, *live, *self.noise], np.float32)
+
+
+def make_state_pair_masked():
+    return StatePair(masks=True)

@@ -44,4 +44,27 @@ def at_a_clip_edge(policy, mb, clip, clip_range_vf, tol=1e-5):
     if clip_range_vf is not None:
         d = (v - mb["values"]).abs()
         edges.append((d - clip_range_vf).abs())
-    return bool(torch.stack(edges).min() < tol)
+    return bool(torch.stack(edges).min() < tol) or _at_a_relu_kink(policy, mb["obs"], tol)
+
+
+def _at_a_relu_kink(policy, obs, tol):
+    """Whether a ReLU's input lies within ``tol`` (relative to its layer's inputs) of 0
+    for some sample: there the unit's gradient is either on or off, and sums taken in
+    another order may land on either side (a case found: a critic unit's input 1.7e-7
+    from 0 made grad norms 1.857 and 1.854)."""
+    x = obs.reshape(obs.shape[0], -1).float()
+    with torch.no_grad():
+        for trunk in (getattr(policy, "actor", None), getattr(policy, "critic", None)):
+            if not isinstance(trunk, torch.nn.Sequential):
+                continue
+            h = before = x
+            for layer in trunk:
+                if isinstance(layer, torch.nn.ReLU):
+                    # (a row whose layer input is all zeros gets the bias alone, the same
+                    # in any order of summation: not a kink either way)
+                    live = before.ne(0).any(dim=1, keepdim=True)
+                    scale = h.abs().amax(dim=1, keepdim=True).clamp_min(1.0)
+                    if bool(((h / scale).abs().lt(tol) & live).any()):
+                        return True
+                before, h = h, layer(h)
+    return False

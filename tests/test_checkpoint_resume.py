@@ -228,29 +228,34 @@ _MA_SCRIPT = """
 import sys
 sys.path.insert(0, {tests!r})
 import ppokit
-from _ma_envs import make_pair_masked
-ppokit.train(make_pair_masked, run_dir={run!r}, resume={resume}, **{kw!r})
+from _ma_envs import {make}
+ppokit.train({make}, run_dir={run!r}, resume={resume}, **{kw!r})
 """
 
 
-def test_multiagent_run_resumes_exactly_after_sigkill(tmp_path):
+@pytest.mark.parametrize("central", [False, True], ids=["shared", "centralised-critic"])
+def test_multiagent_run_resumes_exactly_after_sigkill(tmp_path, central):
     """A PettingZoo ParallelEnv (two agents, one finishing early; action masks in its
     infos) trained as agent rows: killed with SIGKILL after a checkpoint and resumed, the
-    run's metrics equal the uninterrupted run's (the rows' and the envs' state restored)."""
+    run's metrics equal the uninterrupted run's (the rows' and the envs' state restored).
+    ``central``: with a centralised critic, which reads the env's global state (the
+    collector's current state is part of the checkpoint)."""
+    import _ma_envs
     import ppokit
-    from _ma_envs import make_pair_masked
 
+    make = "make_state_pair_masked" if central else "make_pair_masked"
     iters = 20
     kw = dict(total_steps=64 * iters, n_envs=4, n_steps=16, seed=6, tensorboard=False,
-              agent_id=True, eval_episodes=1, progress=False)
-    ppokit.train(make_pair_masked, run_dir=tmp_path / "ref", checkpoint_every=100, **kw)
+              agent_id=True, eval_episodes=1, progress=False, centralised_critic=central)
+    ppokit.train(getattr(_ma_envs, make), run_dir=tmp_path / "ref", checkpoint_every=100,
+                 **kw)
     want = _strip(read_metrics(tmp_path / "ref"))
     assert len(want) == iters
     run = tmp_path / "killed"
     tests = os.path.dirname(os.path.abspath(__file__))
 
     def script(resume, **more):
-        text = _MA_SCRIPT.format(tests=tests, run=str(run), resume=resume,
+        text = _MA_SCRIPT.format(tests=tests, run=str(run), resume=resume, make=make,
                                  kw={} if resume else {**kw, **more})
         return [sys.executable, "-c", text]
 

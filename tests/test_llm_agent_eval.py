@@ -36,6 +36,20 @@ def guess_run(tmp_path_factory):
     return rd
 
 
+@pytest.fixture(scope="module")
+def evaluated(guess_run):
+    """``ppokit llm eval`` of the run once per module (each test that reads eval.json
+    asks for it, so none depends on another test having run first on its worker): the
+    eval.json it wrote and its printed lines."""
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["llm", "eval", str(guess_run), "--seed", IN_RUN_SEED]) == 0
+    return json.loads((guess_run / "eval.json").read_text()), out.getvalue()
+
+
 def _wilson(k: int, n: int) -> tuple[float, float]:
     z = 1.96
     p = k / n
@@ -88,15 +102,12 @@ def _check_against_episodes(ev: dict) -> None:
             assert _close(ev[f"{prefix}{key}_gain_ci95"], _normal(diffs))
 
 
-def test_agent_eval_reports_before_and_after_from_its_episodes(guess_run, capsys):
+def test_agent_eval_reports_before_and_after_from_its_episodes(guess_run, evaluated):
     from ppokit.diagnose.context import held_out
     from ppokit.diagnose.metrics import read_metrics_table
     from ppokit.io import read_metrics
 
-    capsys.readouterr()
-    assert main(["llm", "eval", str(guess_run), "--seed", IN_RUN_SEED]) == 0
-    out = capsys.readouterr().out
-    ev = json.loads((guess_run / "eval.json").read_text())
+    ev, out = evaluated
     assert ev["n_episodes"] == ev["n_prompts"] == 16 and ev["env"] == "ppokit/GuessNumber-v0"
     assert ev["temperature"] == 1.0 and ev["checkpoint"] == "iter_000000002"
     _check_against_episodes(ev)
@@ -125,13 +136,13 @@ def test_agent_eval_reports_before_and_after_from_its_episodes(guess_run, capsys
             f"{ev['greedy_return_mean']:.3g}") in text
 
 
-def test_the_reference_is_the_starting_policy(guess_run, tmp_path):
+def test_the_reference_is_the_starting_policy(guess_run, evaluated, tmp_path):
     """'Before' is the policy training started from: a fresh start of the same
     configuration, before any iteration, plays the reference's episodes."""
     from ppokit.llm.training.config import LLMConfig
     from ppokit.llm.training.trainer import TokenTrainer
 
-    ev = json.loads((guess_run / "eval.json").read_text())
+    ev = evaluated[0]
     assert ev["episodes"]["trained"] != ev["episodes"]["reference"]
     saved = json.loads((guess_run / "config.json").read_text())
     cfg = LLMConfig(**{**saved, "iterations": 1}).resolved()
@@ -145,7 +156,7 @@ def test_the_reference_is_the_starting_policy(guess_run, tmp_path):
     assert ev["reference_turns_mean"] == pytest.approx(before["eval/episode/turns_mean"])
 
 
-def test_agent_eval_bad_input_is_one_line(guess_run, tmp_path, capsys):
+def test_agent_eval_bad_input_is_one_line(guess_run, evaluated, tmp_path, capsys):
     (tmp_path / "notarun").mkdir()
     (tmp_path / "notarun" / "notes.txt").write_text("hello")
     cases = [(["llm", "eval", str(tmp_path / "notarun")], "notarun"),
@@ -156,16 +167,13 @@ def test_agent_eval_bad_input_is_one_line(guess_run, tmp_path, capsys):
              (["llm", "eval", str(guess_run), "--reward", "ppokit.llm.agents.env:calc"],
               "its rewards are its environment's"),
              (["llm", "eval", str(guess_run), "--n-episodes", "0"], "--n-prompts")]
-    before = (guess_run / "eval.json").read_bytes() if (guess_run / "eval.json").exists() \
-        else None
+    before = (guess_run / "eval.json").read_bytes()  # written by `evaluated`
     for argv, said in cases:
         capsys.readouterr()
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert said in err and len(err.strip().splitlines()) == 1, (argv, err)
-    after = (guess_run / "eval.json").read_bytes() if (guess_run / "eval.json").exists() \
-        else None
-    assert before == after  # nothing already saved is lost
+    assert (guess_run / "eval.json").read_bytes() == before  # nothing already saved is lost
 
 
 def test_tools_are_named_again_never_imported_from_the_run(tmp_path, capsys, monkeypatch):

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from ppokit.envs import env_state, load_env_state
+from ppokit.envs.multiagent import state_space_of
 from ppokit.errors import UsageError
 from ppokit.io.checkpoint import (
     capture_rng,
@@ -51,7 +52,9 @@ def write(tr, root: str | Path | None, keep: int | None) -> Path:
         "env_state": env_state(tr.env),
         # the spaces the policy was built for: loading needs no environment
         "spaces": recorded_spaces(tr.env.single_observation_space,
-                                  tr.env.single_action_space),
+                                  tr.env.single_action_space,
+                                  state_space_of(tr.env) if tr.cfg.centralised_critic
+                                  else None),
         "config": tr.cfg.to_dict(),
         "selfplay": sp.state_dict() if (sp := getattr(tr, "selfplay", None)) else None,
     }

@@ -76,6 +76,10 @@ class TrainConfig(SelfPlaySettings):  # (the self-play keys: ppokit.selfplay.set
                               choices=("id", "factory"))
     agent_id: bool = setting(False, "multi-agent environments: append a one-hot agent index "
                              "to each agent's observation (docs/multiagent.md)")
+    centralised_critic: bool = setting(False, "multi-agent environments: the critic reads the "
+                                       "environment's global state (PettingZoo's state(); "
+                                       "with agent_id, and the agent index), the actor its "
+                                       "own observation (MAPPO; docs/multiagent.md)")
     algo: str = setting("ppo", "algorithm preset the values came from (ppo, a2c, reinforce, "
                         "ppo-kl)",
                         choices=("ppo", "a2c", "reinforce", "ppo-kl"))
@@ -269,7 +273,9 @@ ALIASES = {"lr": "learning_rate", "num_envs": "n_envs", "envs": "n_envs", "env":
            "threads": "torch_threads", "hidden": "net_arch", "hidden_sizes": "net_arch",
            "minibatch_size": "batch_size", "eps": "optimizer_eps", "policy": "recurrent",
            "lstm": "recurrent", "lstm_layers": "n_lstm_layers",
-           "critic_lstm": "enable_critic_lstm", "lstm_hidden": "lstm_hidden_size"}
+           "critic_lstm": "enable_critic_lstm", "lstm_hidden": "lstm_hidden_size",
+           "centralized_critic": "centralised_critic", "central_critic": "centralised_critic",
+           "mappo": "centralised_critic"}
 
 
 def unknown_key(key: Any, where: str = "") -> UsageError:

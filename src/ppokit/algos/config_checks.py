@@ -109,6 +109,9 @@ def _check_combinations(c) -> None:
     if c.shared_lstm and c.enable_critic_lstm:
         fail("shared_lstm", "true shares the actor's LSTM with the critic, so it needs "
              "enable_critic_lstm = false (the critic's own LSTM)", show=False)
+    if c.centralised_critic and (c.recurrent != "none" or not c.use_critic or c.selfplay):
+        fail("centralised_critic", "true needs the feed-forward policy (recurrent = none), "
+             "a critic (use_critic = true) and no self-play", show=False)
     if not c.use_critic and ENV_ADVANTAGES.entry(c.advantage_estimator)["needs_critic"]:
         fail("use_critic", f"false needs an advantage estimator without a critic, e.g. "
              f"reward_to_go ({c.advantage_estimator} reads the critic's values)", show=False)

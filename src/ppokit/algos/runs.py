@@ -72,8 +72,15 @@ class SavedRun:
         checkpoint (:func:`policy_from_checkpoint`)."""
         if self.spaces is None and self.env is None:
             raise UsageError(self.env_missing or "env: the run's environment is needed")
+        from ppokit.io.spaces import SpaceDataError, state_space_from_state
+
+        try:
+            state_space = state_space_from_state(self.state)
+        except SpaceDataError as exc:
+            raise UsageError(f"run dir: {self.run_dir}'s checkpoint records an unusable "
+                             f"state space ({exc})") from None
         return policy_from_checkpoint(self.cfg, self.tensors, self.arrays, self.env,
-                                      self.spaces)
+                                      self.spaces, state_space)
 
 
 def open_run(run_dir: str | Path, env: str | Callable[[], Any] | None = None,
@@ -107,11 +114,13 @@ def open_run(run_dir: str | Path, env: str | Callable[[], Any] | None = None,
 
 
 def policy_from_checkpoint(cfg: TrainConfig, tensors: dict, arrays: dict, maker,
-                           spaces: tuple | None = None):
+                           spaces: tuple | None = None, state_space=None):
     """``(policy, obs_normalizer | None, (observation_space, action_space))`` rebuilt from a
     checkpoint's tensors and arrays, for ``spaces`` (the ones the checkpoint recorded,
     :func:`ppokit.io.spaces.spaces_from_state`) or, when ``None`` (a checkpoint written
-    before spaces were recorded), those of one env ``maker`` builds."""
+    before spaces were recorded), those of one env ``maker`` builds. ``state_space``: the
+    global state a centralised critic reads (``centralised_critic``; recorded with the
+    spaces)."""
     from ppokit.envs import ObsNormalizer, make_vec
     from ppokit.policies import policy_for_config
 
@@ -120,7 +129,10 @@ def policy_from_checkpoint(cfg: TrainConfig, tensors: dict, arrays: dict, maker,
         spaces = env.single_observation_space, env.single_action_space
         env.close()
     obs_space, act_space = spaces
-    policy = policy_for_config(cfg, obs_space, act_space)
+    if cfg.centralised_critic and state_space is None:
+        raise UsageError("run dir: the run's critic is centralised (centralised_critic), "
+                         "but its checkpoint records no global state space")
+    policy = policy_for_config(cfg, obs_space, act_space, state_space)
     try:
         policy.load_state_dict(tensors["model"])
         norm = None

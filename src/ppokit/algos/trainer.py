@@ -41,7 +41,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import random
 import re
 import time
 from collections import deque
@@ -53,37 +52,34 @@ import numpy as np
 import torch
 
 from ppokit.core import (
-    ENV_ADVANTAGES,
     POLICY_LOSSES,
-    AdaptiveKLController,
     approx_kl,
     explained_variance,
 )
-from ppokit.engine import LabelledBatch, UpdateSpec, eager_minibatch_step, run_update
-from ppokit.engine.allocator import keep_freed_memory
-from ppokit.engine.flat import FlatParameters
-from ppokit.engine.fused import FusedStep, policy_forward, supports
-from ppokit.engine.recipe import estimator_options, spec_of
-from ppokit.envs import ObsNormalizer, RewardScaler
+from ppokit.engine import LabelledBatch, eager_minibatch_step, run_update
+from ppokit.engine.fused import FusedStep, policy_forward
+from ppokit.engine.recipe import estimator_options
 from ppokit.envs.multiagent import agent_metrics
 from ppokit.envs.source import id_factory
-from ppokit.envs.vec import training_vec
 from ppokit.errors import UsageError
 from ppokit.io.atomic import atomic_write_text
 from ppokit.io.lifecycle import Plan, RunLifecycle
 from ppokit.io.metrics import MetricsWriter, truncate_metrics
 from ppokit.io.rundir import RunDir, fail_start
 from ppokit.io.signals import GracefulStop
-from ppokit.io.tracking import check_tracker, make_tracker
-from ppokit.plugins import require
-from ppokit.policies import is_recurrent, policy_for_config
-from ppokit.policies.encoders import precision_note
-from ppokit.rollout import Collector, RecurrentCollector, Rollout, recurrent_forward
+from ppokit.io.tracking import make_tracker
+from ppokit.policies import is_recurrent
+from ppokit.rollout import Rollout, recurrent_forward
 
 from . import checkpoints
-from .config import TrainConfig, check_memory
-from .masks import mask_source_for
-from .optim import Adam
+from .assembly import (  # noqa: F401 (update_spec re-exported)
+    make_collector,
+    make_envs,
+    make_learner,
+    seed_process,
+    update_spec,
+)
+from .config import TrainConfig
 from .runs import BEST_DIR, load_run_checkpoint, load_run_config  # noqa: F401 (re-exported)
 
 _SCALAR_NAME = re.compile(r"[A-Za-z0-9_./-]{1,100}")
@@ -92,18 +88,6 @@ __all__ = ["Trainer", "load_run_config", "load_run_checkpoint", "RETURN_WINDOW"]
 
 RETURN_WINDOW = 100  # finished training episodes in the summary's mean return (as SB3)
 EVAL_SEED_OFFSET = 3_000_000  # evaluations during training: episode seeds seed + this + k
-
-
-def update_spec(c: TrainConfig) -> UpdateSpec:
-    """The engine's spec of a configuration's update (:func:`ppokit.engine.recipe.spec_of`;
-    the clip range and the KL coefficient are per-iteration values: the schedule's and the
-    controller's). The policy loss's registration declares whether it carries PPO-KL's
-    penalty to the old policy."""
-    require(POLICY_LOSSES, c.policy_loss, "policy_loss", "ppokit train --resume RUN_DIR")
-    require(ENV_ADVANTAGES, c.advantage_estimator, "advantage_estimator",
-            "ppokit train --resume RUN_DIR")
-    anchor = POLICY_LOSSES.entry(c.policy_loss)["kl_anchor"]
-    return spec_of(c, kl_anchor=anchor, kl_coef=c.kl_coef if anchor == "old" else 0.0)
 
 
 class Trainer(RunLifecycle):
@@ -157,80 +141,12 @@ class Trainer(RunLifecycle):
         return MetricsWriter(self.run_dir, tensorboard=c.tensorboard, tracker=tracker)
 
     def _setup(self, c: TrainConfig) -> None:
-        check_tracker(c.track)
-        keep_freed_memory()  # engine/allocator.py: no kernel round trip per activation
-        if c.torch_threads:
-            torch.set_num_threads(c.torch_threads)
-        random.seed(c.seed)
-        np.random.seed(c.seed % 2**32)  # noqa: NPY002 (legacy global state, saved too)
-        torch.manual_seed(c.seed)
-        remote = None
-        self.selfplay = None  # a self-play run's games and pool (ppokit.selfplay.coach)
-        if c.selfplay:
-            from ppokit.selfplay.coach import SelfPlay
-
-            self.selfplay = SelfPlay(c, self.run_dir, self.log)
-            self.env = self.selfplay.vec()
-        elif c.vectorization == "ray":  # the environments in Ray actors (ppokit.distributed)
-            from ppokit.distributed import RayCollector
-
-            remote = RayCollector(c, self.env_maker, log=self.log)
-            self.env = remote.env
-        else:
-            self.env = training_vec(self.env_maker, c.n_envs, vectorization=c.vectorization,
-                                    autoreset=c.autoreset_mode, env_kwargs=c.env_kwargs,
-                                    agent_id=c.agent_id)
-        obs_space = self.env.single_observation_space
-        # the memory bound again, now with the real observation and action sizes
-        check_memory(c, int(np.prod(obs_space.shape or (1,))),
-                     int(np.prod(self.env.single_action_space.shape or (1,))))
-        self.policy = policy_for_config(c, obs_space, self.env.single_action_space)
-        note = precision_note(self.policy, c.precision)
-        if note:
-            self.log(note)
-        self.spec = update_spec(c)
-        self.flat = None
-        self.mask_source = mask_source_for(c, self.env, self.env_maker, self.log)
-        self.fused_reason = "fast=false" if not c.fast else supports(
-            self.spec, self.policy, masked=self.mask_source is not None)
-        if self.fused_reason is None:
-            # flat parameter storage, created before the optimiser, the sampler and the
-            # checkpoint code see the parameters (the fused step works on it)
-            self.flat = FlatParameters(self.policy.parameters())
-        elif c.fast:
-            self.log(f"fused minibatch step not used ({self.fused_reason}); "
-                     "using the eager step")
-        params = list(self.policy.parameters())
-        # Adam: torch's fused kernel (one pass over all parameters, 3-4x faster than the
-        # per-tensor loop for small MLPs) through ppokit's Adam, which spares the import of
-        # torch._dynamo that constructing any torch.optim optimiser costs (~70 MB)
-        if c.optimizer == "adam":
-            self.opt = Adam(params, lr=c.learning_rate, eps=c.optimizer_eps, flat=self.flat)
-        else:
-            self.opt = torch.optim.RMSprop(params, lr=c.learning_rate, alpha=0.99,
-                                           eps=c.optimizer_eps, foreach=True)
-        self.sample_gen = torch.Generator().manual_seed(c.seed * 2 + 1)
-        self.shuffle_gen = torch.Generator().manual_seed(c.seed * 2 + 2)
-        if c.normalize_obs and getattr(self.policy, "encoder", None) is not None:
-            raise UsageError("normalize_obs: the observation encoder (cnn / multi_input) "
-                             "scales its inputs itself (pixels to [0, 1]); a running "
-                             "normalisation in front of it would distort them: set "
-                             "normalize_obs=false")
-        self.obs_norm = (ObsNormalizer(obs_space.shape, c.clip_obs) if c.normalize_obs
-                         else None)
-        self.reward_scaler = (RewardScaler(c.n_envs, c.gamma, c.clip_reward)
-                              if c.normalize_reward else None)
-        if remote is not None:
-            self.collector = remote.attach(self.policy, self.obs_norm, self.reward_scaler)
-        else:
-            collector = RecurrentCollector if is_recurrent(self.policy) else Collector
-            self.collector = collector(self.env, self.policy, generator=self.sample_gen,
-                                       obs_normalizer=self.obs_norm,
-                                       reward_scaler=self.reward_scaler,
-                                       use_critic=c.use_critic, fast=c.fast,
-                                       mask_source=self.mask_source)
-        self.kl_ctl = (AdaptiveKLController(c.kl_coef, c.kl_target)
-                       if self.spec.kl_anchor == "old" else None)
+        """The process seeded, then the environments, the learner (policy, update spec,
+        optimiser) and the collector (algos/assembly.py), then the counters."""
+        seed_process(c)
+        remote = make_envs(self, c)
+        make_learner(self, c)
+        make_collector(self, c, remote)
         self._fused = None
         self.minibatch_observer: Callable[[dict], None] | None = None
         self.iteration = 0

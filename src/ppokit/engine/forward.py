@@ -15,13 +15,15 @@ __all__ = ["policy_forward", "reference_step"]
 
 def policy_forward(policy: nn.Module) -> Callable[[dict], Forward]:
     """The environment trainer's forward adapter: the policy evaluated on a minibatch's
-    observations and actions."""
+    observations and actions (with their action masks and, for a centralised critic, the
+    global states, where the rollout holds them)."""
     def forward(rows: dict) -> Forward:
         masks = rows.get("action_masks")  # (rollouts of an env that gives masks)
+        kw = {} if rows.get("states") is None else {"state": rows["states"]}
         if masks is None:
-            logp, ent, v = policy.evaluate(rows["obs"], rows["actions"])
+            logp, ent, v = policy.evaluate(rows["obs"], rows["actions"], **kw)
         else:
-            logp, ent, v = policy.evaluate(rows["obs"], rows["actions"], masks)
+            logp, ent, v = policy.evaluate(rows["obs"], rows["actions"], masks, **kw)
         return Forward(logp, ent, v)
     return forward
 

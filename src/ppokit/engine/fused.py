@@ -110,6 +110,8 @@ def supports(spec: UpdateSpec, policy: nn.Module, masked: bool = False) -> str |
         return "a recurrent policy (its sequences run in the eager step)"
     if not isinstance(policy, MLPActorCritic):
         return "the policy is not ppokit's MLP actor-critic"
+    if getattr(policy, "state_dim", None) is not None:
+        return "a centralised critic (its values read the global state)"
     if policy.kind not in ("categorical", "gaussian"):
         return f"{policy.kind} action heads"
     if policy.obs_onehot is not None:

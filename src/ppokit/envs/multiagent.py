@@ -24,6 +24,11 @@ Action masks: a ``Dict`` observation's ``"action_mask"`` passes through (ppokit 
 ``info["action_mask"]``. An idle row allows every action (its action is ignored).
 
 ``n_envs`` counts rows: ``copies × agents`` (a multiple of the number of agents).
+
+``global_state`` (a centralised critic's input): every info also holds
+``info["ppokit_state"]`` (:data:`STATE_KEY`), ``[rows, S]`` float32, row ``c * k + i`` copy
+``c``'s ``env.state()`` after its step or reset (an episode's final state at its end),
+flattened, with ``agent_id`` agent ``i``'s one-hot index after it (``single_state_space``).
 """
 
 from __future__ import annotations
@@ -38,11 +43,12 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 
 from ppokit.errors import UsageError, UserCodeError
 
-__all__ = ["AgentRows", "ParallelEnvs", "IDLE_KEY", "AGENT_ID_KEY", "parallel_of",
-           "is_pettingzoo_id", "pettingzoo_factory", "agent_metrics", "agents_of",
-           "probe_factory", "rows_state", "load_rows_state"]
+__all__ = ["AgentRows", "ParallelEnvs", "IDLE_KEY", "AGENT_ID_KEY", "STATE_KEY",
+           "parallel_of", "is_pettingzoo_id", "pettingzoo_factory", "agent_metrics",
+           "agents_of", "probe_factory", "state_space_of"]
 
 IDLE_KEY = "ppokit_idle"
+STATE_KEY = "ppokit_state"  # the rows' global state (global_state=True)
 AGENT_ID_KEY = "agent_id"
 MASK_KEY = "action_mask"
 PREFIX = "pettingzoo:"
@@ -80,7 +86,7 @@ class AgentRows(VectorEnv):
     metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}
 
     def __init__(self, make: Callable[[], Any], copies: int, *, agent_id: bool = False,
-                 label: str = "env"):
+                 label: str = "env", global_state: bool = False):
         self.label = label
         self.envs = [parallel_of(make(), label) for _ in range(copies)]
         first = self.envs[0]
@@ -110,6 +116,8 @@ class AgentRows(VectorEnv):
         self._masks: np.ndarray | None = None  # [copies, k, W] from infos, when given
         self.returns = np.zeros(self.num_envs)  # each row's running episode return
         self.finished: list[tuple[int, float]] = []  # (agent index, return), not yet read
+        self.single_state_space = self._state_space(first) if global_state else None
+        self._states: np.ndarray | None = None  # [copies, S] each copy's state, when read
 
     def _with_id_space(self, sp):
         if isinstance(sp, spaces.Box) and len(sp.shape) == 1:
@@ -121,6 +129,35 @@ class AgentRows(VectorEnv):
                                 AGENT_ID_KEY: spaces.Box(0.0, 1.0, (self.k,), np.float32)})
         raise UsageError(f"agent_id: appends a one-hot agent index to flat Box or Dict "
                          f"observations; {self.label}'s are {sp}")
+
+    def _state_space(self, env) -> spaces.Box:
+        """The rows' state space (the env's ``state_space`` flattened, with the agent
+        index when ``agent_id``); an env without a state is refused by name."""
+        sp = getattr(env, "state_space", None)
+        if not isinstance(sp, spaces.Box):
+            raise UsageError(f"centralised_critic: {self.label} gives no global state (a "
+                             "PettingZoo environment's state_space, a Box, and state()); "
+                             f"the centralised critic reads it (state_space: {sp})")
+        size = int(np.prod(sp.shape)) + (self.k if self.agent_id else 0)
+        return spaces.Box(-np.inf, np.inf, (size,), np.float32)
+
+    def _read_state(self, c: int, env) -> None:
+        try:
+            st = np.asarray(env.state(), np.float32).reshape(-1)
+        except NotImplementedError:
+            raise UsageError(f"centralised_critic: {self.label}'s state() is not "
+                             "implemented; the centralised critic reads it") from None
+        if self._states is None:
+            self._states = np.zeros((len(self.envs), st.size), np.float32)
+        self._states[c] = st
+
+    def _state_rows(self) -> np.ndarray:
+        """``[rows, S]``: each copy's state repeated for its agents (+ the agent index)."""
+        rows = np.repeat(self._states, self.k, axis=0)
+        if self.agent_id:
+            ids = np.tile(np.eye(self.k, dtype=np.float32), (len(self.envs), 1))
+            rows = np.concatenate([rows, ids], 1)
+        return rows
 
     # ------------------------------------------------------------------ rows
     def _row_obs(self, o, i: int):
@@ -154,6 +191,8 @@ class AgentRows(VectorEnv):
             elif self._masks is not None and idle_rows[i]:
                 self._masks[c, i] = True
         idle[c * self.k:(c + 1) * self.k] = idle_rows
+        if self.single_state_space is not None:
+            self._read_state(c, self.envs[c])
 
     def _batch(self, idle: np.ndarray):
         rows = [o for per in self._obs for o in per]
@@ -172,6 +211,8 @@ class AgentRows(VectorEnv):
             m = self._masks.reshape(self.num_envs, -1).copy()
             m[idle] = True
             info[MASK_KEY] = m
+        if self.single_state_space is not None:
+            info[STATE_KEY] = self._state_rows()
         return obs, info
 
     # ------------------------------------------------------------------ API
@@ -243,13 +284,15 @@ class ParallelEnvs:
         self._first = env
         return len(parallel_of(env, self.label).possible_agents)
 
-    def vec(self, num_envs: int, *, agent_id: bool = False) -> AgentRows:
+    def vec(self, num_envs: int, *, agent_id: bool = False,
+            global_state: bool = False) -> AgentRows:
         k = self.agents()
         if num_envs % k:
             raise UsageError(f"n_envs: {num_envs} rows, but {self.label} has {k} agents; "
                              f"a multi-agent run's n_envs counts agent rows (copies x "
                              f"agents): use a multiple of {k}")
-        return AgentRows(self._make, num_envs // k, agent_id=agent_id, label=self.label)
+        return AgentRows(self._make, num_envs // k, agent_id=agent_id, label=self.label,
+                         global_state=global_state)
 
     def __call__(self):
         raise UsageError(f"env: {self.label} is a multi-agent environment; ppokit builds "
@@ -260,21 +303,27 @@ def is_pettingzoo_id(env_id: Any) -> bool:
     return isinstance(env_id, str) and env_id.startswith(PREFIX)
 
 
+def pettingzoo_parts(env_id: str, example: str) -> tuple[str, str]:
+    """``pettingzoo:FAMILY/NAME`` → ``(FAMILY, NAME)``, both identifiers (so the module
+    path built from them stays inside the package), the pettingzoo extra required; a
+    malformed id is refused naming ``example``."""
+    from ppokit.errors import require_extra
+
+    parts = (env_id[len(PREFIX):] if is_pettingzoo_id(env_id) else "").split("/")
+    if len(parts) != 2 or not all(p.isidentifier() for p in parts):
+        raise UsageError(f"env: expected pettingzoo:FAMILY/NAME (e.g. pettingzoo:{example}), "
+                         f"got {env_id!r}")
+    require_extra("pettingzoo", "pettingzoo", env_id)
+    return parts[0], parts[1]
+
+
 def pettingzoo_factory(env_id: str, env_kwargs: dict | None = None) -> ParallelEnvs:
     """``pettingzoo:family/name_vN`` → the environments of ``pettingzoo.family.name_vN``
     (MPE's, which PettingZoo moved to the ``mpe2`` package, from ``mpe2.name_vN`` when
     PettingZoo has no ``mpe`` any more). Only modules under those packages are imported."""
     import importlib
 
-    from ppokit.errors import require_extra
-
-    body = env_id[len(PREFIX):]
-    parts = body.split("/")
-    if len(parts) != 2 or not all(p.isidentifier() for p in parts):
-        raise UsageError(f"env: expected pettingzoo:FAMILY/NAME (e.g. "
-                         f"pettingzoo:mpe/simple_spread_v3), got {env_id!r}")
-    require_extra("pettingzoo", "pettingzoo", env_id)
-    family, name = parts
+    family, name = pettingzoo_parts(env_id, "mpe/simple_spread_v3")
     candidates = [f"pettingzoo.{family}.{name}"]
     if family == "mpe":
         candidates.append(f"mpe2.{name}")
@@ -304,75 +353,17 @@ def pettingzoo_factory(env_id: str, env_kwargs: dict | None = None) -> ParallelE
     return ParallelEnvs(make, env_id)
 
 
-# --------------------------------------------------------------------------- state
-
-def _plain(v, depth: int = 0):
-    """``v`` as JSON-able data, or raise ``TypeError`` (numpy arrays, scalars, strings,
-    lists and tables of them, a numpy generator)."""
-    if depth > 8:
-        raise TypeError("too deep")
-    if isinstance(v, (bool, int, float, str, type(None))):
-        return v
-    if isinstance(v, np.ndarray) and v.dtype != object:
-        return {"__nd__": str(v.dtype), "shape": list(v.shape), "data": v.ravel().tolist()}
-    if isinstance(v, np.generic) and not isinstance(v, np.object_):
-        return {"__np__": str(v.dtype), "v": v.item()}
-    if isinstance(v, np.random.Generator):
-        return {"__rng__": v.bit_generator.state}
-    if isinstance(v, (list, tuple)):
-        return {"__list__": [_plain(x, depth + 1) for x in v]}
-    if isinstance(v, dict) and all(isinstance(k, str) for k in v):
-        return {"__dict__": {k: _plain(x, depth + 1) for k, x in v.items()}}
-    raise TypeError(type(v).__name__)
-
-
-def _unplain(v):
-    if not isinstance(v, dict):
-        return v
-    if "__list__" in v:
-        return [_unplain(x) for x in v["__list__"]]
-    if "__dict__" in v:
-        return {k: _unplain(x) for k, x in v["__dict__"].items()}
-    if "__rng__" in v:
-        g = np.random.default_rng()
-        g.bit_generator.state = v["__rng__"]
-        return g
-    if "__nd__" in v:
-        return np.asarray(v["data"], dtype=v["__nd__"]).reshape(v["shape"])
-    return np.dtype(v["__np__"]).type(v["v"])
-
-
-def _static(v) -> bool:
-    """Spaces (and tables of them) and methods: rebuilt by the constructor, not state."""
-    if isinstance(v, spaces.Space) or callable(v):
-        return True
-    return isinstance(v, dict) and bool(v) and all(isinstance(x, spaces.Space)
-                                                  for x in v.values())
-
-
-def rows_state(env: AgentRows) -> dict | None:
-    """A JSON-able snapshot of ``env`` and its PettingZoo envs, or ``None`` when an env
-    holds anything but plain data (numbers, strings, arrays, lists, tables, a generator)."""
-    try:
-        subs = [{k: _plain(v) for k, v in vars(e).items() if not _static(v)}
-                for e in env.envs]
-        return {"kind": "agents", "live": _plain(env.live), "over": _plain(env.over),
-                "obs": _plain(env._obs), "masks": _plain(env._masks), "envs": subs,
-                "returns": _plain(env.returns), "finished": _plain(env.finished)}
-    except TypeError:
-        return None
-
-
-def load_rows_state(env: AgentRows, state: dict) -> None:
-    env.live = _unplain(state["live"])
-    env.over = _unplain(state["over"])
-    env._obs = _unplain(state["obs"])
-    env._masks = _unplain(state["masks"])
-    env.returns = _unplain(state["returns"])
-    env.finished = [(int(i), float(r)) for i, r in _unplain(state["finished"])]
-    for e, s in zip(env.envs, state["envs"], strict=True):
-        for k, v in s.items():
-            setattr(e, k, _unplain(v))
+def state_space_of(env: Any, label: str = "env") -> spaces.Box:
+    """The global state space of ``env``'s rows (an :class:`AgentRows` built with
+    ``global_state``, maybe wrapped), or a :class:`UsageError` naming
+    ``centralised_critic`` for any other env."""
+    base = getattr(env, "unwrapped", env)
+    sp = getattr(base, "single_state_space", None) if isinstance(base, AgentRows) else None
+    if sp is None:
+        raise UsageError(f"centralised_critic: {label} is not a PettingZoo multi-agent "
+                         "environment with a global state (its state_space and state()); "
+                         "the centralised critic reads one")
+    return sp
 
 
 def probe_factory(factory: Callable[[], Any], label: str) -> Any:

@@ -79,7 +79,7 @@ def autoreset_mode_of(env: VectorEnv) -> AutoresetMode:
 def make_vec(env_id: str | Callable[[], gym.Env], num_envs: int, *,
              vectorization: str = "auto", autoreset: str = "auto",
              env_kwargs: dict | None = None, training: bool = True,
-             agent_id: bool = False) -> VectorEnv:
+             agent_id: bool = False, global_state: bool = False) -> VectorEnv:
     """A vector env of ``num_envs`` copies of ``env_id`` (see the module documentation):
     a registered id, a ``module:Id`` whose module the user named (:mod:`.source`), or a
     factory ``() -> gym.Env`` (sync or async vectorisation; ``env_kwargs`` do not apply).
@@ -91,7 +91,8 @@ def make_vec(env_id: str | Callable[[], gym.Env], num_envs: int, *,
 
     A PettingZoo environment (a ``pettingzoo:`` id or a
     :class:`ppokit.envs.multiagent.ParallelEnvs`) gives one row per agent
-    (:class:`ppokit.envs.multiagent.AgentRows`, ``agent_id``: its one-hot agent index)."""
+    (:class:`ppokit.envs.multiagent.AgentRows`, ``agent_id``: its one-hot agent index,
+    ``global_state``: the environment's state in each info, for a centralised critic)."""
     if vectorization not in VECTORIZATIONS:
         raise UsageError(f"vectorization: expected one of {', '.join(VECTORIZATIONS)}, "
                          f"got {vectorization!r}")
@@ -99,7 +100,8 @@ def make_vec(env_id: str | Callable[[], gym.Env], num_envs: int, *,
         raise UsageError(f"autoreset_mode: expected one of {', '.join(AUTORESET_MODES)}, "
                          f"got {autoreset!r}")
     if is_pettingzoo_id(env_id) or isinstance(env_id, ParallelEnvs):
-        return _agent_rows(env_id, num_envs, vectorization, autoreset, env_kwargs, agent_id)
+        return _agent_rows(env_id, num_envs, vectorization, autoreset, env_kwargs, agent_id,
+                           global_state)
     if callable(env_id):  # a factory (a GivenVectorEnv builds single copies too)
         if vectorization == "envpool":
             raise UsageError("vectorization: envpool runs EnvPool's own environments, "
@@ -156,7 +158,7 @@ def make_vec(env_id: str | Callable[[], gym.Env], num_envs: int, *,
 
 
 def _agent_rows(env_id, num_envs: int, vectorization: str, autoreset: str,
-                env_kwargs: dict | None, agent_id: bool) -> VectorEnv:
+                env_kwargs: dict | None, agent_id: bool, global_state: bool) -> VectorEnv:
     """The agents of a PettingZoo environment as rows (:mod:`.multiagent`)."""
     if vectorization not in ("auto", "sync"):
         raise UsageError(f"vectorization: a multi-agent environment steps its copies in "
@@ -171,7 +173,7 @@ def _agent_rows(env_id, num_envs: int, vectorization: str, autoreset: str,
         maker = env_id
     else:
         maker = pettingzoo_factory(env_id, env_kwargs)
-    return flatten_dict_obs(maker.vec(num_envs, agent_id=agent_id))
+    return flatten_dict_obs(maker.vec(num_envs, agent_id=agent_id, global_state=global_state))
 
 
 class FlattenDictObs(gym.vector.VectorWrapper):
@@ -239,7 +241,7 @@ def flatten_dict_obs(env: VectorEnv) -> VectorEnv:
 
 def training_vec(maker, num_envs: int, *, vectorization: str = "auto",
                  autoreset: str = "auto", env_kwargs: dict | None = None,
-                 agent_id: bool = False) -> VectorEnv:
+                 agent_id: bool = False, global_state: bool = False) -> VectorEnv:
     """The training envs of a run: the user's own VectorEnv as it is (a
     :class:`ppokit.envs.source.GivenVectorEnv`, checked against ``num_envs`` and
     ``autoreset``), else :func:`make_vec`."""
@@ -247,7 +249,7 @@ def training_vec(maker, num_envs: int, *, vectorization: str = "auto",
 
     if not isinstance(maker, GivenVectorEnv):
         return make_vec(maker, num_envs, vectorization=vectorization, autoreset=autoreset,
-                        env_kwargs=env_kwargs, agent_id=agent_id)
+                        env_kwargs=env_kwargs, agent_id=agent_id, global_state=global_state)
     vec = maker.vec
     if vec.num_envs != num_envs:
         raise UsageError(f"n_envs: {num_envs}, but the VectorEnv given has {vec.num_envs} "
@@ -410,7 +412,8 @@ def _is_classic(env) -> bool:
 
 def env_state(env: VectorEnv) -> dict | None:
     """A JSON-able snapshot of the envs' full state, or ``None`` when it cannot be taken."""
-    from .multiagent import AgentRows, rows_state
+    from .multiagent import AgentRows
+    from .rows_state import rows_state
 
     base = getattr(env, "unwrapped", env)  # (Ray's stand-in env has no wrappers)
     if isinstance(base, AgentRows):
@@ -435,7 +438,7 @@ def env_state(env: VectorEnv) -> dict | None:
 
 def load_env_state(env: VectorEnv, state: dict) -> None:
     if state["kind"] == "agents":
-        from .multiagent import load_rows_state
+        from .rows_state import load_rows_state
 
         load_rows_state(env.unwrapped, state)
         return

@@ -48,7 +48,9 @@ def curve(run_dir: str | Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _label(run_dir: Path) -> str:
-    """``ALGO ENV`` from the run's config.json, else the directory's name."""
+    """``ALGO ENV`` from the run's config.json (with ``(centralised critic)`` for such a
+    run, so that it is not averaged with the same env's other runs), else the directory's
+    name."""
     path = run_dir / "config.json"
     try:
         if not path.is_file() or path.is_symlink() or path.stat().st_size > 2**20:
@@ -61,7 +63,8 @@ def _label(run_dir: Path) -> str:
     algo, env = cfg.get("algo"), cfg.get("env_id")
     if not (isinstance(algo, str) and isinstance(env, str)):
         return run_dir.name
-    return f"{algo} {env}"[:80]
+    tail = " (centralised critic)" if cfg.get("centralised_critic") is True else ""
+    return f"{algo} {env}"[:80] + tail
 
 
 def _smooth(y: np.ndarray, k: int = 5) -> np.ndarray:

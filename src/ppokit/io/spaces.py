@@ -31,6 +31,7 @@ import numpy as np
 from gymnasium import spaces
 
 __all__ = ["space_to_data", "space_from_data", "recorded_spaces", "spaces_from_state",
+           "state_space_from_state",
            "SpaceDataError", "MAX_ELEMENTS", "MAX_DEPTH"]
 
 MAX_ELEMENTS = 2**26  # entries of one Box / MultiDiscrete / MultiBinary read back
@@ -205,15 +206,28 @@ def space_from_data(data: Any, where: str = "space", depth: int = 0) -> spaces.S
     raise AssertionError  # (unreachable: _fail raises)
 
 
-def recorded_spaces(observation_space: spaces.Space, action_space: spaces.Space
-                    ) -> dict | None:
+def recorded_spaces(observation_space: spaces.Space, action_space: spaces.Space,
+                    state_space: spaces.Space | None = None) -> dict | None:
     """The ``spaces`` entry of a checkpoint's state (``None`` if one of them has no data
-    form: then loading the run builds its environment, as before spaces were recorded)."""
+    form: then loading the run builds its environment, as before spaces were recorded);
+    ``state_space``: a centralised critic's global state (the entry ``"state"``)."""
     try:
-        return {"observation": space_to_data(observation_space),
-                "action": space_to_data(action_space)}
+        out = {"observation": space_to_data(observation_space),
+               "action": space_to_data(action_space)}
+        if state_space is not None:
+            out["state"] = space_to_data(state_space)
+        return out
     except ValueError:
         return None
+
+
+def state_space_from_state(state: dict) -> spaces.Space | None:
+    """The global state space a checkpoint recorded for a centralised critic, ``None``
+    when it recorded none; :class:`SpaceDataError` for a malformed entry."""
+    d = state.get("spaces")
+    if not isinstance(d, dict) or d.get("state") is None:
+        return None
+    return space_from_data(d["state"], "spaces.state")
 
 
 def spaces_from_state(state: dict) -> tuple[spaces.Space, spaces.Space] | None:

@@ -13,13 +13,21 @@ def is_recurrent(policy) -> bool:
     return bool(getattr(policy, "recurrent", False))
 
 
-def policy_for_config(cfg, obs_space, action_space):
+def policy_for_config(cfg, obs_space, action_space, state_space=None):
     """The policy a training configuration describes (``recurrent``: ``none`` → the MLP
     actor-critic, ``lstm`` → :class:`LSTMActorCritic`), for single-env spaces. ``fast``
     false gives CNN encoders their reference layout (no channels-last copy); ``precision``
-    sets their number format."""
+    sets their number format. ``centralised_critic``: the critic reads the global state of
+    ``state_space`` (the environment's, ppokit.envs.multiagent), which it then needs."""
+    if getattr(cfg, "centralised_critic", False) and state_space is None:
+        from ppokit.errors import UsageError
+
+        raise UsageError("centralised_critic: the critic reads the environment's global "
+                         "state, whose space is not known here")
     try:
-        policy = _policy_for_config(cfg, obs_space, action_space)
+        policy = _policy_for_config(cfg, obs_space, action_space,
+                                    state_space if getattr(cfg, "centralised_critic", False)
+                                    else None)
     except ValueError as exc:  # a configuration that does not fit the env's spaces
         from ppokit.errors import UsageError
 
@@ -34,7 +42,7 @@ def policy_for_config(cfg, obs_space, action_space):
     return policy
 
 
-def _policy_for_config(cfg, obs_space, action_space):
+def _policy_for_config(cfg, obs_space, action_space, state_space=None):
     obs_space = getattr(obs_space, "dict_space", obs_space)  # stored flat, read per key
     kw = dict(hidden=cfg.net_arch, activation=cfg.activation, ortho_init=cfg.ortho_init,
               log_std_init=cfg.log_std_init)
@@ -47,4 +55,5 @@ def _policy_for_config(cfg, obs_space, action_space):
     return make_policy(obs_space, action_space, **kw, policy=getattr(cfg, "policy", "auto"),
                        cnn_channels=getattr(cfg, "cnn_channels", (32, 64, 64)),
                        features_dim=getattr(cfg, "features_dim", 512),
-                       share_features=getattr(cfg, "share_features", True))
+                       share_features=getattr(cfg, "share_features", True),
+                       state_space=state_space)

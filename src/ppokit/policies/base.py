@@ -36,6 +36,11 @@ Action masks: ppokit's MLP actor-critic also takes ``action_masks`` (``[B, W]`` 
 :mod:`ppokit.policies.masking`) in ``act``, ``evaluate``, ``log_prob`` and
 ``deterministic_action``; the masked actions then have probability 0 in each.
 
+A centralised critic (ppokit's MLP actor-critic with ``state_dim``, ``centralised_critic``
+in the configuration) reads a global state ``[B, S]`` float32 instead of the observation:
+``act``, ``evaluate`` and ``value`` take it as ``state=``; without it ``act`` and
+``evaluate`` return ``None`` in place of the values (the actor needs only the observation).
+
 ``generator``, when given, is the only source of randomness used for sampling, which is
 what makes runs reproducible and resumable (its state is saved with the checkpoint).
 """

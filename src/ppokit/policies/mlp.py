@@ -185,13 +185,19 @@ class MLPActorCritic(nn.Module):
     ``encoder`` (:mod:`ppokit.policies.encoders`: a CNN, a multi-input encoder) turns
     observations into the ``obs_dim`` features the MLPs read; ``critic_encoder`` is the
     critic's own (``None``: the critic reads the actor's features, one shared trunk).
+
+    ``state_dim`` makes the critic centralised: it reads a flat global state of that size
+    (the ``state`` argument of :meth:`value`, :meth:`act` and :meth:`evaluate`) instead of
+    the observation, which the actor alone reads; without a ``state`` :meth:`act` and
+    :meth:`evaluate` give ``None`` for the values, and :meth:`value` refuses.
     """
 
     def __init__(self, obs_dim: int, kind: str, action_dim: int, *,
                  nvec: tuple[int, ...] | None = None, hidden: tuple[int, ...] = (64, 64),
                  activation: str = "tanh", ortho_init: bool = True,
                  log_std_init: float = 0.0, obs_onehot: int | None = None, obs_start: int = 0,
-                 encoder: nn.Module | None = None, critic_encoder: nn.Module | None = None):
+                 encoder: nn.Module | None = None, critic_encoder: nn.Module | None = None,
+                 state_dim: int | None = None):
         super().__init__()
         if kind not in ("categorical", "gaussian", "multicategorical", "bernoulli"):
             raise ValueError(f"kind: unknown policy head {kind!r}")
@@ -203,7 +209,9 @@ class MLPActorCritic(nn.Module):
         self.critic_encoder = critic_encoder
         n_logits = int(sum(nvec)) if kind == "multicategorical" else action_dim
         self.actor = mlp_layers(obs_dim, hidden, n_logits, act, ortho_init, 0.01)
-        self.critic = mlp_layers(obs_dim, hidden, 1, act, ortho_init, 1.0)
+        self.state_dim = None if state_dim is None else int(state_dim)
+        self.critic = mlp_layers(obs_dim if state_dim is None else self.state_dim, hidden, 1,
+                                 act, ortho_init, 1.0)
         if kind == "gaussian":
             self.log_std = nn.Parameter(torch.full((action_dim,), float(log_std_init)))
         self.nvec = tuple(int(n) for n in nvec) if nvec is not None else None
@@ -232,20 +240,34 @@ class MLPActorCritic(nn.Module):
     def _split(self, logits: Tensor) -> tuple[Tensor, ...]:
         return torch.split(logits, self.nvec, dim=-1)
 
-    def _critic_features(self, obs: Tensor, actor_x: Tensor | None = None) -> Tensor:
+    def _critic_features(self, obs: Tensor, actor_x: Tensor | None = None,
+                         state: Tensor | None = None) -> Tensor | None:
+        """The critic's input: the global state (a centralised critic; ``None`` without
+        one), its own encoder's features, or the actor's."""
+        if self.state_dim is not None:
+            return None if state is None else state.reshape(state.shape[0], -1)
         if self.critic_encoder is not None:
             return self.critic_encoder(obs)
         return self._features(obs) if actor_x is None else actor_x
 
+    def _value_of(self, features: Tensor | None, fast: bool = False) -> Tensor | None:
+        if features is None:
+            return None
+        return (self._run(self.critic, features) if fast else self.critic(features)).squeeze(-1)
+
     # -- Policy interface -----------------------------------------------------------------
-    def value(self, obs: Tensor) -> Tensor:
-        return self._run(self.critic, self._critic_features(obs)).squeeze(-1)
+    def value(self, obs: Tensor, state: Tensor | None = None) -> Tensor:
+        if self.state_dim is not None and state is None:
+            raise ValueError("state: this policy's critic is centralised; its values read "
+                             "the global state (value(obs, state))")
+        return self._value_of(self._critic_features(obs, None, state), fast=True)
 
     def act(self, obs: Tensor, generator: torch.Generator | None = None,
-            action_masks: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+            action_masks: Tensor | None = None, state: Tensor | None = None
+            ) -> tuple[Tensor, Tensor, Tensor]:
         x = self._features(obs)
         out = self._masked(self._run(self.actor, x), action_masks)
-        value = self._run(self.critic, self._critic_features(obs, x)).squeeze(-1)
+        value = self._value_of(self._critic_features(obs, x, state), fast=True)
         a, logp = self._sample(out, generator, action_masks is not None)
         return a, logp, value
 
@@ -313,11 +335,11 @@ class MLPActorCritic(nn.Module):
             ent = ent - (lp.exp() * lp).sum(-1)
         return logp, ent
 
-    def evaluate(self, obs: Tensor, actions: Tensor, action_masks: Tensor | None = None
-                 ) -> tuple[Tensor, Tensor, Tensor]:
+    def evaluate(self, obs: Tensor, actions: Tensor, action_masks: Tensor | None = None,
+                 state: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         x = self._features(obs)
         logp, ent = self._logp_entropy(self._masked(self.actor(x), action_masks), actions)
-        return logp, ent, self.critic(self._critic_features(obs, x)).squeeze(-1)
+        return logp, ent, self._value_of(self._critic_features(obs, x, state))
 
     def log_prob(self, obs: Tensor, actions: Tensor, action_masks: Tensor | None = None
                  ) -> Tensor:
@@ -380,10 +402,12 @@ def make_policy(obs_space: spaces.Space, action_space: spaces.Space, *,
                 hidden: tuple[int, ...] = (64, 64), activation: str = "tanh",
                 ortho_init: bool = True, log_std_init: float = 0.0, policy: str = "auto",
                 cnn_channels: tuple[int, ...] = (32, 64, 64), features_dim: int = 512,
-                share_features: bool = True) -> MLPActorCritic:
+                share_features: bool = True, state_space: spaces.Box | None = None
+                ) -> MLPActorCritic:
     """Build the actor-critic matching single-env observation and action spaces: the
     encoder ``policy`` names (:func:`resolve_policy`; for ``cnn`` and ``multi_input`` one
-    trunk shared by actor and critic unless ``share_features`` is false), then the MLPs."""
+    trunk shared by actor and critic unless ``share_features`` is false), then the MLPs.
+    ``state_space``: a centralised critic over this flat global state."""
     from .actions import check_action_space
     from .encoders import build_extractor, flat_dict_space
 
@@ -400,7 +424,7 @@ def make_policy(obs_space: spaces.Space, action_space: spaces.Space, *,
             return build_extractor(kind, space, features_dim=features_dim,
                                    channels=tuple(cnn_channels))
         encoder = build()
-        critic_encoder = None if share_features else build()
+        critic_encoder = None if share_features or state_space is not None else build()
         obs_dim = encoder.features_dim
     elif isinstance(obs_space, spaces.Box):
         obs_dim = int(np.prod(obs_space.shape))
@@ -411,7 +435,8 @@ def make_policy(obs_space: spaces.Space, action_space: spaces.Space, *,
                          "or Dict with policy=multi_input)")
     kw = dict(hidden=tuple(hidden), activation=activation, ortho_init=ortho_init,
               obs_onehot=onehot, obs_start=int(getattr(obs_space, "start", 0) or 0),
-              encoder=encoder, critic_encoder=critic_encoder)
+              encoder=encoder, critic_encoder=critic_encoder,
+              state_dim=None if state_space is None else int(np.prod(state_space.shape)))
     if isinstance(action_space, spaces.Discrete):
         return MLPActorCritic(obs_dim, "categorical", int(action_space.n), **kw)
     if isinstance(action_space, spaces.Box):

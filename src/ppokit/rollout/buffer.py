@@ -16,6 +16,8 @@ Fields (all ``[T, N, ...]``, time-major; row ``t`` is the transition taken from 
                    (ignored action, reward 0); such rows are never trained on
 ``action_masks``   ``[T, N, W]`` bool, the action mask the action was sampled under
                    (``None``: the env gives no masks; :mod:`ppokit.envs.masks`)
+``states``         ``[T, N, S]`` float32, the global state a centralised critic read for
+                   ``values`` (``None``: the critic reads the observation)
 =================  =====================================================================
 
 :meth:`Rollout.compute_advantages` fills ``advantages`` and ``returns`` (value targets
@@ -55,6 +57,7 @@ class Rollout:
     advantages: Tensor | None = None
     returns: Tensor | None = None
     action_masks: Tensor | None = None
+    states: Tensor | None = None
 
     @property
     def num_steps(self) -> int:
@@ -102,6 +105,8 @@ class Rollout:
         names = ("obs", "actions", "logp", "values", "advantages", "returns")
         if self.action_masks is not None:
             names += ("action_masks",)
+        if self.states is not None:
+            names += ("states",)
         for name in names:
             t = getattr(self, name)
             t = t.reshape(-1, *t.shape[2:])

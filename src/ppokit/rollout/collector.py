@@ -35,6 +35,16 @@ read when the observation arrives, passed to ``policy.act`` and stored with the 
 sampled under. Masked steps always take the ``policy.act`` path (the NumPy actor has no
 mask). The mask of the current observation is part of :meth:`Collector.state_dict`.
 
+Centralised critic
+------------------
+With a policy whose critic reads a global state (``policy.state_dim``; the env gives the
+state in each info as ``info["ppokit_state"]``, :mod:`ppokit.envs.multiagent`) the state
+of each observation is read when the observation arrives and stored with the step
+(``Rollout.states``); the values — the bootstrap at an episode's end and after the window
+included — are the critic's on the states, the actions the actor's on the observations.
+The current state is part of :meth:`Collector.state_dict`. NEXT_STEP mode only (the
+state returned at an episode's end is its final one).
+
 ``ppokit.core.gae`` then bootstraps truncations from ``next_values`` and stops the carry at
 ``episode_end`` (two masks). Episode returns and lengths are measured on raw rewards.
 
@@ -55,6 +65,7 @@ import torch
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 
+from ppokit.envs.multiagent import STATE_KEY
 from ppokit.envs.normalize import ObsNormalizer, RewardScaler
 from ppokit.envs.vec import autoreset_mode_of
 from ppokit.policies.actions import ActionConverter
@@ -143,6 +154,12 @@ class Collector:
         self.finished: list[tuple[float, int]] = []
         # finished games (score, length) from the envs' infos instead of episodes
         self.games = bool(getattr(env, "game_scores", False))
+        # a centralised critic: the global state of the current observation [N, S]
+        self.central = use_critic and getattr(policy, "state_dim", None) is not None
+        self.global_state: np.ndarray | None = None
+        if self.central and self.mode != AutoresetMode.NEXT_STEP:
+            raise ValueError("centralised critic: the environment must run in next_step "
+                             "auto-reset mode (its final state comes with the episode end)")
 
     # ------------------------------------------------------------------ observations
     def _prep_obs(self, raw: np.ndarray, update: bool) -> np.ndarray:
@@ -162,14 +179,29 @@ class Collector:
         if self.mask_source is not None:
             self.masks = self.mask_source.read(raw, info)
         self.obs = torch.from_numpy(self._prep_obs(raw, update=True))
+        self.global_state = self._read_state(info)
         self.pending[:] = False
         self.ep_return[:] = 0.0
         self.ep_length[:] = 0
 
-    def _values(self, obs: torch.Tensor) -> torch.Tensor:
+    def _values(self, obs: torch.Tensor, state: np.ndarray | None = None) -> torch.Tensor:
         if not self.use_critic:
             return torch.zeros(obs.shape[0])
+        if self.central:
+            return self.policy.value(obs, torch.from_numpy(state))
         return self.policy.value(obs)
+
+    def _read_state(self, info: dict | None) -> np.ndarray | None:
+        """The global state ``[N, S]`` of the observation ``info`` came with (a
+        centralised critic), else ``None``."""
+        if not self.central:
+            return None
+        st = None if not info else info.get(STATE_KEY)
+        if st is None:
+            raise ValueError("centralised critic: the environment's info holds no global "
+                             f"state ({STATE_KEY!r}; ppokit.envs.multiagent with "
+                             "global_state)")
+        return np.array(st, np.float32).reshape(self.num_envs, -1)
 
     def _numpy_sampler(self) -> NumpySampler | None:
         if (not self.fast or self.mask_source is not None
@@ -231,24 +263,19 @@ class Collector:
         valid = np.ones((n_steps, n), bool)
         masked = self.mask_source is not None
         mask_buf = np.empty((n_steps, *self.masks.shape), bool) if masked else None
+        state_buf = (np.empty((n_steps, *self.global_state.shape), np.float32) if self.central
+                     else None)
         fixes: list[tuple[int, np.ndarray, np.ndarray]] = []  # truncations (SAME_STEP)
         next_step = self.mode == AutoresetMode.NEXT_STEP
         scaler = self.reward_scaler
-        if sampler is not None:
-            # one uniform per row, or one normal per entry of the (flattened) Box action
-            width = 1 if sampler.kind == "categorical" else int(np.prod(self.space.shape))
-            shape = (n_steps, n, width)
-            draw = torch.rand if sampler.kind == "categorical" else torch.randn
-            noise = draw(shape, generator=self.generator).numpy()
-            logp_buf = val_buf = None  # (one forward pass over the rollout gives them)
-        else:
-            logp_buf = np.empty((n_steps, n), np.float32)
-            val_buf = np.zeros((n_steps, n), np.float32)
+        noise, logp_buf, val_buf = self._step_buffers(sampler, n_steps)
         pending = self.pending
         # no weight changes during a rollout: bf16 image trunks cast theirs once, not per step
         with frozen_weights(self.policy), torch.inference_mode():
             for t in range(n_steps):
                 obs_buf[t] = o
+                if state_buf is not None:
+                    state_buf[t] = self.global_state
                 if sampler is not None:
                     sampler(o, noise[t], out=act_buf[t])
                 else:
@@ -260,6 +287,7 @@ class Collector:
                     te, tr, r, pending, next_step, idle_rows(info))
                 if masked:  # (a step whose action the env ignores may allow nothing)
                     self.masks = self.mask_source.read(raw, info, dummy=pending)
+                self.global_state = self._read_state(info)
                 if ok is not None:
                     valid[t] = ok
                 term[t] = te
@@ -279,13 +307,27 @@ class Collector:
         obs_t = torch.from_numpy(obs_buf)
         act_t = torch.from_numpy(act_buf)
         extra = torch.from_numpy(np.concatenate([o] + [f[2] for f in fixes]))
+        states_t = None if state_buf is None else torch.from_numpy(state_buf)
         logp_t, values_t, next_values = self._logp_and_values(obs_t, act_t, logp_buf, val_buf,
-                                                              extra, fixes)
+                                                              extra, fixes, states_t)
         return Rollout(obs=obs_t, actions=act_t, logp=logp_t, values=values_t,
                        rewards=torch.from_numpy(rew), terminated=torch.from_numpy(term),
                        episode_end=torch.from_numpy(end), next_values=next_values,
                        valid=torch.from_numpy(valid),
-                       action_masks=None if mask_buf is None else torch.from_numpy(mask_buf))
+                       action_masks=None if mask_buf is None else torch.from_numpy(mask_buf),
+                       states=states_t)
+
+    def _step_buffers(self, sampler: NumpySampler | None, n_steps: int) -> tuple:
+        """``(noise, logp, values)`` arrays of a window: with the NumPy sampler its noise
+        (one uniform per row, or one normal per entry of the flattened Box action) and no
+        log-probabilities or values (one forward pass over the rollout gives them); else
+        no noise and the arrays ``policy.act`` fills."""
+        n = self.num_envs
+        if sampler is not None:
+            width = 1 if sampler.kind == "categorical" else int(np.prod(self.space.shape))
+            draw = torch.rand if sampler.kind == "categorical" else torch.randn
+            return draw((n_steps, n, width), generator=self.generator).numpy(), None, None
+        return None, np.empty((n_steps, n), np.float32), np.zeros((n_steps, n), np.float32)
 
     def _obs_action_buffers(self, o: np.ndarray, n_steps: int
                             ) -> tuple[np.ndarray, np.ndarray]:
@@ -304,11 +346,12 @@ class Collector:
                     val: np.ndarray, masked: bool) -> None:
         """One step's actions by the torch policy (``policy.act``), written into the
         step's rows ``act``, ``logp`` and (with a critic) ``val``."""
+        kw = {"state": torch.from_numpy(self.global_state)} if self.central else {}
         if masked:
             action, lp, value = self.policy.act(torch.from_numpy(o), self.generator,
-                                                torch.from_numpy(self.masks))
+                                                torch.from_numpy(self.masks), **kw)
         else:
-            action, lp, value = self.policy.act(torch.from_numpy(o), self.generator)
+            action, lp, value = self.policy.act(torch.from_numpy(o), self.generator, **kw)
         act[...] = action.numpy().reshape(act.shape)
         logp[...] = lp.numpy()
         if self.use_critic:
@@ -316,26 +359,28 @@ class Collector:
 
     def _logp_and_values(self, obs_t: torch.Tensor, act_t: torch.Tensor,
                          logp_buf: np.ndarray | None, val_buf: np.ndarray | None,
-                         extra: torch.Tensor, fixes: list
+                         extra: torch.Tensor, fixes: list, states_t: torch.Tensor | None = None
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(logp, values, next_values)`` ``[T, N]`` of the rollout: from one forward pass
         over it where the NumPy sampler drew the actions (``logp_buf`` None), else the
         policy's own; the next values from the critic on ``extra`` — the last
-        observations, then each truncated episode's final one (``fixes``)."""
+        observations, then each truncated episode's final one (``fixes``) — or, for a
+        centralised critic (``states_t``, the window's states), on the current state."""
         n_steps, n = act_t.shape[:2]
         # (not inference mode: the losses may use these tensors)
         with frozen_weights(self.policy), torch.no_grad():
             if logp_buf is None:
                 flat_obs = obs_t.reshape(n_steps * n, *obs_t.shape[2:])
                 flat_act = act_t.reshape(n_steps * n, *act_t.shape[2:])
-                logp, _, values = self.policy.evaluate(flat_obs, flat_act)
+                kw = {} if states_t is None else {"state": states_t.reshape(n_steps * n, -1)}
+                logp, _, values = self.policy.evaluate(flat_obs, flat_act, **kw)
                 logp_t = logp.reshape(n_steps, n)
                 values_t = (values.reshape(n_steps, n) if self.use_critic
                             else torch.zeros(n_steps, n))
             else:
                 logp_t = torch.from_numpy(logp_buf)
                 values_t = torch.from_numpy(val_buf)
-            v_extra = self._values(extra)
+            v_extra = self._values(extra, self.global_state)
         next_values = torch.cat([values_t[1:], v_extra[:n].unsqueeze(0)])
         k = n
         for t, idx, _fin in fixes:
@@ -353,6 +398,8 @@ class Collector:
                "ep_return": self.ep_return.copy(), "ep_length": self.ep_length.copy()}
         if self.masks is not None:
             out["action_masks"] = self.masks.copy()
+        if self.global_state is not None:
+            out["global_state"] = self.global_state.copy()
         return out
 
     def load_state_dict(self, d: dict) -> None:
@@ -364,3 +411,5 @@ class Collector:
         self.ep_length = np.asarray(d["ep_length"], np.int64).copy()
         if self.mask_source is not None:
             self.masks = np.asarray(d["action_masks"], bool).copy()
+        if self.central:
+            self.global_state = np.asarray(d["global_state"], np.float32).copy()

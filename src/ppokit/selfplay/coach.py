@@ -1,7 +1,9 @@
 """What a self-play run adds to the environment trainer (:class:`SelfPlay`): the training
 games (one :class:`~ppokit.selfplay.games.SelfPlayEnv` per ``n_envs``, sync, their
 opponents drawn from the run's :class:`~ppokit.selfplay.pool.SnapshotPool`), a snapshot of
-the policy after iteration 1 and every ``selfplay_every`` iterations, the evaluations
+the policy after iteration 1 and every ``selfplay_every`` iterations (as an opponent, it
+makes a uniformly random legal move with probability
+``selfplay_snapshot_random_move_prob`` at each of its turns), the evaluations
 against the random and the one-step-lookahead players every ``selfplay_eval_every``
 iterations and the metrics of each iteration:
 
@@ -90,8 +92,10 @@ class SelfPlay:
         return self._player(weights, f"snapshot {iteration}")
 
     def _player(self, weights: dict, where: str) -> PolicyPlayer:
+        """A snapshot as a training opponent (``selfplay_snapshot_random_move_prob``)."""
         policy = snapshot_policy(self.cfg, weights, self.obs_space, self.act_space, where)
-        return PolicyPlayer(policy, self.obs_space)
+        return PolicyPlayer(policy, self.obs_space,
+                            random_move_prob=self.cfg.selfplay_snapshot_random_move_prob)
 
     def after_iteration(self, tr) -> dict:
         """Snapshot, evaluate and report after the trainer ``tr``'s iteration."""

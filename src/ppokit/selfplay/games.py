@@ -29,7 +29,8 @@ from typing import Any, Protocol
 import gymnasium as gym
 import numpy as np
 
-from ppokit.errors import UsageError, UserCodeError, require_extra
+from ppokit.envs.multiagent import pettingzoo_parts
+from ppokit.errors import UsageError, UserCodeError
 
 __all__ = ["SelfPlayEnv", "BoardRules", "RULES", "OpponentSource", "game_factory",
            "game_name", "SEAT_RULES"]
@@ -88,13 +89,7 @@ def game_name(env_id: str) -> str:
 def game_factory(env_id: str, env_kwargs: dict | None = None):
     """A factory of the AEC game ``pettingzoo:FAMILY/NAME`` (the module
     ``pettingzoo.FAMILY.NAME``; only modules under ``pettingzoo`` are imported)."""
-    body = env_id[len(PREFIX):] if env_id.startswith(PREFIX) else ""
-    parts = body.split("/")
-    if len(parts) != 2 or not all(p.isidentifier() for p in parts):
-        raise UsageError(f"env: expected pettingzoo:FAMILY/NAME (e.g. "
-                         f"pettingzoo:classic/connect_four_v3), got {env_id!r}")
-    require_extra("pettingzoo", "pettingzoo", env_id)
-    family, name = parts
+    family, name = pettingzoo_parts(env_id, "classic/connect_four_v3")
     try:
         with warnings.catch_warnings():  # (PettingZoo's versioned aliases warn of their loader)
             warnings.simplefilter("ignore", DeprecationWarning)

@@ -77,13 +77,21 @@ def flat_space(space: gym.spaces.Dict) -> gym.spaces.Box:
 class PolicyPlayer:
     """A trained policy's move on one observation (flattened as in training), over the
     legal moves only: sampled (with a seed drawn from the game's generator) or, with
-    ``deterministic``, the most likely one."""
+    ``deterministic``, the most likely one. With ``random_move_prob`` > 0, each move is
+    instead a uniformly random legal one with that probability (the game's generator)."""
 
-    def __init__(self, policy, space: gym.spaces.Dict, deterministic: bool = False):
+    def __init__(self, policy, space: gym.spaces.Dict, deterministic: bool = False,
+                 random_move_prob: float = 0.0):
+        if not 0.0 <= random_move_prob <= 1.0:
+            raise ValueError(f"random_move_prob: expected a probability in [0, 1], got "
+                             f"{random_move_prob!r}")
         self.policy, self.deterministic = policy, deterministic
+        self.random_move_prob = random_move_prob
         self.dict_space = flat_space(space).dict_space
 
     def act(self, obs, rng: np.random.Generator) -> int:
+        if self.random_move_prob > 0 and rng.random() < self.random_move_prob:
+            return int(rng.choice(_legal(obs)))
         flat = gym.spaces.flatten(self.dict_space, obs).astype(np.float32)
         o = torch.from_numpy(flat)[None]
         mask = torch.from_numpy(np.asarray(obs["action_mask"], bool))[None]

@@ -32,6 +32,10 @@ class SelfPlaySettings:
     selfplay_heuristic_prob: float = setting(0.0, "self-play: probability that an episode "
                                              "plays the one-step-lookahead player",
                                              bounds=(0.0, 1.0, False))
+    selfplay_snapshot_random_move_prob: float = setting(
+        0.0, "self-play: probability that a snapshot opponent makes a uniformly random legal "
+        "move instead of its policy's, at each of its turns (openings and positions the "
+        "snapshots would not reach, then played on by them)", bounds=(0.0, 1.0, False))
     selfplay_eval_every: int = setting(10, "self-play: play selfplay_eval_games games against "
                                        "the random and the one-step-lookahead players every "
                                        "this many iterations (0 = never)",

@@ -21,6 +21,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..agents.rollout import mean_stats
+from ..labelling.batching import summed_stats
 from ..modeling.rollout import TokenRollout
 
 __all__ = ["shard", "gather_rollout", "NoRunDir"]
@@ -82,3 +84,22 @@ def gather_rollout(dp, roll: TokenRollout, per_token: list[torch.Tensor | None],
     tok = [None if x is None else g(x, 0.0) for x in per_token]
     rows = [dp.all_gather_rows(x.contiguous()) for x in per_row]
     return out, tok, rows
+
+
+def gather_iteration(dp, got, per_token: list[torch.Tensor | None], comps: list,
+                     pad_token_id: int, *, agent: bool):
+    """The iteration's batch on every rank: ``got``'s rollout with ``per_token`` (the
+    sampler's log-probs last but one, set on the gathered rollout as ``logp``; see
+    :func:`gather_rollout`), its scores, prompts, ``comps`` (the completions' texts) and
+    per-function scores in rank order; ``got.stats`` becomes the ranks' means (an agent's
+    episodes) or sums (the sampler's counts). Returns ``(roll, per_token, scores,
+    prompts, comps, per_func)``."""
+    roll, tok, (scores,) = gather_rollout(dp, got.roll, per_token, [got.scores],
+                                          pad_token_id)
+    roll.logp = tok[-2]
+    prompts = [p for part in dp.gather_objects(got.prompts) for p in part]
+    comps = [c for part in dp.gather_objects(comps) for c in part]
+    per_func = {k: dp.all_gather_rows(v.contiguous()) for k, v in sorted(got.per_func.items())}
+    parts = dp.gather_objects(got.stats)
+    got.stats = mean_stats(parts) if agent else summed_stats(parts)
+    return roll, tok, scores, prompts, comps, per_func

@@ -58,22 +58,42 @@ AGENT_POSITIONS = 512  # the built-in model's positions in an agent run
 
 def setup(tr, cfg, policy, tokenizer, reference, reward_fn, resume: bool,
           train_rows=None, eval_rows=None, env=None) -> None:
+    """Everything a token trainer holds before its first iteration, in order: the
+    checkpoint verified (``resume``), the prompts, rewards or agent and the rollout
+    engine's name, the models (policy, critic, adapters, reference), the optimiser and
+    controllers, then the engine and the run directory's files."""
+    ckpt = _verified_checkpoint(tr, cfg, reward_fn) if resume else None
+    engine = _inputs(tr, cfg, reward_fn, resume, train_rows, eval_rows, env,
+                     builtin=cfg.model is None and policy is None)
+    _models(tr, cfg, policy, tokenizer, reference, resume)
+    _optimisation(tr, cfg, resume)
+    _start(tr, cfg, engine, ckpt, resume, eval_rows)
+
+
+def _verified_checkpoint(tr, cfg, reward_fn):
+    """The checkpoint a resumed run continues from, verified before anything is loaded
+    or changed (rank 0 finds it; every rank loads what rank 0 verified)."""
     run_dir = tr.run_dir
-    ckpt = None
-    if resume:  # verify before anything is loaded or changed
-        ckpt, damaged, problem = None, [], None
-        if tr.is_main:
-            ckpt, damaged = find_checkpoint(os.path.join(run_dir, "checkpoints"),
-                                            log=tr.log)
-            if ckpt is None:
-                problem = no_checkpoint_message(run_dir, damaged)
-        if tr.dp is not None:  # every rank loads the checkpoint rank 0 verified
-            ckpt, problem = tr.dp.gather_objects((ckpt, problem))[0]
-        if problem is not None:
-            raise UsageError(problem)
-        tr._ckpt = load_checkpoint(ckpt)
-        tr._damaged = damaged
-        check_reward_named_again(cfg, tr._ckpt[2].get("config"), reward_fn)
+    ckpt, damaged, problem = None, [], None
+    if tr.is_main:
+        ckpt, damaged = find_checkpoint(os.path.join(run_dir, "checkpoints"),
+                                        log=tr.log)
+        if ckpt is None:
+            problem = no_checkpoint_message(run_dir, damaged)
+    if tr.dp is not None:  # every rank loads the checkpoint rank 0 verified
+        ckpt, problem = tr.dp.gather_objects((ckpt, problem))[0]
+    if problem is not None:
+        raise UsageError(problem)
+    tr._ckpt = load_checkpoint(ckpt)
+    tr._damaged = damaged
+    check_reward_named_again(cfg, tr._ckpt[2].get("config"), reward_fn)
+    return ckpt
+
+
+def _inputs(tr, cfg, reward_fn, resume, train_rows, eval_rows, env, *, builtin):
+    """Seeds, the agent or the task, the rewards and the prompt rows (a bad one fails
+    before any model work); returns the rollout engine's name."""
+    run_dir = tr.run_dir
     torch.manual_seed(cfg.seed)
     tr.py_rng = random.Random(cfg.seed)  # the prompts: the same on every rank
     # sampling: one stream per rank; shuffling minibatches: the same on every rank
@@ -99,7 +119,7 @@ def setup(tr, cfg, policy, tokenizer, reference, reward_fn, resume: bool,
         tr.train_rows, tr.eval_rows = prompt_sets(cfg)
     # the rollout engine named before any model work (vllm missing: a usage error now)
     engine = engine_name(cfg, world=tr.world, agent=tr.agent is not None,
-                         builtin=cfg.model is None and policy is None)
+                         builtin=builtin)
     if cfg.max_staleness and tr.world > 1:
         raise UsageError(f"max_staleness: {cfg.max_staleness} is not offered with several "
                          "ranks (each would generate ahead on its own); use max_staleness=0")
@@ -110,6 +130,13 @@ def setup(tr, cfg, policy, tokenizer, reference, reward_fn, resume: bool,
         columns = sorted({k for r in (tr.train_rows or [tr.task.row(
             tr.task.heldout_prompts(1)[0])]) for k in r})
         tr.rewards.check_signatures(columns)
+    return engine
+
+
+def _models(tr, cfg, policy, tokenizer, reference, resume) -> None:
+    """The policy (the run's reference copy, the named model or a warm start), the
+    critic, the adapters, the frozen reference, their precision and sharding."""
+    run_dir = tr.run_dir
     ref_dir = os.path.join(run_dir, "reference")
     if policy is None:
         if resume or (tr.is_main and os.path.isdir(ref_dir)):
@@ -165,6 +192,10 @@ def setup(tr, cfg, policy, tokenizer, reference, reward_fn, resume: bool,
     tr.fsdp = bool(cfg.fsdp)
     if tr.fsdp:
         shard_models(tr, resume)
+
+
+def _optimisation(tr, cfg, resume) -> None:
+    """The optimiser over the trained parameters, the KL controller and the guard."""
     groups = [{"params": [p for p in tr.policy.parameters() if p.requires_grad],
                "lr": cfg.learning_rate}]
     if tr.critic is not None:
@@ -184,6 +215,13 @@ def setup(tr, cfg, policy, tokenizer, reference, reward_fn, resume: bool,
         p.numel() for p in tr.policy.parameters()), cfg.lora_r > 0)
     if warning and tr.is_main and not resume:
         tr.log(warning)
+
+
+def _start(tr, cfg, engine, ckpt, resume, eval_rows) -> None:
+    """The rollout engine, the start's log lines, then the checkpoint loaded (resume) or
+    the run directory's first files written, and the metrics writers."""
+    run_dir = tr.run_dir
+    ref_dir = os.path.join(run_dir, "reference")
     tr.max_new_tokens = cfg.max_new_tokens or (tr.task.max_new_tokens if tr.task
                                                  else 64)
     tr.engine = make_engine(tr, engine, ref_dir)  # what samples the completions

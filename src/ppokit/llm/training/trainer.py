@@ -64,14 +64,13 @@ from ppokit.io import (
 from ppokit.io.lifecycle import Plan, RunLifecycle
 from ppokit.io.rundir import fail_start
 
-from ..agents.rollout import mean_stats
 from ..inputs.reward_setup import (  # noqa: F401 (re-exported)
     check_reward_named_again,
     reward_arguments,
     reward_set,
 )
 from ..inputs.rewards import per_function_stats
-from ..labelling.batching import collect_batch, summed_stats
+from ..labelling.batching import collect_batch
 from ..labelling.labels import Labels, compute_labels, overlong_penalty  # noqa: F401 (re-exported)
 from ..modeling.rollout import (
     TokenRollout,
@@ -92,7 +91,7 @@ from .divergence import (
 )
 from .heldout import evaluate_heldout
 from .overlap import Overlap
-from .parallel import NoRunDir, gather_rollout, shard
+from .parallel import NoRunDir, gather_iteration, shard
 from .progress import Progress
 from .runfiles import (  # noqa: F401 (config_from_run re-exported)
     EVAL_PROMPTS,
@@ -334,16 +333,10 @@ class TokenTrainer(RunLifecycle):
         old, ref, values_after = self.frozen_forward(roll)
         sampler_logp, turn_rewards = roll.logp, got.turn_rewards
         if self.dp is not None:  # the iteration's batch on every rank (training/parallel.py)
-            roll, (old, ref, values_after, sampler_logp, turn_rewards), (scores,) = \
-                gather_rollout(self.dp, roll, [old, ref, values_after, sampler_logp,
-                                               turn_rewards], [scores], self.tok.pad_token_id)
-            roll.logp = sampler_logp
-            prompts = [p for part in self.dp.gather_objects(prompts) for p in part]
-            comps = [c for part in self.dp.gather_objects(comps) for c in part]
-            per_func = {k: self.dp.all_gather_rows(v.contiguous())
-                        for k, v in sorted(per_func.items())}
-            parts = self.dp.gather_objects(got.stats)
-            got.stats = mean_stats(parts) if self.agent is not None else summed_stats(parts)
+            roll, (old, ref, values_after, sampler_logp, turn_rewards), scores, prompts, \
+                comps, per_func = gather_iteration(
+                    self.dp, got, [old, ref, values_after, sampler_logp, turn_rewards],
+                    comps, self.tok.pad_token_id, agent=self.agent is not None)
         beta = self.kl_ctl.value
         lab = compute_labels(cfg, roll, scores, old, ref, beta, values_after,
                              sampler_logp=sampler_logp if cfg.rollout_is != "none" else None,
@@ -375,13 +368,19 @@ class TokenTrainer(RunLifecycle):
         unit = clip_unit(cfg.policy_loss)
         if unit != "token" and "clipfrac" in rec:  # not a share of token ratios
             rec[f"clipfrac_{unit}"] = rec.pop("clipfrac")
-        if cfg.eval_every and self.iteration % cfg.eval_every == 0 and self.is_main:
+        if not self.is_main:
+            return {k: (float(v) if isinstance(v, float) else v) for k, v in rec.items()}
+        return self._publish(rec, prompts, comps, scores, roll, ahead)
+
+    def _publish(self, rec: dict, prompts, comps, scores, roll, ahead) -> dict:
+        """Rank 0: the held-out evaluation when due, the monitors, then the iteration's
+        metrics record and its logged samples written."""
+        cfg = self.cfg
+        if cfg.eval_every and self.iteration % cfg.eval_every == 0:
             rec.update(self.evaluate_heldout())
-        for mon in (self.monitors if self.is_main else ()):
+        for mon in self.monitors:
             rec.update({k: float(v) for k, v in mon(prompts, comps).items()})
         rec = {k: (float(v) if isinstance(v, float) else v) for k, v in rec.items()}
-        if not self.is_main:
-            return rec
         self._check_scales(rec)
         self.metrics.write(rec)
         version = {} if ahead is None else {"policy_version": ahead.version}
