@@ -269,7 +269,8 @@ LAYOUTS = ("steps", "tokens", "groups")
 class AdvantageSpec:
     """What an advantage estimator may read besides its data: the discount, GAE's λ, the
     group size and GRPO's std switch, and ``options``: the estimator's own options (those
-    its registration declares, with the configuration's ``advantage_options``)."""
+    its registration declares, with the configuration's ``advantage_options``). Scalars
+    and plain values only: no tensor shape."""
 
     gamma: float = 0.99
     gae_lambda: float = 0.95
