@@ -184,7 +184,7 @@ def main(argv=None) -> None:
         upd = []
         for _ in range(3):
             t = time.perf_counter()
-            tr.update(ro, 0.2)
+            tr.update(ro)
             upd.append(time.perf_counter() - t)
         tr.close()
     ray.shutdown()

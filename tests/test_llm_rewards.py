@@ -250,7 +250,7 @@ def test_a_kl_term_that_dwarfs_the_rewards_is_warned_once(tmp_path, tok):
     msgs = []
     tr = _trainer(tmp_path, tok, _rows(), [lambda completions, **k: [0.0] * len(completions)],
                   log=msgs.append)
-    rec = {"score_std": 0.01, "beta": 0.5, "kl_ref": 2.0, "truncated_frac": 0.0}
+    rec = {"score_std": 0.01, "kl_coef": 0.5, "kl_ref": 2.0, "truncated_frac": 0.0}
     tr._check_scales(rec)
     tr._check_scales(rec)
     tr._check_scales({**rec, "kl_ref": 0.1})
@@ -322,7 +322,7 @@ def test_train_api_with_a_loaded_model_list_data_callbacks_and_the_run_object(tm
 
     def stop_after_two(rec):
         calls.append(rec["iteration"])
-        return rec["iteration"] >= 2
+        return "stop" if rec["iteration"] >= 2 else None  # (as in the env trainer)
 
     def correct(completions, answer, **kwargs):
         return [1.0 if c[0]["content"].strip() == a else 0.0

@@ -299,8 +299,9 @@ def test_prompts_file_with_a_reward_callable_and_adaptive_beta(tmp_path, tok):
                   kl_target=0.01, kl_coef=0.1, prompts_per_iter=4, iterations=2)
     recs = tr.train(progress=False)
     # the sampler's log-probs against the reference's forward pass: 0 to rounding
-    assert recs[0]["beta"] == 0.1 and abs(recs[0]["kl_ref"]) < 1e-5
-    assert recs[1]["beta"] == pytest.approx(0.05)  # KL 0 < target / 1.5: beta halved
+    assert recs[0]["kl_coef"] == 0.1 and abs(recs[0]["kl_ref"]) < 1e-5
+    assert recs[1]["kl_coef"] == pytest.approx(0.05)  # KL 0 < target / 1.5: beta halved
+    assert "beta" not in recs[0]  # one vocabulary: the KL coefficient is kl_coef
     assert tr.eval_rows == [{"prompt": "78>"}]  # eval_fraction 0.1 of 8 rows: the last one
     assert {"prompt": "78>"} not in tr.train_rows
     with pytest.raises(UsageError, match="reward"):

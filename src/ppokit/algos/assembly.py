@@ -16,6 +16,7 @@ from ppokit.engine.allocator import keep_freed_memory
 from ppokit.engine.flat import FlatParameters
 from ppokit.engine.fused import supports
 from ppokit.engine.recipe import spec_of
+from ppokit.engine.updater import Schedule, Updater
 from ppokit.envs import ObsNormalizer, RewardScaler
 from ppokit.envs.multiagent import state_space_of
 from ppokit.envs.vec import training_vec
@@ -119,7 +120,7 @@ def make_learner(tr, c: TrainConfig) -> None:
 
 def make_collector(tr, c: TrainConfig, remote) -> None:
     """The observation and reward normalisers, ``tr.collector`` (the Ray one when
-    ``remote``, the recurrent one for an LSTM policy) and PPO-KL's controller."""
+    ``remote``, the recurrent one for an LSTM policy) and ``tr.updater``."""
     if c.normalize_obs and getattr(tr.policy, "encoder", None) is not None:
         raise UsageError("normalize_obs: the observation encoder (cnn / multi_input) "
                          "scales its inputs itself (pixels to [0, 1]); a running "
@@ -137,5 +138,8 @@ def make_collector(tr, c: TrainConfig, remote) -> None:
                                  obs_normalizer=tr.obs_norm, reward_scaler=tr.reward_scaler,
                                  use_critic=c.use_critic, fast=c.fast,
                                  mask_source=tr.mask_source)
-    tr.kl_ctl = (AdaptiveKLController(c.kl_coef, c.kl_target)
-                 if tr.spec.kl_anchor == "old" else None)
+    # the update policy (engine/updater.py): schedules, PPO-KL's adaptive beta, observers
+    tr.updater = Updater(tr.spec, lr=Schedule(c.learning_rate, c.lr_schedule),
+                         clip=Schedule(c.clip_range, c.clip_schedule),
+                         kl=(AdaptiveKLController(c.kl_coef, c.kl_target)
+                             if tr.spec.kl_anchor == "old" else None))

@@ -56,14 +56,14 @@ from ppokit.core import (
     approx_kl,
     explained_variance,
 )
-from ppokit.engine import LabelledBatch, eager_minibatch_step, run_update
+from ppokit.engine import LabelledBatch
 from ppokit.engine.fused import FusedStep, policy_forward
 from ppokit.engine.recipe import estimator_options
 from ppokit.envs.multiagent import agent_metrics
 from ppokit.envs.source import id_factory
 from ppokit.errors import UsageError
 from ppokit.io.atomic import atomic_write_text
-from ppokit.io.lifecycle import Plan, RunLifecycle
+from ppokit.io.lifecycle import Plan, RunLifecycle, asks_to_stop
 from ppokit.io.metrics import MetricsWriter, truncate_metrics
 from ppokit.io.rundir import RunDir, fail_start
 from ppokit.io.signals import GracefulStop
@@ -148,7 +148,6 @@ class Trainer(RunLifecycle):
         make_learner(self, c)
         make_collector(self, c, remote)
         self._fused = None
-        self.minibatch_observer: Callable[[dict], None] | None = None
         self.iteration = 0
         self.global_step = 0
         self.elapsed = 0.0
@@ -206,23 +205,25 @@ class Trainer(RunLifecycle):
         return max(0.0, 1.0 - self.global_step / self.cfg.total_timesteps)
 
     def current_lr(self) -> float:
-        c = self.cfg
-        return c.learning_rate * (self.progress_remaining() if c.lr_schedule == "linear" else 1.0)
+        return self.updater.lr.at(self.progress_remaining())
 
     def current_clip(self) -> float:
-        c = self.cfg
-        return c.clip_range * (self.progress_remaining() if c.clip_schedule == "linear" else 1.0)
+        return self.updater.clip.at(self.progress_remaining())
+
+    @property
+    def kl_ctl(self):
+        """PPO-KL's adaptive beta (``None`` for the other losses): the updater's."""
+        return self.updater.kl
 
     # ------------------------------------------------------------------ update
     def update_minibatch(self, mb: dict[str, torch.Tensor], clip: float,
                          kl_limit: float | None = None) -> dict[str, torch.Tensor] | None:
-        """The eager minibatch step (:func:`ppokit.engine.eager_minibatch_step`) with this
-        trainer's spec, policy and optimiser; a subclass may override it (then the eager
-        path is used for every minibatch)."""
-        beta = self.kl_ctl.value if self.kl_ctl is not None else 0.0
+        """The eager minibatch step (:meth:`ppokit.engine.updater.Updater.eager_step`) with
+        this trainer's spec, policy and optimiser; a subclass may override it (then the
+        eager path is used for every minibatch)."""
         params = [p for p in self.policy.parameters() if p.requires_grad]
-        return eager_minibatch_step(self.spec, self._forward(), self.opt, params,
-                                    mb, clip_range=clip, kl_coef=beta, kl_limit=kl_limit)
+        step = self.updater.eager_step(self.spec, self._forward(), self.opt, params)
+        return step(mb, clip, kl_limit)
 
     def _forward(self) -> Callable:
         """The forward adapter: the policy on a minibatch of samples, or of sequences for
@@ -245,8 +246,9 @@ class Trainer(RunLifecycle):
             f = self._fused = FusedStep(self.spec, self.policy, self.flat, self.opt)
         return f.step
 
-    def update(self, rollout: Rollout, clip: float) -> dict[str, Any]:
-        """One update of the engine on this rollout (labels validated and frozen once).
+    def update(self, rollout: Rollout) -> dict[str, Any]:
+        """One update (:meth:`ppokit.engine.updater.Updater.update`) on this rollout at the
+        iteration's clip range (labels validated and frozen once).
         A recurrent policy's rows are sequences (:meth:`RecurrentRollout.sequence_batch`):
         as many minibatches per epoch as ``batch_size`` samples would make, each of whole
         sequences."""
@@ -258,20 +260,10 @@ class Trainer(RunLifecycle):
             spec = dataclasses.replace(spec, minibatch_size=-(-n_seq // n_mb))
         else:
             batch = LabelledBatch.build(rollout.flat())
-        step = self._minibatch_step()
-        observer = self.minibatch_observer
-        if observer is not None:
-            inner = step
-
-            def step(mb, clip_range, kl_limit):
-                observer(mb)
-                return inner(mb, clip_range, kl_limit)
-
         params = [p for p in self.policy.parameters() if p.requires_grad]
-        out = run_update(spec, batch, self._forward(), self.opt, params,
-                         generator=self.shuffle_gen, clip_range=clip,
-                         kl_coef=self.kl_ctl.value if self.kl_ctl is not None else None,
-                         step_fn=step)
+        out = self.updater.update(batch, self._forward(), self.opt, params,
+                                  generator=self.shuffle_gen, step=self._minibatch_step(),
+                                  spec=spec)
         if self.kl_ctl is not None:
             out["kl_after_update"] = self._kl_after_update(batch)
         values, returns = batch.data["values"], batch.data["returns"]
@@ -294,21 +286,15 @@ class Trainer(RunLifecycle):
     def iterate(self, on_record: Callable[[dict], Any] | None = None) -> dict[str, Any]:
         c = self.cfg
         t0 = time.perf_counter()
-        lr = self.current_lr()
-        clip = self.current_clip()
-        for g in self.opt.param_groups:
-            g["lr"] = lr
+        knobs = self.updater.begin(self.opt, self.progress_remaining())
         self.policy.train()
         rollout = self.collector.collect(c.n_steps)
         rollout.compute_advantages(c.gamma, c.gae_lambda, c.advantage_estimator,
                                    estimator_options(c))
         self.global_step += c.rollout_size
-        upd = self.update(rollout, clip)
-        kl_coef = None
-        if self.kl_ctl is not None:
-            kl_coef = self.kl_ctl.value  # the β this iteration's update used
-            if upd["n_updates"]:  # (no step taken: the policy did not move, β stays)
-                self.kl_ctl.update(upd["kl_after_update"])
+        upd = self.update(rollout)
+        if self.kl_ctl is not None and upd["n_updates"]:  # (no step: the policy did not
+            self.updater.adapt(upd["kl_after_update"])  # move, β stays)
         self.iteration += 1
         dt = time.perf_counter() - t0
         self.elapsed += dt
@@ -330,10 +316,10 @@ class Trainer(RunLifecycle):
                                    "approx_kl_k1", "clipfrac", "clip_active_frac",
                                    "ratio_min", "ratio_max", "explained_variance",
                                    "grad_norm")},
-            "learning_rate": lr,
-            "clip_range": (clip if POLICY_LOSSES.entry(c.policy_loss)["uses_clip_range"]
-                           else None),
-            "kl_coef": kl_coef,
+            "learning_rate": knobs["learning_rate"],
+            "clip_range": (knobs["clip_range"]
+                           if POLICY_LOSSES.entry(c.policy_loss)["uses_clip_range"] else None),
+            "kl_coef": upd["kl_coef"],  # the β this iteration's update used
             "kl_after_update": upd.get("kl_after_update"),
             "target_kl_check": c.target_kl_check if c.target_kl is not None else None,
             "early_stop_epoch": upd["early_stop_epoch"],
@@ -410,8 +396,7 @@ class Trainer(RunLifecycle):
         got = rec.get("eval_return_mean")
         if target is not None and got is not None and got >= target:
             return f"evaluation return {got:.1f} reached stop_at_return {target:g}"
-        r = self.last_verdict
-        if r is False or (isinstance(r, str) and r == "stop"):
+        if asks_to_stop(self.last_verdict, stops_on=False):
             return "a callback asked to stop"
         return None
 

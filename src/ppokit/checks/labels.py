@@ -17,7 +17,6 @@ reshuffled summation order, ``ADV_ROUNDING_TOL``; everything else must be bit-id
 from __future__ import annotations
 
 import copy
-import dataclasses
 import tempfile
 from contextlib import contextmanager
 
@@ -76,35 +75,18 @@ class _Recorder:
 
 
 @contextmanager
-def _patched(rec: _Recorder):
-    """Wrap the loss functions the update engine calls (the policy losses through their
-    registry, the value loss by name), recording their label inputs."""
-    from ppokit.core import POLICY_LOSSES
-    from ppokit.engine import update as engine
-
-    saved_items = dict(POLICY_LOSSES._items)
-    saved_value = engine.value_loss
-
-    def recording(fn, labels):
-        def wrapper(*args, **kwargs):
-            for pos, label in labels:
-                val = args[pos] if len(args) > pos else kwargs.get(label)
-                rec.loss_input(label, val)
-            if "values_old" in kwargs:
-                rec.loss_input("values_old", kwargs["values_old"])
-            return fn(*args, **kwargs)
-        return wrapper
-
-    for name, entry in saved_items.items():  # fn(spec, logp, logp_old, advantages, ...)
-        POLICY_LOSSES._items[name] = dataclasses.replace(
-            entry, fn=recording(entry.fn, [(2, "logp_old"), (3, "advantages")]))
-    engine.value_loss = recording(saved_value, [(1, "returns")])
+def _observing(tr, rec: _Recorder):
+    """The trainer's updater (:class:`ppokit.engine.updater.Updater`) reports to ``rec``:
+    each minibatch before its step, and each label the loss functions receive."""
+    upd = tr.updater
+    mb_obs, loss_obs = _observer(rec), rec.loss_input
+    upd.observers.append(mb_obs)
+    upd.loss_observers.append(loss_obs)
     try:
         yield
     finally:
-        POLICY_LOSSES._items.clear()
-        POLICY_LOSSES._items.update(saved_items)
-        engine.value_loss = saved_value
+        upd.observers.remove(mb_obs)
+        upd.loss_observers.remove(loss_obs)
 
 
 def _observer(rec: _Recorder):
@@ -249,12 +231,12 @@ def check_labels_frozen(policy=None, *, env: str = "CartPole-v1", trainer_cls=No
             from ppokit.engine.fused import FusedStep
 
             tr._minibatch_step()  # builds the fused step when it is used
-            tr.minibatch_observer = _observer(rec)
             fused = getattr(tr, "_fused", None)
             if isinstance(fused, FusedStep):
                 fused.input_observer = _kernel_observer(rec)
-            with _patched(rec):
-                tr.update(rollout, tr.current_clip())
+            tr.updater.begin(tr.opt, tr.progress_remaining())
+            with _observing(tr, rec):
+                tr.update(rollout)
         finally:
             tr.close()
             metrics = getattr(tr, "metrics", None)
@@ -299,9 +281,8 @@ def check_token_labels_frozen(model, tokenizer, *, trainer_cls=None, seed: int =
             return orig_update(roll, lab)
 
         tr.update = update
-        tr.minibatch_observer = _observer(rec)
         try:
-            with _patched(rec):
+            with _observing(tr, rec):
                 tr.train_iteration()
         finally:
             tr.close()

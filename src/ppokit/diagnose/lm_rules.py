@@ -240,7 +240,8 @@ def rule_kl_ref_blowup(table: MetricsTable, th: Thresholds) -> list[Finding]:
                     rising_last_half=bool(rising))]
     if len(kt):
         ev.append(evidence(table, "kl_ref_token", tpos, kt, end=level))
-    beta, b_ev = _end_median(table, "beta")
+    # the KL coefficient: kl_coef (runs before the one vocabulary logged it as beta)
+    beta, b_ev = _end_median(table, "kl_coef" if table.has("kl_coef") else "beta")
     ev += [b_ev] if b_ev else []
     why = (f"it ends at {level:.3g} nats per token" if level >= th.kl_token_high else
            f"its last third ({k3:.3g} nats per sequence) is {k3 / max(k2, 1e-12):.1f}× its "

@@ -38,10 +38,10 @@ target-KL early stop — happens here, once, and means the same for both:
   scaled by its weight, for every registered surrogate linear in the advantage, since
   ``min(r·wA, clip(r)·wA) = w·min(r·A, clip(r)·A)`` for ``w > 0``.
 
-The labelled batch is validated and detached once per rollout (:class:`LabelledBatch`),
-not per loss term and micro-batch. The eager minibatch step is :func:`eager_minibatch_step`;
-a faster backend (the fused step, :mod:`ppokit.engine.fused`) plugs in as ``step_fn`` and
-returns the same statistics. See docs/theory.md for the derivations.
+The batch is validated and detached once per rollout (:class:`LabelledBatch`). A faster
+step than :func:`eager_minibatch_step` (the fused one, :mod:`ppokit.engine.fused`) plugs
+in as ``step_fn``. The schedules, the KL controller and the observers around an update
+are :class:`ppokit.engine.updater.Updater`'s. Derivations: docs/theory.md.
 """
 
 from __future__ import annotations
@@ -192,7 +192,8 @@ def _valid_counts(rows: dict[str, Tensor]) -> tuple[int, int]:
 def eager_minibatch_step(spec: UpdateSpec, forward: Callable[[dict], Forward],
                          optimizer, params: list[Tensor], mb: dict[str, Tensor], *,
                          clip_range: float | None = None, kl_coef: float | None = None,
-                         kl_limit: float | None = None, dp=None) -> dict[str, Tensor] | None:
+                         kl_limit: float | None = None, dp=None, observe: Callable | None = None
+                         ) -> dict[str, Tensor] | None:
     """Loss, backward, global gradient clipping and optimiser step for one minibatch
     (split into ``spec.grad_accum`` micro-batches). Returns detached statistics keyed by
     :data:`STAT_KEYS`, or ``None`` when ``kl_limit`` is given and the minibatch's
@@ -204,7 +205,8 @@ def eager_minibatch_step(spec: UpdateSpec, forward: Callable[[dict], Forward],
     counts), then gradients and statistics are summed across ranks.
 
     The loss reads every hyperparameter from ``spec``; ``clip_range`` / ``kl_coef`` (this
-    update's scheduled or controlled values) replace the spec's when given."""
+    update's scheduled or controlled values) replace the spec's when given. ``observe(label,
+    tensor)`` sees each label the loss functions receive (``ppokit check``)."""
     spec = spec.with_values(clip_range, kl_coef)
     surrogate = POLICY_LOSSES.get(spec.policy_loss)  # fn(spec, logp, logp_old, adv, mask)
     mb = _weighted_advantages(spec, mb)
@@ -223,6 +225,8 @@ def eager_minibatch_step(spec: UpdateSpec, forward: Callable[[dict], Forward],
         micro = mb if idx is None else {k: take_rows(v, idx) for k, v in mb.items()}
         m = micro.get("mask")
         f = forward(micro)
+        if observe is not None:
+            _observe_labels(observe, spec, micro)
         pl = _with_stats(spec.policy_loss,
                          surrogate(spec, f.logp, micro["logp"], micro["advantages"], m,
                                    **agg_kw), f.logp, micro["logp"], m)
@@ -252,6 +256,14 @@ def eager_minibatch_step(spec: UpdateSpec, forward: Callable[[dict], Forward],
         sums["grad_norm"] = clip_grad_norm_(params, max_norm)
     optimizer.step()
     return sums
+
+
+def _observe_labels(observe: Callable, spec: UpdateSpec, micro: dict[str, Tensor]) -> None:
+    """Hand ``observe`` the labels the loss functions are about to receive."""
+    for label, key in (("logp_old", "logp"), ("advantages", "advantages"),
+                       ("returns", "returns"), ("values_old", "values")):
+        if (spec.use_critic or key in ("logp", "advantages")) and key in micro:
+            observe(label, micro[key])
 
 
 def _weighted_advantages(spec: UpdateSpec, mb: dict[str, Tensor]) -> dict[str, Tensor]:

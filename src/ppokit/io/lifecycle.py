@@ -30,7 +30,19 @@ from .metrics import missing_iterations, truncate_metrics
 from .rundir import fail_run
 from .signals import GracefulStop, Interrupted
 
-__all__ = ["RunLifecycle", "Plan"]
+__all__ = ["RunLifecycle", "Plan", "STOP", "asks_to_stop"]
+
+STOP = "stop"  # what a callback returns to end training, in either trainer
+
+
+def asks_to_stop(verdict, stops_on: bool) -> bool:
+    """Whether a callback's return value ends training: :data:`STOP` (``"stop"``) in
+    either trainer; also the boolean each trainer's callbacks have taken (``stops_on``:
+    ``False`` for the environment trainer, as Stable-Baselines3's callbacks, ``True`` for
+    the language-model trainer). ``None`` (no return) never stops."""
+    if isinstance(verdict, str):
+        return verdict == STOP
+    return isinstance(verdict, bool) and verdict is stops_on
 
 
 class Plan(NamedTuple):

@@ -41,7 +41,7 @@ def train(model, reward_funcs, train_dataset, algo: str = "grpo", eval_dataset=N
       (:mod:`ppokit.llm.inputs.data`). Without ``eval_dataset`` the last ``eval_fraction`` (0.1)
       of the rows is held out, and said so.
     * ``callbacks``: functions called with each iteration's metrics record; one that
-      returns ``True`` stops training (a checkpoint is written).
+      returns ``True`` or ``"stop"`` stops training (a checkpoint is written).
     * ``**config``: any :class:`LLMConfig` key (``iterations``, ``learning_rate``,
       ``samples_per_prompt``, ``max_new_tokens``, ...).
     """

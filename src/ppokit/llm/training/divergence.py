@@ -184,10 +184,11 @@ def check_scales(cfg, rec: dict, warned: set, log) -> None:
                  f"(std {spread:.3g}): the penalty, not the reward, decides what is "
                  "learned (shorter responses); consider truncation=none or mask, or a "
                  "smaller penalty")
-    kl_term = abs(rec.get("beta", 0.0)) * abs(rec.get("kl_ref", 0.0))
+    beta = rec.get("kl_coef") or 0.0
+    kl_term = abs(beta) * abs(rec.get("kl_ref", 0.0))
     if cfg.kl_mode != "none" and kl_term > 10 * spread and "kl" not in warned:
         warned.add("kl")
-        log(f"warning: the KL term (beta {rec['beta']:.3g} x kl_ref "
+        log(f"warning: the KL term (kl_coef {beta:.3g} x kl_ref "
                  f"{rec['kl_ref']:.3g} nats = {kl_term:.3g}) is {kl_term / spread:.0f}x "
                  f"the spread of the rewards (std {spread:.3g}): staying near the "
                  "reference dominates the objective; consider a smaller kl_coef")

@@ -14,7 +14,7 @@ import signal
 
 import torch
 
-from ppokit.core import AdaptiveKLController, FixedKLController
+from ppokit.engine.updater import Updater, kl_controller
 from ppokit.errors import UsageError
 from ppokit.io import (
     MetricsWriter,
@@ -205,10 +205,11 @@ def _optimisation(tr, cfg, resume) -> None:
     fused = not tr.fsdp and all(p.dtype == torch.float32 and p.device.type == "cpu"
                                   for g in groups for p in g["params"])
     tr.opt = torch.optim.AdamW(groups, weight_decay=0.0, eps=1e-6, fused=fused or None)
-    tr.minibatch_observer = None  # called with each minibatch (ppokit check)
     tr.labels_observer = None  # called with each iteration's rollout and labels
-    tr.kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.kl_target) if cfg.kl_target
-                   else FixedKLController(cfg.kl_coef))
+    # the update policy (engine/updater.py): the KL controller and the observers; the
+    # learning rates are the guard's to change (lr=None), the spec follows beta per update
+    tr.updater = Updater(None, lr=None, clip=None,
+                         kl=kl_controller(cfg.kl_coef, cfg.kl_target))
     tr.guard = DivergenceGuard(cfg.guard_kl or None, cfg.guard_grad_norm or None,
                                  cfg.guard_retries, log=tr.log)
     warning = learning_rate_warning(cfg.learning_rate, sum(

@@ -51,9 +51,8 @@ from pathlib import Path
 
 import torch
 
-from ppokit.core import AdaptiveKLController
 from ppokit.core.registry import clip_unit
-from ppokit.engine import LabelledBatch, UpdateSpec, eager_minibatch_step, run_update
+from ppokit.engine import LabelledBatch, UpdateSpec
 from ppokit.engine.allocator import keep_freed_memory
 from ppokit.engine.recipe import spec_of
 from ppokit.errors import UsageError
@@ -61,7 +60,7 @@ from ppokit.io import (
     GracefulStop,
     RunDir,
 )
-from ppokit.io.lifecycle import Plan, RunLifecycle
+from ppokit.io.lifecycle import Plan, RunLifecycle, asks_to_stop
 from ppokit.io.rundir import fail_start
 
 from ..inputs.reward_setup import (  # noqa: F401 (re-exported)
@@ -267,27 +266,30 @@ class TokenTrainer(RunLifecycle):
                        if p.requires_grad and id(p) not in seen]
         return params
 
+    @property
+    def kl_ctl(self):
+        """The KL coefficient's controller (fixed, or adapted to ``kl_target``)."""
+        return self.updater.kl
+
     def update_minibatch(self, mb: dict, clip_range: float, kl_limit: float | None = None,
                          *, spec: UpdateSpec, forward) -> dict | None:
-        """The engine's eager minibatch step (a subclass may override it)."""
-        return eager_minibatch_step(spec, forward, self.opt, self.trained_parameters(), mb,
-                                    clip_range=clip_range, kl_coef=spec.kl_coef,
-                                    kl_limit=kl_limit, dp=self.dp)
+        """The updater's eager minibatch step (a subclass may override it)."""
+        step = self.updater.eager_step(spec, forward, self.opt, self.trained_parameters(),
+                                       self.dp)
+        return step(mb, clip_range, kl_limit)
 
     def update(self, roll: TokenRollout, lab: Labels) -> dict:
-        """One update of the engine (:func:`ppokit.engine.run_update`) on this rollout."""
+        """One update (:meth:`ppokit.engine.updater.Updater.update`) on this rollout, with
+        the spec of the current KL coefficient; ``kl_coef`` is among its statistics."""
         spec = self.update_spec(self.kl_ctl.value)
         forward = self.forward_adapter(roll)
-        observer = self.minibatch_observer
 
         def step(mb, clip_range, kl_limit):
-            if observer is not None:
-                observer(mb)
             return self.update_minibatch(mb, clip_range, kl_limit, spec=spec, forward=forward)
 
-        return run_update(spec, self.labelled_batch(roll, lab), forward, self.opt,
-                          self.trained_parameters(), generator=self.shuffle_gen,
-                          step_fn=step, dp=self.dp)
+        return self.updater.update(self.labelled_batch(roll, lab), forward, self.opt,
+                                   self.trained_parameters(), generator=self.shuffle_gen,
+                                   step=step, spec=spec, dp=self.dp)
 
     def guarded_update(self, roll: TokenRollout, lab: Labels) -> dict:
         """:meth:`update` under the divergence guard
@@ -337,7 +339,7 @@ class TokenTrainer(RunLifecycle):
                 comps, per_func = gather_iteration(
                     self.dp, got, [old, ref, values_after, sampler_logp, turn_rewards],
                     comps, self.tok.pad_token_id, agent=self.agent is not None)
-        beta = self.kl_ctl.value
+        beta = self.updater.begin(self.opt)["kl_coef"]  # (no schedule: the rates stay)
         lab = compute_labels(cfg, roll, scores, old, ref, beta, values_after,
                              sampler_logp=sampler_logp if cfg.rollout_is != "none" else None,
                              turn_rewards=turn_rewards)
@@ -347,8 +349,7 @@ class TokenTrainer(RunLifecycle):
         t2 = time.perf_counter()
         upd = self.guarded_update(roll, lab)
         t3 = time.perf_counter()
-        if isinstance(self.kl_ctl, AdaptiveKLController):
-            self.kl_ctl.update(lab.stats["kl_ref"], len(prompts))
+        self.updater.adapt(lab.stats["kl_ref"], len(prompts))  # (a fixed beta stays)
         ntok = float(roll.action_mask.sum())
         self.iteration += 1
         if ahead is not None:  # the worker's next batch, with the weights just made
@@ -356,7 +357,7 @@ class TokenTrainer(RunLifecycle):
         self.elapsed += t3 - t0
         gen_s = served.get("time_generation", t1 - t0)
         rec = {"iteration": self.iteration, **lab.stats, **got.stats, **mismatch, **upd,
-               **served, "beta": beta,
+               **served,
                "tokens_per_s_generation": ntok / max(gen_s, 1e-9),
                "tokens_per_s_scoring": ntok / max(t2 - t1, 1e-9),
                "tokens_per_s_training": ntok / max(t3 - t2, 1e-9),
@@ -445,7 +446,8 @@ class TokenTrainer(RunLifecycle):
 
     def stop_requested(self, rec: dict) -> str | None:
         # callbacks run where the record is written (rank 0); all ranks stop together
-        if self.is_main and any([cb(rec) is True for cb in self.callbacks]):
+        if self.is_main and any([asks_to_stop(cb(rec), stops_on=True)
+                                 for cb in self.callbacks]):
             self.log(f"a callback stopped training at iteration {self.iteration}")
             return "a callback asked to stop"
         return None
