@@ -17,7 +17,7 @@ def test_reward_hacking_demo_runs_and_writes_its_figure(tmp_path):
     assert os.path.exists(s["figure"])
     assert json.load(open(os.path.join(out, "summary.json")))["rm"]["n_eval"] > 0
     rec = json.loads(open(os.path.join(out, "beta0", "metrics.jsonl")).readline())
-    assert "true_score_mean" in rec and rec["beta"] == 0.0
+    assert "true_score_mean" in rec and rec["kl_coef"] == 0.0
 
 
 def test_token_gae_benchmark_agrees_with_the_loop():
