@@ -8,8 +8,9 @@ change of the machine's speed hits both alike.
 Cases: ``cartpole`` (``bench._ppokit_worker``: PPO on CartPole-v1 with the RL-zoo
 settings, 100k steps, training seconds timed inside the process) and ``llm10m``
 (``ppokit llm bench --model-size 10m --rounds 1 --iterations 3``, without TRL: tokens per
-second of GRPO on the 10M-parameter model). Prints each round and the medians, and the
-ratio after / before (above 1: the working tree is faster)."""
+second of GRPO on the 10M-parameter model). The C extension is built in both trees first
+(``setup.py build_ext --inplace``), so both run their kernels. Prints each round and the
+medians, and the ratio after / before (above 1: the working tree is faster)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,18 @@ def _env(tree: Path) -> dict:
                OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0")
     env.pop("PPOKIT_LOG_EVERY", None)
     return env
+
+
+def build_kernels(tree: Path) -> str:
+    """Build the C extension in ``tree`` (a fresh checkout has none: without it ppokit runs
+    its torch paths, which would compare the kernels' absence, not the change) and say
+    whether ppokit there finds it."""
+    subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=tree,
+                   env=_env(tree), check=True, capture_output=True)
+    out = subprocess.run([sys.executable, "-c", "import ppokit.kernels as k; "
+                          "print(k.available())"], cwd=tree, env=_env(tree),
+                         capture_output=True, text=True, check=True)
+    return out.stdout.strip()
 
 
 def cartpole(tree: Path, seed: int) -> float:
@@ -69,6 +82,8 @@ def main() -> None:
         subprocess.run(["git", "worktree", "add", "--detach", "-q", str(base), a.base],
                        cwd=ROOT, check=True)
         try:
+            for name, tree in (("before", base), ("after", ROOT)):
+                print(f"{name}: kernels available: {build_kernels(tree)}", flush=True)
             for case in cases:
                 fn, unit, higher = CASES[case]
                 got = {"before": [], "after": []}
@@ -80,8 +95,14 @@ def main() -> None:
                           f"after {got['after'][-1]:.2f} {unit}", flush=True)
                 b, n = statistics.median(got["before"]), statistics.median(got["after"])
                 ratio = n / b if higher else b / n
+                # each round's two runs are adjacent: their ratio is the least touched by
+                # a change of the machine's load between rounds
+                pairs = [(y / x if higher else x / y)
+                         for x, y in zip(got["before"], got["after"])]
                 print(f"{case}: median before {b:.2f}, after {n:.2f} {unit}; "
-                      f"after is {ratio:.3f}x as fast", flush=True)
+                      f"after is {ratio:.3f}x as fast (median of the rounds' own ratios "
+                      f"{statistics.median(pairs):.3f}x, {min(pairs):.3f}-{max(pairs):.3f})",
+                      flush=True)
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT,
                            check=False)
