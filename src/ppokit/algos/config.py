@@ -80,6 +80,12 @@ class TrainConfig(SelfPlaySettings):  # (the self-play keys: ppokit.selfplay.set
                                        "environment's global state (PettingZoo's state(); "
                                        "with agent_id, and the agent index), the actor its "
                                        "own observation (MAPPO; docs/multiagent.md)")
+    agent_groups: str = setting("shared", "multi-agent environments: shared (one policy for "
+                                "all agents), prefix (one policy per group of agents named "
+                                "GROUP_N, PettingZoo's convention) or agent (one per agent); "
+                                "groups may differ in observation size and Discrete action "
+                                "count (docs/multiagent.md)",
+                                choices=("shared", "prefix", "agent"))
     algo: str = setting("ppo", "algorithm preset the values came from (ppo, a2c, reinforce, "
                         "ppo-kl)",
                         choices=("ppo", "a2c", "reinforce", "ppo-kl"))

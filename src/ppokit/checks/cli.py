@@ -92,6 +92,10 @@ def _env_report(args):
             raise UsageError(f"{args.run_dir}: ppokit check does not play self-play games; "
                              f"evaluate this run with ppokit eval {args.run_dir} --opponent "
                              "random (or heuristic, snapshot:N, RUN2)")
+        if cfg.agent_groups != "shared":
+            raise UsageError(f"{args.run_dir}: ppokit check does not run per-group policies "
+                             f"yet (agent_groups = {cfg.agent_groups}); ppokit eval "
+                             f"{args.run_dir} evaluates it")
         env_id, target = cfg.env_id, f"{args.run_dir} ({cfg.env_id})"
         base = cfg.to_dict()
         transform = None if norm is None else (lambda o: norm(o))

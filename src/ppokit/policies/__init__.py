@@ -44,8 +44,12 @@ def policy_for_config(cfg, obs_space, action_space, state_space=None):
 
 def _policy_for_config(cfg, obs_space, action_space, state_space=None):
     obs_space = getattr(obs_space, "dict_space", obs_space)  # stored flat, read per key
-    kw = dict(hidden=cfg.net_arch, activation=cfg.activation, ortho_init=cfg.ortho_init,
-              log_std_init=cfg.log_std_init)
+    kw = dict(hidden=cfg.net_arch, activation=cfg.activation, ortho_init=cfg.ortho_init)
+    if getattr(cfg, "agent_groups", "shared") != "shared":  # one policy per agent group
+        from .grouped import make_grouped_policy
+
+        return make_grouped_policy(obs_space, action_space, **kw, state_space=state_space)
+    kw["log_std_init"] = cfg.log_std_init
     if getattr(cfg, "recurrent", "none") == "lstm":
         return make_recurrent_policy(obs_space, action_space, **kw,
                                      lstm_hidden_size=cfg.lstm_hidden_size,
