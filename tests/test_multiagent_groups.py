@@ -244,3 +244,37 @@ def test_environments_grouped_runs_refuse(tmp_path):
     with pytest.raises(UsageError, match="agent 'hunter_1' of group 'hunter'"):
         make_vec(ParallelEnvs(Mixed, "mixed"), 3, agent_groups="prefix")
     make_vec(ParallelEnvs(Mixed, "mixed"), 3, agent_groups="agent").close()  # 3 groups
+
+
+def test_check_eval_and_report_of_a_grouped_mpe_run(tmp_path):
+    """``ppokit check``, ``eval`` and ``report`` of a grouped run on a ``pettingzoo:`` id
+    (simple_adversary: the adversary observes 8 numbers, the two agents 10; the same 5
+    actions, so no padded actions)."""
+    env_id = "pettingzoo:mpe/simple_adversary_v3"
+    try:
+        make_vec(env_id, 3, agent_groups="prefix").close()
+    except UsageError as exc:
+        pytest.skip(f"MPE is not installed ({exc})")
+    run = tmp_path / "run"
+    agent = ppokit.train(env_id, total_steps=600, n_envs=6, n_steps=100, agent_id=True,
+                         agent_groups="prefix", run_dir=run, tensorboard=False,
+                         eval_episodes=1, progress=False)
+    assert agent.policy.actor[0].weight.shape == (2, 64, 10 + 3)  # adversary, agent
+    assert {"group_return/adversary", "group_return/agent"} <= set(read_metrics(run)[-1])
+    for cmd, want in ((["check", str(run)], "all checks passed"),
+                      (["eval", str(run), "--episodes", "6"], "over 6 deterministic"),
+                      (["report", str(run)], "1 iterations read")):
+        out = subprocess.run([sys.executable, "-m", "ppokit", *cmd], capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0 and want in out.stdout + out.stderr, out.stdout + out.stderr
+
+
+def test_policy_checks_refuse_padded_groups():
+    from ppokit.checks.policy_checks import collect_batch
+
+    env = _rows(copies=1)
+    policy = _policy(env)
+    env.close()
+    with pytest.raises(UsageError, match="agent_groups: .*apply no action masks"):
+        collect_batch(policy, ParallelEnvs(make_groups, "two_groups"), n=8,
+                      agent_groups="prefix")

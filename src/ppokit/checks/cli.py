@@ -92,10 +92,6 @@ def _env_report(args):
             raise UsageError(f"{args.run_dir}: ppokit check does not play self-play games; "
                              f"evaluate this run with ppokit eval {args.run_dir} --opponent "
                              "random (or heuristic, snapshot:N, RUN2)")
-        if cfg.agent_groups != "shared":
-            raise UsageError(f"{args.run_dir}: ppokit check does not run per-group policies "
-                             f"yet (agent_groups = {cfg.agent_groups}); ppokit eval "
-                             f"{args.run_dir} evaluates it")
         env_id, target = cfg.env_id, f"{args.run_dir} ({cfg.env_id})"
         base = cfg.to_dict()
         transform = None if norm is None else (lambda o: norm(o))
@@ -120,7 +116,7 @@ def _env_report(args):
             None, None
     batch = collect_batch(policy, env_id, n=args.samples, seed=args.seed,
                           obs_transform=transform, env_kwargs=cfg.env_kwargs,
-                          agent_id=cfg.agent_id)
+                          agent_id=cfg.agent_id, agent_groups=cfg.agent_groups)
     extra = []
     if not args.no_labels:
         extra.append(lambda: check_labels_frozen(policy, env=env_id, base_config=base,

@@ -90,12 +90,9 @@ def make_vec(env_id: str | Callable[[], gym.Env], num_envs: int, *,
     builds ppokit's stack for evaluation (whole games, unclipped rewards) whatever the
     vectorisation. For every other environment ``training`` changes nothing.
 
-    A PettingZoo environment (a ``pettingzoo:`` id or a
-    :class:`ppokit.envs.multiagent.ParallelEnvs`) gives one row per agent
-    (:class:`ppokit.envs.multiagent.AgentRows`, ``agent_id``: its one-hot agent index,
-    ``global_state``: the environment's state in each info, for a centralised critic,
-    ``agent_groups``: one policy per group, :mod:`.agent_groups`); any other environment
-    refuses ``agent_groups`` other than ``shared``."""
+    A PettingZoo environment (a ``pettingzoo:`` id or a ``ParallelEnvs``) gives one row per
+    agent (:class:`ppokit.envs.multiagent.AgentRows`: ``agent_id``, ``global_state`` and
+    ``agent_groups`` are its settings; ``agent_groups`` is refused for other environments)."""
     if vectorization not in VECTORIZATIONS:
         raise UsageError(f"vectorization: expected one of {', '.join(VECTORIZATIONS)}, "
                          f"got {vectorization!r}")
@@ -105,9 +102,7 @@ def make_vec(env_id: str | Callable[[], gym.Env], num_envs: int, *,
     if is_pettingzoo_id(env_id) or isinstance(env_id, ParallelEnvs):
         return _agent_rows(env_id, num_envs, vectorization, autoreset, env_kwargs, agent_id,
                            global_state, agent_groups)
-    if agent_groups != "shared":
-        raise UsageError(f"agent_groups: {agent_groups} groups the agents of a PettingZoo "
-                         f"multi-agent environment; {label_of(env_id)} is a single-agent one")
+    _single_agent(env_id, agent_groups)
     if callable(env_id):  # a factory (a GivenVectorEnv builds single copies too)
         if vectorization == "envpool":
             raise UsageError("vectorization: envpool runs EnvPool's own environments, "
@@ -161,6 +156,13 @@ def make_vec(env_id: str | Callable[[], gym.Env], num_envs: int, *,
     except TypeError as exc:  # e.g. an env_kwargs name the environment does not take
         raise UsageError(f"env_kwargs: {env_id!r} does not accept them ({exc})") from None
     return flatten_dict_obs(env)
+
+
+def _single_agent(env_id, agent_groups: str) -> None:
+    """``agent_groups`` other than ``shared`` refused for a single-agent environment."""
+    if agent_groups != "shared":
+        raise UsageError(f"agent_groups: {agent_groups} groups the agents of a PettingZoo "
+                         f"multi-agent environment; {label_of(env_id)} is a single-agent one")
 
 
 def _agent_rows(env_id, num_envs: int, vectorization: str, autoreset: str,
