@@ -6,7 +6,10 @@ time) and shows every agent of every copy as one row of a Gymnasium vector env: 
 ``c * k + i`` is agent ``i`` (``possible_agents`` order) of copy ``c``. One policy acts for
 all rows (parameter sharing); with ``agent_id`` a one-hot agent index is appended to each
 row's observation (a ``Box``: concatenated; a ``Dict``: the key ``"agent_id"``). All agents
-need the same observation and action spaces.
+need the same observation and action spaces, unless ``groups`` (``agent_groups``) gives
+each group of agents its own policy: then the rows' observations and actions are the
+groups' padded to one size, each row's observation ending with its group index
+(:mod:`ppokit.envs.agent_groups`).
 
 The vector env runs in ``NEXT_STEP`` auto-reset mode, per agent:
 
