@@ -91,12 +91,14 @@ class GroupedActorCritic(MLPActorCritic):
     def __init__(self, groups: int, obs_dim: int, kind: str, action_dim: int, *,
                  nvec: tuple[int, ...] | None = None, hidden: tuple[int, ...] = (64, 64),
                  activation: str = "tanh", ortho_init: bool = True,
-                 state_dim: int | None = None):
+                 state_dim: int | None = None, state_norm: bool = False):
         if kind == "gaussian":
             raise ValueError("agent_groups: per-group policies take Discrete, MultiDiscrete "
                              "or MultiBinary actions, not Box (continuous) ones")
         super().__init__(obs_dim, kind, action_dim, nvec=nvec, hidden=hidden,
                          activation=activation, ortho_init=ortho_init, state_dim=state_dim)
+        if state_norm and state_dim is not None:  # (the group index is not normalised)
+            self.state_norm = nn.LayerNorm(state_dim - 1)
         act = ACTIVATIONS[activation]
         n_logits = int(sum(nvec)) if kind == "multicategorical" else action_dim
         self.groups = int(groups)
@@ -108,6 +110,9 @@ class GroupedActorCritic(MLPActorCritic):
     @staticmethod
     def _run(net, x: Tensor) -> Tensor:
         return net(x)
+
+    def _norm_state(self, state: Tensor) -> Tensor:
+        return torch.cat([self.state_norm(state[:, :-1]), state[:, -1:]], 1)
 
 
 def groups_in_space(obs_space: spaces.Space, what: str = "observation") -> int:
@@ -124,8 +129,8 @@ def groups_in_space(obs_space: spaces.Space, what: str = "observation") -> int:
 
 def make_grouped_policy(obs_space: spaces.Space, action_space: spaces.Space, *,
                         hidden: tuple[int, ...] = (64, 64), activation: str = "tanh",
-                        ortho_init: bool = True, state_space: spaces.Box | None = None
-                        ) -> GroupedActorCritic:
+                        ortho_init: bool = True, state_space: spaces.Box | None = None,
+                        state_norm: bool = False) -> GroupedActorCritic:
     """The grouped actor-critic for the rows' spaces (flat observations ending with the
     group index; ``state_space``: a centralised critic's state, ending with it too)."""
     from .actions import check_action_space
@@ -139,7 +144,7 @@ def make_grouped_policy(obs_space: spaces.Space, action_space: spaces.Space, *,
                              "the observation space's")
         state_dim = int(np.prod(state_space.shape))
     kw = dict(hidden=tuple(hidden), activation=activation, ortho_init=ortho_init,
-              state_dim=state_dim)
+              state_dim=state_dim, state_norm=state_norm)
     obs_dim = int(obs_space.shape[0])
     if isinstance(action_space, spaces.Discrete):
         return GroupedActorCritic(g, obs_dim, "categorical", int(action_space.n), **kw)
