@@ -183,6 +183,33 @@ def test_centralised_critic_short_run_learns(tmp_path):
     assert loaded.policy.critic[0].in_features == 7
 
 
+def test_centralised_critic_normalises_its_state_and_older_runs_load_unchanged(tmp_path):
+    """``critic_state_norm = layer`` (the default): the critic's value is its MLP on the
+    LayerNorm of the state row; a checkpoint's configuration from before the setting (no
+    key, centralised critic) reads as ``none``, the bare state, so older runs load as they
+    were trained."""
+    from ppokit.algos.config import config_from_dict, resolve_config, saved_config
+
+    cfg = resolve_config(overrides={"centralised_critic": True})
+    assert cfg.critic_state_norm == "layer"
+    old = cfg.to_dict()
+    del old["critic_state_norm"]
+    assert saved_config(old).critic_state_norm == "none"  # a checkpoint's
+    assert config_from_dict(old).critic_state_norm == "layer"  # a new run's
+    col, policy = _central_collector(False, True)
+    st = torch.randn(6, 7)
+    with torch.no_grad():
+        want = policy.critic(torch.nn.functional.layer_norm(st, (7,))).squeeze(-1)
+        torch.testing.assert_close(policy.value(torch.zeros(6, 5), st), want)
+    for norm in ("none", "layer"):
+        run = tmp_path / norm
+        ppokit.train(make_state_pair_masked, total_steps=256, n_envs=4, n_steps=64, seed=1,
+                     run_dir=run, tensorboard=False, agent_id=True, centralised_critic=True,
+                     critic_state_norm=norm)
+        loaded = ppokit.load(run, env=make_state_pair_masked)
+        assert (loaded.policy.state_norm is None) == (norm == "none")
+
+
 def test_short_training_run_learns_with_one_shared_policy(tmp_path):
     agent = ppokit.train(make_pair, total_steps=4096, n_envs=4, n_steps=64, seed=1,
                          run_dir=tmp_path / "run", tensorboard=False, agent_id=True)

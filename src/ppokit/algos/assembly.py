@@ -77,7 +77,8 @@ def make_envs(tr, c: TrainConfig):
     else:
         tr.env = training_vec(tr.env_maker, c.n_envs, vectorization=c.vectorization,
                               autoreset=c.autoreset_mode, env_kwargs=c.env_kwargs,
-                              agent_id=c.agent_id, global_state=c.centralised_critic)
+                              agent_id=c.agent_id, global_state=c.centralised_critic,
+                              agent_groups=c.agent_groups)
     # the memory bound again, now with the real observation and action sizes
     check_memory(c, int(np.prod(tr.env.single_observation_space.shape or (1,))),
                  int(np.prod(tr.env.single_action_space.shape or (1,))))
@@ -97,8 +98,9 @@ def make_learner(tr, c: TrainConfig) -> None:
     tr.spec = update_spec(c)
     tr.flat = None
     tr.mask_source = mask_source_for(c, tr.env, tr.env_maker, tr.log)
-    tr.fused_reason = "fast=false" if not c.fast else supports(
-        tr.spec, tr.policy, masked=tr.mask_source is not None)
+    tr.fused_reason = "fast=false" if not c.fast else (
+        "one policy per agent group (agent_groups)" if c.agent_groups != "shared"
+        else supports(tr.spec, tr.policy, masked=tr.mask_source is not None))
     if tr.fused_reason is None:
         # flat parameter storage, created before the optimiser, the sampler and the
         # checkpoint code see the parameters (the fused step works on it)

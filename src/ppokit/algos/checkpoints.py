@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from ppokit.envs import env_state, load_env_state
-from ppokit.envs.multiagent import state_space_of
+from ppokit.envs.multiagent import groups_data, state_space_of
 from ppokit.errors import UsageError
 from ppokit.io.checkpoint import (
     capture_rng,
@@ -55,6 +55,9 @@ def write(tr, root: str | Path | None, keep: int | None) -> Path:
                                   tr.env.single_action_space,
                                   state_space_of(tr.env) if tr.cfg.centralised_critic
                                   else None),
+        # with agent_groups: each group's name, agents and own spaces (the policy rebuilds
+        # from "spaces" alone, whose last observation entry counts the groups)
+        "agent_groups": groups_data(tr.env),
         "config": tr.cfg.to_dict(),
         "selfplay": sp.state_dict() if (sp := getattr(tr, "selfplay", None)) else None,
     }

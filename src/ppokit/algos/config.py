@@ -56,7 +56,8 @@ from .presets import (  # noqa: F401 (re-exported)
 __all__ = ["TrainConfig", "ALGORITHMS", "ENV_PRESETS", "ATARI_PRESET", "MINATAR_PRESET",
            "env_preset",
            "resolve_config", "config_help",
-           "parse_value", "parse_sets", "config_from_dict", "LIMITS", "SEED_MAX", "FLAGS",
+           "parse_value", "parse_sets", "config_from_dict", "saved_config", "LIMITS", "SEED_MAX",
+           "FLAGS",
            "available_memory", "estimate_memory", "check_memory", "max_torch_threads"]
 
 # seeds within what NumPy's legacy seeding accepts (torch and ``random`` accept more)
@@ -80,6 +81,17 @@ class TrainConfig(SelfPlaySettings):  # (the self-play keys: ppokit.selfplay.set
                                        "environment's global state (PettingZoo's state(); "
                                        "with agent_id, and the agent index), the actor its "
                                        "own observation (MAPPO; docs/multiagent.md)")
+    agent_groups: str = setting("shared", "multi-agent environments: shared (one policy for "
+                                "all agents), prefix (one policy per group of agents named "
+                                "GROUP_N, PettingZoo's convention) or agent (one per agent); "
+                                "groups may differ in observation size and Discrete action "
+                                "count (docs/multiagent.md)",
+                                choices=("shared", "prefix", "agent"))
+    critic_state_norm: str = setting("layer", "centralised_critic: the critic's input (the "
+                                     "state) normalised per row by a LayerNorm (layer, "
+                                     "MAPPO's feature normalisation) or read as it is "
+                                     "(none: runs from before this setting)",
+                                     choices=("layer", "none"))
     algo: str = setting("ppo", "algorithm preset the values came from (ppo, a2c, reinforce, "
                         "ppo-kl)",
                         choices=("ppo", "a2c", "reinforce", "ppo-kl"))
@@ -324,6 +336,16 @@ def config_from_dict(d: dict[str, Any]) -> TrainConfig:
     """Build a validated config from a dict (unknown keys are an error listing valid ones)."""
     d = _table(d, "config")
     return TrainConfig(**{k: _coerce(k, v) for k, v in d.items()})
+
+
+def saved_config(d: dict[str, Any]) -> TrainConfig:
+    """A checkpoint's configuration (:func:`config_from_dict`), with the values that keys
+    added since mean for runs written before them: a centralised critic without
+    ``critic_state_norm`` read the bare state (``none``)."""
+    if isinstance(d, dict) and d.get("centralised_critic") is True \
+            and "critic_state_norm" not in d:
+        d = {**d, "critic_state_norm": "none"}
+    return config_from_dict(d)
 
 
 def _first(key: str, sources: tuple[dict, ...], *defaults: Any) -> Any:

@@ -112,6 +112,11 @@ def _check_combinations(c) -> None:
     if c.centralised_critic and (c.recurrent != "none" or not c.use_critic or c.selfplay):
         fail("centralised_critic", "true needs the feed-forward policy (recurrent = none), "
              "a critic (use_critic = true) and no self-play", show=False)
+    if c.agent_groups != "shared" and (c.recurrent != "none" or c.selfplay
+                                       or c.normalize_obs):
+        fail("agent_groups", f"{c.agent_groups} (one policy per agent group) needs the "
+             "feed-forward policy (recurrent = none), no self-play and normalize_obs = false "
+             "(the rows' group index is part of the observation)", show=False)
     if not c.use_critic and ENV_ADVANTAGES.entry(c.advantage_estimator)["needs_critic"]:
         fail("use_critic", f"false needs an advantage estimator without a critic, e.g. "
              f"reward_to_go ({c.advantage_estimator} reads the critic's values)", show=False)

@@ -65,7 +65,8 @@ def evaluate_policy(policy, cfg: TrainConfig, *, episodes: int = 10, seed: int =
         n = -(-n // k) * k  # (an agent's episode each row; the first ones are kept)
         # training=False: an Atari game is played whole, rewards unclipped (its score)
         env = make_vec(maker, n, vectorization=mode, autoreset="auto",
-                       env_kwargs=cfg.env_kwargs, training=False, agent_id=cfg.agent_id)
+                       env_kwargs=cfg.env_kwargs, training=False, agent_id=cfg.agent_id,
+                       agent_groups=cfg.agent_groups)
         if spaces is not None:
             _check_fits(env, spaces, maker)
         space = env.single_action_space

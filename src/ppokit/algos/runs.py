@@ -14,7 +14,7 @@ from ppokit.errors import UsageError
 from ppokit.io.checkpoint import find_checkpoint, load_checkpoint, no_checkpoint_message
 from ppokit.plugins import reading_run
 
-from .config import TrainConfig, config_from_dict
+from .config import TrainConfig, saved_config
 
 __all__ = ["BEST_DIR", "SavedRun", "open_run", "policy_from_checkpoint",
            "load_run_checkpoint", "load_run_config"]
@@ -41,7 +41,7 @@ def load_run_checkpoint(run_dir: str | Path, log: Callable[[str], None] | None =
     if not isinstance(st.get("config"), dict):
         raise UsageError(f"run dir: checkpoint {ckpt} holds no configuration")
     with reading_run():  # a loss or estimator of the user's is needed to train, not to read
-        cfg = config_from_dict(st["config"])
+        cfg = saved_config(st["config"])
     return cfg, tensors, arrays, st
 
 

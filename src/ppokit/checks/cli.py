@@ -116,7 +116,7 @@ def _env_report(args):
             None, None
     batch = collect_batch(policy, env_id, n=args.samples, seed=args.seed,
                           obs_transform=transform, env_kwargs=cfg.env_kwargs,
-                          agent_id=cfg.agent_id)
+                          agent_id=cfg.agent_id, agent_groups=cfg.agent_groups)
     extra = []
     if not args.no_labels:
         extra.append(lambda: check_labels_frozen(policy, env=env_id, base_config=base,

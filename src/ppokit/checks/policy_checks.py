@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from ppokit.core import clipped_surrogate_loss
+from ppokit.errors import UsageError
 
 from .result import CheckResult
 
@@ -66,11 +67,14 @@ class Batch:
 
 def collect_batch(policy, env_id: str = "CartPole-v1", n: int = 256, seed: int = 0,
                   num_envs: int = 8, obs_transform: Callable | None = None,
-                  env_kwargs: dict | None = None, agent_id: bool = False) -> Batch:
+                  env_kwargs: dict | None = None, agent_id: bool = False,
+                  agent_groups: str = "shared") -> Batch:
     """Step ``env_id`` (built with ``env_kwargs``) with ``policy.act`` (under inference mode,
     as a collector does) until ``n`` transitions are recorded. ``obs_transform`` maps raw
     observations to what the policy sees (e.g. a trained run's observation normaliser).
-    A multi-agent environment gives one row per agent (``agent_id``: the run's setting)."""
+    A multi-agent environment gives one row per agent (``agent_id``, ``agent_groups``: the
+    run's settings; groups of different action counts, whose padded actions are masked,
+    are refused: these checks apply no action masks)."""
     from ppokit.envs import make_vec
     from ppokit.envs.multiagent import agents_of
     from ppokit.policies.actions import env_actions
@@ -79,10 +83,15 @@ def collect_batch(policy, env_id: str = "CartPole-v1", n: int = 256, seed: int =
     num_envs = -(-num_envs // k) * k
     # ppokit's own vector env: a module:Id only if the user named it (ppokit.envs.source),
     # an Atari game with its preprocessing (the observations the policy trains on)
-    env = make_vec(env_id, num_envs, env_kwargs=env_kwargs, agent_id=agent_id)
+    env = make_vec(env_id, num_envs, env_kwargs=env_kwargs, agent_id=agent_id,
+                   agent_groups=agent_groups)
     gen = torch.Generator().manual_seed(seed)
     try:
-        raw, _ = env.reset(seed=seed)
+        raw, info = env.reset(seed=seed)
+        if agent_groups != "shared" and "action_mask" in info:
+            raise UsageError(f"agent_groups: {env_id}'s groups have different numbers of "
+                             "actions (the extra ones masked out) or masks of their own; "
+                             "ppokit check's policy checks apply no action masks")
         obs_l, act_l, logp_l = [], [], []
         while sum(len(o) for o in obs_l) < n:
             o = np.asarray(raw, dtype=np.float32)

@@ -6,7 +6,10 @@ time) and shows every agent of every copy as one row of a Gymnasium vector env: 
 ``c * k + i`` is agent ``i`` (``possible_agents`` order) of copy ``c``. One policy acts for
 all rows (parameter sharing); with ``agent_id`` a one-hot agent index is appended to each
 row's observation (a ``Box``: concatenated; a ``Dict``: the key ``"agent_id"``). All agents
-need the same observation and action spaces.
+need the same observation and action spaces, unless ``groups`` (``agent_groups``) gives
+each group of agents its own policy: then the rows' observations and actions are the
+groups' padded to one size, each row's observation ending with its group index
+(:mod:`ppokit.envs.agent_groups`).
 
 The vector env runs in ``NEXT_STEP`` auto-reset mode, per agent:
 
@@ -43,9 +46,11 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 
 from ppokit.errors import UsageError, UserCodeError
 
+from .agent_groups import AgentGroups
+
 __all__ = ["AgentRows", "ParallelEnvs", "IDLE_KEY", "AGENT_ID_KEY", "STATE_KEY",
            "parallel_of", "is_pettingzoo_id", "pettingzoo_factory", "agent_metrics",
-           "agents_of", "probe_factory", "state_space_of"]
+           "agents_of", "probe_factory", "state_space_of", "groups_data"]
 
 IDLE_KEY = "ppokit_idle"
 STATE_KEY = "ppokit_state"  # the rows' global state (global_state=True)
@@ -86,7 +91,7 @@ class AgentRows(VectorEnv):
     metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}
 
     def __init__(self, make: Callable[[], Any], copies: int, *, agent_id: bool = False,
-                 label: str = "env", global_state: bool = False):
+                 label: str = "env", global_state: bool = False, groups: str = "shared"):
         self.label = label
         self.envs = [parallel_of(make(), label) for _ in range(copies)]
         first = self.envs[0]
@@ -94,18 +99,15 @@ class AgentRows(VectorEnv):
         k = self.k = len(self.agents)
         if k == 0:
             raise UserCodeError(f"{label}: possible_agents is empty")
-        obs_sp, act_sp = first.observation_space(self.agents[0]), first.action_space(
-            self.agents[0])
-        for a in self.agents[1:]:
-            if not (_same(first.observation_space(a), obs_sp)
-                    and _same(first.action_space(a), act_sp)):
-                raise UsageError(f"env: {label}: agent {a!r} has other observation or action "
-                                 "spaces than agent {self.agents[0]!r}; one shared policy "
-                                 "needs the same spaces for all agents")
         self.agent_id = agent_id
+        self.groups = None if groups == "shared" else AgentGroups(first, self.agents, groups,
+                                                                  label)
+        obs_sp, act_sp = self._spaces(first)
         self.inner_space = obs_sp
         self.num_envs = copies * k
-        self.single_observation_space = self._with_id_space(obs_sp) if agent_id else obs_sp
+        self.single_observation_space = (
+            self.groups.observation_space(k if agent_id else 0) if self.groups
+            else self._with_id_space(obs_sp) if agent_id else obs_sp)
         self.single_action_space = act_sp
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space,
                                                               self.num_envs)
@@ -113,11 +115,32 @@ class AgentRows(VectorEnv):
         self.live = np.zeros((copies, k), bool)  # the agent acts in its copy's episode
         self.over = np.zeros(copies, bool)  # every agent done: the next step resets
         self._obs: list[list[Any]] = [[None] * k for _ in range(copies)]
-        self._masks: np.ndarray | None = None  # [copies, k, W] from infos, when given
+        # each agent's allowed actions when idle or without a mask of its own: every one,
+        # or (groups of different action counts) its group's
+        self._base = None if self.groups is None else self.groups.base_masks()
+        self._masks: np.ndarray | None = (  # [copies, k, W] from infos, when given
+            None if self._base is None else np.tile(self._base, (copies, 1, 1)))
         self.returns = np.zeros(self.num_envs)  # each row's running episode return
         self.finished: list[tuple[int, float]] = []  # (agent index, return), not yet read
         self.single_state_space = self._state_space(first) if global_state else None
         self._states: np.ndarray | None = None  # [copies, S] each copy's state, when read
+
+    def _spaces(self, first) -> tuple:
+        """The agents' (inner) observation and action spaces: the groups' common ones, or
+        the first agent's, which every agent must share without groups."""
+        if self.groups is not None:
+            return (spaces.Box(-np.inf, np.inf, (self.groups.width,), np.float32),
+                    self.groups.action_space)
+        obs_sp, act_sp = first.observation_space(self.agents[0]), first.action_space(
+            self.agents[0])
+        for a in self.agents[1:]:
+            if not (_same(first.observation_space(a), obs_sp)
+                    and _same(first.action_space(a), act_sp)):
+                raise UsageError(f"env: {self.label}: agent {a!r} has other observation or "
+                                 f"action spaces than agent {self.agents[0]!r}; one shared "
+                                 "policy needs the same spaces for all agents (agent_groups "
+                                 "= prefix or agent: one policy per group of agents)")
+        return obs_sp, act_sp
 
     def _with_id_space(self, sp):
         if isinstance(sp, spaces.Box) and len(sp.shape) == 1:
@@ -139,6 +162,12 @@ class AgentRows(VectorEnv):
                              "PettingZoo environment's state_space, a Box, and state()); "
                              f"the centralised critic reads it (state_space: {sp})")
         size = int(np.prod(sp.shape)) + (self.k if self.agent_id else 0)
+        if self.groups is not None:  # the group index last, as in the observation
+            hi = np.full(size + 1, np.inf, np.float32)
+            hi[-1] = len(self.groups.names) - 1
+            lo = np.full(size + 1, -np.inf, np.float32)
+            lo[-1] = 0.0
+            return spaces.Box(lo, hi, dtype=np.float32)
         return spaces.Box(-np.inf, np.inf, (size,), np.float32)
 
     def _read_state(self, c: int, env) -> None:
@@ -157,10 +186,16 @@ class AgentRows(VectorEnv):
         if self.agent_id:
             ids = np.tile(np.eye(self.k, dtype=np.float32), (len(self.envs), 1))
             rows = np.concatenate([rows, ids], 1)
+        if self.groups is not None:
+            g = np.tile(self.groups.index.astype(np.float32), len(self.envs))
+            rows = np.concatenate([rows, g[:, None]], 1)
         return rows
 
     # ------------------------------------------------------------------ rows
     def _row_obs(self, o, i: int):
+        if self.groups is not None:
+            one = np.eye(self.k, dtype=np.float32)[i] if self.agent_id else None
+            return self.groups.row(o, i, one)
         if isinstance(self.inner_space, spaces.Dict):
             o = dict(o)
         if self.agent_id:
@@ -184,15 +219,21 @@ class AgentRows(VectorEnv):
                 self._obs[c][i] = self._row_obs(blank, i)
             m = (infos.get(a) or {}).get(MASK_KEY)
             if m is not None:
+                m = np.asarray(m).reshape(-1) != 0
                 if self._masks is None:
-                    w = np.asarray(m).reshape(-1).size
-                    self._masks = np.ones((len(self.envs), self.k, w), bool)
-                self._masks[c, i] = np.asarray(m).reshape(-1) != 0
+                    self._masks = np.ones((len(self.envs), self.k, m.size), bool)
+                self._masks[c, i] = self._idle_mask(i)
+                self._masks[c, i, :m.size] &= m  # (a group's own actions come first)
             elif self._masks is not None and idle_rows[i]:
-                self._masks[c, i] = True
+                self._masks[c, i] = self._idle_mask(i)
         idle[c * self.k:(c + 1) * self.k] = idle_rows
         if self.single_state_space is not None:
             self._read_state(c, self.envs[c])
+
+    def _idle_mask(self, i: int):
+        """The mask of agent ``i``'s row when it is idle or gives none: its group's actions
+        (groups of different action counts), else every action."""
+        return True if self._base is None else self._base[i]
 
     def _batch(self, idle: np.ndarray):
         rows = [o for per in self._obs for o in per]
@@ -209,7 +250,8 @@ class AgentRows(VectorEnv):
         info: dict[str, Any] = {IDLE_KEY: idle.copy()}
         if self._masks is not None:
             m = self._masks.reshape(self.num_envs, -1).copy()
-            m[idle] = True
+            m[idle] = True if self._base is None else np.tile(self._base, (len(self.envs),
+                                                                           1))[idle]
             info[MASK_KEY] = m
         if self.single_state_space is not None:
             info[STATE_KEY] = self._state_rows()
@@ -285,14 +327,14 @@ class ParallelEnvs:
         return len(parallel_of(env, self.label).possible_agents)
 
     def vec(self, num_envs: int, *, agent_id: bool = False,
-            global_state: bool = False) -> AgentRows:
+            global_state: bool = False, agent_groups: str = "shared") -> AgentRows:
         k = self.agents()
         if num_envs % k:
             raise UsageError(f"n_envs: {num_envs} rows, but {self.label} has {k} agents; "
                              f"a multi-agent run's n_envs counts agent rows (copies x "
                              f"agents): use a multiple of {k}")
         return AgentRows(self._make, num_envs // k, agent_id=agent_id, label=self.label,
-                         global_state=global_state)
+                         global_state=global_state, groups=agent_groups)
 
     def __call__(self):
         raise UsageError(f"env: {self.label} is a multi-agent environment; ppokit builds "
@@ -366,6 +408,14 @@ def state_space_of(env: Any, label: str = "env") -> spaces.Box:
     return sp
 
 
+def groups_data(env: Any) -> list[dict] | None:
+    """The agent groups of ``env``'s rows as JSON values (:meth:`AgentGroups.to_data`),
+    ``None`` for an env without groups."""
+    base = getattr(env, "unwrapped", env)
+    groups = getattr(base, "groups", None) if isinstance(base, AgentRows) else None
+    return None if groups is None else groups.to_data()
+
+
 def probe_factory(factory: Callable[[], Any], label: str) -> Any:
     """``factory`` as what builds a run's environments: a :class:`ParallelEnvs` when it
     builds PettingZoo environments, else ``factory`` itself. A factory is called to see
@@ -416,7 +466,8 @@ MAX_AGENT_METRICS = 32  # agents of an environment with more get no metric each
 def agent_metrics(env: Any) -> dict[str, float | None]:
     """``agent_return/NAME``: each agent's mean return over the episodes it finished since
     the last call (``None`` when it finished none), for a vector env of agent rows with at
-    most :data:`MAX_AGENT_METRICS` agents; ``{}`` for any other env."""
+    most :data:`MAX_AGENT_METRICS` agents; with agent groups also ``group_return/NAME``,
+    the mean over the group's agents' finished episodes; ``{}`` for any other env."""
     import re
 
     base = getattr(env, "unwrapped", env)
@@ -427,5 +478,10 @@ def agent_metrics(env: Any) -> dict[str, float | None]:
     for i, name in enumerate(base.agents):
         rets = [r for j, r in fin if j == i]
         key = "agent_return/" + re.sub(r"[^A-Za-z0-9_.-]", "_", str(name))[:60]
+        out[key] = float(np.mean(rets)) if rets else None
+    groups = base.groups
+    for j, name in enumerate(groups.names if groups is not None else ()):
+        rets = [r for i, r in fin if groups.index[i] == j]
+        key = "group_return/" + re.sub(r"[^A-Za-z0-9_.-]", "_", str(name))[:60]
         out[key] = float(np.mean(rets)) if rets else None
     return out

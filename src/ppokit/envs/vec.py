@@ -79,7 +79,8 @@ def autoreset_mode_of(env: VectorEnv) -> AutoresetMode:
 def make_vec(env_id: str | Callable[[], gym.Env], num_envs: int, *,
              vectorization: str = "auto", autoreset: str = "auto",
              env_kwargs: dict | None = None, training: bool = True,
-             agent_id: bool = False, global_state: bool = False) -> VectorEnv:
+             agent_id: bool = False, global_state: bool = False,
+             agent_groups: str = "shared") -> VectorEnv:
     """A vector env of ``num_envs`` copies of ``env_id`` (see the module documentation):
     a registered id, a ``module:Id`` whose module the user named (:mod:`.source`), or a
     factory ``() -> gym.Env`` (sync or async vectorisation; ``env_kwargs`` do not apply).
@@ -89,10 +90,9 @@ def make_vec(env_id: str | Callable[[], gym.Env], num_envs: int, *,
     builds ppokit's stack for evaluation (whole games, unclipped rewards) whatever the
     vectorisation. For every other environment ``training`` changes nothing.
 
-    A PettingZoo environment (a ``pettingzoo:`` id or a
-    :class:`ppokit.envs.multiagent.ParallelEnvs`) gives one row per agent
-    (:class:`ppokit.envs.multiagent.AgentRows`, ``agent_id``: its one-hot agent index,
-    ``global_state``: the environment's state in each info, for a centralised critic)."""
+    A PettingZoo environment (a ``pettingzoo:`` id or a ``ParallelEnvs``) gives one row per
+    agent (:class:`ppokit.envs.multiagent.AgentRows`: ``agent_id``, ``global_state`` and
+    ``agent_groups`` are its settings; ``agent_groups`` is refused for other environments)."""
     if vectorization not in VECTORIZATIONS:
         raise UsageError(f"vectorization: expected one of {', '.join(VECTORIZATIONS)}, "
                          f"got {vectorization!r}")
@@ -101,7 +101,8 @@ def make_vec(env_id: str | Callable[[], gym.Env], num_envs: int, *,
                          f"got {autoreset!r}")
     if is_pettingzoo_id(env_id) or isinstance(env_id, ParallelEnvs):
         return _agent_rows(env_id, num_envs, vectorization, autoreset, env_kwargs, agent_id,
-                           global_state)
+                           global_state, agent_groups)
+    _single_agent(env_id, agent_groups)
     if callable(env_id):  # a factory (a GivenVectorEnv builds single copies too)
         if vectorization == "envpool":
             raise UsageError("vectorization: envpool runs EnvPool's own environments, "
@@ -157,8 +158,16 @@ def make_vec(env_id: str | Callable[[], gym.Env], num_envs: int, *,
     return flatten_dict_obs(env)
 
 
+def _single_agent(env_id, agent_groups: str) -> None:
+    """``agent_groups`` other than ``shared`` refused for a single-agent environment."""
+    if agent_groups != "shared":
+        raise UsageError(f"agent_groups: {agent_groups} groups the agents of a PettingZoo "
+                         f"multi-agent environment; {label_of(env_id)} is a single-agent one")
+
+
 def _agent_rows(env_id, num_envs: int, vectorization: str, autoreset: str,
-                env_kwargs: dict | None, agent_id: bool, global_state: bool) -> VectorEnv:
+                env_kwargs: dict | None, agent_id: bool, global_state: bool,
+                agent_groups: str = "shared") -> VectorEnv:
     """The agents of a PettingZoo environment as rows (:mod:`.multiagent`)."""
     if vectorization not in ("auto", "sync"):
         raise UsageError(f"vectorization: a multi-agent environment steps its copies in "
@@ -173,7 +182,8 @@ def _agent_rows(env_id, num_envs: int, vectorization: str, autoreset: str,
         maker = env_id
     else:
         maker = pettingzoo_factory(env_id, env_kwargs)
-    return flatten_dict_obs(maker.vec(num_envs, agent_id=agent_id, global_state=global_state))
+    return flatten_dict_obs(maker.vec(num_envs, agent_id=agent_id, global_state=global_state,
+                                      agent_groups=agent_groups))
 
 
 class FlattenDictObs(gym.vector.VectorWrapper):
@@ -241,7 +251,8 @@ def flatten_dict_obs(env: VectorEnv) -> VectorEnv:
 
 def training_vec(maker, num_envs: int, *, vectorization: str = "auto",
                  autoreset: str = "auto", env_kwargs: dict | None = None,
-                 agent_id: bool = False, global_state: bool = False) -> VectorEnv:
+                 agent_id: bool = False, global_state: bool = False,
+                 agent_groups: str = "shared") -> VectorEnv:
     """The training envs of a run: the user's own VectorEnv as it is (a
     :class:`ppokit.envs.source.GivenVectorEnv`, checked against ``num_envs`` and
     ``autoreset``), else :func:`make_vec`."""
@@ -249,7 +260,11 @@ def training_vec(maker, num_envs: int, *, vectorization: str = "auto",
 
     if not isinstance(maker, GivenVectorEnv):
         return make_vec(maker, num_envs, vectorization=vectorization, autoreset=autoreset,
-                        env_kwargs=env_kwargs, agent_id=agent_id, global_state=global_state)
+                        env_kwargs=env_kwargs, agent_id=agent_id, global_state=global_state,
+                        agent_groups=agent_groups)
+    if agent_groups != "shared":
+        raise UsageError("agent_groups: groups the agents of a PettingZoo environment, not "
+                         "the environments of a VectorEnv given as it is")
     vec = maker.vec
     if vec.num_envs != num_envs:
         raise UsageError(f"n_envs: {num_envs}, but the VectorEnv given has {vec.num_envs} "

@@ -42,10 +42,20 @@ def policy_for_config(cfg, obs_space, action_space, state_space=None):
     return policy
 
 
+def _state_norm(cfg, state_space) -> bool:
+    """Whether a centralised critic normalises its input (``critic_state_norm``)."""
+    return state_space is not None and getattr(cfg, "critic_state_norm", "none") == "layer"
+
+
 def _policy_for_config(cfg, obs_space, action_space, state_space=None):
     obs_space = getattr(obs_space, "dict_space", obs_space)  # stored flat, read per key
-    kw = dict(hidden=cfg.net_arch, activation=cfg.activation, ortho_init=cfg.ortho_init,
-              log_std_init=cfg.log_std_init)
+    kw = dict(hidden=cfg.net_arch, activation=cfg.activation, ortho_init=cfg.ortho_init)
+    if getattr(cfg, "agent_groups", "shared") != "shared":  # one policy per agent group
+        from .grouped import make_grouped_policy
+
+        return make_grouped_policy(obs_space, action_space, **kw, state_space=state_space,
+                                   state_norm=_state_norm(cfg, state_space))
+    kw["log_std_init"] = cfg.log_std_init
     if getattr(cfg, "recurrent", "none") == "lstm":
         return make_recurrent_policy(obs_space, action_space, **kw,
                                      lstm_hidden_size=cfg.lstm_hidden_size,
@@ -56,4 +66,4 @@ def _policy_for_config(cfg, obs_space, action_space, state_space=None):
                        cnn_channels=getattr(cfg, "cnn_channels", (32, 64, 64)),
                        features_dim=getattr(cfg, "features_dim", 512),
                        share_features=getattr(cfg, "share_features", True),
-                       state_space=state_space)
+                       state_space=state_space, state_norm=_state_norm(cfg, state_space))

@@ -189,7 +189,10 @@ class MLPActorCritic(nn.Module):
     ``state_dim`` makes the critic centralised: it reads a flat global state of that size
     (the ``state`` argument of :meth:`value`, :meth:`act` and :meth:`evaluate`) instead of
     the observation, which the actor alone reads; without a ``state`` :meth:`act` and
-    :meth:`evaluate` give ``None`` for the values, and :meth:`value` refuses.
+    :meth:`evaluate` give ``None`` for the values, and :meth:`value` refuses. With
+    ``state_norm`` each state row first goes through a LayerNorm (``state_norm``, MAPPO's
+    feature normalisation: zero mean and unit variance over the row's entries, then a
+    learnt scale and shift).
     """
 
     def __init__(self, obs_dim: int, kind: str, action_dim: int, *,
@@ -197,7 +200,7 @@ class MLPActorCritic(nn.Module):
                  activation: str = "tanh", ortho_init: bool = True,
                  log_std_init: float = 0.0, obs_onehot: int | None = None, obs_start: int = 0,
                  encoder: nn.Module | None = None, critic_encoder: nn.Module | None = None,
-                 state_dim: int | None = None):
+                 state_dim: int | None = None, state_norm: bool = False):
         super().__init__()
         if kind not in ("categorical", "gaussian", "multicategorical", "bernoulli"):
             raise ValueError(f"kind: unknown policy head {kind!r}")
@@ -212,6 +215,8 @@ class MLPActorCritic(nn.Module):
         self.state_dim = None if state_dim is None else int(state_dim)
         self.critic = mlp_layers(obs_dim if state_dim is None else self.state_dim, hidden, 1,
                                  act, ortho_init, 1.0)
+        self.state_norm = (nn.LayerNorm(self.state_dim) if state_norm and state_dim is not None
+                           else None)
         if kind == "gaussian":
             self.log_std = nn.Parameter(torch.full((action_dim,), float(log_std_init)))
         self.nvec = tuple(int(n) for n in nvec) if nvec is not None else None
@@ -245,10 +250,16 @@ class MLPActorCritic(nn.Module):
         """The critic's input: the global state (a centralised critic; ``None`` without
         one), its own encoder's features, or the actor's."""
         if self.state_dim is not None:
-            return None if state is None else state.reshape(state.shape[0], -1)
+            if state is None:
+                return None
+            state = state.reshape(state.shape[0], -1)
+            return state if self.state_norm is None else self._norm_state(state)
         if self.critic_encoder is not None:
             return self.critic_encoder(obs)
         return self._features(obs) if actor_x is None else actor_x
+
+    def _norm_state(self, state: Tensor) -> Tensor:
+        return self.state_norm(state)
 
     def _value_of(self, features: Tensor | None, fast: bool = False) -> Tensor | None:
         if features is None:
@@ -402,12 +413,13 @@ def make_policy(obs_space: spaces.Space, action_space: spaces.Space, *,
                 hidden: tuple[int, ...] = (64, 64), activation: str = "tanh",
                 ortho_init: bool = True, log_std_init: float = 0.0, policy: str = "auto",
                 cnn_channels: tuple[int, ...] = (32, 64, 64), features_dim: int = 512,
-                share_features: bool = True, state_space: spaces.Box | None = None
-                ) -> MLPActorCritic:
+                share_features: bool = True, state_space: spaces.Box | None = None,
+                state_norm: bool = False) -> MLPActorCritic:
     """Build the actor-critic matching single-env observation and action spaces: the
     encoder ``policy`` names (:func:`resolve_policy`; for ``cnn`` and ``multi_input`` one
     trunk shared by actor and critic unless ``share_features`` is false), then the MLPs.
-    ``state_space``: a centralised critic over this flat global state."""
+    ``state_space``: a centralised critic over this flat global state (``state_norm``:
+    normalised by a LayerNorm first)."""
     from .actions import check_action_space
     from .encoders import build_extractor, flat_dict_space
 
@@ -436,7 +448,8 @@ def make_policy(obs_space: spaces.Space, action_space: spaces.Space, *,
     kw = dict(hidden=tuple(hidden), activation=activation, ortho_init=ortho_init,
               obs_onehot=onehot, obs_start=int(getattr(obs_space, "start", 0) or 0),
               encoder=encoder, critic_encoder=critic_encoder,
-              state_dim=None if state_space is None else int(np.prod(state_space.shape)))
+              state_dim=None if state_space is None else int(np.prod(state_space.shape)),
+              state_norm=state_norm)
     if isinstance(action_space, spaces.Discrete):
         return MLPActorCritic(obs_dim, "categorical", int(action_space.n), **kw)
     if isinstance(action_space, spaces.Box):
