@@ -14,18 +14,15 @@ model's own generation defaults ignored, each row with a seed drawn from the tra
 generator (a run is reproducible on one machine); the log-probs returned are those of
 the processed distribution (after the temperature), as ppokit's sampler gives.
 
-vLLM's processes (:func:`owned_processes`) end with the run: :meth:`VllmEngine.close`
-shuts them down (vLLM sends its engine core SIGTERM, and SIGKILL after 5 s); they start
-with SIGINT blocked, so that a Ctrl-C in a terminal, which reaches every process of the
-foreground group, stops the trainer alone, which finishes its iteration and then closes
-the engine; and a worker that outlives the trainer (killed, so that no ``close()`` ran)
-kills its engine core and itself within a second (:func:`.vllm_worker.watch_owner`).
+vLLM's processes end with the run: :meth:`VllmEngine.close` shuts them down (vLLM sends
+its engine core SIGTERM, and SIGKILL after 5 s); a worker that outlives the trainer
+(killed, so that no ``close()`` ran) kills its engine core and itself within about a
+second (:func:`owned_processes`, :func:`.vllm_worker.watch_owner`).
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import time
 from contextlib import contextmanager
 
@@ -44,19 +41,13 @@ DTYPES = {"bf16": ("bfloat16", torch.bfloat16), "fp32": ("float32", torch.float3
 
 @contextmanager
 def owned_processes():
-    """While vLLM starts its processes (they inherit both): ``OWNER_ENV`` names this
-    process, whose death its worker watches; SIGINT is blocked in this thread, so that
-    the processes it spawns (and theirs) start with it blocked and a Ctrl-C is the
-    trainer's alone. (A SIGINT meanwhile reaches this process once it is unblocked.)"""
+    """While vLLM starts its processes (they inherit it): ``OWNER_ENV`` names this
+    process, whose death vLLM's worker watches (:func:`.vllm_worker.watch_owner`)."""
     before = os.environ.get(OWNER_ENV)
     os.environ[OWNER_ENV] = str(os.getpid())
-    mask = getattr(signal, "pthread_sigmask", None)
-    old = mask(signal.SIG_BLOCK, {signal.SIGINT}) if mask else None
     try:
         yield
     finally:
-        if mask:
-            mask(signal.SIG_SETMASK, old)
         if before is None:
             os.environ.pop(OWNER_ENV, None)
         else:
