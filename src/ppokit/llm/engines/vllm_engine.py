@@ -13,24 +13,45 @@ Sampling: ``softmax(logits / temperature)`` with no top-k, top-p or min-p and th
 model's own generation defaults ignored, each row with a seed drawn from the trainer's
 generator (a run is reproducible on one machine); the log-probs returned are those of
 the processed distribution (after the temperature), as ppokit's sampler gives.
+
+vLLM's processes end with the run: :meth:`VllmEngine.close` shuts them down (vLLM sends
+its engine core SIGTERM, and SIGKILL after 5 s); a worker that outlives the trainer
+(killed, so that no ``close()`` ran) kills its engine core and itself within about a
+second (:func:`owned_processes`, :func:`.vllm_worker.watch_owner`).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from contextlib import contextmanager
 
 import torch
 
 from ..modeling.rollout import TokenRollout
 from .base import RolloutEngine, rollout_from_tokens
-from .vllm_worker import pack
+from .vllm_worker import OWNER_ENV, pack
 from .weights import check_probe, probe_gap, probe_ids, served_weights, trainer_probe_logprobs
 
-__all__ = ["VllmEngine", "KV_CACHE_BYTES"]
+__all__ = ["VllmEngine", "KV_CACHE_BYTES", "owned_processes"]
 
 KV_CACHE_BYTES = 1 << 30  # on a CPU: the KV cache's memory (vLLM's default asks for most RAM)
 DTYPES = {"bf16": ("bfloat16", torch.bfloat16), "fp32": ("float32", torch.float32)}
+
+
+@contextmanager
+def owned_processes():
+    """While vLLM starts its processes (they inherit it): ``OWNER_ENV`` names this
+    process, whose death vLLM's worker watches (:func:`.vllm_worker.watch_owner`)."""
+    before = os.environ.get(OWNER_ENV)
+    os.environ[OWNER_ENV] = str(os.getpid())
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(OWNER_ENV, None)
+        else:
+            os.environ[OWNER_ENV] = before
 
 
 class VllmEngine(RolloutEngine):
@@ -47,10 +68,11 @@ class VllmEngine(RolloutEngine):
         name, self.dtype = DTYPES[precision]
         extra = {} if torch.cuda.is_available() else {"kv_cache_memory_bytes": KV_CACHE_BYTES}
         t = time.perf_counter()
-        self.llm = LLM(model=model_dir, dtype=name, seed=seed, enforce_eager=True,
-                       logprobs_mode="processed_logprobs", generation_config="vllm",
-                       worker_extension_cls="ppokit.llm.engines.vllm_worker."
-                                            "PpokitWorkerExtension", **extra)
+        with owned_processes():
+            self.llm = LLM(model=model_dir, dtype=name, seed=seed, enforce_eager=True,
+                           logprobs_mode="processed_logprobs", generation_config="vllm",
+                           worker_extension_cls="ppokit.llm.engines.vllm_worker."
+                                                "PpokitWorkerExtension", **extra)
         self.start_s = time.perf_counter() - t
         self.probe = probe_ids(tokenizer)
 

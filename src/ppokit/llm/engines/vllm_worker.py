@@ -4,15 +4,29 @@ the rest of ppokit.
 
 vLLM's messages carry plain values (a tensor among untyped arguments would arrive as its
 encoding, not as a tensor), so the weights travel as :func:`pack`'s raw bytes, names,
-number formats and shapes, and :func:`unpack` rebuilds them without a copy."""
+number formats and shapes, and :func:`unpack` rebuilds them without a copy.
+
+Imported in a worker that the trainer whose pid is in ``PPOKIT_VLLM_OWNER`` started
+(through vLLM's engine-core process), it watches that trainer (:func:`watch_owner`): vLLM
+notices the death of the engine core in its workers, not the death of the process that
+started the engine core, which blocks on its input socket for ever. When the trainer is
+gone (killed: no ``close()`` ran), the worker kills the processes between itself and the
+trainer, then itself."""
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+import time
 import warnings
 
 import torch
 
-__all__ = ["PpokitWorkerExtension", "pack", "unpack"]
+__all__ = ["PpokitWorkerExtension", "pack", "unpack", "watch_owner", "OWNER_ENV"]
+
+OWNER_ENV = "PPOKIT_VLLM_OWNER"  # the pid of the trainer that starts vLLM's processes
+WATCH_PERIOD_S = 1.0
 
 
 def pack(named: list) -> tuple[list, list, list, list]:
@@ -67,3 +81,70 @@ def retie_output_head(model) -> None:
     method = getattr(head, "quant_method", None)
     if callable(getattr(method, "process_weights_after_loading", None)):
         method.process_weights_after_loading(head)
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent's pid of the process ``pid`` (None: it is gone)."""
+    if pid == os.getpid():
+        return os.getppid()
+    try:
+        with open(f"/proc/{pid}/stat") as f:  # "pid (comm) state ppid ..."
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    try:  # (no /proc: vLLM brings psutil)
+        import psutil
+
+        return psutil.Process(pid).ppid()
+    except Exception:
+        return None
+
+
+def ancestry(n: int) -> list[int]:
+    """This process and up to ``n - 1`` of its ancestors (this one first; init excluded)."""
+    up = [os.getpid()]
+    while len(up) < n and (p := parent_of(up[-1])) is not None and p > 1:
+        up.append(p)
+    return up
+
+
+def chain_to(owner: int, depth: int = 4) -> list[int] | None:
+    """This process and its ancestors below ``owner`` (this one first), or None when
+    ``owner`` is not among the first ``depth`` ancestors (or is this process)."""
+    up = ancestry(depth + 1)
+    return up[:up.index(owner)] if owner in up[1:] else None
+
+
+def watch_owner(owner: int, period: float = WATCH_PERIOD_S) -> threading.Thread | None:
+    """A daemon thread that, once the process ``owner`` is no longer the parent of the
+    topmost of :func:`chain_to` (it died: its orphans are handed to another), kills those
+    processes (SIGKILL, the topmost first, each only while it is still an ancestor of
+    this one) and ends this one. None where ``owner`` is not an ancestor."""
+    chain = chain_to(owner)
+    if chain is None:
+        return None
+
+    def watch() -> None:
+        while parent_of(chain[-1]) == owner:
+            time.sleep(period)
+        up = ancestry(len(chain))  # (a pid still among them is the process recorded)
+        for pid in reversed(chain[1:]):
+            if pid in up:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        os._exit(1)
+
+    t = threading.Thread(target=watch, name="ppokit-owner-watch", daemon=True)
+    t.start()
+    return t
+
+
+def _watch_from_env() -> None:
+    owner = os.environ.get(OWNER_ENV, "")
+    if owner.isdigit() and int(owner) != os.getpid():
+        watch_owner(int(owner))
+
+
+_watch_from_env()
