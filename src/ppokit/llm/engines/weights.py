@@ -4,6 +4,8 @@ proves it does.
 :func:`served_weights` names the policy's tensors as the model's own checkpoint does
 (transformers' names), with LoRA adapters merged in (``W + scale · B A``, computed per
 layer; the policy itself is left as it is). An engine loads them in place.
+:func:`lora_adapter` is a LoRA policy's adapter alone (peft's names and configuration),
+for an engine that serves it as an adapter on the base weights it holds.
 
 The probe (:func:`probe_gap`): one fixed short token sequence, scored by the engine and by
 the trainer's policy; their log-probs of its tokens must agree within
@@ -14,12 +16,15 @@ weights — fails it, and training stops with :class:`EngineOutOfSync`.
 
 from __future__ import annotations
 
+import json
+
 import torch
 
 from ..modeling.rollout import sequence_logprobs
 
-__all__ = ["served_weights", "probe_ids", "trainer_probe_logprobs", "probe_gap",
-           "check_probe", "EngineOutOfSync", "PROBE_TEXT", "PROBE_TOLERANCE"]
+__all__ = ["served_weights", "lora_adapter", "engine_lora_rank", "probe_ids",
+           "trainer_probe_logprobs", "probe_gap", "check_probe", "EngineOutOfSync",
+           "PROBE_TEXT", "PROBE_TOLERANCE"]
 
 PROBE_TEXT = ("A rollout engine must serve the weights the trainer holds: "
               "12 + 30 = 42, and the quick brown fox jumps over the lazy dog.")
@@ -60,6 +65,41 @@ def served_weights(policy, dtype: torch.dtype | None = None) -> list[tuple[str, 
             out.append((name.replace(".base_layer.", "."),
                         t if dtype is None else t.to(dtype)))
     return out
+
+
+# the adapter ranks vLLM's engine is offered (its ``max_lora_rank``): the policy's rank is
+# served by the smallest at or above it
+ENGINE_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def engine_lora_rank(r: int) -> int:
+    """The engine's ``max_lora_rank`` for a policy of LoRA rank ``r``."""
+    for rank in ENGINE_LORA_RANKS:
+        if rank >= r:
+            return rank
+    raise ValueError(f"lora_r: {r} is above the largest adapter rank a rollout engine "
+                     f"serves ({ENGINE_LORA_RANKS[-1]}); use engine_lora=merged")
+
+
+def lora_adapter(policy, dtype: torch.dtype | None = None) -> tuple[str, list]:
+    """A peft policy's active adapter as an engine loads it: its configuration as JSON
+    and ``[(name, tensor)]`` of its weights under peft's saved names
+    (``base_model.model.<module>.lora_A.weight``), in ``dtype``; no gradient."""
+    from peft import get_peft_model_state_dict
+
+    name = policy.active_adapter
+    config = policy.peft_config[name].to_dict()
+    state = get_peft_model_state_dict(policy, adapter_name=name)
+    with torch.no_grad():
+        named = [(k, v.detach() if dtype is None else v.detach().to(dtype))
+                 for k, v in state.items()]
+    return json.dumps(config, default=_jsonable, sort_keys=True), named
+
+
+def _jsonable(value):
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    return str(value)
 
 
 def probe_ids(tokenizer) -> list[int]:
