@@ -40,6 +40,8 @@ def run(tmp_path_factory):
 def test_the_run_samples_with_vllm(run):
     assert isinstance(run.engine, VllmEngine) and not run.engine.trainer_logprobs
     assert run.cfg.old_logprobs == "sampler"  # asked for, yet recomputed (engine's numerics)
+    # vLLM's engine process left the trainer's process group (ppokit_vllm_plugin)
+    assert run.engine.shares_our_group == []
 
 
 def test_vllm_logprobs_match_the_trainers_on_the_same_tokens(run):
@@ -97,6 +99,22 @@ def test_the_probe_fails_when_the_weights_are_not_pushed(run):
     finally:
         run.engine.push = real_push
     run.engine.push(run.policy)
+    stats = run.engine.check(run)
+    assert stats["engine_probe_abs_max"] <= PROBE_TOLERANCE["fp32"][1]
+
+
+def test_a_full_push_goes_through_shared_memory_and_is_copied_in(run):
+    """The weights are written into the trainer's shared block and the engine loads them
+    from it; the engine's weights are its own copy (the block overwritten with zeros
+    afterwards changes nothing it serves)."""
+    import os
+
+    run.engine.prepare(run)
+    block = run.engine.shared.block
+    assert block is not None and os.path.exists(f"/dev/shm/{block.name.lstrip('/')}")
+    n = sum(p.numel() for p in run.policy.parameters()) * 4  # float32
+    assert block.size >= n
+    block.buf[:] = bytes(block.size)
     stats = run.engine.check(run)
     assert stats["engine_probe_abs_max"] <= PROBE_TOLERANCE["fp32"][1]
 

@@ -96,6 +96,40 @@ def test_a_worker_kills_its_engine_core_and_itself_once_the_trainer_is_killed():
                 pass
 
 
+PLUGIN_CHILD = r"""
+import os, sys
+import ppokit_vllm_plugin
+before = os.getpgid(0)
+ppokit_vllm_plugin.register()
+now = os.getpgid(0)
+print(ppokit_vllm_plugin.started_by_trainer(), before == now, now == os.getpid())
+"""
+
+
+def test_the_vllm_plugin_moves_only_the_trainers_direct_child_into_a_group_of_its_own():
+    """``ppokit_vllm_plugin.register`` (vLLM runs it in each of its processes): in a
+    process the trainer started directly (vLLM's engine core) it makes a process group of
+    its own, out of reach of a terminal's Ctrl-C; anywhere else it does nothing."""
+    import ppokit_vllm_plugin
+    from ppokit.llm.engines.vllm_worker import OWNER_ENV
+
+    assert ppokit_vllm_plugin.OWNER_ENV == OWNER_ENV
+    env = dict(os.environ, PYTHONPATH=SRC)
+    env[OWNER_ENV] = str(os.getpid())  # this test stands for the trainer
+    child = subprocess.run([sys.executable, "-c", PLUGIN_CHILD], env=env, text=True,
+                           capture_output=True, timeout=60)
+    assert child.stdout.split() == ["True", "False", "True"], child.stderr
+    for owner in ("", "1", "not-a-pid"):  # not started by the owner: left as it is
+        env[OWNER_ENV] = owner
+        child = subprocess.run([sys.executable, "-c", PLUGIN_CHILD], env=env, text=True,
+                               capture_output=True, timeout=60)
+        assert child.stdout.split() == ["False", "True", "False"], child.stderr
+    env.pop(OWNER_ENV)
+    child = subprocess.run([sys.executable, "-c", PLUGIN_CHILD], env=env, text=True,
+                           capture_output=True, timeout=60)
+    assert child.stdout.split() == ["False", "True", "False"], child.stderr
+
+
 # ---------------------------------------------------------------- with vLLM
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vllm is not installed (make vllm)")
@@ -159,6 +193,85 @@ def test_sigterm_writes_a_checkpoint_and_leaves_no_vllm_process(tiny_model, tmp_
         cleanup(p, kids)
 
 
+# an engine's owner that, after a Ctrl-C to its whole process group, still generates
+ENGINE_AFTER_CTRL_C = r"""
+import signal, sys, time
+import torch
+from transformers import AutoTokenizer
+from ppokit.llm.engines.vllm_engine import VllmEngine
+
+def main():
+    got = []
+    signal.signal(signal.SIGINT, lambda s, f: got.append(s))
+    tok = AutoTokenizer.from_pretrained(sys.argv[1])
+    engine = VllmEngine(sys.argv[1], precision="fp32", seed=0, tokenizer=tok)
+    print("ready", flush=True)
+    sys.stdin.readline()  # (the test has sent SIGINT to the group meanwhile)
+    time.sleep(3.0)  # vLLM would have shut its engine down by now
+    ids = torch.tensor([[tok.bos_token_id or 1, 5, 6, 7]])
+    roll = engine.generate(ids, torch.ones_like(ids), max_new_tokens=4,
+                           eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                           temperature=1.0)
+    print(f"signals {got} generated {int(roll.action_mask.sum())}", flush=True)
+    engine.close()
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_vllm_processes_do_not_take_the_terminal_s_sigint(tiny_model, tmp_path):
+    """SIGINT to the whole process group (a terminal's Ctrl-C) while vLLM serves: the
+    owner receives it, vLLM's processes (in a process group of their own since their
+    engine core started: ``ppokit_vllm_plugin``) keep serving, and a generation after it
+    succeeds."""
+    script = tmp_path / "owner.py"
+    script.write_text(ENGINE_AFTER_CTRL_C)
+    env = dict(os.environ, PYTHONPATH=SRC, OMP_NUM_THREADS="1")
+    log = open(tmp_path / "stderr.txt", "w+")  # (vLLM's log would fill a pipe)
+    p = subprocess.Popen([sys.executable, str(script), tiny_model], env=env, text=True,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                         start_new_session=True)
+    kids = []
+    try:
+        line = ""
+        while line.strip() != "ready" and p.poll() is None:
+            line = p.stdout.readline()
+        assert p.poll() is None, (tmp_path / "stderr.txt").read_text()[-3000:]
+        kids = descendants(p.pid)
+        os.killpg(p.pid, signal.SIGINT)
+        out, _ = p.communicate("go\n", timeout=300)
+        err = (tmp_path / "stderr.txt").read_text()
+        assert p.returncode == 0, err[-3000:]
+        assert f"signals [{int(signal.SIGINT)}] generated" in out, out + err[-2000:]
+        assert wait_gone(kids, 10.0) == []
+    finally:
+        cleanup(p, kids)
+        log.close()
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_ctrl_c_reaches_the_trainer_alone_which_writes_its_checkpoint(tiny_model, tmp_path):
+    """Ctrl-C, as a terminal sends it: SIGINT to every process of the foreground group.
+    vLLM's processes are in a group of their own, so the engine goes on serving; the
+    trainer finishes its iteration, writes the checkpoint, shuts vLLM down and ends with
+    130; nothing of vLLM is left."""
+    rd = str(tmp_path / "run")
+    p, kids = train_until_generating(tiny_model, rd)
+    try:
+        os.killpg(p.pid, signal.SIGINT)
+        assert p.wait(timeout=120) == 128 + signal.SIGINT, p.stderr.read()[-3000:]
+        err = p.stderr.read()
+        assert "received SIGINT" in err and "Traceback" not in err, err[-3000:]
+        assert os.listdir(os.path.join(rd, "checkpoints"))
+        assert wait_gone(kids, 10.0) == []
+    finally:
+        cleanup(p, kids)
+
+
 @needs_vllm
 @pytest.mark.slow
 def test_sigkill_of_the_trainer_leaves_no_vllm_process(tiny_model, tmp_path):
@@ -193,7 +306,7 @@ def test_two_ranks_each_sample_with_an_engine_of_their_own(tiny_model, tmp_path)
         out, err = p.communicate(timeout=900)
         assert p.returncode == 0, err[-3000:]
         assert f"run dir: {rd} (2 ranks)" in out
-        assert "LoRA rank 4 served as an adapter" in out
+        assert "LoRA rank 4 served as an adapter" in out + err
         rows = [json.loads(x) for x in (rd / "metrics.jsonl").read_text().splitlines() if x]
         assert [r["ranks"] for r in rows] == [2, 2]
         assert all(r["engine_probe_abs_max"] <= 0.1 for r in rows)

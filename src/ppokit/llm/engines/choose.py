@@ -77,4 +77,10 @@ def make_engine(tr, name: str, model_dir: str) -> RolloutEngine:
         how = (f"LoRA rank {adapters} served as an adapter" if adapters
                else "weights pushed in place")
         tr.log(f"rollout engine: vllm (started in {engine.start_s:.1f} s; {how})")
+        if engine.shares_our_group:
+            tr.log("rollout engine: vllm's engine process is in the trainer's process group, "
+                   "so a Ctrl-C would end it in the middle of an iteration (ppokit's vLLM "
+                   "plugin, ppokit_vllm_plugin, did not run: reinstall ppokit in this "
+                   "environment, e.g. pip install -e .); stop the run with `kill PID` "
+                   "(SIGTERM) to keep its iteration")
     return engine

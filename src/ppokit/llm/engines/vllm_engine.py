@@ -11,8 +11,9 @@ no restart and nothing written to disk (:mod:`.vllm_worker`):
   new adapter id, which every request then names; the base weights stay those the
   engine started with;
 * otherwise (a fully fine-tuned policy, or ``engine_lora = "merged"``, ``auto``'s choice
-  on a CPU): every weight, LoRA adapters merged per layer, loaded in place by the model's
-  own loader.
+  on a CPU): every weight, LoRA adapters merged per layer, written into a block of
+  shared memory that the worker maps, and loaded from there in place by the model's own
+  loader.
 
 The prefix cache, whose keys and values the old weights computed, is then emptied, and
 the probe (:mod:`.weights`) must pass.
@@ -39,7 +40,7 @@ import torch
 
 from ..modeling.rollout import TokenRollout
 from .base import RolloutEngine, rollout_from_tokens
-from .vllm_worker import OWNER_ENV, pack
+from .vllm_worker import OWNER_ENV, SharedWeights, layout, pack, room_for
 from .weights import (
     check_probe,
     engine_lora_rank,
@@ -69,7 +70,9 @@ LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_R
 def owned_processes():
     """While vLLM starts its processes (they inherit the environment): ``OWNER_ENV``
     names this process, whose death vLLM's worker watches
-    (:func:`.vllm_worker.watch_owner`), and a rank's launcher variables are hidden."""
+    (:func:`.vllm_worker.watch_owner`) and whose direct child, vLLM's engine core, moves
+    into a process group of its own so that a terminal's Ctrl-C reaches the trainer alone
+    (``ppokit_vllm_plugin``, a vLLM plugin); and a rank's launcher variables are hidden."""
     saved = {k: os.environ.get(k) for k in (OWNER_ENV, *LAUNCHER_ENV)}
     for k in LAUNCHER_ENV:
         os.environ.pop(k, None)
@@ -84,6 +87,28 @@ def owned_processes():
                 os.environ[k] = v
 
 
+def children_in_our_group() -> list[int]:
+    """This process's direct children that are vLLM's and still in its process group
+    (where a terminal's Ctrl-C reaches them too): none when ``ppokit_vllm_plugin`` ran
+    in them. Empty where ``/proc`` cannot be read."""
+    me, group, out = os.getpid(), os.getpgid(0), []
+    try:
+        pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:
+        return out
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                head, rest = f.read().rsplit(")", 1)
+            fields = rest.split()
+            if (int(fields[1]) == me and head.split("(", 1)[1].startswith("VLLM::")
+                    and int(fields[2]) == group):
+                out.append(pid)
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
 class VllmEngine(RolloutEngine):
     """A vLLM ``LLM`` serving the checkpoint ``model_dir`` in ``precision``."""
 
@@ -91,9 +116,11 @@ class VllmEngine(RolloutEngine):
     trainer_logprobs = False
 
     def __init__(self, model_dir: str, *, precision: str, seed: int, tokenizer,
-                 lora_rank: int = 0):
+                 lora_rank: int = 0, shared_memory: bool = True):
         """``lora_rank > 0``: the policy's updates arrive as a LoRA adapter of that rank
-        (:meth:`push`), the base weights staying those of ``model_dir``."""
+        (:meth:`push`), the base weights staying those of ``model_dir``.
+        ``shared_memory``: a full push is written into shared memory that vLLM's worker
+        maps (:class:`.vllm_worker.SharedWeights`), else sent by message."""
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # (its INFO: every step)
         from vllm import LLM
 
@@ -101,6 +128,7 @@ class VllmEngine(RolloutEngine):
         name, self.dtype = DTYPES[precision]
         extra = {} if torch.cuda.is_available() else {"kv_cache_memory_bytes": KV_CACHE_BYTES}
         self.lora_rank, self.adapter_version, self.lora_request = lora_rank, 0, None
+        self.shared = SharedWeights() if shared_memory else None
         if lora_rank:
             extra.update(enable_lora=True, max_loras=1, max_cpu_loras=1,
                          max_lora_rank=engine_lora_rank(lora_rank))
@@ -115,6 +143,7 @@ class VllmEngine(RolloutEngine):
                            worker_extension_cls="ppokit.llm.engines.vllm_worker."
                                                 "PpokitWorkerExtension", **extra)
         self.start_s = time.perf_counter() - t
+        self.shares_our_group = children_in_our_group()
         self.probe = probe_ids(tokenizer)
 
     def generate(self, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_id, pad_token_id,
@@ -154,8 +183,11 @@ class VllmEngine(RolloutEngine):
             self.lora_request = LoRARequest(f"ppokit-policy-{self.adapter_version}",
                                             self.adapter_version, IN_MEMORY)
         else:
-            self.llm.collective_rpc("ppokit_load_weights",
-                                    args=pack(served_weights(policy, self.dtype)))
+            named = served_weights(policy, self.dtype)
+            if self.shared is not None and room_for(layout(named)[1]):
+                self.llm.collective_rpc("ppokit_load_shared", args=self.shared.write(named))
+            else:  # (no room in /dev/shm: the bytes go by message)
+                self.llm.collective_rpc("ppokit_load_weights", args=pack(named))
         self.llm.reset_prefix_cache()
 
     def probe_logprobs(self) -> list[float]:
@@ -184,6 +216,9 @@ class VllmEngine(RolloutEngine):
                 "engine_probe_s": time.perf_counter() - t1}
 
     def close(self) -> None:
+        shared, self.shared = getattr(self, "shared", None), None
+        if shared is not None:
+            shared.close()
         llm, self.llm = getattr(self, "llm", None), None
         if llm is not None and hasattr(llm, "llm_engine"):
             engine = llm.llm_engine

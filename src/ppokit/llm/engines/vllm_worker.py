@@ -3,8 +3,12 @@ the methods the trainer calls there through ``LLM.collective_rpc``. Nothing here
 the rest of ppokit.
 
 vLLM's messages carry plain values (a tensor among untyped arguments would arrive as its
-encoding, not as a tensor), so the weights travel as :func:`pack`'s raw bytes, names,
-number formats and shapes, and :func:`unpack` rebuilds them without a copy.
+encoding, not as a tensor). A full push of the weights is written by the trainer into a
+block of shared memory (:class:`SharedWeights`), and the message carries only the block's
+name and where each tensor lies in it (:func:`layout`); the worker maps the block and
+loads from views of it (:func:`views`). Without room in ``/dev/shm``, and for a LoRA
+adapter (a few megabytes), the bytes travel in the message itself: :func:`pack`'s raw
+bytes, names, number formats and shapes, rebuilt by :func:`unpack` without a copy.
 
 Imported in a worker that the trainer whose pid is in ``PPOKIT_VLLM_OWNER`` started
 (through vLLM's engine-core process), it watches that trainer (:func:`watch_owner`): vLLM
@@ -16,6 +20,8 @@ trainer, then itself."""
 from __future__ import annotations
 
 import json
+import logging
+import mmap
 import os
 import signal
 import threading
@@ -24,7 +30,8 @@ import warnings
 
 import torch
 
-__all__ = ["PpokitWorkerExtension", "pack", "unpack", "watch_owner", "OWNER_ENV"]
+__all__ = ["PpokitWorkerExtension", "pack", "unpack", "SharedWeights", "layout", "views",
+           "watch_owner", "OWNER_ENV"]
 
 OWNER_ENV = "PPOKIT_VLLM_OWNER"  # the pid of the trainer that starts vLLM's processes
 WATCH_PERIOD_S = 1.0
@@ -53,6 +60,99 @@ def unpack(names, dtypes, shapes, blobs) -> list:
     return out
 
 
+# ---------------------------------------------------------------- shared memory
+ALIGN = 64  # each tensor's offset in the block, in bytes
+
+
+def layout(named: list) -> tuple[list, int]:
+    """``[(name, dtype, shape, offset, nbytes)]`` of ``[(name, tensor)]`` laid out in
+    one block, and the block's size."""
+    out, end = [], 0
+    for name, t in named:
+        start = -(-end // ALIGN) * ALIGN
+        nbytes = t.numel() * t.element_size()
+        out.append((name, str(t.dtype).removeprefix("torch."), list(t.shape), start, nbytes))
+        end = start + nbytes
+    return out, max(end, 1)
+
+
+def extent(plan: list) -> int:
+    """The bytes a :func:`layout` plan spans."""
+    return max((start + nbytes for _, _, _, start, nbytes in plan), default=1)
+
+
+def room_for(nbytes: int, where: str = "/dev/shm") -> bool:
+    """Whether the shared-memory file system has ``nbytes`` free (a block larger than
+    it would be created, then fault on the first write beyond)."""
+    try:
+        st = os.statvfs(where)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize >= nbytes + (64 << 20)
+
+
+class SharedWeights:
+    """The trainer's half: one block of POSIX shared memory (``/dev/shm``: memory, not
+    disk) that each push writes the weights into, reused while it is large enough; the
+    worker maps the same block and loads from it (:meth:`PpokitWorkerExtension.
+    ppokit_load_shared`), so a push's bytes cross no socket. Removed by :meth:`close`
+    (and, should the trainer be killed, by Python's resource tracker)."""
+
+    def __init__(self):
+        self.block = None
+
+    def write(self, named: list) -> tuple[str, list]:
+        """Copy ``[(name, tensor)]`` into the block: ``(block name, layout)``."""
+        from multiprocessing import shared_memory
+
+        plan, size = layout(named)
+        if self.block is None or self.block.size < size:
+            self.close()
+            self.block = shared_memory.SharedMemory(create=True, size=size)
+        view = torch.frombuffer(self.block.buf, dtype=torch.uint8, count=size)
+        for (_, _, _, start, nbytes), (_, t) in zip(plan, named):
+            view[start:start + nbytes].copy_(t.detach().contiguous().reshape(-1)
+                                              .view(torch.uint8))
+        del view
+        return self.block.name, plan
+
+    def close(self) -> None:
+        block, self.block = self.block, None
+        if block is not None:
+            block.close()
+            block.unlink()
+
+
+_ATTACHED: dict = {}  # the worker's half: the trainer's blocks it has mapped, by name
+
+
+def attached(name: str, size: int) -> mmap.mmap:
+    """The trainer's shared block ``name`` (at least ``size`` bytes), mapped once; the
+    mapping of an older block is let go. Opened by name, outside Python's resource
+    tracking: the block is the trainer's, which removes it."""
+    import _posixshmem  # (what multiprocessing.shared_memory opens blocks with)
+
+    if name not in _ATTACHED:
+        for old in list(_ATTACHED):
+            try:
+                _ATTACHED.pop(old).close()
+            except BufferError:  # (a view of it is still alive: unmapped when it goes)
+                pass
+        fd = _posixshmem.shm_open("/" + name.lstrip("/"), os.O_RDWR, mode=0o600)
+        try:
+            _ATTACHED[name] = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+    return _ATTACHED[name]
+
+
+def views(block, plan: list) -> list:
+    """``[(name, tensor)]``: the tensors of ``plan`` as views of ``block``'s memory."""
+    base = torch.frombuffer(block, dtype=torch.uint8, count=extent(plan))
+    return [(name, base[start:start + nbytes].view(getattr(torch, dtype)).reshape(shape))
+            for name, dtype, shape, start, nbytes in plan]
+
+
 class PpokitWorkerExtension:
     """Mixed into vLLM's worker class, so ``self`` is the worker."""
 
@@ -61,10 +161,21 @@ class PpokitWorkerExtension:
         place: vLLM's own reload (the model's loader fuses q/k/v and gate/up projections
         and the platform repacks them for its kernels, as at start-up); the number of
         tensors sent."""
+        quiet_expected_reload_warnings()
         self.reload_weights(weights_iterator=iter(unpack(names, dtypes, shapes, blobs)),
                             is_checkpoint_format=True)
         retie_output_head(self.model_runner.model)
         return len(names)
+
+    def ppokit_load_shared(self, block_name, plan) -> int:
+        """:meth:`ppokit_load_weights` from the trainer's shared block (:class:`SharedWeights`)
+        instead of bytes sent by message; the number of tensors."""
+        quiet_expected_reload_warnings()
+        named = views(attached(block_name, extent(plan)), plan)
+        self.reload_weights(weights_iterator=iter(named), is_checkpoint_format=True)
+        del named
+        retie_output_head(self.model_runner.model)
+        return len(plan)
 
     def ppokit_load_lora(self, adapter_id, config_json, names, dtypes, shapes, blobs) -> int:
         """Serve :func:`pack`'s LoRA tensors (peft's names, ``...lora_A.weight``) with the
@@ -93,6 +204,25 @@ class PpokitWorkerExtension:
         models.add_adapter(lora)
         models.activate_adapter(lora.id)
         return len(names)
+
+
+# layers a reload in checkpoint format never finds weights for, each push: the rotary
+# embedding (its tables are computed, not stored) and a tied output head (it shares the
+# embedding's tensor, which :func:`retie_output_head` prepares again)
+NOT_IN_A_CHECKPOINT = ("RotaryEmbedding", "ParallelLMHead")
+
+
+def _expected(record) -> bool:
+    return not (record.getMessage().endswith(": Failed to load weights")
+                and str(record.args and record.args[0]) in NOT_IN_A_CHECKPOINT)
+
+
+def quiet_expected_reload_warnings() -> None:
+    """vLLM's reload warns of every layer it found no weights for; for the layers of
+    :data:`NOT_IN_A_CHECKPOINT` that is expected, and said no more (once per process)."""
+    log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    if _expected not in log.filters:
+        log.addFilter(_expected)
 
 
 def retie_output_head(model) -> None:
