@@ -114,20 +114,19 @@ def test_the_vllm_plugin_moves_only_the_trainers_direct_child_into_a_group_of_it
     from ppokit.llm.engines.vllm_worker import OWNER_ENV
 
     assert ppokit_vllm_plugin.OWNER_ENV == OWNER_ENV
-    env = dict(os.environ, PYTHONPATH=SRC)
-    env[OWNER_ENV] = str(os.getpid())  # this test stands for the trainer
-    child = subprocess.run([sys.executable, "-c", PLUGIN_CHILD], env=env, text=True,
-                           capture_output=True, timeout=60)
-    assert child.stdout.split() == ["True", "False", "True"], child.stderr
-    for owner in ("", "1", "not-a-pid"):  # not started by the owner: left as it is
-        env[OWNER_ENV] = owner
-        child = subprocess.run([sys.executable, "-c", PLUGIN_CHILD], env=env, text=True,
-                               capture_output=True, timeout=60)
-        assert child.stdout.split() == ["False", "True", "False"], child.stderr
-    env.pop(OWNER_ENV)
-    child = subprocess.run([sys.executable, "-c", PLUGIN_CHILD], env=env, text=True,
-                           capture_output=True, timeout=60)
-    assert child.stdout.split() == ["False", "True", "False"], child.stderr
+
+    def child(owner):
+        env = {k: v for k, v in os.environ.items() if k != OWNER_ENV}
+        if owner is not None:
+            env[OWNER_ENV] = owner
+        run = subprocess.run([sys.executable, "-c", PLUGIN_CHILD], text=True, timeout=60,
+                             env=dict(env, PYTHONPATH=SRC), capture_output=True)
+        return run.stdout.split() or run.stderr
+
+    # this test stands for the trainer: its child moves to a group of its own
+    assert child(str(os.getpid())) == ["True", "False", "True"]
+    for owner in (None, "", "1", "not-a-pid"):  # not started by the owner: left as it is
+        assert child(owner) == ["False", "True", "False"]
 
 
 # ---------------------------------------------------------------- with vLLM
@@ -275,11 +274,18 @@ def test_ctrl_c_reaches_the_trainer_alone_which_writes_its_checkpoint(tiny_model
 @needs_vllm
 @pytest.mark.slow
 def test_sigkill_of_the_trainer_leaves_no_vllm_process(tiny_model, tmp_path):
+    """Nor shared memory: the trainer's weight block (and vLLM's own) are removed once
+    the processes holding them are gone."""
+    shm_before = set(os.listdir("/dev/shm"))
     p, kids = train_until_generating(tiny_model, str(tmp_path / "run"))
     try:
         p.kill()
         p.wait()
         assert wait_gone(kids, 10.0) == []
+        end = time.monotonic() + 10.0
+        while (left := set(os.listdir("/dev/shm")) - shm_before) and time.monotonic() < end:
+            time.sleep(0.2)
+        assert not left, left
     finally:
         cleanup(p, kids)
 
