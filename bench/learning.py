@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.learning_tasks import QUICK, TASKS, Task, slug, task
+from bench.learning_tasks import QUICK, TASKS, Task, random_key, slug, task
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "benchmarks" / "results"
@@ -409,10 +409,11 @@ def cmd_random(a) -> int:
     path = REFERENCES.with_name("random.json")
     out = json.loads(path.read_text()) if path.exists() else {}
     for t in select(a.tasks, None):
-        if t.sets or t.env_id in out or not installed(t):
+        key = random_key(t)
+        if key in out or not installed(t) or (t.sets and not t.published):
             continue
-        out[t.env_id] = round(random_score(t, 5 if t.family == "atari" else 20), 3)
-        print(f"{t.env_id}: {out[t.env_id]}", flush=True)
+        out[key] = round(random_score(t, 5 if t.family == "atari" else 20), 3)
+        print(f"{key}: {out[key]}", flush=True)
         path.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
     return 0
 

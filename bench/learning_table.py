@@ -17,7 +17,7 @@ import math
 import statistics
 from pathlib import Path
 
-from bench.learning_tasks import TASKS, Task, slug
+from bench.learning_tasks import TASKS, Task, random_key, slug
 
 # two-sided 95 % Student-t critical values by degrees of freedom
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
@@ -228,8 +228,8 @@ def figure(rows: list[dict], results: Path, path: Path, randoms: dict | None = N
         grid, m, lo, hi = mean_curve(load_results(results, t))
         ax.plot(grid, m, color="C0", label=f"ppokit ({r['n']} seeds)")
         ax.fill_between(grid, lo, hi, color="C0", alpha=0.25)
-        if (randoms or {}).get(t.env_id) is not None and not t.sets:
-            ax.axhline(randoms[t.env_id], color="grey", ls=":", lw=1, label="random")
+        if (randoms or {}).get(random_key(t)) is not None:
+            ax.axhline(randoms[random_key(t)], color="grey", ls=":", lw=1, label="random")
         sb3 = [x for x in load_results(sb3_results, t) if x.get("budget") == t.steps] \
             if sb3_results is not None else []
         if sb3:  # the SB3 runs' own curves (the reference's line is their final mean)
@@ -262,11 +262,11 @@ def write_table(results: Path, references: Path, doc: Path, fig_path: Path, *,
         if not recs:
             pending.append(t)
             continue
-        refs = [] if t.sets else closest_per_project(by_task.get(t.env_id, []), sources,
-                                                     recs[0]["budget"])
+        refs = [] if t.sets and not t.published else closest_per_project(
+            by_task.get(t.env_id, []), sources, recs[0]["budget"])
         sb3 = sb3_reference(sb3_results, t)
         rows.append(task_row(t, recs, refs + [sb3] * (sb3 is not None),
-                             randoms.get(t.env_id)))
+                             randoms.get(random_key(t))))
     text = render(rows, sources, pending)
     body = doc.read_text() if doc.exists() else f"{BEGIN}\n{END}\n"
     start, stop = body.index(BEGIN) + len(BEGIN), body.index(END)

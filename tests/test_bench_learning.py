@@ -205,3 +205,31 @@ def test_the_summary_counts_references_at_the_rows_budget_apart(tmp_path, monkey
     assert "with a reference: 1, of which within or above every reference: 0." in text
     assert ("Counting only references at the row's budget (within a factor of 2): 1 tasks "
             "with one, 1 within or above every such reference.") in text
+
+
+def test_ant_is_trained_on_the_task_its_references_measured():
+    """The published Ant numbers were measured where contact forces were zero (Ant-v3 under
+    MuJoCo 2+) or left out (Ant-v4): the row's settings give Ant-v5 that task, and so the
+    table shows those references for it; a task whose settings are not the published one
+    (the 64×64 image) is shown with none."""
+    ant = task("ant")
+    kwargs = json.loads(ant.sets["env_kwargs"])
+    assert ant.published and kwargs == {"include_cfrc_ext_in_observation": False,
+                                        "contact_cost_weight": 0.0}
+    assert not task("image-side-nature-cnn-64-64-3").published
+    from bench.learning_tasks import random_key
+
+    assert random_key(task("hopper")) == "Hopper-v5"
+    assert random_key(ant) == ("Ant-v5 {\"contact_cost_weight\": 0.0, "
+                               "\"include_cfrc_ext_in_observation\": false}")
+    cmd = L.train_command(ant, 0, Path("/tmp/unused"), ant.steps)
+    assert f"env_kwargs={ant.sets['env_kwargs']}" in cmd
+    if L.installed(ant):
+        import gymnasium as gym
+
+        env = gym.make(ant.env_id, **kwargs)
+        assert env.observation_space.shape == (27,)
+        env.reset(seed=0)
+        _, _, _, _, info = env.step(env.action_space.sample())
+        assert info["reward_ctrl"] != 0.0 and info["reward_contact"] == 0.0
+        env.close()
