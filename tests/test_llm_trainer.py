@@ -344,7 +344,8 @@ def test_eval_every_logs_the_held_out_score_without_changing_training(tmp_path, 
     with_eval = _trainer(tmp_path, tok, "eval", algo="grpo", prompts_per_iter=4,
                          samples_per_prompt=2, iterations=3, eval_every=2, n_eval_prompts=16)
     a, b = plain.train(progress=False), with_eval.train(progress=False)
-    assert ["eval/score_mean" in r for r in b] == [False, True, False]
+    # every second iteration and the last: the run's final policy is scored too
+    assert ["eval/score_mean" in r for r in b] == [False, True, True]
     for x, y in zip(a, b):                      # the run's own random streams are untouched
         for key in ("score_mean", "kl_ref", "approx_kl", "response_length_mean"):
             assert x[key] == y[key], key
@@ -357,3 +358,9 @@ def test_eval_every_logs_the_held_out_score_without_changing_training(tmp_path, 
     assert 0 <= ev["eval/truncated_frac"] <= 1
     with pytest.raises(UsageError, match="eval_every"):
         LLMConfig(eval_every=-1).resolved()
+    # a run its time limit ends is scored at the iteration it ends with
+    timed = _trainer(tmp_path, tok, "timed", algo="grpo", prompts_per_iter=4,
+                     samples_per_prompt=2, iterations=50, eval_every=10, n_eval_prompts=8,
+                     time_limit=1e-6)
+    recs = timed.train(progress=False)
+    assert len(recs) == 1 and "eval/score_mean" in recs[0]

@@ -199,7 +199,8 @@ class LLMConfig(EngineSettings, PackingSettings, OffPolicySettings):
     n_eval_prompts: int = setting(128, "held-out prompts for `ppokit llm eval` (and eval_every)",
                                   bounds=(1, 10**6, False))
     eval_every: int = setting(0, "score the policy on n_eval_prompts held-out prompts every N "
-                              "iterations while training, logged as eval/score_mean, "
+                              "iterations while training and at its last (iteration count "
+                              "or time limit), logged as eval/score_mean, "
                               "eval/reward/NAME, ... (0: never)", bounds=(0, 10**9, False))
     checkpoint_every: int = setting(25, "iterations between checkpoints (and at the end)",
                                     bounds=(1, 10**9, False))

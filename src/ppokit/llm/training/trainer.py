@@ -377,7 +377,7 @@ class TokenTrainer(RunLifecycle):
         """Rank 0: the held-out evaluation when due, the monitors, then the iteration's
         metrics record and its logged samples written."""
         cfg = self.cfg
-        if cfg.eval_every and self.iteration % cfg.eval_every == 0:
+        if cfg.eval_every and (self.iteration % cfg.eval_every == 0 or self._last_iteration()):
             rec.update(self.evaluate_heldout())
         for mon in self.monitors:
             rec.update({k: float(v) for k, v in mon(prompts, comps).items()})
@@ -390,6 +390,13 @@ class TokenTrainer(RunLifecycle):
                                 "completion": comps[i], "score": float(scores[i]),
                                 "truncated": bool(roll.truncated[i]), **version})
         return rec
+
+    def _last_iteration(self) -> bool:
+        """Whether the loop ends after this iteration (its iteration count or its time
+        limit reached): the run's last held-out score is of the policy it ends with."""
+        limit = self.cfg.time_limit
+        return (self.iteration >= self.cfg.iterations
+                or (limit is not None and self.elapsed >= limit))
 
     def draw_rows(self) -> list:
         """This rank's rows of the next batch, each prompt ``samples_per_prompt`` times."""
