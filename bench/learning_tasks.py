@@ -72,10 +72,16 @@ def _mujoco(name: str, **kw) -> Task:
                 **kw)
 
 
-def _minatar(name: str, **kw) -> Task:
-    return Task(f"MinAtar {name}", f"MinAtar/{name}-v1", "minatar", 1_000_000,
+def _minatar(name: str, steps: int = 1_000_000, **kw) -> Task:
+    return Task(f"MinAtar {name}", f"MinAtar/{name}-v1", "minatar", steps,
                 "small-image CNN (10×10 planes)", extra="minatar", stochastic_eval=True,
                 **kw)
+
+
+# gymnax's published PPO agents trained 10M steps; the rows at 1M that fell short of them
+# (Breakout 6.9 and SpaceInvaders 47 against 28 and 131) train the references' budget; the
+# others reached their reference at 1M and keep it
+TEN_MILLION = dict(steps=10_000_000, note="10M steps: the budget of gymnax's agent")
 
 
 TASKS: tuple[Task, ...] = (
@@ -121,8 +127,9 @@ TASKS: tuple[Task, ...] = (
          note="1M steps (the budget of CleanRL's MuJoCo table; the zoo trains 10M)"),
     # MinAtar
     _minatar("Breakout", quick=Quick(300_000, 3.0, "random play scores 0.4; the full run "
-                                                    "reaches 6 at 1M")),
-    _minatar("Asterix"), _minatar("Freeway"), _minatar("SpaceInvaders"), _minatar("Seaquest"),
+                                                    "reaches 6 at 1M"), **TEN_MILLION),
+    _minatar("Asterix"), _minatar("Freeway"), _minatar("SpaceInvaders", **TEN_MILLION),
+    _minatar("Seaquest"),
     # Atari
     Task("Atari Breakout", "ALE/Breakout-v5", "atari", 2_000_000, "Nature CNN (84×84×4)",
          extra="atari", stochastic_eval=True, final_episodes=10,
