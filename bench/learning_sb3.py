@@ -261,7 +261,9 @@ def build_model(cfg, env, steps: int) -> PPO:
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
     args = ppo_arguments(cfg, steps)  # (refuses before any environment is made)
-    vec = make_vec_env(env, n_envs=cfg.n_envs, seed=cfg.seed)
+    # an id is made with the task's environment settings, as ppokit's run makes it
+    kwargs = dict(cfg.env_kwargs or {}) if isinstance(env, str) else None
+    vec = make_vec_env(env, n_envs=cfg.n_envs, seed=cfg.seed, env_kwargs=kwargs)
     norm = normalize_arguments(cfg)
     if norm is not None:
         vec = VecNormalize(vec, **norm)

@@ -67,8 +67,10 @@ def result_path(row: str, seed: int, results: Path = RESULTS) -> Path:
 
 
 def _env(threads: int = 2) -> dict:
+    # the thread count is the bench's, not chosen from the machine's load at the start
+    # (ppokit's trainer would use fewer where another process was busy at that moment)
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1",
-               OMP_NUM_THREADS=str(threads))
+               OMP_NUM_THREADS=str(threads), PPOKIT_THREADS=str(threads))
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT),
                                          env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env

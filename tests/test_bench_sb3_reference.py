@@ -170,7 +170,7 @@ def test_table_reference_column_from_sb3_result_files(tmp_path, monkeypatch):
 
     # ppokit 3.5-3.7: interval [3.352, 3.848] reaches the SB3 interval's lower end 3.516
     # (not its mean less its standard deviation, 5.0): within
-    assert (f"| {SB3_SOURCE}: 6.000 ± 1.000 (3) [3.516, 8.484], 1,000,000 | 0.60 | yes |"
+    assert (f"| {SB3_SOURCE}: 6.000 ± 1.000 (3) [3.516, 8.484], {t.steps:,} | 0.60 | yes |"
             in row((3.5, 3.6, 3.7)))
     assert "| 0.50 | **no** |" in row((2.9, 3.0, 3.1))  # upper end 3.248 < 3.516
     assert "| 1.33 | yes |" in row((7.9, 8.0, 8.1))  # above

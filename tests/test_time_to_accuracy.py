@@ -72,6 +72,9 @@ def test_ppokit_rows_run_the_trainer_with_the_shared_settings(tmp_path):
     (tmp_path / "r" / "checkpoints").mkdir(parents=True)
     assert tta.ppokit_command("ppokit", "py", "M", 2, 600.0, tmp_path / "r")[-2:] == [
         "--resume", str(tmp_path / "r")]
+    # every side runs the bench's thread count, whatever the machine's load at its start
+    env = tta._env(3)
+    assert env["PPOKIT_THREADS"] == env["OMP_NUM_THREADS"] == "3"
 
 
 def test_the_curve_is_read_from_the_trainers_metrics(tmp_path):
