@@ -394,9 +394,9 @@ class TokenTrainer(RunLifecycle):
     def _last_iteration(self) -> bool:
         """Whether the loop ends after this iteration (its iteration count or its time
         limit reached): the run's last held-out score is of the policy it ends with."""
-        limit = self.cfg.time_limit
-        return (self.iteration >= self.cfg.iterations
-                or (limit is not None and self.elapsed >= limit))
+        plan = self.plan()  # (the loop's own stopping rule: RunLifecycle._loop)
+        return (self.iteration >= plan.total_iterations
+                or (plan.time_limit is not None and self.elapsed >= plan.time_limit))
 
     def draw_rows(self) -> list:
         """This rank's rows of the next batch, each prompt ``samples_per_prompt`` times."""
