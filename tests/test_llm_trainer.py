@@ -364,3 +364,66 @@ def test_eval_every_logs_the_held_out_score_without_changing_training(tmp_path, 
                      time_limit=1e-6)
     recs = timed.train(progress=False)
     assert len(recs) == 1 and "eval/score_mean" in recs[0]
+
+
+def _reference_rows(tr, monkeypatch) -> list[int]:
+    """Rows of every log-prob pass of ``tr``'s reference, recorded as the trainer runs."""
+    from ppokit.llm.training import frozen
+
+    seen, inner = [], frozen.sequence_logprobs
+
+    def counted(model, input_ids, *args, **kw):
+        if model is tr.reference:
+            seen.append(int(input_ids.shape[0]))
+        return inner(model, input_ids, *args, **kw)
+
+    monkeypatch.setattr(frozen, "sequence_logprobs", counted)
+    return seen
+
+
+@pytest.mark.parametrize("kl_mode", ["reward", "loss"])
+def test_at_beta_zero_the_reference_reads_a_probe_and_the_update_is_unchanged(
+        tmp_path, tok, monkeypatch, kl_mode):
+    """β 0 and fixed: no KL term reads the reference, so it runs on the probe rows only
+    (for ``kl_ref``); the update is the one the full pass gives, and ``kl_ref`` is the
+    full pass's KL on those rows."""
+    from ppokit.llm.training import frozen
+    from ppokit.llm.training.divergence import PROBE_ROWS
+
+    kw = {"algo": "grpo", "prompts_per_iter": 4, "samples_per_prompt": 4, "iterations": 2,
+          "kl_mode": kl_mode, "kl_coef": 0.0, "learning_rate": 5e-3}
+    runs = {}
+    for mode in ("probe", "full"):
+        tr = _trainer(tmp_path, tok, name=mode, **kw)
+        if mode == "full":
+            monkeypatch.setattr(frozen, "reference_needed", lambda tr: True)
+        labels = []
+        tr.labels_observer = lambda roll, lab, into=labels: into.append(lab)
+        rows = _reference_rows(tr, monkeypatch)
+        recs = [tr.train_iteration() for _ in range(2)]
+        runs[mode] = (tr, recs, labels, rows)
+    (p_tr, p_recs, p_labs, p_rows), (f_tr, f_recs, f_labs, f_rows) = runs["probe"], runs["full"]
+    assert max(p_rows) <= PROBE_ROWS < max(f_rows)
+    assert p_labs[-1].ref_logp is None and (p_labs[-1].kl_tokens == 0).all()
+    for a, b in zip(p_tr.policy.parameters(), f_tr.policy.parameters()):
+        assert torch.equal(a, b)
+    probe = torch.linspace(0, 15, PROBE_ROWS).round().long().unique()
+    kl_rows = f_labs[-1].kl_tokens[probe].sum(1).mean()
+    assert p_recs[-1]["kl_ref_rows"] == len(probe) and "kl_ref_rows" not in f_recs[-1]
+    assert p_recs[-1]["kl_ref"] == pytest.approx(float(kl_rows), abs=1e-5)
+    assert abs(p_recs[-1]["kl_ref"]) > 1e-4  # the policy has moved: a real measurement
+    assert p_recs[-1]["score_mean"] == f_recs[-1]["score_mean"]
+
+
+def test_a_kl_term_without_the_reference_is_an_error(tmp_path, tok):
+    tr = _trainer(tmp_path, tok, kl_mode="reward", kl_coef=0.1)
+    roll = tr.rollout(tr.sample_prompts())
+    with pytest.raises(ValueError, match="needs the reference's log-probs"):
+        compute_labels(tr.cfg, roll, torch.zeros(roll.input_ids.shape[0]), roll.logp, None,
+                       0.1)
+    from ppokit.llm.training import frozen
+    assert frozen.reference_needed(tr)
+    assert not frozen.reference_needed(_trainer(tmp_path, tok, name="none", kl_mode="none",
+                                                kl_coef=0.1))
+    assert frozen.reference_needed(_trainer(tmp_path, tok, name="adaptive", kl_coef=0.1,
+                                            kl_target=0.5))

@@ -53,14 +53,14 @@ class Labels:
     """Frozen per-rollout training labels (``[B, L]`` unless noted)."""
 
     old_logp: torch.Tensor
-    ref_logp: torch.Tensor
+    ref_logp: torch.Tensor | None  # None: not computed, no KL term reads it (β 0)
     loss_mask: torch.Tensor  # bool: action tokens that enter the losses
     advantages: torch.Tensor
     returns: torch.Tensor | None
     values: torch.Tensor | None
     scores: torch.Tensor  # [B] raw scores
     token_rewards: torch.Tensor  # [B, L] what the advantage estimator saw (ppo/reinforce++)
-    kl_tokens: torch.Tensor  # [B, L] k1(old, ref) on action tokens
+    kl_tokens: torch.Tensor  # [B, L] k1(old, ref) on action tokens (0 without ref_logp)
     stats: dict = field(default_factory=dict)
     is_weight: torch.Tensor | None = None  # [B, L] rollout_is=truncate: the tokens' weights
 
@@ -79,6 +79,10 @@ def compute_labels(cfg, roll: TokenRollout, scores: torch.Tensor, old_logp, ref_
     of the loss mask after the advantages are computed (a token-level estimator's returns
     still run over every action token).
 
+    ``ref_logp``: ``None`` when no KL term reads it (β 0, or ``kl_mode`` none): the KL
+    rewards are then 0 and the statistics leave out ``kl_ref``, which the trainer measures
+    on a probe of the batch (:func:`ppokit.llm.training.frozen.reference_probe`).
+
     ``turn_rewards``: an agent run's ``[B, L]`` rewards, each turn's on its last token
     (``scores`` are then the episodes' returns, and ``roll.truncated`` the episodes that
     were cut): the token estimators see them as they are; with a critic, a truncated
@@ -93,7 +97,13 @@ def compute_labels(cfg, roll: TokenRollout, scores: torch.Tensor, old_logp, ref_
     agent = turn_rewards is not None  # (truncation is the episode's: see the docstring)
     s, loss_mask, place_score = _shaped_scores(cfg, raw, am, trunc, agent)
     zero = torch.zeros((), dtype=old_logp.dtype)
-    kl_tok = torch.where(am, kl_k1(old_logp, ref_logp), zero)
+    if ref_logp is None:
+        if beta != 0 and cfg.kl_mode != "none":
+            raise ValueError(f"compute_labels: a KL term (kl_mode {cfg.kl_mode!r}, beta "
+                             f"{beta:g}) needs the reference's log-probs; got none")
+        kl_tok = torch.zeros_like(old_logp)
+    else:
+        kl_tok = torch.where(am, kl_k1(old_logp, ref_logp), zero)
     kl_seq = kl_tok.sum(1)
     last = roll.last_action_index().clamp(min=0)
     has_action = am.any(1)
@@ -137,7 +147,10 @@ def compute_labels(cfg, roll: TokenRollout, scores: torch.Tensor, old_logp, ref_
     non_score = (kl_reward.sum(1) if use_kl_reward else torch.zeros(bsz))
     stats = _label_stats(cfg, raw, am, trunc, kl_tok, non_score, adv, loss_mask, is_stats,
                          agent, values, returns)
-    return Labels(old_logp.detach(), ref_logp.detach(), loss_mask, adv.detach(),
+    if ref_logp is None:
+        del stats["kl_ref"], stats["kl_ref_token"]
+    return Labels(old_logp.detach(), None if ref_logp is None else ref_logp.detach(),
+                  loss_mask, adv.detach(),
                   None if returns is None else returns.detach(), values, raw, token_rewards,
                   kl_tok, stats, None if is_weight is None else is_weight.detach())
 

@@ -22,7 +22,9 @@ def labelled_batch(tr, roll: TokenRollout, lab: Labels) -> LabelledBatch:
     rollout (the forward adapter reads the token ids from it)."""
     n = roll.input_ids.shape[0]
     data = {"row": torch.arange(n), "logp": lab.old_logp,
-            "advantages": lab.advantages, "ref_logp": lab.ref_logp}
+            "advantages": lab.advantages}
+    if lab.ref_logp is not None:
+        data["ref_logp"] = lab.ref_logp
     if tr.dp is not None:  # contiguous blocks of rows, in rank order
         data["owner"] = torch.arange(tr.world).repeat_interleave(n // tr.world)
     if lab.returns is not None:

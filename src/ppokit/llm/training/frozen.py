@@ -10,13 +10,15 @@ import random
 
 import torch
 
+from ppokit.core import kl_k1, masked_mean
+
 from ..labelling.labels import overlong_penalty
 from ..labelling.mismatch import mismatch_stats
 from ..modeling.rollout import TokenRollout, sequence_logprobs
 from .divergence import PROBE_ROWS
 
-__all__ = ["frozen_forward", "old_from_sampler", "probe_logprobs", "score_with_length",
-           "mismatch", "probe_rewards"]
+__all__ = ["frozen_forward", "old_from_sampler", "reference_needed", "reference_probe",
+           "probe_logprobs", "score_with_length", "mismatch", "probe_rewards"]
 
 
 @torch.no_grad()
@@ -24,7 +26,8 @@ def frozen_forward(tr, roll: TokenRollout):
     """Old log-probs (policy), reference log-probs, critic values — no gradient.
     The old log-probs are the sampler's own (``roll.logp``) unless ``old_logprobs =
     "recompute"``, the rollout came without them, or a shared critic needs the
-    policy's hidden states anyway."""
+    policy's hidden states anyway. The reference's are ``None`` when no KL term reads
+    them (:func:`reference_needed`); :func:`reference_probe` then measures ``kl_ref``."""
     with tr.autocast():
         return _frozen_pass(tr, roll)
 
@@ -37,14 +40,56 @@ def _frozen_pass(tr, roll: TokenRollout):
                                 temperature=t, with_hidden=tr.shared_critic,
                                 prompt_len=tr.shared_prompt_len(roll),
                                 actions_from=roll.prompt_len, packing=tr.cfg.packing)
-    ref = sequence_logprobs(tr.reference, roll.input_ids, roll.attention_mask,
-                            temperature=t, prompt_len=tr.shared_prompt_len(roll),
-                            actions_from=roll.prompt_len, packing=tr.cfg.packing)["logp"]
+    ref = None
+    if reference_needed(tr):
+        ref = sequence_logprobs(tr.reference, roll.input_ids, roll.attention_mask,
+                                temperature=t, prompt_len=tr.shared_prompt_len(roll),
+                                actions_from=roll.prompt_len, packing=tr.cfg.packing)["logp"]
     values_after = None
     if tr.critic is not None:
         values_after = tr.critic(roll.input_ids, roll.attention_mask, roll.position_ids,
                                    hidden_states=old.get("hidden"))
     return old["logp"], ref, values_after
+
+def reference_needed(tr) -> bool:
+    """Whether the reference's log-probs of the whole batch enter the labels or the loss:
+    a KL term (``kl_mode`` reward or loss) whose coefficient is not 0 or is adapted
+    (``kl_target``). Otherwise a forward pass of the reference over the whole batch would
+    serve only the ``kl_ref`` metric, which :func:`reference_probe` measures on a few
+    sequences instead (at β 0 that pass was a third of the trainer's time per iteration
+    on SmolLM2, docs/performance.md#time-to-accuracy)."""
+    if tr.cfg.kl_mode == "none":
+        return False
+    return tr.cfg.kl_target is not None or tr.kl_ctl.value != 0
+
+
+@torch.no_grad()
+def reference_probe(tr, roll: TokenRollout, old: torch.Tensor) -> dict:
+    """``kl_ref`` and ``kl_ref_token``, the k1 estimate of KL(policy ‖ reference), measured
+    on up to ``PROBE_ROWS`` of the rollout's sequences spread over the batch (every group
+    represented), with ``kl_ref_rows`` the number of sequences it read; ``old`` is the
+    batch's old log-probs. Under data parallelism this is each rank's own rows (rank 0's
+    are logged)."""
+    rows, sub = probe_rows(roll)
+    with tr.autocast():
+        ref = sequence_logprobs(tr.reference, sub.input_ids, sub.attention_mask,
+                                temperature=tr.cfg.temperature,
+                                prompt_len=tr.shared_prompt_len(sub),
+                                actions_from=sub.prompt_len, packing=tr.cfg.packing)["logp"]
+    am = sub.action_mask
+    kl_tok = torch.where(am, kl_k1(old[rows].float(), ref.float()), 0.0)
+    return {"kl_ref": float(kl_tok.sum(1).mean()),
+            "kl_ref_token": float(masked_mean(kl_tok, am)),
+            "kl_ref_rows": int(rows.numel())}
+
+
+def probe_rows(roll: TokenRollout) -> tuple[torch.Tensor, TokenRollout]:
+    """``(rows, sub-rollout)``: up to ``PROBE_ROWS`` of the rollout's sequences, spread
+    over the batch (every group represented)."""
+    n = roll.input_ids.shape[0]
+    rows = torch.linspace(0, n - 1, min(n, PROBE_ROWS)).round().long().unique()
+    return rows, roll.select(rows)
+
 
 def old_from_sampler(tr, roll: TokenRollout) -> bool:
     """The old log-probs are the sampler's (no forward pass of the trainer): asked for, and
@@ -57,9 +102,7 @@ def probe_logprobs(tr, roll: TokenRollout):
     """``(rows, sub-rollout, log-probs)``: the policy's log-probs of up to
     ``PROBE_ROWS`` of the rollout's sequences, spread over the batch (every group
     represented)."""
-    n = roll.input_ids.shape[0]
-    rows = torch.linspace(0, n - 1, min(n, PROBE_ROWS)).round().long().unique()
-    sub = roll.select(rows)
+    rows, sub = probe_rows(roll)
     with tr.autocast():
         logp = sequence_logprobs(tr.policy, sub.input_ids, sub.attention_mask,
                                  temperature=tr.cfg.temperature,

@@ -333,6 +333,7 @@ class TokenTrainer(RunLifecycle):
         t1 = time.perf_counter() - got.time_scoring
         recomputed = not frozen.old_from_sampler(self, roll)
         old, ref, values_after = self.frozen_forward(roll)
+        kl_probe = frozen.reference_probe(self, roll, old) if ref is None else {}
         sampler_logp, turn_rewards = roll.logp, got.turn_rewards
         if self.dp is not None:  # the iteration's batch on every rank (training/parallel.py)
             roll, (old, ref, values_after, sampler_logp, turn_rewards), scores, prompts, \
@@ -343,6 +344,7 @@ class TokenTrainer(RunLifecycle):
         lab = compute_labels(cfg, roll, scores, old, ref, beta, values_after,
                              sampler_logp=sampler_logp if cfg.rollout_is != "none" else None,
                              turn_rewards=turn_rewards)
+        lab.stats.update(kl_probe)  # kl_ref on a probe when no KL term needed the batch's
         if self.labels_observer is not None:  # (the horizon bench reads the gradient)
             self.labels_observer(roll, lab)
         mismatch = frozen.mismatch(self, roll, old if recomputed else None)
