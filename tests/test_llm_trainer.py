@@ -3,6 +3,7 @@
 import copy
 import json
 import os
+import time
 
 import pytest
 import torch
@@ -427,3 +428,23 @@ def test_a_kl_term_without_the_reference_is_an_error(tmp_path, tok):
                                                 kl_coef=0.1))
     assert frozen.reference_needed(_trainer(tmp_path, tok, name="adaptive", kl_coef=0.1,
                                             kl_target=0.5))
+
+
+def test_the_training_clock_counts_the_work_between_iterations_not_heldout_scoring(
+        tmp_path, tok, monkeypatch):
+    """``wall_time`` (what ``time_limit`` and the time-to-accuracy bench read) is the loop's
+    wall time less the held-out evaluations: a callback's 0.2 s between iterations is in
+    it, the evaluations' 1 s each are not."""
+    tr = _trainer(tmp_path, tok, iterations=3, eval_every=1, time_limit=None)
+
+    def slow_eval():
+        time.sleep(1.0)
+        return {"eval/score_mean": 0.0}
+
+    monkeypatch.setattr(tr, "evaluate_heldout", slow_eval)
+    tr.callbacks.append(lambda rec: time.sleep(0.2))
+    recs = tr.train(progress=False)
+    inside = sum(r["time_generation"] + r["time_scoring"] + r["time_training"] for r in recs)
+    between = recs[-1]["wall_time"] - inside
+    assert 0.4 <= between < 1.4  # two gaps of a callback; two evaluations would add 2 s
+    assert [("eval/score_mean" in r) for r in recs] == [True, True, True]

@@ -237,6 +237,7 @@ def _start(tr, cfg, engine, ckpt, resume, eval_rows) -> None:
         tr.log(recipe_line(cfg, tr.max_new_tokens))
     tr.iteration = 0
     tr.elapsed = 0.0
+    tr._clock_mark = None  # where the training clock last counted to (trainer.py)
     tr._saved_iteration = None
     if resume:
         tr._load_checkpoint(ckpt)

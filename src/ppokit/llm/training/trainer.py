@@ -356,7 +356,12 @@ class TokenTrainer(RunLifecycle):
         self.iteration += 1
         if ahead is not None:  # the worker's next batch, with the weights just made
             self.overlap.after_update()
-        self.elapsed += t3 - t0
+        # training time: from the end of the last iteration's count (its checkpoint and
+        # logging included, the held-out evaluation not: _publish moves the mark past it),
+        # or from this iteration's start after a start or resume; what the time limit reads
+        since = t0 if self._clock_mark is None else self._clock_mark
+        self.elapsed += t3 - since
+        self._clock_mark = t3
         gen_s = served.get("time_generation", t1 - t0)
         rec = {"iteration": self.iteration, **lab.stats, **got.stats, **mismatch, **upd,
                **served,
@@ -380,7 +385,10 @@ class TokenTrainer(RunLifecycle):
         metrics record and its logged samples written."""
         cfg = self.cfg
         if cfg.eval_every and (self.iteration % cfg.eval_every == 0 or self._last_iteration()):
+            t = time.perf_counter()
             rec.update(self.evaluate_heldout())
+            if self._clock_mark is not None:  # (the clock leaves held-out scoring out)
+                self._clock_mark += time.perf_counter() - t
         for mon in self.monitors:
             rec.update({k: float(v) for k, v in mon(prompts, comps).items()})
         rec = {k: (float(v) if isinstance(v, float) else v) for k, v in rec.items()}
