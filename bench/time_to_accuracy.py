@@ -50,6 +50,9 @@ ROWS = ("ppokit", "ppokit-vllm", "ppokit-async-vllm", "trl")
 # the settings every side shares beyond ppokit's SmolLM2 defaults (which TRL's
 # configuration copies: bench/_tta_worker.py, trl_config)
 SHARED = {"kl_coef": 0.0, "n_eval_prompts": 128, "eval_every": 5}
+# training seconds per run: every row reached 0.5 within 900 s in the first measurement
+# (docs/benchmarks/time_to_accuracy_2400s, a budget of 2,400 s)
+BUDGET_S = 1200.0
 VLLM = ("--rollout-engine", "vllm", "--set", "sampler_precision=bf16", "rollout_is=truncate")
 EXTRA = {"ppokit": (), "ppokit-vllm": VLLM, "ppokit-async-vllm": VLLM + ("max_staleness=1",)}
 
@@ -184,10 +187,20 @@ def mean_ci(xs: list[float]) -> tuple[float, float, float]:
 
 
 def summarise(results: Path, target: float) -> dict:
-    """Per row: the seeds, each seed's time to ``target`` and final accuracy."""
-    out = {}
+    """Per row: the seeds, each seed's time to ``target`` and final accuracy. Every file
+    must have one budget and one thread count (an error names the file that differs)."""
+    out, first = {}, None
     for row in ROWS:
-        recs = [json.loads(p.read_text()) for p in sorted((results / row).glob("seed*.json"))]
+        paths = sorted((results / row).glob("seed*.json"))
+        recs = [json.loads(p.read_text()) for p in paths]
+        for p, r in zip(paths, recs):
+            got = (r["budget_s"], r["threads"])
+            first = first or (got, p)
+            if got != first[0]:
+                raise SystemExit(f"{p}: budget {got[0]:g} s with {got[1]} threads, but "
+                                 f"{first[1]} has {first[0][0]:g} s with {first[0][1]}: one "
+                                 f"table compares runs of one budget (move the other "
+                                 f"files to a folder of their own)")
         if recs:
             out[row] = {"seeds": [r["seed"] for r in recs],
                         "times": [time_to(r["curve"], target) for r in recs],
@@ -260,8 +273,8 @@ def main(argv=None) -> int:
     r = sub.add_parser("run", help="train and score (resumable)")
     r.add_argument("--rows", default=",".join(ROWS))
     r.add_argument("--seeds", default="0-2")
-    r.add_argument("--budget", type=float, default=2400.0,
-                   help="training seconds per run (default 2400)")
+    r.add_argument("--budget", type=float, default=BUDGET_S,
+                   help="training seconds per run (default %(default)g)")
     r.add_argument("--threads", type=int, default=2)
     r.add_argument("--eval-every", type=int, default=SHARED["eval_every"],
                    help="generations between held-out scores (default %(default)s)")
@@ -269,7 +282,8 @@ def main(argv=None) -> int:
     r.add_argument("--python", default=sys.executable)
     r.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     r.add_argument("--trl-precision", default="fp32", choices=("fp32", "bf16"))
-    r.add_argument("--out", default=str(ROOT / "runs" / "bench-tta"))
+    r.add_argument("--out", default=str(ROOT / "runs" / "bench-tta"),
+                   help="run directories (a ppokit row's existing one is resumed)")
     r.add_argument("--results", type=Path, default=RESULTS)
     t = sub.add_parser("table", help="the table and figure from the result files")
     t.add_argument("--target", type=float, default=0.5)

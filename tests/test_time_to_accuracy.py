@@ -87,10 +87,11 @@ def test_the_curve_is_read_from_the_trainers_metrics(tmp_path):
         {"train_s": 40.0, "iteration": 4, "accuracy": 0.5, "n": 128}]
 
 
-def _result(results, row, seed, curve, budget=100.0):
+def _result(results, row, seed, curve, budget=100.0, threads=2):
     p = tta.result_path(row, seed, results)
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps({"row": row, "seed": seed, "budget_s": budget, "notes": {},
+                             "threads": threads,
                              "curve": [{"train_s": t, "accuracy": a} for t, a in curve]}))
 
 
@@ -108,3 +109,15 @@ def test_time_to_target_and_the_table(tmp_path):
     assert "3.00×" in text  # TRL's 45 s over ppokit's mean 15 s
     _result(tmp_path, "trl", 0, [(0, 0.2), (100, 0.4)])
     assert "> 6.67× (TRL did not reach it)" in tta.table(tta.summarise(tmp_path, 0.5), 0.5)
+
+
+def test_one_table_holds_runs_of_one_budget_and_thread_count(tmp_path):
+    _result(tmp_path, "ppokit", 0, [(0, 0.2), (10, 0.6)])
+    _result(tmp_path, "trl", 0, [(0, 0.2), (45, 0.5)], budget=200.0)
+    with pytest.raises(SystemExit, match="budget 200 s with 2 threads"):
+        tta.summarise(tmp_path, 0.5)
+    _result(tmp_path, "trl", 0, [(0, 0.2), (45, 0.5)], threads=1)
+    with pytest.raises(SystemExit, match="with 1 threads"):
+        tta.summarise(tmp_path, 0.5)
+    _result(tmp_path, "trl", 0, [(0, 0.2), (45, 0.5)])
+    assert tta.summarise(tmp_path, 0.5)["trl"]["times"] == [45]
