@@ -136,7 +136,9 @@ def _fmt(x: float | None, digits: int | None = None) -> str:
 def task_row(t: Task, recs: list[dict], refs: list[dict], random_score: float | None) -> dict:
     finals = [r["final"]["mean"] for r in recs]
     m, lo, hi = t_interval(finals)
-    per_m = statistics.fmean(r["wall_s"] / r["steps"] * 1e6 for r in recs)
+    # the median over seeds: a run that was paused (SIGSTOP while the machine served other
+    # work) counts its stopped hours as wall time, and one such seed would move a mean
+    per_m = statistics.median(r["wall_s"] / r["steps"] * 1e6 for r in recs)
     out = {"task": t, "n": len(recs), "mean": m, "low": lo, "high": hi, "wall_per_m": per_m,
            "refs": [], "budget": recs[0]["budget"]}
     for ref in refs:

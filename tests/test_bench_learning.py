@@ -233,3 +233,13 @@ def test_ant_is_trained_on_the_task_its_references_measured():
         _, _, _, _, info = env.step(env.action_space.sample())
         assert info["reward_ctrl"] != 0.0 and info["reward_contact"] == 0.0
         env.close()
+
+
+def test_wall_time_per_million_steps_is_the_median_seed():
+    """One seed paused for hours (its wall time counts the pause) does not move the
+    column: 1,000 / 1,100 / 9,000 s for 1M steps gives 1,100."""
+    from bench.learning_table import task_row
+
+    recs = [{**_rec(s, [[10, 1.0, 1.0]], 1.0), "wall_s": w, "steps": 1_000_000}
+            for s, w in enumerate((1000.0, 9000.0, 1100.0))]
+    assert task_row(task("cartpole"), recs, [], None)["wall_per_m"] == 1100.0
