@@ -92,12 +92,14 @@ def trl_config(cfg, out_dir: str, seed: int, precision: str, budget_s: float):
 
 
 def _eval_callback(cfg, rows, rewards, tok, budget_s: float, per_generation: int,
-                   curve: list):
+                   curve: list, bf16: bool = False):
     from transformers import TrainerCallback
 
     class EvalClock(TrainerCallback):
         """Held-out score every ``eval_every`` generations (``per_generation`` optimiser
-        steps each); the clock counts training time only."""
+        steps each), in the number format TRL generates in (``bf16``: under bfloat16
+        autocast, as ppokit's trainer scores under its own); the clock counts training
+        time only."""
 
         def on_train_begin(self, args, state, control, **kw):
             self.t0, self.paused = time.perf_counter(), 0.0
@@ -109,8 +111,9 @@ def _eval_callback(cfg, rows, rewards, tok, budget_s: float, per_generation: int
             generation = state.global_step // per_generation
             if generation % cfg.eval_every == 0 or train_s >= budget_s:
                 t = time.perf_counter()
-                curve.append({"train_s": train_s, "iteration": generation,
-                              **score(model, tok, cfg, rows, rewards)})
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                    got = score(model, tok, cfg, rows, rewards)
+                curve.append({"train_s": train_s, "iteration": generation, **got})
                 self.paused += time.perf_counter() - t
                 print(json.dumps(curve[-1]), flush=True)
             if train_s >= budget_s:  # (as ppokit's time limit: at a generation's end)
@@ -146,7 +149,7 @@ def run_trl(model_dir: str, seed: int, shared: dict, budget_s: float, precision:
         lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
                           target_modules="all-linear", task_type="CAUSAL_LM")
         clock = _eval_callback(cfg, rows, rewards, tok, budget_s, steps_per_generation,
-                               curve)
+                               curve, bf16=args.bf16)
         trainer = GRPOTrainer(model=model_dir, reward_funcs=correct, args=args,
                               train_dataset=ds, processing_class=tok, peft_config=lora,
                               callbacks=[clock])

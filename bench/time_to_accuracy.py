@@ -1,6 +1,6 @@
 """Time to accuracy: held-out accuracy against training wall time, ppokit's rows and TRL's.
 
-    python -m bench.time_to_accuracy run --seeds 0-2 --budget 2400     # every row
+    python -m bench.time_to_accuracy run --seeds 0-2                   # every row
     python -m bench.time_to_accuracy run --rows ppokit,trl --seeds 0     # some rows
     python -m bench.time_to_accuracy table                               # table + figure
 
@@ -19,7 +19,9 @@ What is equal on every side: the model, the task, the held-out rows and how they
 scored (ppokit's ``score_policy`` at the training temperature with the trainer's
 evaluation seed, every ``eval_every`` generations), prompts per generation, completions
 per prompt, completion cap, temperature, learning rate, LoRA rank and α, minibatches per
-generation, passes, clip range, gradient clipping, and β = 0 (no KL term). ppokit's other
+generation, passes, clip range, gradient clipping, β = 0 (no KL term), and the number
+format (``--precision``: bf16, the default, is TRL's ``bf16=True`` and ppokit's
+``precision = bf16``, each library's own meaning of it, docs/performance.md). ppokit's other
 settings are its SmolLM2 defaults; TRL's are its own (printed by ``table``). Each (row,
 seed) trains for ``--budget`` seconds of training time, the clock stopped while the
 held-out set is scored; ``--threads`` torch threads each (the vLLM rows' engine runs in a
@@ -80,12 +82,12 @@ def _env(threads: int = 2) -> dict:
 
 
 def ppokit_command(row: str, python: str, model: str, seed: int, budget: float,
-                   run_dir: Path) -> list[str]:
+                   run_dir: Path, precision: str = "bf16") -> list[str]:
     """The ``ppokit llm train`` invocation of one ppokit row (or ``--resume`` of it)."""
     head = [python, "-m", "ppokit", "llm", "train"]
     if (run_dir / "checkpoints").is_dir():
         return head + ["--resume", str(run_dir)]
-    sets = [f"{k}={v}" for k, v in SHARED.items()]
+    sets = [f"{k}={v}" for k, v in SHARED.items()] + [f"precision={precision}"]
     extra = list(EXTRA[row])
     if "--set" in extra:  # one --set with every key
         i = extra.index("--set")
@@ -149,16 +151,17 @@ def run_one(row: str, seed: int, a) -> Path:
         tmp = Path(a.out) / "trl" / f"seed{seed}.json"
         tmp.parent.mkdir(parents=True, exist_ok=True)
         got = _worker("trl", python, a.model, seed, tmp, budget=a.budget,
-                      precision=a.trl_precision, threads=a.threads)
+                      precision=a.precision, threads=a.threads)
         curve, notes = got.pop("curve"), got
     else:
         run_dir = Path(a.out) / row / f"seed{seed}"
-        cmd = ppokit_command(row, python, a.model, seed, a.budget, run_dir)
+        cmd = ppokit_command(row, python, a.model, seed, a.budget, run_dir, a.precision)
         print(" ".join(cmd), flush=True)
         subprocess.run(cmd, check=True, cwd=ROOT, env=_env(a.threads))
         curve, notes = ppokit_curve(run_dir), {"command": cmd}
     point0 = {"train_s": 0.0, "iteration": 0, **start}
     rec = {"row": row, "seed": seed, "budget_s": a.budget, "threads": a.threads,
+           "precision": a.precision,
            "curve": [point0] + curve, "notes": notes, "shared": SHARED,
            "commit": _commit(), "wall_s": round(time.time() - t0, 1),
            "load_1min": round(os.getloadavg()[0], 2),
@@ -188,19 +191,21 @@ def mean_ci(xs: list[float]) -> tuple[float, float, float]:
 
 def summarise(results: Path, target: float) -> dict:
     """Per row: the seeds, each seed's time to ``target`` and final accuracy. Every file
-    must have one budget and one thread count (an error names the file that differs)."""
+    must have one budget, thread count and number format (an error names the file that
+    differs; a file from before ``precision`` was recorded ran in fp32)."""
     out, first = {}, None
     for row in ROWS:
         paths = sorted((results / row).glob("seed*.json"))
         recs = [json.loads(p.read_text()) for p in paths]
         for p, r in zip(paths, recs):
-            got = (r["budget_s"], r["threads"])
+            got = (r["budget_s"], r["threads"], r.get("precision", "fp32"))
             first = first or (got, p)
             if got != first[0]:
-                raise SystemExit(f"{p}: budget {got[0]:g} s with {got[1]} threads, but "
-                                 f"{first[1]} has {first[0][0]:g} s with {first[0][1]}: one "
-                                 f"table compares runs of one budget (move the other "
-                                 f"files to a folder of their own)")
+                raise SystemExit(f"{p}: budget {got[0]:g} s, {got[1]} threads, "
+                                 f"{got[2]}, but {first[1]} has {first[0][0]:g} s, "
+                                 f"{first[0][1]} threads, {first[0][2]}: one table compares "
+                                 f"runs of one budget, thread count and number format (move "
+                                 f"the other files to a folder of their own)")
         if recs:
             out[row] = {"seeds": [r["seed"] for r in recs],
                         "times": [time_to(r["curve"], target) for r in recs],
@@ -281,7 +286,8 @@ def main(argv=None) -> int:
     r.add_argument("--model", default=MODEL)
     r.add_argument("--python", default=sys.executable)
     r.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
-    r.add_argument("--trl-precision", default="fp32", choices=("fp32", "bf16"))
+    r.add_argument("--precision", default="bf16", choices=("fp32", "bf16"),
+                   help="the number format of every side (default bf16)")
     r.add_argument("--out", default=str(ROOT / "runs" / "bench-tta"),
                    help="run directories (a ppokit row's existing one is resumed)")
     r.add_argument("--results", type=Path, default=RESULTS)

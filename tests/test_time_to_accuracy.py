@@ -67,7 +67,7 @@ def test_ppokit_rows_run_the_trainer_with_the_shared_settings(tmp_path):
     assert cmd[cmd.index("--seed") + 1] == "2" and cmd[cmd.index("--time-limit") + 1] == "600.0"
     sets = cmd[cmd.index("--set") + 1:]
     assert {"kl_coef=0.0", "n_eval_prompts=128", "max_staleness=1",
-            "sampler_precision=bf16", "rollout_is=truncate"} <= set(sets)
+            "sampler_precision=bf16", "rollout_is=truncate", "precision=bf16"} <= set(sets)
     assert cmd.count("--set") == 1
     (tmp_path / "r" / "checkpoints").mkdir(parents=True)
     assert tta.ppokit_command("ppokit", "py", "M", 2, 600.0, tmp_path / "r")[-2:] == [
@@ -87,11 +87,11 @@ def test_the_curve_is_read_from_the_trainers_metrics(tmp_path):
         {"train_s": 40.0, "iteration": 4, "accuracy": 0.5, "n": 128}]
 
 
-def _result(results, row, seed, curve, budget=100.0, threads=2):
+def _result(results, row, seed, curve, budget=100.0, threads=2, precision="bf16"):
     p = tta.result_path(row, seed, results)
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps({"row": row, "seed": seed, "budget_s": budget, "notes": {},
-                             "threads": threads,
+                             "threads": threads, "precision": precision,
                              "curve": [{"train_s": t, "accuracy": a} for t, a in curve]}))
 
 
@@ -111,13 +111,16 @@ def test_time_to_target_and_the_table(tmp_path):
     assert "> 6.67× (TRL did not reach it)" in tta.table(tta.summarise(tmp_path, 0.5), 0.5)
 
 
-def test_one_table_holds_runs_of_one_budget_and_thread_count(tmp_path):
+def test_one_table_holds_runs_of_one_budget_thread_count_and_number_format(tmp_path):
     _result(tmp_path, "ppokit", 0, [(0, 0.2), (10, 0.6)])
     _result(tmp_path, "trl", 0, [(0, 0.2), (45, 0.5)], budget=200.0)
-    with pytest.raises(SystemExit, match="budget 200 s with 2 threads"):
+    with pytest.raises(SystemExit, match="budget 200 s, 2 threads, bf16"):
         tta.summarise(tmp_path, 0.5)
     _result(tmp_path, "trl", 0, [(0, 0.2), (45, 0.5)], threads=1)
-    with pytest.raises(SystemExit, match="with 1 threads"):
+    with pytest.raises(SystemExit, match="1 threads"):
+        tta.summarise(tmp_path, 0.5)
+    _result(tmp_path, "trl", 0, [(0, 0.2), (45, 0.5)], precision="fp32")
+    with pytest.raises(SystemExit, match="fp32"):
         tta.summarise(tmp_path, 0.5)
     _result(tmp_path, "trl", 0, [(0, 0.2), (45, 0.5)])
     assert tta.summarise(tmp_path, 0.5)["trl"]["times"] == [45]
