@@ -235,6 +235,26 @@ def test_ant_is_trained_on_the_task_its_references_measured():
         env.close()
 
 
+def test_minatar_breakout_is_trained_on_gymnaxs_task():
+    """gymnax's Breakout-MinAtar (the row's one reference) has no sticky actions and ends
+    episodes at 1,000 steps: the row's settings give MinAtar's Breakout-v1 both, in the
+    environments ppokit trains and evaluates on."""
+    br = task("minatar-breakout")
+    assert br.published and br.steps == 10_000_000
+    assert json.loads(br.sets["env_kwargs"]) == {"sticky_action_prob": 0.0,
+                                                 "max_episode_steps": 1000}
+    cmd = L.train_command(br, 0, Path("/tmp/unused"), br.steps)
+    assert f"env_kwargs={br.sets['env_kwargs']}" in cmd
+    if L.installed(br):
+        from ppokit.envs.vec import make_vec
+
+        env = make_vec(br.env_id, 2, env_kwargs=json.loads(br.sets["env_kwargs"]))
+        inner = env.envs[0]
+        assert inner.spec.max_episode_steps == 1000
+        assert inner.unwrapped.game.sticky_action_prob == 0.0
+        env.close()
+
+
 def test_wall_time_per_million_steps_is_the_median_seed():
     """One seed paused for hours (its wall time counts the pause) does not move the
     column: 1,000 / 1,100 / 9,000 s for 1M steps gives 1,100."""
