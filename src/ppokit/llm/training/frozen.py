@@ -70,12 +70,7 @@ def reference_probe(tr, roll: TokenRollout, old: torch.Tensor) -> dict:
     represented), with ``kl_ref_rows`` the number of sequences it read; ``old`` is the
     batch's old log-probs. Under data parallelism this is each rank's own rows (rank 0's
     are logged)."""
-    rows, sub = probe_rows(roll)
-    with tr.autocast():
-        ref = sequence_logprobs(tr.reference, sub.input_ids, sub.attention_mask,
-                                temperature=tr.cfg.temperature,
-                                prompt_len=tr.shared_prompt_len(sub),
-                                actions_from=sub.prompt_len, packing=tr.cfg.packing)["logp"]
+    rows, sub, ref = probe_logprobs(tr, roll, tr.reference)
     am = sub.action_mask
     kl_tok = torch.where(am, kl_k1(old[rows].float(), ref.float()), 0.0)
     return {"kl_ref": float(kl_tok.sum(1).mean()),
@@ -98,13 +93,14 @@ def old_from_sampler(tr, roll: TokenRollout) -> bool:
             and not tr.shared_critic and tr.engine.trainer_logprobs)
 
 
-def probe_logprobs(tr, roll: TokenRollout):
-    """``(rows, sub-rollout, log-probs)``: the policy's log-probs of up to
-    ``PROBE_ROWS`` of the rollout's sequences, spread over the batch (every group
-    represented)."""
+def probe_logprobs(tr, roll: TokenRollout, model=None):
+    """``(rows, sub-rollout, log-probs)``: the log-probs under ``model`` (the policy by
+    default) of up to ``PROBE_ROWS`` of the rollout's sequences, spread over the batch
+    (every group represented)."""
     rows, sub = probe_rows(roll)
+    model = tr.policy if model is None else model
     with tr.autocast():
-        logp = sequence_logprobs(tr.policy, sub.input_ids, sub.attention_mask,
+        logp = sequence_logprobs(model, sub.input_ids, sub.attention_mask,
                                  temperature=tr.cfg.temperature,
                                  prompt_len=tr.shared_prompt_len(sub),
                                  actions_from=sub.prompt_len, packing=tr.cfg.packing)["logp"]
