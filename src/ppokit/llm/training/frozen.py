@@ -56,8 +56,8 @@ def reference_needed(tr) -> bool:
     a KL term (``kl_mode`` reward or loss) whose coefficient is not 0 or is adapted
     (``kl_target``). Otherwise a forward pass of the reference over the whole batch would
     serve only the ``kl_ref`` metric, which :func:`reference_probe` measures on a few
-    sequences instead (at β 0 that pass was a third of the trainer's time per iteration
-    on SmolLM2, docs/performance.md#time-to-accuracy)."""
+    sequences instead (at β 0 that pass was about a quarter of the trainer's time per
+    iteration on SmolLM2: docs/performance.md, "Time to accuracy against TRL")."""
     if tr.cfg.kl_mode == "none":
         return False
     return tr.cfg.kl_target is not None or tr.kl_ctl.value != 0
