@@ -120,3 +120,36 @@ def different_starts(rank: int, world: int, port: int, work: str) -> None:
         torch.save(got, Path(work) / "sums.pt")
     tr.close()
     dp.barrier()
+
+
+def one_clock(rank: int, world: int, port: int, work: str) -> None:
+    """Three iterations on 2 ranks, rank 0 scoring the held-out set after each (made to
+    take 1 s): every rank ends with rank 0's clock, which leaves the scoring out."""
+    import time
+
+    from ppokit.llm.modeling.models import load_lm
+    from ppokit.llm.training.trainer import LLMConfig, TokenTrainer
+
+    dp = _join(rank, world, port)
+    work = Path(work)
+    model, tok = load_lm(str(work / "model"))
+    tr = TokenTrainer(LLMConfig(algo="grpo", prompts_per_iter=4, iterations=3,
+                                max_new_tokens=8, batch_size=8, eval_every=1,
+                                time_limit=None, checkpoint_every=1000),
+                      str(work / "run"), policy=model, tokenizer=tok, log=lambda *a: None,
+                      dp=dp)
+
+    def slow_eval():
+        time.sleep(1.0)
+        return {"eval/score_mean": 0.0}
+
+    tr.evaluate_heldout = slow_eval
+    recs = tr.train(progress=False)
+    out = {"elapsed": tr.elapsed}
+    if rank == 0:
+        out["own"] = sum(r["time_generation"] + r["time_scoring"] + r["time_training"]
+                         for r in recs)
+        out["wall_time"] = recs[-1]["wall_time"]
+    (work / f"clock_{rank}.json").write_text(json.dumps(out))
+    tr.close()
+    dp.barrier()

@@ -174,6 +174,17 @@ def test_resume_of_a_two_rank_run_is_exact(model_dir, tmp_path, fsdp, extra):
         assert torch.allclose(exported[k], pb[k], atol=1e-6), k
 
 
+def test_every_rank_keeps_rank_0s_training_clock(model_dir, tmp_path):
+    """The time limit reads one clock on every rank: rank 0's, which leaves its held-out
+    scoring out (the other ranks wait it out; their own clocks would count it)."""
+    (tmp_path / "model").symlink_to(model_dir / "model")
+    _spawn(_dist_worker.one_clock, tmp_path)
+    c0, c1 = (json.loads((tmp_path / f"clock_{r}.json").read_text()) for r in (0, 1))
+    assert c0["elapsed"] == c1["elapsed"] == c0["wall_time"]
+    # three 1-s scorings, two of them between iterations: none is counted
+    assert c0["wall_time"] - c0["own"] < 1.0
+
+
 def test_a_rank_that_dies_ends_the_job_with_a_message_and_an_intact_checkpoint(tmp_path):
     """torchrun with 2 ranks; rank 1 exits hard at the start of iteration 3 (the
     tests/_dist_die.py hook): the job fails, the surviving rank says why, and the

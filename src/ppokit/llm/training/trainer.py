@@ -362,6 +362,10 @@ class TokenTrainer(RunLifecycle):
         since = t0 if self._clock_mark is None else self._clock_mark
         self.elapsed += t3 - since
         self._clock_mark = t3
+        if self.dp is not None:  # one clock, rank 0's: the others wait out its evaluation
+            clock = torch.tensor([self.elapsed], dtype=torch.float64)
+            self.dp.broadcast_([clock])
+            self.elapsed = float(clock[0])
         gen_s = served.get("time_generation", t1 - t0)
         rec = {"iteration": self.iteration, **lab.stats, **got.stats, **mismatch, **upd,
                **served,
@@ -442,6 +446,7 @@ class TokenTrainer(RunLifecycle):
         :class:`ppokit.io.Interrupted` raised. The run directory's lock is held until
         training returns."""
         self._recs = []
+        self._clock_mark = None  # (the time before this call is not training)
         self._bar = Progress(self.cfg.iterations, self.iteration,
                              enabled=progress and self.is_main, time_limit=self.cfg.time_limit)
         try:
