@@ -92,13 +92,13 @@ def trl_config(cfg, out_dir: str, seed: int, precision: str, budget_s: float):
 
 
 def _eval_callback(cfg, rows, rewards, tok, budget_s: float, per_generation: int,
-                   curve: list, bf16: bool = False):
+                   curve: list):
     from transformers import TrainerCallback
 
     class EvalClock(TrainerCallback):
         """Held-out score every ``eval_every`` generations (``per_generation`` optimiser
-        steps each), in the number format TRL generates in (``bf16``: under bfloat16
-        autocast, as ppokit's trainer scores under its own); the clock counts training
+        steps each), in float32, the format TRL generates in (its ``bf16=True`` autocasts
+        the log-prob and training passes, not ``generate``); the clock counts training
         time only."""
 
         def on_train_begin(self, args, state, control, **kw):
@@ -111,9 +111,8 @@ def _eval_callback(cfg, rows, rewards, tok, budget_s: float, per_generation: int
             generation = state.global_step // per_generation
             if generation % cfg.eval_every == 0 or train_s >= budget_s:
                 t = time.perf_counter()
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                    got = score(model, tok, cfg, rows, rewards)
-                curve.append({"train_s": train_s, "iteration": generation, **got})
+                curve.append({"train_s": train_s, "iteration": generation,
+                              **score(model, tok, cfg, rows, rewards)})
                 self.paused += time.perf_counter() - t
                 print(json.dumps(curve[-1]), flush=True)
             if train_s >= budget_s:  # (as ppokit's time limit: at a generation's end)
@@ -149,7 +148,7 @@ def run_trl(model_dir: str, seed: int, shared: dict, budget_s: float, precision:
         lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
                           target_modules="all-linear", task_type="CAUSAL_LM")
         clock = _eval_callback(cfg, rows, rewards, tok, budget_s, steps_per_generation,
-                               curve, bf16=args.bf16)
+                               curve)
         trainer = GRPOTrainer(model=model_dir, reward_funcs=correct, args=args,
                               train_dataset=ds, processing_class=tok, peft_config=lora,
                               callbacks=[clock])

@@ -108,6 +108,7 @@ def test_the_printed_differences_name_what_each_side_does_its_own_way(name, tmp_
     if cfg.precision == "bf16":  # one line per side, each saying what runs in which format
         assert [x.split(" (")[0] for x in notes] == ["bf16 in TRL", "bf16 in ppokit"]
         assert "sdpa attention in bfloat16" in notes[0]
+        assert "generate on the unwrapped model) outside it, in float32" in notes[0]
         assert "and attention in float32" in notes[1]
     else:
         assert notes == [x for x in notes if "float32 on both sides" in x] and notes

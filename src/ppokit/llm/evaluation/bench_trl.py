@@ -118,9 +118,10 @@ def precision_notes(precision: str) -> list[str]:
     if precision == "fp32":
         return ["number format: float32 on both sides (TRL bf16=False, its model loaded in "
                 "float32; ppokit precision=fp32)"]
-    return ["bf16 in TRL (bf16=True): the weights float32 as loaded; every forward "
-            "(sampling, scoring, training) under accelerate's bfloat16 autocast: linear "
-            "layers and sdpa attention in bfloat16, the RMS norms in float32",
+    return ["bf16 in TRL (bf16=True): the weights float32 as loaded; the scoring and "
+            "training forwards under accelerate's bfloat16 autocast (linear layers and "
+            "sdpa attention in bfloat16, the RMS norms in float32); sampling "
+            "(transformers' generate on the unwrapped model) outside it, in float32",
             "bf16 in ppokit (precision=bf16): linear layers' products in bfloat16 under "
             "autocast (weights float32), residual stream, RMS norms, rotary embedding and "
             "attention in float32 (C kernels on the CPU); the reference's frozen linear "
