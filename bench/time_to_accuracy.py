@@ -98,6 +98,24 @@ def ppokit_command(row: str, python: str, model: str, seed: int, budget: float,
                    *extra, "--set", *sets]
 
 
+def check_resumable(run_dir: Path, budget: float, precision: str) -> None:
+    """A ppokit row's run directory with checkpoints is resumed, with the settings it was
+    started with: it must have been started with this budget and number format (an error
+    names the directory otherwise, rather than a result file that misstates them)."""
+    if not (run_dir / "checkpoints").is_dir():
+        return
+    try:
+        cfg = json.loads((run_dir / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"{run_dir}: has checkpoints but no readable config.json ({exc}); "
+                         f"move it away to start this run again") from None
+    have = (cfg.get("time_limit"), cfg.get("precision"))
+    if have != (budget, precision):
+        raise SystemExit(f"{run_dir}: started with time_limit {have[0]} and precision "
+                         f"{have[1]}, not {budget:g} and {precision}: move it away (or "
+                         f"pass --out elsewhere) to start this run again")
+
+
 def ppokit_curve(run_dir: Path) -> list[dict]:
     """The held-out points of a ppokit run's ``metrics.jsonl``: training seconds (the
     trainer's ``wall_time``, which leaves its evaluations out), iteration, accuracy."""
@@ -155,6 +173,7 @@ def run_one(row: str, seed: int, a) -> Path:
         curve, notes = got.pop("curve"), got
     else:
         run_dir = Path(a.out) / row / f"seed{seed}"
+        check_resumable(run_dir, a.budget, a.precision)
         cmd = ppokit_command(row, python, a.model, seed, a.budget, run_dir, a.precision)
         print(" ".join(cmd), flush=True)
         subprocess.run(cmd, check=True, cwd=ROOT, env=_env(a.threads))

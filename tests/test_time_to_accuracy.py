@@ -124,3 +124,17 @@ def test_one_table_holds_runs_of_one_budget_thread_count_and_number_format(tmp_p
         tta.summarise(tmp_path, 0.5)
     _result(tmp_path, "trl", 0, [(0, 0.2), (45, 0.5)])
     assert tta.summarise(tmp_path, 0.5)["trl"]["times"] == [45]
+
+
+def test_a_run_directory_is_resumed_only_with_its_own_budget_and_format(tmp_path):
+    run = tmp_path / "r"
+    tta.check_resumable(run, 1200.0, "bf16")  # nothing there: a fresh start
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"time_limit": 2400.0, "precision": "fp32"}))
+    with pytest.raises(SystemExit, match="time_limit 2400.0 and precision fp32"):
+        tta.check_resumable(run, 1200.0, "bf16")
+    (run / "config.json").write_text(json.dumps({"time_limit": 1200.0, "precision": "bf16"}))
+    tta.check_resumable(run, 1200.0, "bf16")
+    (run / "config.json").write_text("{")
+    with pytest.raises(SystemExit, match="no readable config.json"):
+        tta.check_resumable(run, 1200.0, "bf16")
