@@ -98,6 +98,19 @@ def ppokit_command(row: str, python: str, model: str, seed: int, budget: float,
                    *extra, "--set", *sets]
 
 
+class Refused(SystemExit):
+    """Input the bench will not use: its message on stderr, exit status 2 (as a bad
+    argument's)."""
+
+    def __init__(self, message: str):
+        print(f"python -m bench.time_to_accuracy: {message}", file=sys.stderr)
+        super().__init__(2)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
 def check_resumable(run_dir: Path, budget: float, precision: str) -> None:
     """A ppokit row's run directory with checkpoints is resumed, with the settings it was
     started with: it must have been started with this budget and number format (an error
@@ -107,11 +120,11 @@ def check_resumable(run_dir: Path, budget: float, precision: str) -> None:
     try:
         cfg = json.loads((run_dir / "config.json").read_text())
     except (OSError, ValueError) as exc:
-        raise SystemExit(f"{run_dir}: has checkpoints but no readable config.json ({exc}); "
+        raise Refused(f"{run_dir}: has checkpoints but no readable config.json ({exc}); "
                          f"move it away to start this run again") from None
     have = (cfg.get("time_limit"), cfg.get("precision"))
     if have != (budget, precision):
-        raise SystemExit(f"{run_dir}: started with time_limit {have[0]} and precision "
+        raise Refused(f"{run_dir}: started with time_limit {have[0]} and precision "
                          f"{have[1]}, not {budget:g} and {precision}: move it away (or "
                          f"pass --out elsewhere) to start this run again")
 
@@ -220,7 +233,7 @@ def summarise(results: Path, target: float) -> dict:
             got = (r["budget_s"], r["threads"], r.get("precision", "fp32"))
             first = first or (got, p)
             if got != first[0]:
-                raise SystemExit(f"{p}: budget {got[0]:g} s, {got[1]} threads, "
+                raise Refused(f"{p}: budget {got[0]:g} s, {got[1]} threads, "
                                  f"{got[2]}, but {first[1]} has {first[0][0]:g} s, "
                                  f"{first[0][1]} threads, {first[0][2]}: one table compares "
                                  f"runs of one budget, thread count and number format (move "

@@ -131,8 +131,9 @@ def test_a_run_directory_is_resumed_only_with_its_own_budget_and_format(tmp_path
     tta.check_resumable(run, 1200.0, "bf16")  # nothing there: a fresh start
     (run / "checkpoints").mkdir(parents=True)
     (run / "config.json").write_text(json.dumps({"time_limit": 2400.0, "precision": "fp32"}))
-    with pytest.raises(SystemExit, match="time_limit 2400.0 and precision fp32"):
+    with pytest.raises(SystemExit, match="time_limit 2400.0 and precision fp32") as got:
         tta.check_resumable(run, 1200.0, "bf16")
+    assert got.value.code == 2  # as a bad argument's
     (run / "config.json").write_text(json.dumps({"time_limit": 1200.0, "precision": "bf16"}))
     tta.check_resumable(run, 1200.0, "bf16")
     (run / "config.json").write_text("{")
