@@ -31,7 +31,7 @@ def settings(env_id: str) -> dict:
     relu64 = dict(ortho_init=False, activation_fn=torch.nn.ReLU, lstm_hidden_size=64,
                   enable_critic_lstm=True, net_arch=dict(pi=[64], vf=[64]))
     if env_id == "ppokit/CartPoleNoVel-v1":
-        return dict(n_envs=8, norm_reward=False, kwargs=dict(
+        return dict(n_envs=8, norm_reward=True, kwargs=dict(
             n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
             ent_coef=0.0, learning_rate=linear(1e-3), clip_range=linear(0.2),
             policy_kwargs=relu64))

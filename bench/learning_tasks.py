@@ -89,10 +89,10 @@ TASKS: tuple[Task, ...] = (
     Task("CartPole", "CartPole-v1", "classic", 100_000, "MLP discrete", seeds=5, solved=500,
          quick=Quick(100_000, 450.0, "solved at 475; all five seeds of the full table "
                                      "evaluate at 500")),
-    Task("Acrobot", "Acrobot-v1", "classic", 1_000_000, "MLP discrete",
+    Task("Acrobot", "Acrobot-v1", "classic", 1_000_000, "MLP discrete", seeds=5,
          quick=Quick(200_000, -110.0, "the zoo's -73.5 at 1M; -110 leaves room for 200k "
                                      "steps")),
-    Task("MountainCar", "MountainCar-v0", "classic", 1_000_000, "MLP discrete"),
+    Task("MountainCar", "MountainCar-v0", "classic", 1_000_000, "MLP discrete", seeds=5),
     Task("MountainCarContinuous", "MountainCarContinuous-v0", "classic", 20_000,
          "MLP continuous", seeds=5,
          note="the zoo's 20k steps; its result uses gSDE exploration, which ppokit lacks"),
@@ -103,15 +103,16 @@ TASKS: tuple[Task, ...] = (
                                       "-480 to -700, before the fix")),
     # Box2D
     Task("LunarLander", "LunarLander-v3", "box2d", 1_000_000, "MLP discrete", extra="box2d",
+         seeds=5,
          quick=Quick(1_000_000, 100.0, "random play scores -227, the zoo's agent 242 ± 36 "
                                        "(LunarLander-v2); at 300k two seeds scored -67 and "
                                        "-107, too early to tell")),
     Task("LunarLanderContinuous", "LunarLanderContinuous-v3", "box2d", 1_000_000,
-         "MLP continuous", extra="box2d"),
+         "MLP continuous", extra="box2d", seeds=5),
     Task("BipedalWalker", "BipedalWalker-v3", "box2d", 5_000_000, "MLP continuous",
          extra="box2d"),
     # MuJoCo
-    _mujoco("HalfCheetah"), _mujoco("Hopper"), _mujoco("Walker2d"),
+    _mujoco("HalfCheetah"), _mujoco("Hopper", seeds=5), _mujoco("Walker2d", seeds=5),
     # Ant-v3 under MuJoCo 2 and later (the RL-zoo's and Tianshou's numbers) read its contact
     # forces as zeros, in the observation and in the contact cost; Ant-v4 (CleanRL's) leaves
     # them out of both by default; Ant-v5 puts both in. These two settings give v5 the task
@@ -121,8 +122,8 @@ TASKS: tuple[Task, ...] = (
                                 '"contact_cost_weight": 0.0}'},
             note="Ant-v5 without contact forces in the observation or the reward, as the "
                  "references' Ant-v3 (MuJoCo 2+) and Ant-v4 were"),
-    _mujoco("Swimmer"), _mujoco("InvertedPendulum"), _mujoco("InvertedDoublePendulum"),
-    _mujoco("Reacher"),
+    _mujoco("Swimmer", seeds=5), _mujoco("InvertedPendulum", seeds=5),
+    _mujoco("InvertedDoublePendulum", seeds=5), _mujoco("Reacher", seeds=5),
     Task("Humanoid", "Humanoid-v5", "mujoco", 1_000_000, "MLP continuous", extra="mujoco",
          note="1M steps (the budget of CleanRL's MuJoCo table; the zoo trains 10M)"),
     # MinAtar
@@ -149,10 +150,10 @@ TASKS: tuple[Task, ...] = (
          note="2M steps (8M frames) on this machine; the references train 10M"),
     # memory
     Task("CartPole, no velocities (LSTM)", "ppokit/CartPoleNoVel-v1", "memory", 200_000,
-         "LSTM", solved=500,
+         "LSTM", solved=500, seeds=5,
          quick=Quick(200_000, 400.0, "the zoo's RecurrentPPO reaches 500 at 100k")),
     Task("Pendulum, no velocities (LSTM)", "ppokit/PendulumNoVel-v1", "memory", 200_000,
-         "LSTM"),
+         "LSTM", seeds=5),
     # small known-answer tasks (ppokit.envs.sight)
     Task("Image side (32×32×3)", "ppokit/ImageSide-v0", "small", 100_000,
          "small-image CNN", seeds=5, solved=1.0, final_episodes=200,

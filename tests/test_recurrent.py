@@ -285,6 +285,23 @@ def test_config_keys_and_their_errors():
     assert dataclasses.replace(c, recurrent="none").recurrent == "none"
 
 
+def test_cartpole_novel_preset_is_the_zoos_recurrentppo_entry():
+    """The RL-zoo's RecurrentPPO values for CartPoleNoVel-v1 (hyperparams/ppo_lstm.yml),
+    its `normalize: True` included: observations and rewards (without the reward
+    normalisation the final policy often landed in a late swing: docs/benchmarks.md)."""
+    from bench._sb3_contrib_worker import settings as sb3_settings
+
+    c = resolve_config(env_id="ppokit/CartPoleNoVel-v1")
+    assert (c.normalize_obs, c.normalize_reward) == (True, True)
+    assert (c.n_envs, c.n_steps, c.batch_size, c.n_epochs, c.gamma, c.gae_lambda,
+            c.learning_rate, c.lr_schedule, c.clip_range, c.clip_schedule, c.ent_coef) == \
+        (8, 32, 256, 20, 0.98, 0.8, 1e-3, "linear", 0.2, "linear", 0.0)
+    assert (c.recurrent, c.lstm_hidden_size, tuple(c.net_arch), c.activation,
+            c.ortho_init) == ("lstm", 64, (64,), "relu", False)
+    sb3 = sb3_settings("ppokit/CartPoleNoVel-v1")  # the speed bench's sb3-contrib side
+    assert sb3["n_envs"] == c.n_envs and sb3["norm_reward"] is True
+
+
 def test_velocity_hiding_wrappers():
     env = gym.make("ppokit/CartPoleNoVel-v1")
     obs, _ = env.reset(seed=0)
