@@ -108,19 +108,23 @@ def _versions() -> dict:
     return out
 
 
-def _commit() -> str:
+def _commit(where: Path = ROOT) -> str:
+    """The commit of the checkout at ``where`` (``+changes`` when its tracked files differ)."""
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=where,
                              capture_output=True, text=True, timeout=10).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=ROOT, capture_output=True, text=True, timeout=10).stdout
+                               cwd=where, capture_output=True, text=True, timeout=10).stdout
         return rev + ("+changes" if dirty.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
 
-def result_record(t: Task, seed: int, run_dir: Path, steps: int, final: dict) -> dict:
-    """The result file's content, from the run directory's metrics and final evaluation."""
+def result_record(t: Task, seed: int, run_dir: Path, steps: int, final: dict,
+                  src: str | None = None) -> dict:
+    """The result file's content, from the run directory's metrics and final evaluation;
+    ``src``: the source directory of the ppokit that trained it (``--src``), whose
+    checkout's commit is recorded (this one's by default)."""
     rows = _metrics(run_dir)
     last = rows[-1]
     wall = float(last["time"])
@@ -139,7 +143,7 @@ def result_record(t: Task, seed: int, run_dir: Path, steps: int, final: dict) ->
         "curve": curve, "train_curve": train_curve,
         "protocol": {"curve_episodes": t.curve_episodes, "final_episodes": t.final_episodes,
                      "stochastic_eval": t.stochastic_eval, "sets": dict(t.sets)},
-        "commit": _commit(), "versions": _versions(),
+        "commit": _commit(Path(src).resolve() if src else ROOT), "versions": _versions(),
         "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
                  "load_1min": round(os.getloadavg()[0], 2)},
         "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -176,6 +180,7 @@ class Runner:
                  log=print, src: str | None = None):
         self.out, self.results, self.jobs, self.quick, self.log = out, results, jobs, quick, log
         self.env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        self.src = src
         if src:  # train another checkout's ppokit (the quick net on an earlier commit)
             self.env["PYTHONPATH"] = os.pathsep.join(
                 [str(Path(src).resolve()), *filter(None, [os.environ.get("PYTHONPATH")])])
@@ -274,7 +279,7 @@ class Runner:
             return None
         name = "eval_stochastic.json" if t.stochastic_eval else "eval.json"
         final = json.loads((run_dir / name).read_text())
-        rec = result_record(t, seed, run_dir, steps, final)
+        rec = result_record(t, seed, run_dir, steps, final, self.src)
         path = result_path(t, seed, self.results)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")

@@ -247,7 +247,7 @@ def figure(rows: list[dict], results: Path, path: Path, randoms: dict | None = N
         ax.tick_params(labelsize=7)
         ax.legend(fontsize=6, loc="lower right")
     fig.suptitle("ppokit: mean evaluation return and 95 % interval over seeds", fontsize=11)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / nrows))  # a band above the top row's titles
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=80)
     plt.close(fig)

@@ -263,3 +263,24 @@ def test_wall_time_per_million_steps_is_the_median_seed():
     recs = [{**_rec(s, [[10, 1.0, 1.0]], 1.0), "wall_s": w, "steps": 1_000_000}
             for s, w in enumerate((1000.0, 9000.0, 1100.0))]
     assert task_row(task("cartpole"), recs, [], None)["wall_per_m"] == 1100.0
+
+
+def test_a_result_records_the_commit_of_the_checkout_that_trained_it(tmp_path):
+    """With ``--src`` (the quick net on another checkout) the result names that checkout's
+    commit, not this one's; a checkout with changed tracked files says so."""
+    import subprocess
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(tmp_path), *args], check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "x.py").write_text("a = 1\n")
+    git("add", "src/x.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    rev = git("rev-parse", "--short", "HEAD")
+    assert L._commit(tmp_path / "src") == rev
+    assert L._commit(tmp_path / "src") != L._commit()  # this checkout's commit differs
+    (tmp_path / "src" / "x.py").write_text("a = 2\n")
+    assert L._commit(tmp_path / "src") == rev + "+changes"
