@@ -159,6 +159,32 @@ def _commit() -> str:
         return "unknown"
 
 
+def machine() -> dict:
+    """The CPU a run trained on: its model name and whether it has AVX-512 and AVX-512
+    BF16 (the number formats and ppokit's kernels run at very different speeds without
+    them, so runs from different CPUs do not share a table)."""
+    name, flags = "unknown", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and name == "unknown":
+                    name = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    return {"cpu": name, "avx512": "avx512f" in flags, "avx512_bf16": "avx512_bf16" in flags,
+            "cores": os.cpu_count()}
+
+
+def machine_label(m: dict | None) -> str:
+    if not m:
+        return "a machine not recorded"
+    isa = "AVX-512" + (" with BF16" if m["avx512_bf16"] else "") if m["avx512"] else "AVX2"
+    return f"{m['cpu']} ({isa}, {m['cores']} cores)"
+
+
 def start_point(python: str, model: str, seed: int, results: Path) -> dict:
     """The starting model's held-out accuracy for ``seed`` (the point at 0 s of every
     row), computed once."""
@@ -195,7 +221,7 @@ def run_one(row: str, seed: int, a) -> Path:
     rec = {"row": row, "seed": seed, "budget_s": a.budget, "threads": a.threads,
            "precision": a.precision,
            "curve": [point0] + curve, "notes": notes, "shared": SHARED,
-           "commit": _commit(), "wall_s": round(time.time() - t0, 1),
+           "commit": _commit(), "machine": machine(), "wall_s": round(time.time() - t0, 1),
            "load_1min": round(os.getloadavg()[0], 2),
            "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -223,21 +249,23 @@ def mean_ci(xs: list[float]) -> tuple[float, float, float]:
 
 def summarise(results: Path, target: float) -> dict:
     """Per row: the seeds, each seed's time to ``target`` and final accuracy. Every file
-    must have one budget, thread count and number format (an error names the file that
-    differs; a file from before ``precision`` was recorded ran in fp32)."""
+    must have one budget, thread count, number format and machine (an error names the file
+    that differs; a file from before ``precision`` was recorded ran in fp32)."""
     out, first = {}, None
     for row in ROWS:
         paths = sorted((results / row).glob("seed*.json"))
         recs = [json.loads(p.read_text()) for p in paths]
         for p, r in zip(paths, recs):
-            got = (r["budget_s"], r["threads"], r.get("precision", "fp32"))
+            got = (r["budget_s"], r["threads"], r.get("precision", "fp32"),
+                   machine_label(r.get("machine")))
             first = first or (got, p)
             if got != first[0]:
                 raise Refused(f"{p}: budget {got[0]:g} s, {got[1]} threads, "
-                                 f"{got[2]}, but {first[1]} has {first[0][0]:g} s, "
-                                 f"{first[0][1]} threads, {first[0][2]}: one table compares "
-                                 f"runs of one budget, thread count and number format (move "
-                                 f"the other files to a folder of their own)")
+                              f"{got[2]}, on {got[3]}, but {first[1]} has {first[0][0]:g} "
+                              f"s, {first[0][1]} threads, {first[0][2]}, on {first[0][3]}: "
+                              f"one table compares runs of one budget, thread count, number "
+                              f"format and machine (move the other files to a folder of "
+                              f"their own)")
         if recs:
             out[row] = {"seeds": [r["seed"] for r in recs],
                         "times": [time_to(r["curve"], target) for r in recs],

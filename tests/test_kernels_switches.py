@@ -91,6 +91,7 @@ def test_build_says_how_the_extension_was_built():
 def test_the_wide_kernels_run_only_where_the_cpu_has_avx512(monkeypatch):
     """Without AVX-512 the 16-float-vector kernels (step, actor, lstm, decoder) are slower
     than their torch paths, so they are off there and say why; the others stay on."""
+    monkeypatch.delenv("PPOKIT_NATIVE_WIDE", raising=False)  # (conftest sets it)
     monkeypatch.setattr(kernels, "_WIDE_OK", None)
     monkeypatch.setattr(kernels, "build",
                         lambda: {"isa": "avx512", "avx512f": False, "avx512bf16": False})

@@ -76,6 +76,7 @@ def test_training_iterations_push_the_weights_and_pass_the_probe(run):
     for rec in recs:
         assert rec["engine_probe_abs_max"] <= PROBE_TOLERANCE["fp32"][1]
         assert rec["engine_sync_s"] > 0
+        assert rec["engine_probe_followed"] == pytest.approx(1.0, abs=0.05)  # took it
         assert "mismatch_k3_mean" in rec  # the trainer's own old log-probs, vs the engine's
     # the last update is not in the engine until the next iteration's push
     with pytest.raises(EngineOutOfSync):
@@ -101,6 +102,28 @@ def test_the_probe_fails_when_the_weights_are_not_pushed(run):
     run.engine.push(run.policy)
     stats = run.engine.check(run)
     assert stats["engine_probe_abs_max"] <= PROBE_TOLERANCE["fp32"][1]
+
+
+def test_an_update_below_the_gap_tolerance_is_still_caught_when_not_pushed(run):
+    """The follow test: an update so small that the probe's gap stays within the
+    tolerance, which the engine never receives, stops training all the same (the engine's
+    log-probs did not move while the trainer's did); pushed, the engine follows it."""
+    run.engine.prepare(run)
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(1)
+        for p in run.policy.parameters():
+            p.add_(1e-4 * torch.randn(p.shape, generator=g))
+    real_push, run.engine.push = run.engine.push, lambda policy: None
+    try:
+        with pytest.raises(EngineOutOfSync, match="kept weights the trainer has since"):
+            run.engine.prepare(run)
+    finally:
+        run.engine.push = real_push
+    stats = run.engine.prepare(run)
+    assert stats["engine_probe_abs_mean"] <= PROBE_TOLERANCE["fp32"][0]
+    assert 0 < stats["engine_probe_trainer_moved"] < PROBE_TOLERANCE["fp32"][0]
+    assert stats["engine_probe_followed"] == pytest.approx(1.0, abs=0.05)
+    assert stats["engine_probe_along"] == pytest.approx(1.0, abs=0.05)
 
 
 def test_a_full_push_goes_through_shared_memory_and_is_copied_in(run):

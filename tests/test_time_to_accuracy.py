@@ -87,11 +87,15 @@ def test_the_curve_is_read_from_the_trainers_metrics(tmp_path):
         {"train_s": 40.0, "iteration": 4, "accuracy": 0.5, "n": 128}]
 
 
-def _result(results, row, seed, curve, budget=100.0, threads=2, precision="bf16"):
+EPYC = {"cpu": "AMD EPYC", "avx512": True, "avx512_bf16": True, "cores": 2}
+
+
+def _result(results, row, seed, curve, budget=100.0, threads=2, precision="bf16",
+            machine=EPYC):
     p = tta.result_path(row, seed, results)
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps({"row": row, "seed": seed, "budget_s": budget, "notes": {},
-                             "threads": threads, "precision": precision,
+                             "threads": threads, "precision": precision, "machine": machine,
                              "curve": [{"train_s": t, "accuracy": a} for t, a in curve]}))
 
 
@@ -111,7 +115,7 @@ def test_time_to_target_and_the_table(tmp_path):
     assert "> 6.67× (TRL did not reach it)" in tta.table(tta.summarise(tmp_path, 0.5), 0.5)
 
 
-def test_one_table_holds_runs_of_one_budget_thread_count_and_number_format(tmp_path):
+def test_one_table_holds_runs_of_one_budget_thread_count_number_format_and_machine(tmp_path):
     _result(tmp_path, "ppokit", 0, [(0, 0.2), (10, 0.6)])
     _result(tmp_path, "trl", 0, [(0, 0.2), (45, 0.5)], budget=200.0)
     with pytest.raises(SystemExit, match="budget 200 s, 2 threads, bf16"):
@@ -121,6 +125,12 @@ def test_one_table_holds_runs_of_one_budget_thread_count_and_number_format(tmp_p
         tta.summarise(tmp_path, 0.5)
     _result(tmp_path, "trl", 0, [(0, 0.2), (45, 0.5)], precision="fp32")
     with pytest.raises(SystemExit, match="fp32"):
+        tta.summarise(tmp_path, 0.5)
+    # another CPU: one without AVX-512 runs bf16 and ppokit's kernels at other speeds
+    _result(tmp_path, "trl", 0, [(0, 0.2), (45, 0.5)],
+            machine={**EPYC, "avx512": False, "avx512_bf16": False})
+    with pytest.raises(SystemExit, match=r"on AMD EPYC \(AVX2, 2 cores\), but .* on AMD "
+                                         r"EPYC \(AVX-512 with BF16, 2 cores\)"):
         tta.summarise(tmp_path, 0.5)
     _result(tmp_path, "trl", 0, [(0, 0.2), (45, 0.5)])
     assert tta.summarise(tmp_path, 0.5)["trl"]["times"] == [45]
@@ -139,3 +149,11 @@ def test_a_run_directory_is_resumed_only_with_its_own_budget_and_format(tmp_path
     (run / "config.json").write_text("{")
     with pytest.raises(SystemExit, match="no readable config.json"):
         tta.check_resumable(run, 1200.0, "bf16")
+
+
+def test_a_result_records_the_machine_it_ran_on():
+    m = tta.machine()
+    assert set(m) == {"cpu", "avx512", "avx512_bf16", "cores"} and m["cores"] >= 1
+    assert isinstance(m["avx512"], bool) and m["cpu"]
+    assert tta.machine_label(m).startswith(m["cpu"])
+    assert tta.machine_label(None) == "a machine not recorded"

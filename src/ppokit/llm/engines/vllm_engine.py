@@ -45,6 +45,7 @@ from .weights import (
     check_probe,
     engine_lora_rank,
     lora_adapter,
+    probe_follow,
     probe_gap,
     probe_ids,
     served_weights,
@@ -145,6 +146,7 @@ class VllmEngine(RolloutEngine):
         self.start_s = time.perf_counter() - t
         self.shares_our_group = children_in_our_group()
         self.probe = probe_ids(tokenizer)
+        self.last_probe = None  # (engine, trainer) log-probs at the last check passed
 
     def generate(self, prompt_ids, prompt_mask, *, max_new_tokens, eos_token_id, pad_token_id,
                  temperature, generator=None, model=None) -> TokenRollout:
@@ -201,11 +203,15 @@ class VllmEngine(RolloutEngine):
         return [step[t].logprob for t, step in zip(self.probe[1:], out.prompt_logprobs[1:])]
 
     def check(self, tr) -> dict:
-        """The probe's gap to the trainer ``tr``'s policy; :class:`EngineOutOfSync` beyond
-        the tolerance."""
-        stats = probe_gap(self.probe_logprobs(), trainer_probe_logprobs(tr, self.probe))
+        """The probe's gap to the trainer ``tr``'s policy and how it followed the trainer
+        since the last check that passed (:mod:`.weights`); :class:`EngineOutOfSync`
+        when either test fails."""
+        engine = torch.tensor(self.probe_logprobs(), dtype=torch.float32)
+        trainer = trainer_probe_logprobs(tr, self.probe)
+        stats = {**probe_gap(engine, trainer), **probe_follow(self.last_probe, engine, trainer)}
         formats = (self.precision, getattr(getattr(tr, "cfg", None), "precision", "fp32"))
         check_probe(stats, "bf16" if "bf16" in formats else "fp32", self.name)
+        self.last_probe = (engine, trainer)
         return stats
 
     def prepare(self, tr) -> dict:
