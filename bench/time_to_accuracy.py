@@ -55,7 +55,7 @@ SHARED = {"kl_coef": 0.0, "n_eval_prompts": 128, "eval_every": 5}
 # training seconds per run: every row reached 0.5 within 900 s in the first measurement
 # (docs/benchmarks/time_to_accuracy_2400s, a budget of 2,400 s)
 BUDGET_S = 1200.0
-VLLM = ("--rollout-engine", "vllm", "--set", "sampler_precision=bf16", "rollout_is=truncate")
+VLLM = ("--rollout-engine", "vllm", "--set", "rollout_is=truncate")
 EXTRA = {"ppokit": (), "ppokit-vllm": VLLM, "ppokit-async-vllm": VLLM + ("max_staleness=1",)}
 
 
@@ -87,7 +87,9 @@ def ppokit_command(row: str, python: str, model: str, seed: int, budget: float,
     head = [python, "-m", "ppokit", "llm", "train"]
     if (run_dir / "checkpoints").is_dir():
         return head + ["--resume", str(run_dir)]
-    sets = [f"{k}={v}" for k, v in SHARED.items()] + [f"precision={precision}"]
+    # vLLM samples in the run's number format (set apart: its own sampler_precision)
+    sets = [f"{k}={v}" for k, v in SHARED.items()] + [f"precision={precision}"] + (
+        [f"sampler_precision={precision}"] if "vllm" in row else [])
     extra = list(EXTRA[row])
     if "--set" in extra:  # one --set with every key
         i = extra.index("--set")

@@ -69,6 +69,8 @@ def test_ppokit_rows_run_the_trainer_with_the_shared_settings(tmp_path):
     assert {"kl_coef=0.0", "n_eval_prompts=128", "max_staleness=1",
             "sampler_precision=bf16", "rollout_is=truncate", "precision=bf16"} <= set(sets)
     assert cmd.count("--set") == 1
+    fp32 = tta.ppokit_command("ppokit-vllm", "py", "M", 2, 600.0, tmp_path / "r", "fp32")
+    assert {"precision=fp32", "sampler_precision=fp32"} <= set(fp32[fp32.index("--set") + 1:])
     (tmp_path / "r" / "checkpoints").mkdir(parents=True)
     assert tta.ppokit_command("ppokit", "py", "M", 2, 600.0, tmp_path / "r")[-2:] == [
         "--resume", str(tmp_path / "r")]
