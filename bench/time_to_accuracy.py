@@ -9,8 +9,8 @@ built-in ``numbers`` task, with the same held-out problems scored on every side,
 rows:
 
 * ``ppokit``: ppokit's trainer with its own sampler (the synchronous loop);
-* ``ppokit-vllm``: the same trainer, vLLM generating (``rollout_engine = "vllm"``, its
-  bfloat16 sampler, truncated importance weights on the sampler/trainer mismatch);
+* ``ppokit-vllm``: the same trainer, vLLM generating (``rollout_engine = "vllm"``, in the
+  run's number format, truncated importance weights on the sampler/trainer mismatch);
 * ``ppokit-async-vllm``: as ``ppokit-vllm``, generation one policy version ahead of
   training (``max_staleness = 1``);
 * ``trl``: TRL's ``GRPOTrainer`` (``bench/_tta_worker.py``).
@@ -27,12 +27,16 @@ seed) trains for ``--budget`` seconds of training time, the clock stopped while 
 held-out set is scored; ``--threads`` torch threads each (the vLLM rows' engine runs in a
 process of its own beside them).
 
-Each finished run writes ``docs/benchmarks/time_to_accuracy/<row>/seed<N>.json`` (the
-curve, the commit, the settings, the machine's load); a run whose file exists is skipped;
+Each finished run writes ``docs/benchmarks/time_to_accuracy/<row>/seed<N>.json`` (or under
+``--results``: the curve, the commit, the settings, the CPU and its load); a run whose file
+exists is skipped;
 a ppokit row stopped part-way continues from its checkpoint (``--resume``), a TRL run
 starts again. ``table`` reads only those files: the time to reach ``--target`` held-out
 accuracy and the accuracy at the end of the budget, each as a mean with a 95 % interval
-over seeds, TRL's time over each ppokit row's, and one figure.
+over seeds, TRL's time over each ppokit row's, and one figure. One table holds runs of one
+budget, thread count, number format and CPU (with and without AVX-512 the formats and
+ppokit's kernels run at very different speeds): runs from another machine go to a folder
+of their own (``--results``).
 """
 
 from __future__ import annotations
@@ -269,7 +273,7 @@ def summarise(results: Path, target: float) -> dict:
                               f"format and machine (move the other files to a folder of "
                               f"their own)")
         if recs:
-            out[row] = {"seeds": [r["seed"] for r in recs],
+            out[row] = {"seeds": [r["seed"] for r in recs], "setup": first[0],
                         "times": [time_to(r["curve"], target) for r in recs],
                         "finals": [r["curve"][-1]["accuracy"] for r in recs],
                         "budget_s": recs[0]["budget_s"], "notes": recs[0]["notes"]}
@@ -323,7 +327,9 @@ def write_table(results: Path, target: float) -> str:
     summary = summarise(results, target)
     if not summary:
         return "no result files yet"
-    text = table(summary, target)
+    budget, threads, precision, where = next(iter(summary.values()))["setup"]
+    text = (f"Budget {budget:,.0f} s of training per run, {threads} torch threads, "
+            f"{precision}, on {where}.\n\n" + table(summary, target))
     trl = summary.get("trl", {}).get("notes", {})
     if trl:
         text += (f"\n\nTRL's own settings: loss `{trl.get('loss_type')}`, rewards scaled "

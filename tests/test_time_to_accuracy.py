@@ -113,6 +113,9 @@ def test_time_to_target_and_the_table(tmp_path):
     text = tta.table(s, 0.5)
     assert "| ppokit | 2 | 15 [" in text and "(2 of 2)" in text
     assert "3.00×" in text  # TRL's 45 s over ppokit's mean 15 s
+    assert tta.write_table(tmp_path, 0.5).startswith(
+        "Budget 100 s of training per run, 2 torch threads, bf16, on AMD EPYC (AVX-512 with "
+        "BF16, 2 cores).")
     _result(tmp_path, "trl", 0, [(0, 0.2), (100, 0.4)])
     assert "> 6.67× (TRL did not reach it)" in tta.table(tta.summarise(tmp_path, 0.5), 0.5)
 
