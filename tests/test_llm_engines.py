@@ -91,6 +91,7 @@ def _cfg(**kw):
 
 
 def test_auto_chooses_ppokit_where_vllm_is_absent(monkeypatch):
+    monkeypatch.setattr(choose, "fast_cpu_formats", lambda: True)
     monkeypatch.setattr(choose, "vllm_installed", lambda: False)
     assert engine_name(_cfg()) == "ppokit"
     assert engine_name(_cfg(rollout_engine="ppokit")) == "ppokit"
@@ -100,6 +101,22 @@ def test_auto_chooses_ppokit_where_vllm_is_absent(monkeypatch):
     assert engine_name(_cfg(), builtin=True) == "ppokit"
     assert engine_name(_cfg(), world=2) == "ppokit"
     assert engine_name(_cfg(), agent=True) == "ppokit"
+    # and on a CPU without AVX-512, where ppokit's own sampler is the faster one; asked
+    # for by name, vLLM runs there all the same
+    monkeypatch.setattr(choose, "fast_cpu_formats", lambda: False)
+    assert engine_name(_cfg()) == "ppokit"
+    assert engine_name(_cfg(rollout_engine="vllm")) == "vllm"
+
+
+def test_fast_cpu_formats_reads_the_cpu(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for isa, want in (("AVX512", True), ("AVX2", False), ("DEFAULT", False)):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda isa=isa: isa)
+        assert choose.fast_cpu_formats() is want
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert choose.fast_cpu_formats() is True
 
 
 def test_vllm_asked_for_without_it_is_one_line_naming_the_extra(monkeypatch):

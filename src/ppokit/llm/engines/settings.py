@@ -23,7 +23,8 @@ class EngineSettings:
                                   "own, the policy's weights pushed into it before each "
                                   "generation and checked by a probe; the old log-probs are "
                                   "then always the trainer's own, recomputed) | auto (vllm "
-                                  "when it is installed and the run can use it, else ppokit)",
+                                  "when it is installed, the run can use it and the machine "
+                                  "has a GPU or AVX-512, else ppokit)",
                                   choices=ENGINES)
     engine_lora: str = setting("auto", "how an engine with its own copy of the weights "
                                "(vllm) receives a LoRA policy's update: adapter (the adapters "
