@@ -246,11 +246,15 @@ def time_to(curve: list[dict], target: float) -> float | None:
     return None
 
 
-def mean_ci(xs: list[float]) -> tuple[float, float, float]:
-    """Mean and a 95 % t interval over seeds (the mean alone for one value)."""
+def mean_ci(xs: list[float], lo: float = 0.0,
+            hi: float = float("inf")) -> tuple[float, float, float]:
+    """Mean and a 95 % t interval over seeds (the mean alone for one value), the interval
+    cut to the values the quantity can take (``lo``..``hi``: a time is never negative, an
+    accuracy never above 1; with two seeds the t interval is 12.7 standard errors wide)."""
     from bench.learning_table import t_interval
 
-    return t_interval(xs)
+    m, a, b = t_interval(xs)
+    return m, max(a, lo), min(b, hi)
 
 
 def summarise(results: Path, target: float) -> dict:
@@ -290,7 +294,7 @@ def table(summary: dict, target: float) -> str:
         reached = [t for t in s["times"] if t is not None]
         tt = ("not reached" if not reached else
               "{:,.0f} [{:,.0f}, {:,.0f}]".format(*mean_ci(reached)))
-        fm, flo, fhi = mean_ci(s["finals"])
+        fm, flo, fhi = mean_ci(s["finals"], 0.0, 1.0)
         ratio = ""
         if row != "trl" and reached and trl:
             mine = sum(reached) / len(reached)

@@ -111,13 +111,26 @@ def test_time_to_target_and_the_table(tmp_path):
     s = tta.summarise(tmp_path, 0.5)
     assert s["ppokit"]["times"] == [10, 20] and s["trl"]["times"] == [45]
     text = tta.table(s, 0.5)
-    assert "| ppokit | 2 | 15 [" in text and "(2 of 2)" in text
+    # two seeds: 15 ± 12.7 × 5 s, the interval's lower end cut at 0 s
+    assert "| ppokit | 2 | 15 [0, 79] (2 of 2)" in text
     assert "3.00×" in text  # TRL's 45 s over ppokit's mean 15 s
     assert tta.write_table(tmp_path, 0.5).startswith(
         "Budget 100 s of training per run, 2 torch threads, bf16, on AMD EPYC (AVX-512 with "
         "BF16, 2 cores).")
     _result(tmp_path, "trl", 0, [(0, 0.2), (100, 0.4)])
     assert "> 6.67× (TRL did not reach it)" in tta.table(tta.summarise(tmp_path, 0.5), 0.5)
+
+
+def test_the_intervals_stay_within_what_the_quantity_can_take():
+    from bench.learning_table import t_interval
+
+    xs = [0.6, 0.95]  # mean 0.775, t interval 0.775 ± 12.7 × 0.175: about [-1.45, 3.00]
+    assert t_interval(xs)[1] < 0 and t_interval(xs)[2] > 1
+    m, lo, hi = tta.mean_ci(xs, 0.0, 1.0)
+    assert m == pytest.approx(0.775) and (lo, hi) == (0.0, 1.0)
+    m, lo, hi = tta.mean_ci([500.0, 520.0, 540.0])  # narrow enough: nothing cut
+    assert (m, lo, hi) == pytest.approx(t_interval([500.0, 520.0, 540.0]))
+    assert tta.mean_ci([7.0]) == (7.0, 7.0, 7.0)
 
 
 def test_one_table_holds_runs_of_one_budget_thread_count_number_format_and_machine(tmp_path):
